@@ -1,0 +1,111 @@
+// One interface for every implementation under test: the float64 oracles, the host models of
+// the kernels, the CUDA kernels and user plugins.
+//
+// A Backend never exits or aborts: errors become RunResult statuses. The harness core includes
+// no CUDA header; CUDA backends are created through factory functions declared in plain headers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/materialize.h"
+
+namespace mlafuzz {
+
+// The precision pipeline a backend implements; selects the error bound (properties/tolerance.h).
+enum class Precision {
+  kFloat64,   // oracles: exact up to float64 rounding
+  kSimtFp32,  // SPEC 4, SIMT: fp32 everywhere, bf16 store
+  kMmaBf16,   // SPEC 4, MMA: bf16 q and K, fp32 accumulate, bf16 p for P*V, bf16 store
+  kCustom,    // plugin with explicit abs/rel tolerances
+};
+
+const char* precision_name(Precision p);
+
+enum class RunStatus {
+  kOk,
+  kUnsupported,  // the backend cannot run this case by design; `message` says why
+  kError,        // a launch or API error (the case is not at fault... or is: see message)
+  kFault,        // device fault, crash or hang (set by the isolation layer)
+};
+
+// Canary-guarded output buffers. `out` holds kGuard elements before and after the strided
+// [B, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
+struct OutputBuffers {
+  static constexpr int64_t kGuard = 64;
+  static constexpr uint16_t kCanaryBits = 0x7fa5;   // a bf16 NaN with a recognisable payload
+  static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
+  std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
+  std::vector<float> lse;     // kGuard + B*H + kGuard
+  int64_t out_head_stride = 0, out_batch_stride = 0;
+
+  explicit OutputBuffers(const MaterializedCase& m);
+  uint16_t* out_begin() { return out.data() + kGuard; }
+  float* lse_begin() { return lse.data() + kGuard; }
+  // Number of guard elements (out and lse) that no longer hold their canary.
+  int64_t guard_violations(const MaterializedCase& m) const;
+};
+
+struct RunResult {
+  RunStatus status = RunStatus::kOk;
+  std::string message;
+  std::vector<double> out;  // [B, H, d_v] logical output (bf16 values widened exactly)
+  std::vector<double> lse;  // [B, H]
+  // Raw strided output of bf16 backends, guard bands included (empty for float64 backends):
+  // the bitwise invariants compare these bits.
+  std::vector<uint16_t> out_raw;
+  std::vector<float> lse_raw;
+  int64_t guard_violations = 0;
+  double seconds = 0;  // wall time of the call, for reports
+
+  bool ok() const { return status == RunStatus::kOk; }
+};
+
+struct Availability {
+  bool available = true;
+  std::string reason;  // why not, when unavailable
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Precision precision() const = 0;
+  virtual Availability availability() const { return {}; }
+  // Reason the backend cannot run this case by design, or nullopt if it can.
+  virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
+    (void)m;
+    return std::nullopt;
+  }
+  // Explicit tolerances for kCustom backends.
+  virtual double abs_tol() const { return 0; }
+  virtual double rel_tol() const { return 0; }
+  // Whether the backend runs on a GPU (the campaign isolates those in worker processes).
+  virtual bool on_device() const { return false; }
+  virtual RunResult run(const MaterializedCase& m) = 0;
+};
+
+// Helper for bf16 backends: fills RunResult from guarded output buffers.
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
+
+// ---- Registry ----
+struct BackendInfo {
+  std::string name;
+  std::string summary;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+// Every built-in backend (oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma),
+// available or not, in a stable order.
+const std::vector<BackendInfo>& builtin_backends();
+// Creates a backend by name ("plugin:/path/lib.so" loads a plugin). Throws std::runtime_error
+// naming the unknown backend and listing the known ones.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+// Splits "a,b,c"; "all" or "available" expands to every available built-in backend.
+std::vector<std::string> parse_backend_list(const std::string& list);
+
+}  // namespace mlafuzz

@@ -1,0 +1,130 @@
+// A sparse-decode case as a small recipe: shapes, layout, index lists, conventions and how the
+// values are drawn. Materialization (materialize.h) turns it into exact input bytes.
+//
+// Recipes are saved as versioned, human-readable JSON (format documented in README.md, "Corpus
+// format"). Loading validates everything and names the offending field on error.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/common/mla_params.h"
+
+namespace mlafuzz {
+
+inline constexpr int kCaseFormatVersion = 1;
+
+// Raised for malformed or inconsistent input. `field` is a JSON path such as "indices[2][5]".
+class CaseError : public std::runtime_error {
+ public:
+  CaseError(std::string field, const std::string& reason)
+      : std::runtime_error(field + ": " + reason), field_(std::move(field)) {}
+  const std::string& field() const { return field_; }
+
+ private:
+  std::string field_;
+};
+
+// How a set of values (q, K nope, K rope) is drawn from the data seed.
+enum class ValueDist {
+  kNormal,    // N(0, 1) * magnitude
+  kUniform,   // U(-1, 1) * magnitude
+  kSmallInt,  // integers in [-3, 3] * magnitude (exact arithmetic everywhere)
+  kZeros,     // all zero
+  kTies,      // one value repeated (every element = magnitude); gives tied logits
+};
+
+struct ValueSpec {
+  ValueDist dist = ValueDist::kNormal;
+  double magnitude = 1.0;
+  // Fraction of elements replaced by special values (0, -0, +-largest finite, smallest
+  // subnormal of the target format). Never NaN or inf: those come from poison tests.
+  double special_fraction = 0.0;
+};
+
+// How nope scales are chosen.
+enum class ScaleMode {
+  kWriter,  // production writer: scale = 2^ceil(log2(amax / 448)) per 64-dim tile
+  kFixed,   // every tile of every token uses exponent `exp_lo` (ue8m0 byte / fp32 power of 2)
+  kRandom,  // codes normalized as the writer does, exponent uniform in [exp_lo, exp_hi] per tile
+};
+
+struct ScaleSpec {
+  ScaleMode mode = ScaleMode::kWriter;
+  int exp_lo = 127;  // ue8m0 byte value (2^(e-127)); 127 means scale 1
+  int exp_hi = 127;
+};
+
+// How bytes that hold no data are filled: page-stride padding, the unused MODEL1 scale byte,
+// q and out elements beyond the logical width.
+enum class Fill { kZero, kNaN, kGarbage };
+
+// Rule that generates index lists when `indices` is not given explicitly.
+enum class IndexRule {
+  kRandom,      // uniform over all slots, without replacement where possible
+  kSequential,  // the last `topk` tokens of the sequence, in order
+  kPageRuns,    // runs of consecutive tokens that cross page boundaries
+};
+
+struct IndexSpec {
+  IndexRule rule = IndexRule::kRandom;
+  double invalid_fraction = 0.0;    // entries replaced by -1
+  double duplicate_fraction = 0.0;  // entries replaced by an earlier entry of the row
+};
+
+struct Case {
+  int version = kCaseFormatVersion;
+  std::string name;         // free text, shown in reports
+  std::string description;  // free text
+
+  // Geometry. page_stride 0 in JSON means "the layout's minimum".
+  mla::CacheGeometry geom;
+  // Physical position of each logical page: physical_page = page_order[logical_page].
+  // Empty means identity. Indices in the recipe are logical token positions; materialization
+  // maps them through page_order to global physical slots.
+  std::vector<int32_t> page_order;
+
+  int32_t batch = 1;
+  int32_t heads = 64;
+  int32_t topk = 128;
+  // Explicit logical index lists [batch][topk]; -1 (or other negatives) are invalid entries.
+  // Empty means "generate from index_spec".
+  std::vector<std::vector<int32_t>> indices;
+  IndexSpec index_spec;
+  std::optional<std::vector<int32_t>> topk_length;  // [batch]
+  std::optional<std::vector<double>> sink;          // [heads], may hold +-inf
+  std::optional<double> sm_scale;                   // default d_qk^-0.5
+  mla::Conventions conventions;
+
+  // Extra elements per head row of q and out (strided buffers), filled per `pad_fill`.
+  int32_t q_head_pad = 0;
+  int32_t out_head_pad = 0;
+
+  ValueSpec q_values;
+  ValueSpec kv_values;
+  ValueSpec rope_values;
+  ScaleSpec scales;
+  Fill pad_fill = Fill::kZero;
+  uint64_t data_seed = 0;
+
+  int32_t d_qk() const { return mla::d_qk(geom); }
+  int32_t d_v() const { return mla::d_v(geom); }
+  double effective_sm_scale() const;
+};
+
+// Throws CaseError naming the first inconsistent field (S0 too small, nope not a multiple of
+// the scale tile, index out of range, wrong list lengths, unknown enum value, ...).
+void validate(const Case& c);
+
+// JSON text <-> Case. from_json rejects unknown fields and unknown versions (CaseError).
+std::string to_json(const Case& c);
+Case case_from_json(const std::string& text);
+
+// File I/O. save_case writes atomically (temp file + rename); load_case validates.
+Case load_case(const std::string& path);
+void save_case(const Case& c, const std::string& path);
+
+}  // namespace mlafuzz

@@ -1,0 +1,37 @@
+// mlafuzz: differential testing and fuzzing of sparse MLA decode kernels.
+#include <exception>
+#include <iostream>
+
+#include "harness/case.h"
+#include "harness/cli/commands.h"
+
+int main(int argc, char** argv) {
+  using namespace mlafuzz::cli;
+  CLI::App app{
+      "mlafuzz: differential testing and fuzzing of sparse-decode MLA kernels (FP8 paged KV "
+      "cache, top-k indices) against a float64 oracle"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "mlafuzz 0.1.0");
+  CommandTable table;
+  register_run(app, table);
+  register_list_backends(app, table);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+  try {
+    for (const auto& cmd : table) {
+      if (cmd.app->parsed()) return cmd.run();
+    }
+  } catch (const mlafuzz::CaseError& e) {
+    std::cerr << "mlafuzz: invalid case: " << e.what() << '\n';
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "mlafuzz: " << e.what() << '\n';
+    return kExitBadInput;
+  }
+  return kExitBadInput;
+}
