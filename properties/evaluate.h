@@ -1,0 +1,214 @@
+// The public face of the property layer: generate a case, evaluate every property on every
+// backend, shrink a failure, save and load corpus entries. `mlafuzz fuzz`, `mlafuzz repro`,
+// `mlafuzz mutants` and the tests use only this header.
+//
+// Data flows one way: (seed, case_index) -> Case recipe -> MaterializedCase -> backends ->
+// PropertyOutcome -> shrink -> corpus entry. Everything here is deterministic: the same
+// (seed, case_index, GenConfig) gives the same Case on every machine and compiler, and the
+// same Case gives the same outcomes for deterministic backends.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/case.h"
+
+namespace mlafuzz {
+
+// ---------------------------------------------------------------------------------------------
+// Generation
+// ---------------------------------------------------------------------------------------------
+
+// The envelope of generated cases. Defaults: everything on, production sizes reachable but rare.
+// Every generated case stays inside every built-in backend's envelope (nope <= 512, rope <= 64
+// and a multiple of 16, nope a multiple of the scale tile), so `unsupported` only fires for
+// plugins with a narrower envelope.
+struct GenConfig {
+  int max_batch = 32;  // B in [1, max_batch]; small (<= 4) most of the time
+  int max_heads = 64;  // H in [1, max_heads]; small most of the time, 32/64 sometimes
+  int max_topk = 512;  // topk in [1, max_topk]
+  int max_pages = 64;  // logical pages in the cache
+  int max_page_size = 256;
+  // Probability that a case uses a production shape (H = 64, topk 128 with P = 256 or topk 512
+  // with P = 64, B up to max_batch, MODEL1 448 + 64); clipped to the envelope above.
+  double production_probability = 0.05;
+  bool model1 = true;  // layouts allowed (at least one must be true)
+  bool v32 = true;
+  bool other_dims = true;      // nope/rope dims other than the layout's production ones
+  bool sinks = true;           // attention sinks (finite, +inf, -inf)
+  bool special_values = true;  // special values (0, -0, largest finite, subnormals) in q, K, rope
+  bool non_default_conventions = true;  // SGLang/vLLM conventions as well as FlashMLA's
+  bool poison_fills = true;             // pad_fill NaN/garbage (q/out head padding, stride padding)
+  // Generator families to draw from (weights fixed in generators.cc); empty = all. Names as
+  // all_generator_families() lists them: "general" (dependent random recipe), "edge" (one
+  // targeted edge class per case: empty rows, all invalid, topk_length 0, +-inf sinks, page
+  // boundaries, large logits, ties, extreme scales), "production" (production shapes only).
+  std::vector<std::string> families;
+};
+
+std::vector<std::string> all_generator_families();
+
+// Deterministic: the same (seed, case_index, cfg) gives the same Case on every machine.
+// `tags` (may be null) receives classification strings, RC_TAG-like, for distribution reports:
+// "layout=model1", "page_size=61", "page_size=pow2", "stride=padded", "page_order=shuffled",
+// "has_invalid", "all_invalid", "topk_length=0", "topk%64!=0", "duplicates", "sink=+inf",
+// "values=large", "scales=random", "family=edge", "shape=production", ...
+Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
+                   std::vector<std::string>* tags);
+
+// ---------------------------------------------------------------------------------------------
+// Evaluation
+// ---------------------------------------------------------------------------------------------
+
+// Property names, in evaluation order:
+//   "run"            the backend returned kOk (kError/kFault fail it; kUnsupported: applicable
+//                    = false). Always evaluated; a failed run skips the backend's other
+//                    properties for this case.
+//   "tolerance"      every out/lse element within its per-element bound against the float64
+//                    oracle (properties/tolerance.h); +inf/-inf/NaN positions identical.
+//   "poison"         bytes a correct kernel must not read replaced by NaN/inf/garbage: every
+//                    output bit identical to the clean run, guard bands untouched.
+//   "relocate"       pages in another physical order and stride: bitwise identical.
+//   "batch-alone"    each batch row computed alone: bitwise identical to its row in the batch.
+//   "head-alone"     a head computed alone: bitwise identical to the head in its head block.
+//   "determinism"    two runs bitwise identical.
+//   "permute"        index list permuted: within the tolerance bound (summation order changes).
+//   "insert-invalid" -1 entries inserted into the index lists: within the tolerance bound.
+//   "mma-vs-simt"    an MMA backend against its SIMT partner (name with "-mma" -> "-simt",
+//                    e.g. cpu-mma|cpu-simt, cuda-mma|cuda-simt) within the sum of both bounds.
+std::vector<std::string> all_properties();
+
+struct PropertyOutcome {
+  std::string property;    // one of all_properties()
+  std::string backend;     // "cpu-mma", ...; "cuda-mma|cuda-simt" for mma-vs-simt pairs
+  bool applicable = true;  // false: switched off for this backend/case by design (why: detail)
+  bool passed = true;
+  std::string detail;  // worst element: coordinates (b, h, d), value, reference, error, bound,
+                       // error/bound; or the reason it is not applicable / the run error
+  // Worst element (d = -1 for an lse element; all -1 when not element-wise).
+  int worst_b = -1, worst_h = -1, worst_d = -1;
+  double error = 0, bound = 0;  // of the worst element (error/bound = tightness)
+  double max_abs = 0, mean_abs = 0, max_rel = 0, cos_diff = 0, lse_max_abs = 0;
+  double tightness = 0;    // max over elements of error / bound (out and lse); 0 for bitwise
+  double out_max_ref = 0;  // max |reference out|, for error-vs-magnitude plots
+  // Reported, never asserted (tolerance only): FlashMLA's check_is_allclose verdict for out and
+  // lse with its published tolerances, and the original test's figures are max_abs, mean_abs,
+  // max_rel, lse_max_abs above.
+  bool flashmla_pass = true;
+  double seconds = 0;  // backend time spent on this property
+};
+
+struct CaseEvaluation {
+  std::vector<PropertyOutcome> outcomes;
+  double seconds = 0;         // wall time of the whole evaluation
+  double oracle_seconds = 0;  // of which the oracle (run once per case and reused)
+  bool failed() const;        // any applicable outcome that did not pass
+  // The failed outcomes, worst first (by tightness; bitwise/run failures first of all).
+  std::vector<const PropertyOutcome*> failures() const;
+};
+
+struct EvalOptions {
+  // Poison variants per case (each one a different fill: NaN encodings, infinities, garbage).
+  int poison_variants = 2;
+  // Report FlashMLA's and the original test's metrics (cheap; on by default).
+  bool reference_metrics = true;
+};
+
+// Runs every selected property (empty = all) on every backend. Backends receive
+// MaterializedCases that differ from the recipe's materialization (poisoned bytes, relocated
+// pages, single rows/heads): a Backend proxy to a worker process must ship the buffers, not the
+// recipe. The float64 oracle runs once per case on the calling thread. Throws CaseError when the
+// recipe is invalid (a generator or corpus bug, never a backend failure).
+CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
+                             const std::vector<std::string>& properties);
+CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
+                             const std::vector<std::string>& properties,
+                             const EvalOptions& options);
+
+// One-paragraph human-readable form of an outcome: property, backend, worst element with its
+// coordinates and error/bound (no repro command: the caller knows the path).
+std::string format_outcome(const PropertyOutcome& o);
+
+// ---------------------------------------------------------------------------------------------
+// Shrinking
+// ---------------------------------------------------------------------------------------------
+
+struct ShrinkResult {
+  Case minimal;         // explicit index lists; still fails `still_fails`
+  int steps = 0;        // accepted simplifications
+  int evaluations = 0;  // calls of still_fails
+  double seconds = 0;
+  bool budget_exhausted = false;  // stopped by the budget, not at a fixed point
+};
+
+// Greedy recipe shrinking under a wall-clock budget: fewer rows (keeping a failing one), fewer
+// heads, fewer tokens, fewer pages, identity page order, minimum stride, scale 1, small integer
+// values, no sink, zero pad fill, no head padding, no topk_length. Each step is kept only if
+// `still_fails` says the candidate still fails. A candidate that throws CaseError is rejected.
+ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
+                         double budget_seconds);
+
+// The predicate the campaign usually wants: evaluates only `property` on the named backend (and
+// its SIMT partner for mma-vs-simt, found in `backends`) and says whether it still fails.
+std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& failure,
+                                                        const std::vector<Backend*>& backends);
+
+// ---------------------------------------------------------------------------------------------
+// Corpus
+// ---------------------------------------------------------------------------------------------
+
+inline constexpr int kCorpusFormatVersion = 1;
+
+struct Finding {
+  std::string property, backend, detail, signature;
+  double error = 0, bound = 0, tightness = 0;
+  std::string commit;                                  // MLAFUZZ_GIT_COMMIT baked at build time
+  std::string gpu_name, driver_version, cuda_version;  // empty when not found on a GPU
+  std::string host, found_at;                          // hostname; ISO 8601 UTC time
+  uint64_t seed = 0, case_index = 0;
+  int count = 1;                // times seen (deduplicated by signature)
+  std::string expect = "pass";  // "pass": every property must pass (regression entries);
+                                // "fail": the finding is expected to persist (known bug)
+};
+
+// Fills property/backend/detail/error figures from an outcome, commit/host/time from this
+// build and machine, and the signature from the shape class of `minimal`.
+Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t seed,
+                     uint64_t case_index);
+
+// Dedup signature: property | backend | shape_class(c).
+std::string finding_signature(const std::string& property, const std::string& backend,
+                              const Case& c);
+
+// Coarse class of a case for dedup: layout, B/H/topk buckets, page-size class, features
+// ("model1 B1 H1 T1-2 P=pow2 invalid sink" style).
+std::string shape_class(const Case& c);
+
+// Writes {"format":"mlafuzz-corpus","version":1,"case":{...},"finding":{...}} atomically into
+// `dir` (created if missing) under a name derived from the signature and the case's content;
+// returns the path. Saving the same signature and case again overwrites the same file.
+std::string save_corpus_entry(const std::string& dir, const Case& minimal, const Finding& f);
+
+struct CorpusEntry {
+  Case c;
+  Finding f;
+  std::string path;
+};
+
+// Loads a corpus entry, or a bare case file (then f has expect = "pass" and nothing else).
+// Throws CaseError naming the offending field.
+CorpusEntry load_corpus_entry(const std::string& path);
+
+// Sorted *.json files of a corpus folder (empty if the folder does not exist).
+std::vector<std::string> list_corpus(const std::string& dir);
+
+// "mlafuzz repro PATH --backends NAME" (backends omitted when empty).
+std::string repro_command(const std::string& path, const std::string& backends);
+
+// Build commit baked at configure time (MLAFUZZ_GIT_COMMIT), "unknown" if none.
+const char* build_commit();
+
+}  // namespace mlafuzz
