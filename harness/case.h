@@ -1,11 +1,12 @@
 // A sparse-decode case as a small recipe: shapes, layout, index lists, conventions and how the
 // values are drawn. Materialization (materialize.h) turns it into exact input bytes.
 //
-// Recipes are saved as versioned, human-readable JSON (format documented in README.md, "Corpus
-// format"). Loading validates everything and names the offending field on error.
+// Recipes are saved as versioned, human-readable JSON (format documented in README.md, "Case
+// and corpus format"). Loading validates everything and names the offending field on error.
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -21,11 +22,13 @@ inline constexpr int kCaseFormatVersion = 1;
 class CaseError : public std::runtime_error {
  public:
   CaseError(std::string field, const std::string& reason)
-      : std::runtime_error(field + ": " + reason), field_(std::move(field)) {}
+      : std::runtime_error(field + ": " + reason), field_(std::move(field)), reason_(reason) {}
   const std::string& field() const { return field_; }
+  const std::string& reason() const { return reason_; }
 
  private:
   std::string field_;
+  std::string reason_;
 };
 
 // How a set of values (q, K nope, K rope) is drawn from the data seed.
@@ -123,8 +126,28 @@ void validate(const Case& c);
 std::string to_json(const Case& c);
 Case case_from_json(const std::string& text);
 
-// File I/O. save_case writes atomically (temp file + rename); load_case validates.
+// File I/O. save_case validates, then writes atomically (temp file + fsync + rename), so an
+// invalid case writes nothing. load_case validates, and accepts a plain case file or a corpus
+// entry {"format": "mlafuzz-corpus", "version": 1, "case": {...}, ...} (it takes "case").
 Case load_case(const std::string& path);
 void save_case(const Case& c, const std::string& path);
+
+// JSON values, for files that embed a case (corpus entries, reports). Keys come out in a fixed,
+// human-readable order. case_from_json_value is as strict as case_from_json and validates;
+// `path_prefix` is prepended to the field in errors (e.g. "case." gives "case.indices[2][5]").
+// nlohmann::json converts implicitly to and from ordered_json.
+nlohmann::ordered_json case_to_json_value(const Case& c);
+Case case_from_json_value(const nlohmann::ordered_json& j, const std::string& path_prefix = "");
+
+// Pretty JSON text: two-space indent, but arrays of scalars on one line, so index lists stay
+// readable. Ends with a newline. Used for case files, corpus entries and reports.
+std::string json_to_text(const nlohmann::ordered_json& j);
+
+// The lowercase names used in case files (and reports).
+const char* layout_name(mla::Layout l);
+const char* value_dist_name(ValueDist d);
+const char* scale_mode_name(ScaleMode m);
+const char* fill_name(Fill f);
+const char* index_rule_name(IndexRule r);
 
 }  // namespace mlafuzz

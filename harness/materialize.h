@@ -14,20 +14,20 @@
 namespace mlafuzz {
 
 struct MaterializedCase {
-  Case recipe;               // with indices made explicit (logical positions) and stride resolved
-  mla::CacheGeometry geom;   // page_stride resolved
+  Case recipe;              // with indices made explicit (logical positions) and stride resolved
+  mla::CacheGeometry geom;  // page_stride resolved
   int32_t batch = 0, heads = 0, topk = 0;
-  float sm_scale = 0;        // fp32 value the kernels receive
-  double sm_scale64 = 0;     // the same value widened (the oracle uses this, not the recipe's)
+  float sm_scale = 0;     // fp32 value the kernels receive
+  double sm_scale64 = 0;  // the same value widened (the oracle uses this, not the recipe's)
   mla::Conventions conv;
 
-  std::vector<uint16_t> q;          // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
-  int64_t q_head_stride = 0;        // d_qk + q_head_pad
-  std::vector<uint8_t> cache;       // [num_pages * page_stride] exact layout bytes
-  std::vector<int32_t> indices;     // [B, topk] physical global slots (invalid entries kept)
-  std::vector<int32_t> topk_length; // [B] or empty
-  std::vector<float> sink;          // [H] or empty
-  int64_t out_head_stride = 0;      // d_v + out_head_pad
+  std::vector<uint16_t> q;           // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
+  int64_t q_head_stride = 0;         // d_qk + q_head_pad
+  std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
+  std::vector<int32_t> indices;      // [B, topk] physical global slots (invalid entries kept)
+  std::vector<int32_t> topk_length;  // [B] or empty
+  std::vector<float> sink;           // [H] or empty
+  int64_t out_head_stride = 0;       // d_v + out_head_pad
 
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
@@ -43,7 +43,28 @@ MaterializedCase materialize(const Case& c);
 // Idempotent; used by shrinking so that every step edits explicit data.
 Case with_explicit_indices(const Case& c);
 
-// FNV-1a 64 over every input buffer, for golden-hash tests and reports.
+// FNV-1a 64 over every input buffer and the scalar fields, for golden-hash tests and reports.
 uint64_t content_hash(const MaterializedCase& m);
+
+// ---- The pieces of materialization, exposed so that tests can check each independently ----
+
+// Logical index lists [batch][topk] generated from the recipe's index_spec (the explicit lists
+// when the recipe has them). Deterministic: CounterRng(data_seed, kIndices, b) per row.
+std::vector<std::vector<int32_t>> generate_indices(const Case& c);
+
+// Physical global slot of logical token position t: page_order[t / P] * P + t % P (identity
+// when page_order is empty). Negative (invalid) entries are returned unchanged.
+int64_t physical_slot(const Case& c, int64_t logical);
+
+// The value element d of logical token t holds before quantization (d < nope_dim: drawn from
+// kv_values; otherwise rope element d - nope_dim drawn from rope_values, before bf16 rounding).
+// Values belong to logical tokens, so relocating pages never changes them.
+float kv_source_value(const Case& c, int64_t logical_token, int32_t d);
+// q[b][h][d] before bf16 rounding.
+float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d);
+
+// The ue8m0 exponent the production writer stores for a tile whose largest magnitude is amax:
+// 127 + ceil(log2(amax / 448)) computed exactly, clamped to [1, 254]; 127 when amax == 0.
+int writer_exponent(float amax);
 
 }  // namespace mlafuzz

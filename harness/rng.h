@@ -10,6 +10,9 @@
 
 namespace mlafuzz {
 
+// GCC/Clang's 128-bit integer; __extension__ keeps -Wpedantic quiet about it.
+__extension__ typedef unsigned __int128 uint128_for_rng;
+
 inline uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -47,7 +50,7 @@ class CounterRng {
   int64_t uniform_int(int64_t lo, int64_t hi) {
     const uint64_t span = static_cast<uint64_t>(hi - lo) + 1;
     if (span == 0) return static_cast<int64_t>(next());
-    const unsigned __int128 p = static_cast<unsigned __int128>(next()) * span;
+    const uint128_for_rng p = static_cast<uint128_for_rng>(next()) * span;
     return lo + static_cast<int64_t>(p >> 64);
   }
   bool bernoulli(double p) { return uniform() < p; }

@@ -1,0 +1,76 @@
+// Backend helpers shared by every bf16 backend: canary-guarded output buffers and their
+// conversion into a RunResult.
+#include "harness/backend.h"
+
+namespace mlafuzz {
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFloat64:
+      return "float64";
+    case Precision::kSimtFp32:
+      return "simt-fp32";
+    case Precision::kMmaBf16:
+      return "mma-bf16";
+    case Precision::kCustom:
+      return "custom";
+  }
+  return "?";
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m)
+    : out_head_stride(m.out_head_stride), out_batch_stride(m.out_head_stride * m.heads) {
+  // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
+  // the call was never written, and a guard element that lost it was written out of bounds.
+  out.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * out_batch_stride), kCanaryBits);
+  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.heads),
+             mla::bits_to_float(kLseCanaryBits));
+}
+
+int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
+  int64_t bad = 0;
+  const int64_t body = int64_t{m.batch} * out_batch_stride;
+  const int32_t dv = m.d_v();
+  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
+    const int64_t rel = i - kGuard;
+    bool guard = rel < 0 || rel >= body;
+    // The gap between d_v and the head stride belongs to nobody: writing it is a bug too.
+    if (!guard) guard = rel % out_head_stride >= dv;
+    if (guard && out[static_cast<size_t>(i)] != kCanaryBits) ++bad;
+  }
+  const int64_t lse_body = int64_t{m.batch} * m.heads;
+  for (int64_t i = 0; i < static_cast<int64_t>(lse.size()); ++i) {
+    const int64_t rel = i - kGuard;
+    // Compare bits: the canary is a NaN, and NaN != NaN as floats.
+    if ((rel < 0 || rel >= lse_body) &&
+        mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits) {
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r;
+  const int32_t dv = m.d_v();
+  r.out.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * dv));
+  r.lse.resize(static_cast<size_t>(int64_t{m.batch} * m.heads));
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int64_t row = int64_t{b} * m.heads + h;
+      const int64_t src =
+          OutputBuffers::kGuard + b * bufs.out_batch_stride + h * bufs.out_head_stride;
+      for (int32_t d = 0; d < dv; ++d) {
+        r.out[static_cast<size_t>(row * dv + d)] =
+            mla::bf16_to_float(bufs.out[static_cast<size_t>(src + d)]);  // exact widening
+      }
+      r.lse[static_cast<size_t>(row)] = bufs.lse[static_cast<size_t>(OutputBuffers::kGuard + row)];
+    }
+  }
+  r.out_raw = bufs.out;
+  r.lse_raw = bufs.lse;
+  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+}  // namespace mlafuzz

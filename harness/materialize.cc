@@ -1,0 +1,422 @@
+// Recipe -> exact host buffers. Every random draw goes through CounterRng with a named stream
+// and an element counter, so each buffer's contents depend only on the seed and the element's
+// logical coordinates: changing one buffer's shape or the page order never moves another value.
+#include "harness/materialize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "harness/rng.h"
+
+namespace mlafuzz {
+namespace {
+
+// Tags that keep the special-value decisions of q, nope and rope apart inside Stream::kSpecial.
+enum SpecialTag : uint64_t { kTagQ = 0, kTagNope = 1, kTagRope = 2 };
+
+// One element drawn per ValueSpec. Element n of a buffer uses its own counter stream
+// CounterRng(seed, stream, n) (random access; a normal draw consumes 12 values of it).
+double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t element,
+                  SpecialTag tag) {
+  if (s.special_fraction > 0) {
+    CounterRng sp(seed, Stream::kSpecial, element * 4 + tag);
+    if (sp.bernoulli(s.special_fraction)) {
+      // Values that stress sign handling, saturation and subnormals; never NaN or inf.
+      switch (sp.uniform_int(0, 4)) {
+        case 0:
+          return 0.0;
+        case 1:
+          return -0.0;
+        case 2:
+          return 4 * s.magnitude;
+        case 3:
+          return -4 * s.magnitude;
+        default:
+          return 0x1p-133;  // smallest bf16 subnormal
+      }
+    }
+  }
+  CounterRng r(seed, stream, element);
+  switch (s.dist) {
+    case ValueDist::kNormal:
+      return r.normal() * s.magnitude;
+    case ValueDist::kUniform:
+      return (2 * r.uniform() - 1) * s.magnitude;
+    case ValueDist::kSmallInt:
+      return static_cast<double>(r.uniform_int(-3, 3)) * s.magnitude;
+    case ValueDist::kZeros:
+      return 0.0;
+    case ValueDist::kTies:
+      return s.magnitude;
+  }
+  return 0.0;
+}
+
+// floor(fraction * n + 0.5): an exact count, so fraction 1 marks every entry.
+int64_t fraction_count(double fraction, int64_t n) {
+  return static_cast<int64_t>(std::floor(fraction * static_cast<double>(n) + 0.5));
+}
+
+// First `count` entries of a random permutation of [0, n) (partial Fisher-Yates).
+std::vector<int32_t> pick_positions(CounterRng& rng, int32_t n, int64_t count) {
+  std::vector<int32_t> perm(static_cast<size_t>(n));
+  for (int32_t i = 0; i < n; ++i) perm[static_cast<size_t>(i)] = i;
+  count = std::min<int64_t>(count, n);
+  for (int64_t i = 0; i < count; ++i) {
+    const auto j = static_cast<size_t>(rng.uniform_int(i, n - 1));
+    std::swap(perm[static_cast<size_t>(i)], perm[j]);
+  }
+  perm.resize(static_cast<size_t>(count));
+  return perm;
+}
+
+std::vector<int32_t> random_row(CounterRng& rng, int32_t topk, int64_t n) {
+  // Floyd's sampling: min(topk, n) distinct positions in O(topk) whatever n is. The set is
+  // only queried, never iterated, so its hashing cannot leak into the output order.
+  std::vector<int32_t> row;
+  row.reserve(static_cast<size_t>(topk));
+  const int64_t m = std::min<int64_t>(topk, n);
+  std::unordered_set<int64_t> chosen;
+  for (int64_t j = n - m; j < n; ++j) {
+    int64_t t = rng.uniform_int(0, j);
+    if (chosen.count(t)) t = j;
+    chosen.insert(t);
+    row.push_back(static_cast<int32_t>(t));
+  }
+  // More entries than slots: the rest are duplicates by necessity.
+  while (static_cast<int64_t>(row.size()) < topk) {
+    row.push_back(static_cast<int32_t>(rng.uniform_int(0, n - 1)));
+  }
+  for (size_t i = row.size(); i > 1; --i) {  // Fisher-Yates: the list order is random too
+    const auto j = static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1));
+    std::swap(row[i - 1], row[j]);
+  }
+  return row;
+}
+
+std::vector<int32_t> sequential_row(int32_t topk, int64_t n) {
+  // The last topk tokens of a sequence that fills the cache; wraps when topk > n.
+  std::vector<int32_t> row(static_cast<size_t>(topk));
+  for (int32_t k = 0; k < topk; ++k) {
+    const int64_t t = topk <= n ? n - topk + k : k % n;
+    row[static_cast<size_t>(k)] = static_cast<int32_t>(t);
+  }
+  return row;
+}
+
+std::vector<int32_t> page_runs_row(CounterRng& rng, int32_t topk, const mla::CacheGeometry& g) {
+  // Runs of consecutive logical tokens. Starts are biased to a page's last slots (so the run
+  // crosses into the next page) and to its first slot: the addressing corner cases.
+  const int64_t n = mla::num_slots(g);
+  const int64_t p = g.page_size;
+  std::vector<int32_t> row;
+  row.reserve(static_cast<size_t>(topk));
+  while (static_cast<int32_t>(row.size()) < topk) {
+    const int64_t page = rng.uniform_int(0, g.num_pages - 1);
+    int64_t start = 0;
+    switch (rng.uniform_int(0, 2)) {
+      case 0:
+        start = page * p + p - 1 - rng.uniform_int(0, std::min<int64_t>(p - 1, 3));
+        break;
+      case 1:
+        start = page * p;
+        break;
+      default:
+        start = rng.uniform_int(0, n - 1);
+        break;
+    }
+    const int64_t left = topk - static_cast<int64_t>(row.size());
+    const int64_t len = rng.uniform_int(1, std::min<int64_t>(left, p + 2));
+    for (int64_t i = 0; i < len; ++i) row.push_back(static_cast<int32_t>((start + i) % n));
+  }
+  return row;
+}
+
+uint16_t q_pad_bits(Fill f, uint64_t seed, uint64_t element) {
+  switch (f) {
+    case Fill::kZero:
+      return 0;
+    case Fill::kNaN:
+      return 0x7fc0;  // bf16 quiet NaN: any read of a pad element poisons the result
+    case Fill::kGarbage:
+      return static_cast<uint16_t>(CounterRng(seed, Stream::kPadding, 1).at(element));
+  }
+  return 0;
+}
+
+// Fills the whole cache with the pad pattern; the writer then overwrites every data byte, so
+// what is left is exactly the bytes that hold no data (page padding, unused scale bytes).
+void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed) {
+  switch (f) {
+    case Fill::kZero:
+      std::fill(cache.begin(), cache.end(), uint8_t{0});
+      break;
+    case Fill::kNaN:
+      // 0xff is NaN whatever a wrong read takes it for: e4m3 (-NaN), ue8m0, bf16 and fp32 alike.
+      std::fill(cache.begin(), cache.end(), uint8_t{0xff});
+      break;
+    case Fill::kGarbage: {
+      const CounterRng rng(seed, Stream::kPadding, 0);
+      for (size_t i = 0; i < cache.size(); ++i) {
+        cache[i] = static_cast<uint8_t>(rng.at(i / 8) >> (8 * (i % 8)));
+      }
+      break;
+    }
+  }
+}
+
+void put_u16(uint8_t* p, uint16_t v) {
+  p[0] = static_cast<uint8_t>(v);
+  p[1] = static_cast<uint8_t>(v >> 8);
+}
+
+void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+// Quantizes and writes every logical token of the cache at its physical slot.
+void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_t>& cache) {
+  const int64_t n = mla::num_slots(g);
+  const int32_t tiles = mla::num_scale_tiles(g);
+  std::vector<float> v(static_cast<size_t>(g.nope_dim));
+  for (int64_t t = 0; t < n; ++t) {
+    const mla::TokenAddress a = mla::token_address(g, physical_slot(c, t));
+    for (int32_t d = 0; d < g.nope_dim; ++d) v[static_cast<size_t>(d)] = kv_source_value(c, t, d);
+    for (int32_t tile = 0; tile < tiles; ++tile) {
+      const float* tv = v.data() + static_cast<size_t>(tile) * g.scale_tile;
+      float amax = 0;
+      for (int32_t i = 0; i < g.scale_tile; ++i) amax = std::max(amax, std::fabs(tv[i]));
+      const int writer_e = writer_exponent(amax);
+      // The exponent the codes are normalized by, and the exponent stored in the cache.
+      int code_e = writer_e, stored_e = writer_e;
+      if (c.scales.mode == ScaleMode::kFixed) {
+        code_e = stored_e = c.scales.exp_lo;
+      } else if (c.scales.mode == ScaleMode::kRandom) {
+        stored_e = static_cast<int>(
+            CounterRng(c.data_seed, Stream::kScales, static_cast<uint64_t>(t) * tiles + tile)
+                .uniform_int(c.scales.exp_lo, c.scales.exp_hi));
+      }
+      const float code_scale = mla::ue8m0_to_float(static_cast<uint8_t>(code_e));
+      for (int32_t i = 0; i < g.scale_tile; ++i) {
+        // Division by a power of two: exact unless the quotient leaves the normal range.
+        cache[static_cast<size_t>(a.nope + tile * g.scale_tile + i)] =
+            mla::float_to_e4m3_sat(tv[i] / code_scale);
+      }
+      if (g.layout == mla::Layout::kModel1) {
+        cache[static_cast<size_t>(a.scale + tile)] = static_cast<uint8_t>(stored_e);
+      } else {
+        const float s = mla::ue8m0_to_float(static_cast<uint8_t>(stored_e));
+        put_u32(&cache[static_cast<size_t>(a.scale + 4 * tile)], mla::float_to_bits(s));
+      }
+    }
+    for (int32_t r = 0; r < g.rope_dim; ++r) {
+      put_u16(&cache[static_cast<size_t>(a.rope + 2 * r)],
+              mla::float_to_bf16(kv_source_value(c, t, g.nope_dim + r)));
+    }
+  }
+}
+
+void hash_bytes(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;  // FNV-1a 64 prime
+  }
+}
+
+// Integers are hashed as 8 little-endian bytes whatever their C++ type, so the hash does not
+// depend on the host's byte order or on a field's width.
+void hash_int(uint64_t& h, int64_t v) {
+  uint8_t b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  hash_bytes(h, b, 8);
+}
+
+template <typename T>
+void hash_vector(uint64_t& h, const std::vector<T>& v) {
+  hash_int(h, static_cast<int64_t>(v.size()));
+  for (const T& x : v) {
+    if constexpr (std::is_same_v<T, float>) {
+      hash_int(h, mla::float_to_bits(x));
+    } else {
+      hash_int(h, static_cast<int64_t>(x));
+    }
+  }
+}
+
+}  // namespace
+
+int writer_exponent(float amax) {
+  if (amax == 0) return 127;  // an all-zero tile: scale 1
+  // amax = m * 2^ex with m in [0.5, 1), and 448 = 0.875 * 2^9, so amax / 448 = (m / 0.875) *
+  // 2^(ex - 9) with m / 0.875 in (0.57, 1.15): its log2 rounds up to ex - 9 when m <= 0.875 and
+  // to ex - 8 otherwise. Exact: no log2, no division.
+  int ex = 0;
+  const double m = std::frexp(static_cast<double>(amax), &ex);
+  const int k = m <= 0.875 ? ex - 9 : ex - 8;
+  return std::clamp(127 + k, 1, 254);  // ue8m0 0 is 2^-127 (kept out) and 255 is NaN
+}
+
+int64_t physical_slot(const Case& c, int64_t logical) {
+  if (logical < 0 || c.page_order.empty()) return logical;
+  const int64_t p = c.geom.page_size;
+  return static_cast<int64_t>(c.page_order[static_cast<size_t>(logical / p)]) * p + logical % p;
+}
+
+float kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
+  const auto t = static_cast<uint64_t>(logical_token);
+  if (d < c.geom.nope_dim) {
+    return static_cast<float>(draw_value(
+        c.kv_values, c.data_seed, Stream::kKvNope,
+        t * static_cast<uint64_t>(c.geom.nope_dim) + static_cast<uint64_t>(d), kTagNope));
+  }
+  const auto r = static_cast<uint64_t>(d - c.geom.nope_dim);
+  return static_cast<float>(draw_value(c.rope_values, c.data_seed, Stream::kKvRope,
+                                       t * static_cast<uint64_t>(c.geom.rope_dim) + r, kTagRope));
+}
+
+float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d) {
+  const uint64_t e =
+      (static_cast<uint64_t>(b) * static_cast<uint64_t>(c.heads) + static_cast<uint64_t>(h)) *
+          static_cast<uint64_t>(c.d_qk()) +
+      static_cast<uint64_t>(d);
+  return static_cast<float>(draw_value(c.q_values, c.data_seed, Stream::kQ, e, kTagQ));
+}
+
+std::vector<std::vector<int32_t>> generate_indices(const Case& c) {
+  if (!c.indices.empty()) return c.indices;
+  const int64_t n = mla::num_slots(c.geom);
+  std::vector<std::vector<int32_t>> rows;
+  rows.reserve(static_cast<size_t>(c.batch));
+  for (int32_t b = 0; b < c.batch; ++b) {
+    CounterRng rng(c.data_seed, Stream::kIndices, static_cast<uint64_t>(b));
+    std::vector<int32_t> row;
+    switch (c.index_spec.rule) {
+      case IndexRule::kRandom:
+        row = random_row(rng, c.topk, n);
+        break;
+      case IndexRule::kSequential:
+        row = sequential_row(c.topk, n);
+        break;
+      case IndexRule::kPageRuns:
+        row = page_runs_row(rng, c.topk, c.geom);
+        break;
+    }
+    for (int32_t k :
+         pick_positions(rng, c.topk, fraction_count(c.index_spec.invalid_fraction, c.topk))) {
+      row[static_cast<size_t>(k)] = -1;
+    }
+    auto dups =
+        pick_positions(rng, c.topk, fraction_count(c.index_spec.duplicate_fraction, c.topk));
+    std::sort(dups.begin(), dups.end());  // copies read entries that are already final
+    for (int32_t k : dups) {
+      if (k == 0) continue;  // nothing earlier to copy
+      row[static_cast<size_t>(k)] = row[static_cast<size_t>(rng.uniform_int(0, k - 1))];
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+Case with_explicit_indices(const Case& c) {
+  validate(c);
+  Case e = c;
+  if (e.indices.empty()) {
+    e.indices = generate_indices(c);
+    e.index_spec = IndexSpec{};  // the rule has been applied; keep the recipe unambiguous
+  }
+  return e;
+}
+
+MaterializedCase materialize(const Case& c) {
+  validate(c);
+  MaterializedCase m;
+  m.recipe = with_explicit_indices(c);
+  m.geom = c.geom;
+  if (m.geom.page_stride == 0) m.geom.page_stride = mla::min_page_stride(m.geom);
+  m.recipe.geom.page_stride = m.geom.page_stride;
+  m.batch = c.batch;
+  m.heads = c.heads;
+  m.topk = c.topk;
+  // The kernels receive fp32; the oracle uses that same value widened, so both see one scale.
+  m.sm_scale = static_cast<float>(c.effective_sm_scale());
+  m.sm_scale64 = static_cast<double>(m.sm_scale);
+  m.conv = c.conventions;
+
+  const int32_t dqk = m.d_qk();
+  m.q_head_stride = dqk + c.q_head_pad;
+  m.out_head_stride = m.d_v() + c.out_head_pad;
+  m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * m.q_head_stride));
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int64_t base = (int64_t{b} * m.heads + h) * m.q_head_stride;
+      for (int32_t d = 0; d < dqk; ++d) {
+        m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, h, d));
+      }
+      for (int64_t d = dqk; d < m.q_head_stride; ++d) {
+        m.q[static_cast<size_t>(base + d)] =
+            q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(base + d));
+      }
+    }
+  }
+
+  m.cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
+  fill_cache_padding(m.cache, c.pad_fill, c.data_seed);
+  Case placed = c;
+  placed.geom = m.geom;
+  write_tokens(placed, m.geom, m.cache);
+
+  m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.topk));
+  for (const auto& row : m.recipe.indices) {
+    for (int32_t t : row) m.indices.push_back(static_cast<int32_t>(physical_slot(c, t)));
+  }
+  if (c.topk_length) m.topk_length = *c.topk_length;
+  if (c.sink) {
+    for (double s : *c.sink) m.sink.push_back(static_cast<float>(s));  // +-inf stay +-inf
+  }
+  return m;
+}
+
+mla::DecodeParams MaterializedCase::host_params() const {
+  mla::DecodeParams p;
+  p.geom = geom;
+  p.conv = conv;
+  p.batch = batch;
+  p.heads = heads;
+  p.topk = topk;
+  p.sm_scale = sm_scale;
+  p.q = q.data();
+  p.q_head_stride = q_head_stride;
+  p.q_batch_stride = q_head_stride * heads;
+  p.kv_cache = cache.data();
+  p.indices = indices.data();
+  p.topk_length = topk_length.empty() ? nullptr : topk_length.data();
+  p.sink = sink.empty() ? nullptr : sink.data();
+  p.out_head_stride = out_head_stride;
+  p.out_batch_stride = out_head_stride * heads;
+  return p;
+}
+
+uint64_t content_hash(const MaterializedCase& m) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
+  const auto& g = m.geom;
+  for (int64_t v : {int64_t{static_cast<int32_t>(g.layout)}, int64_t{g.nope_dim},
+                    int64_t{g.rope_dim}, int64_t{g.scale_tile}, int64_t{g.page_size}, g.page_stride,
+                    int64_t{g.num_pages}, int64_t{m.batch}, int64_t{m.heads}, int64_t{m.topk},
+                    int64_t{mla::float_to_bits(m.sm_scale)},
+                    int64_t{static_cast<int32_t>(m.conv.invalid_index)},
+                    int64_t{static_cast<int32_t>(m.conv.empty_lse)}, int64_t{m.conv.sink_in_lse},
+                    m.q_head_stride, m.out_head_stride}) {
+    hash_int(h, v);
+  }
+  hash_vector(h, m.q);
+  hash_int(h, static_cast<int64_t>(m.cache.size()));
+  hash_bytes(h, m.cache.data(), m.cache.size());
+  hash_vector(h, m.indices);
+  hash_vector(h, m.topk_length);
+  hash_vector(h, m.sink);
+  return h;
+}
+
+}  // namespace mlafuzz
