@@ -1,0 +1,67 @@
+// Float64 reference implementations of sparse MLA decode (SPEC.md section 3).
+//
+// Two oracles that share nothing but the number-format decoders of kernels/common/fp_formats.h:
+// - the Eigen oracle (oracle_eigen.cc), written for speed: each batch row's selected keys are
+//   decoded once into a dense matrix and all heads are computed with two matrix products;
+// - the loop oracle (oracle_loop.cc), plain nested loops straight from the formulas with its own
+//   cache addressing, used to check the Eigen one (and mla_params.h) in the tests.
+//
+// Both are exact up to float64 rounding: keys are decoded exactly (e4m3 * scale has at most 28
+// significant bits, bf16 rope widens exactly), q is widened exactly, sm_scale is the fp32 value
+// the kernels receive (MaterializedCase::sm_scale64). Neither oracle ever aborts on bad input:
+// they throw std::invalid_argument, and the backends turn that into RunStatus::kError.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+
+namespace mlafuzz {
+
+// One batch row decoded once and shared by all heads.
+struct OracleRow {
+  std::vector<int32_t> k;  // positions in the row's top-k list of the valid entries, in order
+                           // (duplicates kept: a repeated index is a separate entry)
+  Eigen::MatrixXd K;       // [n_valid, d_qk] dequantized keys, exact (e4m3*scale, bf16 rope)
+  // V = K.leftCols(d_v) for both layouts (MODEL1: d_v = d_qk; V32: d_v = nope_dim, the first
+  // columns).
+};
+
+// Decodes the valid selected tokens of batch row b. Throws std::invalid_argument when a valid
+// index is outside the cache or the buffers are too small for the case's shapes.
+OracleRow gather_row(const MaterializedCase& m, int b);
+
+// [H, d_qk] bf16 q of batch row b, widened exactly (row stride q_head_stride is skipped).
+Eigen::MatrixXd q_matrix(const MaterializedCase& m, int b);
+
+// [H, n_valid] logits x = sm_scale64 * q . K of batch row b (for tolerance models that need
+// the oracle's logits or softmax weights).
+Eigen::MatrixXd row_logits(const MaterializedCase& m, int b, const OracleRow& row);
+
+struct OracleResult {
+  std::vector<double> out;  // [B, H, d_v] contiguous
+  std::vector<double> lse;  // [B, H] natural log
+};
+
+// threads: 0 = automatic (several threads only when the case is large enough to pay for them,
+// at most std::thread::hardware_concurrency() and at most B), 1 = the calling thread only.
+OracleResult run_oracle_eigen(const MaterializedCase& m, int threads);
+OracleResult run_oracle_eigen(const MaterializedCase& m);  // threads = 0
+OracleResult run_oracle_loop(const MaterializedCase& m);
+
+// Throws std::invalid_argument naming the first inconsistency between the case's shapes and
+// its buffers, or a valid index outside the cache (the oracle would otherwise read out of
+// bounds). Both oracles call their own checks; this is the Eigen oracle's.
+void check_oracle_inputs(const MaterializedCase& m);
+
+// The 256 e4m3fn encodings as doubles (index = byte), built from mla::e4m3_to_float.
+const double* e4m3_table();
+
+std::unique_ptr<Backend> make_oracle_backend(int threads = 0);  // "oracle", Precision::kFloat64
+std::unique_ptr<Backend> make_oracle_loop_backend();            // "oracle-loop"
+
+}  // namespace mlafuzz

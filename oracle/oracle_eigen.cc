@@ -1,0 +1,331 @@
+// The Eigen float64 oracle: per batch row, decode the selected keys once into a dense row-major
+// matrix, then logits S = Q K^T for all heads in one product, a row-wise stable softmax, and
+// O = W V in a second product. Batch rows are independent and run on several threads when the
+// case is large enough to pay for them.
+#include <Eigen/Core>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "kernels/common/fp_formats.h"
+#include "kernels/common/mla_params.h"
+#include "oracle/oracle.h"
+
+namespace mlafuzz {
+namespace {
+
+using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+[[noreturn]] void bad_input(const std::string& what) {
+  throw std::invalid_argument("oracle: " + what);
+}
+
+int32_t row_topk_length(const MaterializedCase& m, int b) {
+  return m.topk_length.empty() ? -1 : m.topk_length[b];
+}
+
+// Positions k of the valid top-k entries of row b, in order (duplicates kept).
+void valid_positions(const MaterializedCase& m, int b, std::vector<int32_t>& ks) {
+  ks.clear();
+  const int32_t len = row_topk_length(m, b);
+  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
+  for (int32_t k = 0; k < m.topk; ++k) {
+    if (mla::index_valid(idx[k], k, len, m.conv)) ks.push_back(k);
+  }
+}
+
+// Decodes the tokens of row b listed in ks into Kr [ks.size(), d_qk]: one token per matrix row,
+// so the decode writes are contiguous. e4m3 codes go through the 256-entry table, times the
+// tile scale widened to double: the product is exact (4 + 24 significant bits), also where the
+// fp32 product the kernels form would overflow (an honest difference, not an oracle error).
+void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& ks, RowMatrix& Kr) {
+  const mla::CacheGeometry& g = m.geom;
+  const int32_t dqk = mla::d_qk(g);
+  const int32_t tiles = mla::num_scale_tiles(g);
+  const double* lut = e4m3_table();
+  const uint8_t* cache = m.cache.data();
+  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
+  Kr.resize(static_cast<Eigen::Index>(ks.size()), dqk);
+  for (size_t i = 0; i < ks.size(); ++i) {
+    const mla::TokenAddress a = mla::token_address(g, idx[ks[i]]);
+    double* row = Kr.data() + static_cast<int64_t>(i) * dqk;
+    const uint8_t* nope = cache + a.nope;
+    for (int32_t t = 0; t < tiles; ++t) {
+      const double scale = static_cast<double>(mla::tile_scale(g, cache, a, t));
+      const int32_t d0 = t * g.scale_tile;
+      for (int32_t d = d0; d < d0 + g.scale_tile; ++d) row[d] = lut[nope[d]] * scale;
+    }
+    const uint8_t* rope = cache + a.rope;
+    for (int32_t r = 0; r < g.rope_dim; ++r) {
+      const uint16_t bits = static_cast<uint16_t>(rope[2 * r] | (rope[2 * r + 1] << 8));
+      row[g.nope_dim + r] = static_cast<double>(mla::bf16_to_float(bits));
+    }
+  }
+}
+
+// Scratch of one worker, reused across the batch rows it computes.
+struct RowScratch {
+  std::vector<int32_t> ks;
+  RowMatrix Kr;        // [n, d_qk] gathered keys
+  Eigen::MatrixXd Q;   // [H, d_qk]
+  Eigen::MatrixXd S;   // [H, n] logits, then softmax numerators exp(x - max)
+  Eigen::MatrixXd O;   // [H, d_v]
+  Eigen::VectorXd mx;  // [H] row max of the logits
+  Eigen::VectorXd l;   // [H] sum of exp(x - max)
+};
+
+void fill_q(const MaterializedCase& m, int b, Eigen::MatrixXd& Q) {
+  const int32_t dqk = m.d_qk();
+  Q.resize(m.heads, dqk);
+  const uint16_t* qb = m.q.data() + static_cast<int64_t>(b) * m.heads * m.q_head_stride;
+  for (int32_t h = 0; h < m.heads; ++h) {
+    const uint16_t* qh = qb + static_cast<int64_t>(h) * m.q_head_stride;
+    for (int32_t d = 0; d < dqk; ++d) Q(h, d) = static_cast<double>(mla::bf16_to_float(qh[d]));
+  }
+}
+
+// Writes out[b, :, :] and lse[b, :].
+void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& res) {
+  const int32_t H = m.heads;
+  const int32_t dv = m.d_v();
+  double* out = res.out.data() + static_cast<int64_t>(b) * H * dv;
+  double* lse = res.lse.data() + static_cast<int64_t>(b) * H;
+
+  valid_positions(m, b, s.ks);
+  const Eigen::Index n = static_cast<Eigen::Index>(s.ks.size());
+  if (n == 0) {
+    // Empty row: out = 0 (also with a sink: there is nothing to weigh), lse per convention
+    // (FlashMLA +inf, SGLang/vLLM -inf), never a 0/0 NaN.
+    std::fill(out, out + static_cast<int64_t>(H) * dv, 0.0);
+    const double empty = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
+    std::fill(lse, lse + H, empty);
+    return;
+  }
+  gather_rows(m, b, s.ks, s.Kr);
+  fill_q(m, b, s.Q);
+
+  // Logits of all heads at once; sm_scale is applied after the product, in float64.
+  s.S.resize(H, n);
+  s.S.noalias() = s.Q * s.Kr.transpose();
+  s.S *= m.sm_scale64;
+  // Subtract the row max before exp so that huge logits (1e4) cannot overflow. A NaN logit
+  // (NaN key bytes or q) makes the row's sum NaN whatever max Eigen picks: NaN propagates
+  // honestly. An infinite logit (only from inf scales or rope) gives inf - inf = NaN, as in
+  // the kernels.
+  s.mx = s.S.rowwise().maxCoeff();
+  s.S.array().colwise() -= s.mx.array();
+  s.S.array() = s.S.array().exp();
+  s.l = s.S.rowwise().sum();
+  s.O.resize(H, dv);
+  s.O.noalias() = s.S * s.Kr.leftCols(dv);
+
+  for (int32_t h = 0; h < H; ++h) {
+    const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
+    // exp(sink - max) is the sink's numerator on the same shifted scale as l. A -inf sink (or
+    // none) adds 0; a +inf sink makes the denominator infinite so out = 0 exactly (handled
+    // explicitly so an infinite numerator cannot give inf/inf); a finite sink so large that
+    // exp overflows gives +inf too, whose limit out = 0 is the correct float64 answer.
+    const double sink_term = sink == -kInf ? 0.0 : std::exp(sink - s.mx(h));
+    double* oh = out + static_cast<int64_t>(h) * dv;
+    if (sink == kInf) {
+      std::fill(oh, oh + dv, 0.0);
+    } else {
+      const double inv = 1.0 / (s.l(h) + sink_term);
+      for (int32_t d = 0; d < dv; ++d) oh[d] = s.O(h, d) * inv;
+    }
+    if (!m.conv.sink_in_lse || sink == -kInf) {
+      lse[h] = s.mx(h) + std::log(s.l(h));  // sink excluded (FlashMLA)
+    } else if (sink == kInf) {
+      lse[h] = kInf;  // ln(... + e^inf)
+    } else {
+      // SGLang Triton: ln(sum exp(x) + exp(sink)), shifted by the larger of max and sink so
+      // that neither a huge sink nor huge logits overflow.
+      const double M = std::max(s.mx(h), sink);
+      lse[h] = M + std::log(s.l(h) * std::exp(s.mx(h) - M) + std::exp(sink - M));
+    }
+  }
+}
+
+}  // namespace
+
+const double* e4m3_table() {
+  static const std::array<double, 256> table = [] {
+    std::array<double, 256> t{};
+    for (int v = 0; v < 256; ++v) t[v] = static_cast<double>(mla::e4m3_to_float(uint8_t(v)));
+    return t;
+  }();
+  return table.data();
+}
+
+void check_oracle_inputs(const MaterializedCase& m) {
+  const mla::CacheGeometry& g = m.geom;
+  if (m.batch < 0 || m.heads < 0 || m.topk < 0) bad_input("negative batch, heads or topk");
+  if (g.page_size <= 0) bad_input("page_size must be positive");
+  if (g.scale_tile <= 0 || g.nope_dim < 0 || g.nope_dim % g.scale_tile != 0) {
+    bad_input("nope_dim must be a non-negative multiple of scale_tile");
+  }
+  if (g.rope_dim < 0 || g.num_pages < 0) bad_input("negative rope_dim or num_pages");
+  if (g.page_stride < mla::min_page_stride(g)) {
+    bad_input("page_stride " + std::to_string(g.page_stride) + " < minimum " +
+              std::to_string(mla::min_page_stride(g)));
+  }
+  if (static_cast<int64_t>(m.cache.size()) < mla::cache_bytes(g)) {
+    bad_input("cache holds " + std::to_string(m.cache.size()) + " bytes, geometry needs " +
+              std::to_string(mla::cache_bytes(g)));
+  }
+  const int64_t BH = static_cast<int64_t>(m.batch) * m.heads;
+  if (m.q_head_stride < m.d_qk()) bad_input("q_head_stride < d_qk");
+  if (static_cast<int64_t>(m.q.size()) < BH * m.q_head_stride) bad_input("q buffer too small");
+  if (static_cast<int64_t>(m.indices.size()) != static_cast<int64_t>(m.batch) * m.topk) {
+    bad_input("indices must hold batch*topk entries");
+  }
+  if (!m.topk_length.empty()) {
+    if (static_cast<int64_t>(m.topk_length.size()) != m.batch) {
+      bad_input("topk_length must hold batch entries");
+    }
+    for (int32_t b = 0; b < m.batch; ++b) {
+      // index_valid reads a negative length as "no length given": a negative stored length
+      // would silently validate every entry, so it is rejected instead.
+      if (m.topk_length[b] < 0) bad_input("topk_length[" + std::to_string(b) + "] < 0");
+    }
+  }
+  if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) != m.heads) {
+    bad_input("sink must hold heads entries");
+  }
+  const int64_t slots = mla::num_slots(g);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const int32_t len = row_topk_length(m, b);
+    for (int32_t k = 0; k < m.topk; ++k) {
+      const int32_t idx = m.indices[static_cast<int64_t>(b) * m.topk + k];
+      // Out-of-range positive indices (and negatives other than -1 under FlashMLA's rule) are
+      // undefined behaviour in every implementation: reject rather than read out of bounds.
+      if (mla::index_valid(idx, k, len, m.conv) && (idx < 0 || idx >= slots)) {
+        bad_input("indices[" + std::to_string(b) + "][" + std::to_string(k) +
+                  "] = " + std::to_string(idx) + " is outside [0, " + std::to_string(slots) + ")");
+      }
+    }
+  }
+}
+
+OracleRow gather_row(const MaterializedCase& m, int b) {
+  check_oracle_inputs(m);
+  if (b < 0 || b >= m.batch) bad_input("batch row " + std::to_string(b) + " out of range");
+  OracleRow row;
+  valid_positions(m, b, row.k);
+  RowMatrix Kr;
+  gather_rows(m, b, row.k, Kr);
+  row.K = Kr;
+  return row;
+}
+
+Eigen::MatrixXd q_matrix(const MaterializedCase& m, int b) {
+  check_oracle_inputs(m);
+  if (b < 0 || b >= m.batch) bad_input("batch row " + std::to_string(b) + " out of range");
+  Eigen::MatrixXd Q;
+  fill_q(m, b, Q);
+  return Q;
+}
+
+Eigen::MatrixXd row_logits(const MaterializedCase& m, int b, const OracleRow& row) {
+  Eigen::MatrixXd S = q_matrix(m, b) * row.K.transpose();
+  S *= m.sm_scale64;
+  return S;
+}
+
+OracleResult run_oracle_eigen(const MaterializedCase& m) { return run_oracle_eigen(m, 0); }
+
+OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
+  check_oracle_inputs(m);
+  OracleResult res;
+  res.out.assign(static_cast<size_t>(m.batch) * m.heads * m.d_v(), 0.0);
+  res.lse.assign(static_cast<size_t>(m.batch) * m.heads, 0.0);
+  if (m.batch == 0) return res;
+
+  if (threads <= 0) {
+    // Spawning a thread costs tens of microseconds; below ~4 MFLOP (about 0.1 ms of work) the
+    // calling thread alone is faster.
+    const double flops = 2.0 * m.batch * m.heads * m.topk * (m.d_qk() + m.d_v());
+    const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = flops < 4e6 ? 1 : hw;
+  }
+  threads = std::min(threads, m.batch);
+
+  if (threads == 1) {
+    RowScratch s;
+    for (int32_t b = 0; b < m.batch; ++b) compute_row(m, b, s, res);
+    return res;
+  }
+  // Rows are handed out one at a time (their valid counts differ); each writes its own slice.
+  std::atomic<int32_t> next{0};
+  std::vector<std::exception_ptr> errors(threads);
+  auto work = [&](int t) {
+    try {
+      RowScratch s;
+      for (int32_t b = next++; b < m.batch; b = next++) compute_row(m, b, s, res);
+    } catch (...) {
+      errors[t] = std::current_exception();  // e.g. bad_alloc: rethrown on the caller
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (auto& th : pool) th.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return res;
+}
+
+namespace {
+
+// Shared by both oracle backends: float64 results, no raw buffers, errors become statuses.
+class OracleBackend final : public Backend {
+ public:
+  OracleBackend(std::string name, bool loop, int threads)
+      : name_(std::move(name)), loop_(loop), threads_(threads) {}
+  std::string name() const override { return name_; }
+  Precision precision() const override { return Precision::kFloat64; }
+  RunResult run(const MaterializedCase& m) override {
+    RunResult r;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      OracleResult o = loop_ ? run_oracle_loop(m) : run_oracle_eigen(m, threads_);
+      r.out = std::move(o.out);
+      r.lse = std::move(o.lse);
+    } catch (const std::exception& e) {
+      r.status = RunStatus::kError;
+      r.message = name_ + ": " + e.what();
+    } catch (...) {
+      r.status = RunStatus::kError;
+      r.message = name_ + ": unknown exception";
+    }
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+
+ private:
+  std::string name_;
+  bool loop_;
+  int threads_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_oracle_backend(int threads) {
+  return std::make_unique<OracleBackend>("oracle", false, threads);
+}
+
+std::unique_ptr<Backend> make_oracle_loop_backend() {
+  return std::make_unique<OracleBackend>("oracle-loop", true, 1);
+}
+
+}  // namespace mlafuzz
