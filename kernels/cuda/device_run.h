@@ -1,0 +1,25 @@
+// Shared plumbing of the CUDA backends (kernels/cuda only; plain C++, no CUDA types).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "harness/backend.h"
+
+namespace mlafuzz::cuda_detail {
+
+// Launches a kernel on device-pointer params; returns 0 or a cudaError_t value
+// (mla::cuda::kErrUnsupported for cases outside the envelope).
+using LaunchFn = std::function<int(const mla::DecodeParams&)>;
+using UnsupportedFn = std::function<std::optional<std::string>(const mla::DecodeParams&)>;
+
+// Whether a CUDA device exists (reason otherwise), probed once per process.
+Availability device_availability();
+
+// A Backend that runs `launch` on device copies of a case's buffers.
+std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
+                                             UnsupportedFn unsupported, LaunchFn launch);
+
+}  // namespace mlafuzz::cuda_detail

@@ -1,0 +1,35 @@
+// Launchers of the two CUDA sparse-decode kernels (SPEC.md sections 3 and 4).
+//
+// Plain C++: no CUDA type appears here, so host code (the backends, a user's plugin) can call the
+// kernels without including CUDA headers. Every pointer in the DecodeParams is a DEVICE pointer.
+// Launchers check the kernel's preconditions (the envelope below) and return a
+// cudaError_t-compatible code: 0 on success, never exit or abort. Device code traps only in
+// debug builds (NDEBUG undefined).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "kernels/common/mla_params.h"
+
+namespace mla::cuda {
+
+// Return codes that are not CUDA errors (cudaError_t values are small positive numbers).
+inline constexpr int kErrUnsupported = 100000;  // the case is outside the envelope
+
+// Envelope shared by both kernels (nullopt: supported). Both kernels support any B >= 1,
+// H >= 1, topk >= 1, page size >= 1, any page stride >= the layout minimum, both layouts,
+// 16 <= nope_dim <= 512 (multiple of 16 and of scale_tile), scale_tile multiple of 8,
+// 0 <= rope_dim <= 64 (multiple of 16), any q/out strides, -1 or negative indices per the
+// convention, topk_length, an optional sink (+-inf allowed) and empty rows.
+std::optional<std::string> simt_unsupported(const DecodeParams& p);
+// block_h must be 32 or 64; H need not be a multiple of it (extra rows are masked).
+std::optional<std::string> mma_unsupported(const DecodeParams& p, int block_h);
+
+// One thread block of 128 threads per (batch row, head), fp32 pipeline. stream: a cudaStream_t
+// (nullptr = default stream).
+int launch_simt_per_head(const DecodeParams& p, void* stream);
+// One thread block of 8*block_h threads per (batch row, block of block_h heads), mma.sync bf16.
+int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
+
+}  // namespace mla::cuda

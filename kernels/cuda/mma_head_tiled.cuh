@@ -1,0 +1,385 @@
+// The tensor-core head-tiled kernel (the "new" kernel, SPEC.md section 4, MMA pipeline).
+//
+// One thread block per (batch row, block of BH heads); 4*BH/16 warps (8 for BH = 32).
+// Per tile of kMmaTokenTile = 64 selected tokens:
+//   B1  raw bytes of the tile (gathered with cp.async during the previous tile) are ready
+//   dequant: every thread turns raw bytes into the bf16 K tile Ks[64][576+8] once for all heads
+//            (fp8 * scale exact in fp32, cvt to bf16 exact); masked tokens and padded columns
+//            are written as zeros and their bytes are never loaded
+//   B2  (removed by Mutant::kMissingBarrier)
+//   gather: the next tile's raw bytes are requested (cp.async), overlapping the MMAs below
+//   S phase: warp w computes S = Q K^T for head group w % G and tokens 16*(w / G) .. +15 with
+//            mma.sync m16n8k16 bf16 (ldmatrix fragments), scales by sm_scale in fp32 AFTER the
+//            product, writes -inf for masked tokens into Ss[BH][64+8] fp32
+//   B3
+//   PV phase: warp w owns head group w % G and V columns [144*(w/G), +144) (18 n8 tiles of fp32
+//            accumulators in registers); reads its 16 rows of S, row max by quad shuffles (every
+//            warp of a head group computes identical m and l), p = exp(x - m) in fp32, l += sum
+//            of the unrounded p, O *= alpha, P rounded to bf16 as the A operand and V = Ks
+//            (ldmatrix.trans) as the B operand.
+// Finally O / (l + exp(sink - m)) rounded to bf16; padded columns are never stored.
+//
+// Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ss BH*72*4, validity
+// 2*64*4: 160 KiB for BH = 32, 205.5 KiB for BH = 64. Rows of Ks and Qs are padded by 16 bytes
+// (584 bf16 = 73 16-byte units, odd) so that ldmatrix rows hit distinct bank groups.
+#pragma once
+
+#include <atomic>
+
+#include "kernels/cuda/device_common.cuh"
+#include "kernels/cuda/launch.h"
+
+namespace mla::cuda {
+
+inline constexpr int kMmaKStride = kMaxKCols + 8;      // bf16 elements per Ks/Qs row
+inline constexpr int kMmaSStride = kMmaTokenTile + 8;  // fp32 elements per Ss row
+inline constexpr int kMmaColChunk = 144;               // V columns per PV warp (18 n8 tiles)
+
+constexpr size_t mma_smem_bytes(int bh) {
+  return static_cast<size_t>(kMmaTokenTile) * kMaxRawStride +
+         static_cast<size_t>(kMmaTokenTile) * kMmaKStride * 2 +
+         static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * kMmaSStride * 4 +
+         2 * kMmaTokenTile * 4;
+}
+
+template <int BH, Mutant M>
+__global__ void __launch_bounds__(BH * 8, 1)
+    mma_head_tiled_kernel(const __grid_constant__ DecodeParams p,
+                          const __grid_constant__ LayoutPlan pl) {
+  constexpr int G = BH / 16;  // head groups of 16 rows (the MMA M dimension)
+  constexpr int NW = 4 * G;   // warps
+  constexpr int NT = NW * 32;
+  constexpr int T = kMmaTokenTile;
+  constexpr int KS = kMmaKStride;
+  constexpr int SS = kMmaSStride;
+  constexpr int NTILE = kMmaColChunk / 8;  // n8 tiles of O per warp
+  static_assert(4 * kMmaColChunk >= kMaxKCols, "4 column chunks must cover the V width");
+
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* raw = smem;                                                   // [T][raw_stride]
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + T * kMaxRawStride);  // [T][KS] bf16
+  uint16_t* Qs = Ks + T * KS;                                            // [BH][KS] bf16
+  float* Ss = reinterpret_cast<float*>(Qs + BH * KS);                    // [BH][SS] fp32
+  int* s_valid = reinterpret_cast<int*>(Ss + BH * SS);                   // [2][T]
+
+#ifndef NDEBUG
+  if (blockDim.x != NT) __trap();
+#endif
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int b = blockIdx.y;
+  const int h0 = blockIdx.x * BH;
+  const int nope = p.geom.nope_dim;
+  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.topk;
+  const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
+
+  // Tiles past topk_length hold no valid token; skipping them is bit-identical (alpha = 1).
+  int n_eff = p.topk;
+  if constexpr (M != Mutant::kTopkLengthIgnored) {
+    if (topk_len >= 0) n_eff = min(n_eff, max(topk_len, 0));
+  }
+  int n_tiles = (n_eff + T - 1) / T;
+  if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
+
+  // Gathers tile `tile`'s valid tokens into the raw staging rows, one warp per token.
+  auto stage = [&](int tile, int buf) {
+    for (int j = warp; j < T; j += NW) {
+      const int k = tile * T + j;
+      int32_t idx = k < p.topk ? __ldg(idx_row + k) : -1;
+      const bool v = entry_valid<M>(p, idx, k, topk_len);
+      if (v) {
+        int64_t s0, s1;
+        slot_offsets<M>(p, pl, idx, s0, s1);
+        stage_token(p, pl, s0, s1, raw + j * pl.raw_stride, lane);
+      }
+      if (lane == 0) s_valid[buf * T + j] = v;
+    }
+    cp_async_commit();
+  };
+
+  // ---- Q [BH][np + rope] bf16 into smem: nope columns, zeros for padding, rope after ----
+  const int upr = pl.dkp / 8;  // 16-byte units per row
+  for (int u = tid; u < BH * upr; u += NT) {
+    const int r = u / upr, col = (u - r * upr) * 8, head = h0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (head < p.heads) {
+      const uint16_t* qrow = p.q + static_cast<int64_t>(b) * p.q_batch_stride +
+                             static_cast<int64_t>(head) * p.q_head_stride;
+      int src = -1;
+      if (col < nope) {
+        src = col;
+      } else if (col >= pl.np) {
+        src = nope + col - pl.np;
+      } else if constexpr (M == Mutant::kUnmaskedPadColumns) {
+        if (col + 8 <= d_qk(p.geom)) src = col;  // q's rope read again as padded nope
+      }
+      if (src >= 0) {
+        if (pl.q_vec16) {
+          val = *reinterpret_cast<const uint4*>(qrow + src);
+        } else {
+          uint32_t w[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            w[i] = static_cast<uint32_t>(qrow[src + 2 * i]) |
+                   (static_cast<uint32_t>(qrow[src + 2 * i + 1]) << 16);
+          }
+          val = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(Qs + r * KS + col) = val;
+  }
+
+  if (n_tiles > 0) stage(0, 0);
+
+  SoftmaxState st0, st1;  // rows g and g + 8 of this warp's head group
+  float o[NTILE][4];
+#pragma unroll
+  for (int i = 0; i < NTILE; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+
+  const int g = lane >> 2, t = lane & 3;
+  const int hg = warp % G, quarter = warp / G;  // S: token quarter; PV: column chunk
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const int buf = tile & 1;
+    cp_async_wait_all();
+    __syncthreads();  // B1: raw tile and s_valid[buf] ready; the previous PV is done with Ks, Ss
+
+    // ---- dequantize the tile to bf16 Ks, once for all heads ----
+    {
+      const int sj = NT / upr, sc = NT % upr;
+      int j = tid / upr, cu = tid % upr;
+      while (j < T) {
+        const int col = cu * 8;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (s_valid[buf * T + j]) {
+          const uint8_t* tok = raw + j * pl.raw_stride;
+          bool fp8 = col < nope;
+          int tile_id = col / p.geom.scale_tile;
+          if constexpr (M == Mutant::kUnmaskedPadColumns) {
+            if (col < pl.np) {  // padded columns decoded from the rope bytes that follow
+              fp8 = true;
+              tile_id = min(tile_id, pl.tiles - 1);
+            }
+          }
+          if (fp8) {
+            const uint2 r8 = *reinterpret_cast<const uint2*>(tok + col);
+            const float s = staged_scale<M>(p, pl, tok, tile_id);
+            float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
+            float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
+            float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
+            float2 f3 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y >> 16));
+            val.x = pack_bf16x2(f0.x * s, f0.y * s);
+            val.y = pack_bf16x2(f1.x * s, f1.y * s);
+            val.z = pack_bf16x2(f2.x * s, f2.y * s);
+            val.w = pack_bf16x2(f3.x * s, f3.y * s);
+          } else if (col >= pl.np) {
+            const uint8_t* r = tok + pl.rope_off + 2 * (col - pl.np);
+            if (pl.rope_vec16) {
+              val = *reinterpret_cast<const uint4*>(r);
+            } else {
+              const uint32_t* r4 = reinterpret_cast<const uint32_t*>(r);
+              val = make_uint4(r4[0], r4[1], r4[2], r4[3]);
+            }
+          }
+        }
+        *reinterpret_cast<uint4*>(Ks + j * KS + col) = val;
+        cu += sc;
+        j += sj;
+        if (cu >= upr) {
+          cu -= upr;
+          ++j;
+        }
+      }
+    }
+    if constexpr (M != Mutant::kMissingBarrier) __syncthreads();  // B2: Ks ready, raw free
+
+    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1);
+
+    // ---- S phase: S[16 heads][16 tokens] per warp over all d_qk ----
+    {
+      float acc[2][4] = {};
+      const uint32_t qa = smem_u32(Qs + (hg * 16 + (lane & 15)) * KS + (lane >> 4) * 8);
+      const uint32_t ka =
+          smem_u32(Ks + (quarter * 16 + (lane >> 4) * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 8);
+      const int ksteps = pl.dkp / 16;
+#pragma unroll 4
+      for (int kk = 0; kk < ksteps; ++kk) {
+        uint32_t a[4], kb[4];
+        ldsm_x4(a, qa + kk * 32);
+        ldsm_x4(kb, ka + kk * 32);
+        mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+        mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+      }
+      const float ninf = neg_inf();
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int col = quarter * 16 + nt * 8 + 2 * t;
+        const bool v0 = s_valid[buf * T + col] != 0, v1 = s_valid[buf * T + col + 1] != 0;
+        float* srow = Ss + (hg * 16 + g) * SS + col;
+        *reinterpret_cast<float2*>(srow) =
+            make_float2(v0 ? acc[nt][0] * p.sm_scale : ninf, v1 ? acc[nt][1] * p.sm_scale : ninf);
+        *reinterpret_cast<float2*>(srow + 8 * SS) =
+            make_float2(v0 ? acc[nt][2] * p.sm_scale : ninf, v1 ? acc[nt][3] * p.sm_scale : ninf);
+      }
+    }
+    __syncthreads();  // B3: S of the whole tile ready
+
+    // ---- PV phase ----
+    {
+      const float* s0 = Ss + (hg * 16 + g) * SS + 2 * t;
+      const float* s1 = s0 + 8 * SS;
+      float x[4][8];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const float2 a = *reinterpret_cast<const float2*>(s0 + kk * 16);
+        const float2 bq = *reinterpret_cast<const float2*>(s1 + kk * 16);
+        const float2 c = *reinterpret_cast<const float2*>(s0 + kk * 16 + 8);
+        const float2 d = *reinterpret_cast<const float2*>(s1 + kk * 16 + 8);
+        x[kk][0] = a.x, x[kk][1] = a.y, x[kk][2] = bq.x, x[kk][3] = bq.y;
+        x[kk][4] = c.x, x[kk][5] = c.y, x[kk][6] = d.x, x[kk][7] = d.y;
+      }
+      float mx0 = x[0][0], mx1 = x[0][2];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        mx0 = fmaxf(mx0, fmaxf(fmaxf(x[kk][0], x[kk][1]), fmaxf(x[kk][4], x[kk][5])));
+        mx1 = fmaxf(mx1, fmaxf(fmaxf(x[kk][2], x[kk][3]), fmaxf(x[kk][6], x[kk][7])));
+      }
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+      float alpha0, alpha1;
+      if constexpr (M == Mutant::kNoRescale) {
+        st0.m = fmaxf(st0.m, mx0);
+        st1.m = fmaxf(st1.m, mx1);
+        alpha0 = alpha1 = 1.0f;
+      } else {
+        alpha0 = softmax_advance(st0, mx0);
+        alpha1 = softmax_advance(st1, mx1);
+      }
+      const float ninf = neg_inf();
+      float sum0 = 0.0f, sum1 = 0.0f;
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        float pv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const SoftmaxState& st = (i & 2) ? st1 : st0;
+          // A masked token (x = -inf) weighs exactly 0, also while m is still -inf.
+          pv[i] = x[kk][i] == ninf ? 0.0f : softmax_weight(st, x[kk][i]);
+        }
+        pa[kk][0] = pack_bf16x2(pv[0], pv[1]);
+        pa[kk][1] = pack_bf16x2(pv[2], pv[3]);
+        pa[kk][2] = pack_bf16x2(pv[4], pv[5]);
+        pa[kk][3] = pack_bf16x2(pv[6], pv[7]);
+        if constexpr (M == Mutant::kRowSumBf16) {
+          sum0 += bf16lo(pa[kk][0]) + bf16hi(pa[kk][0]) + bf16lo(pa[kk][2]) + bf16hi(pa[kk][2]);
+          sum1 += bf16lo(pa[kk][1]) + bf16hi(pa[kk][1]) + bf16lo(pa[kk][3]) + bf16hi(pa[kk][3]);
+        } else {
+          sum0 += pv[0] + pv[1] + pv[4] + pv[5];
+          sum1 += pv[2] + pv[3] + pv[6] + pv[7];
+        }
+      }
+      sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
+      sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
+      sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
+      sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
+      st0.l += sum0;
+      st1.l += sum1;
+#pragma unroll
+      for (int i = 0; i < NTILE; ++i) {
+        o[i][0] *= alpha0, o[i][1] *= alpha0, o[i][2] *= alpha1, o[i][3] *= alpha1;
+      }
+      const int c_begin = quarter * kMmaColChunk;
+      // V[token][col] = Ks: matrices (tokens 0-7 | 8-15) x (cols c | c+8) -> B of two n8 tiles.
+      const uint32_t va =
+          smem_u32(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + c_begin + (lane >> 4) * 8);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+#pragma unroll
+        for (int np2 = 0; np2 < NTILE / 2; ++np2) {
+          if (c_begin + np2 * 16 < pl.wv) {
+            uint32_t vb[4];
+            ldsm_x4_trans(vb, va + (kk * 16 * KS + np2 * 16) * 2);
+            mma_bf16_16816(o[2 * np2], pa[kk], vb[0], vb[1]);
+            mma_bf16_16816(o[2 * np2 + 1], pa[kk], vb[2], vb[3]);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- epilogue: O / (l + exp(sink - m)), bf16 store of the real columns, LSE ----
+  const float* sink = M == Mutant::kSinkIgnored ? nullptr : p.sink;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int head = h0 + hg * 16 + g + 8 * r;
+    if (head >= p.heads) continue;  // rows past H (H not a multiple of BH) are masked
+    const SoftmaxState st = r ? st1 : st0;
+    // Empty row: out = 0, never 0/0 (kEmptyRowNaN plants exactly that division).
+    const bool has = softmax_has_tokens(st) || M == Mutant::kEmptyRowNaN;
+    const float denom = softmax_denominator(st, sink, head);
+    uint16_t* orow = p.out + static_cast<int64_t>(b) * p.out_batch_stride +
+                     static_cast<int64_t>(head) * p.out_head_stride;
+#pragma unroll
+    for (int i = 0; i < NTILE; ++i) {
+      const int col = quarter * kMmaColChunk + i * 8 + 2 * t;
+      if (col >= pl.wv) continue;
+      int d;
+      if constexpr (M == Mutant::kStorePaddedColumns) {
+        d = col;  // the padded layout stored as is: past d_v, over rope
+      } else {
+        if (col < nope) {
+          d = col;
+        } else if (col < pl.np) {
+          continue;  // padded columns are never stored
+        } else {
+          d = nope + col - pl.np;
+        }
+      }
+      const float y0 = has ? o[i][2 * r] / denom : 0.0f;
+      const float y1 = has ? o[i][2 * r + 1] / denom : 0.0f;
+      const uint32_t packed = pack_bf16x2(y0, y1);
+      if (pl.out_vec4) {
+        *reinterpret_cast<uint32_t*>(orow + d) = packed;
+      } else {
+        orow[d] = static_cast<uint16_t>(packed & 0xffffu);
+        orow[d + 1] = static_cast<uint16_t>(packed >> 16);
+      }
+    }
+    if (quarter == 0 && t == 0) {
+      Conventions conv = p.conv;
+      if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
+      float lse = softmax_lse(st, p.sink, head, conv);
+      if constexpr (M == Mutant::kLseLog2) lse *= 1.4426950408889634f;  // log2(e)
+      p.lse[static_cast<int64_t>(b) * p.heads + head] = lse;
+    }
+  }
+}
+
+inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h) {
+  if (block_h != 32 && block_h != 64) return "block_h must be 32 or 64";
+  if (auto why = common_unsupported(p)) return why;
+  if (p.heads > 65535 * block_h) return "too many head blocks";
+  return std::nullopt;
+}
+
+template <int BH, Mutant M>
+int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
+  if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
+  const LayoutPlan pl = make_plan(p);
+  constexpr size_t smem = mma_smem_bytes(BH);
+  static std::atomic<bool> attr_set{false};
+  if (!attr_set.load()) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        mma_head_tiled_kernel<BH, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
+    if (e != cudaSuccess) return static_cast<int>(e);
+    attr_set.store(true);
+  }
+  const dim3 grid((p.heads + BH - 1) / BH, p.batch);
+  mma_head_tiled_kernel<BH, M><<<grid, BH * 8, smem, static_cast<cudaStream_t>(stream)>>>(p, pl);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace mla::cuda

@@ -1,0 +1,43 @@
+// Mutant instantiations of the MMA kernel (BLOCK_H 32), one per entry of mutants.h.
+#include <array>
+#include <utility>
+
+#include "kernels/cuda/cuda_mutants.h"
+#include "kernels/cuda/device_run.h"
+#include "kernels/cuda/mma_head_tiled.cuh"
+
+namespace mla::cuda {
+namespace {
+
+using MutantLaunch = int (*)(const DecodeParams&, void*);
+
+template <size_t... I>
+constexpr std::array<MutantLaunch, sizeof...(I)> mutant_table(std::index_sequence<I...>) {
+  return {&launch_mma_head_tiled_t<32, static_cast<Mutant>(I)>...};
+}
+
+constexpr auto kMutantLaunches =
+    mutant_table(std::make_index_sequence<static_cast<size_t>(Mutant::kCount)>());
+
+}  // namespace
+
+int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream) {
+  const auto i = static_cast<size_t>(m);
+  if (i >= kMutantLaunches.size()) return kErrUnsupported;
+  return kMutantLaunches[i](p, stream);
+}
+
+}  // namespace mla::cuda
+
+namespace mlafuzz {
+
+std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m) {
+  return cuda_detail::make_kernel_backend(
+      std::string("cuda-mma[") + mla::mutant_name(m) + "]", Precision::kMmaBf16,
+      [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); },
+      [m](const mla::DecodeParams& p) {
+        return mla::cuda::launch_mma_head_tiled_mutant(p, m, nullptr);
+      });
+}
+
+}  // namespace mlafuzz
