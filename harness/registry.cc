@@ -1,10 +1,12 @@
 // The backend registry: the only translation unit that knows every backend. CUDA backends come
 // from factories declared in a plain C++ header, so no CUDA header is included here.
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "harness/backend.h"
+#include "harness/plugin_backend.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
 #if MLAFUZZ_HAVE_CUDA
@@ -80,6 +82,11 @@ const std::vector<BackendInfo>& builtin_backends() {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name.rfind(kPluginPrefix, 0) == 0) {
+    // "plugin:/path/lib.so", or "plugin:<name>" of a plugin this process has loaded by path.
+    const std::string loaded = loaded_plugin_path(name);
+    return load_plugin_backend(loaded.empty() ? name.substr(std::strlen(kPluginPrefix)) : loaded);
+  }
   for (const auto& info : builtin_backends()) {
     if (info.name == name) return info.make();
   }

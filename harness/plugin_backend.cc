@@ -1,0 +1,317 @@
+// Plugin loading and the plugin Backend (see plugin_backend.h and include/mlafuzz/plugin.h).
+#include "harness/plugin_backend.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#if MLAFUZZ_HAVE_CUDA
+#include "kernels/cuda/device_staging.h"
+#endif
+
+namespace mlafuzz {
+namespace {
+
+// Room for a plugin's error or reason message; the plugin truncates to this.
+constexpr size_t kMessageLen = 1024;
+
+// Copies a fixed-size char field that the plugin may have left unterminated.
+std::string bounded(const char* s, size_t n) { return std::string(s, strnlen(s, n)); }
+
+// The name becomes part of a backend name and of corpus file names: keep it to a safe alphabet.
+bool valid_name(const std::string& name) {
+  if (name.empty()) return false;
+  for (const char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Process-wide map "plugin:<name>" -> path of every plugin loaded so far.
+std::map<std::string, std::string>& loaded_plugins(std::unique_lock<std::mutex>& lock) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> paths;
+  lock = std::unique_lock<std::mutex>(mu);
+  return paths;
+}
+
+// A dlopen'ed plugin with its entry points resolved and its declaration checked.
+struct LoadedPlugin {
+  PluginDescription desc;
+  MlafuzzPluginSupportsFn supports = nullptr;
+  MlafuzzPluginRunFn run = nullptr;
+  // The library stays mapped for the life of the process (RTLD_NODELETE): a device plugin's
+  // static CUDA runtime registers exit handlers that must not outlive its code.
+};
+
+LoadedPlugin load(const std::string& path) {
+  const std::string who = "plugin " + path;
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) {
+    throw PluginError(who + ": cannot open: " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) throw PluginError(who + ": not a regular file");
+  // A path without '/' would make dlopen search the library path: always name the file itself.
+  const std::string open_path = path.find('/') == std::string::npos ? "./" + path : path;
+  void* handle = dlopen(open_path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+  if (handle == nullptr) {
+    const char* e = dlerror();
+    throw PluginError(who + ": cannot load: " + (e != nullptr ? e : "unknown dlopen error"));
+  }
+  auto symbol = [&](const char* name, bool required) -> void* {
+    dlerror();
+    void* s = dlsym(handle, name);
+    if (s == nullptr && required) throw PluginError(who + ": missing symbol " + name);
+    return s;
+  };
+  const auto abi =
+      reinterpret_cast<MlafuzzPluginAbiVersionFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ABI_VERSION, true));
+  const auto info_fn =
+      reinterpret_cast<MlafuzzPluginInfoFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_INFO, true));
+  LoadedPlugin p;
+  p.run = reinterpret_cast<MlafuzzPluginRunFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_RUN, true));
+  p.supports =
+      reinterpret_cast<MlafuzzPluginSupportsFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_SUPPORTS, false));
+
+  // The version is checked before any struct crosses the boundary: layouts may differ.
+  const int version = abi();
+  if (version != MLAFUZZ_PLUGIN_ABI_VERSION) {
+    throw PluginError(who + ": ABI version " + std::to_string(version) + ", mlafuzz supports " +
+                      std::to_string(MLAFUZZ_PLUGIN_ABI_VERSION));
+  }
+  MlafuzzPluginInfo info;
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  const int rc = info_fn(&info);
+  if (rc != 0) {
+    throw PluginError(who + ": mlafuzz_plugin_info failed (returned " + std::to_string(rc) + ")");
+  }
+  if (info.abi_version != MLAFUZZ_PLUGIN_ABI_VERSION) {
+    throw PluginError(who + ": info declares ABI version " + std::to_string(info.abi_version) +
+                      ", mlafuzz supports " + std::to_string(MLAFUZZ_PLUGIN_ABI_VERSION));
+  }
+
+  PluginDescription& d = p.desc;
+  d.path = path;
+  d.abi_version = version;
+  d.name = bounded(info.name, sizeof info.name);
+  d.description = bounded(info.description, sizeof info.description);
+  d.has_supports = p.supports != nullptr;
+  if (!valid_name(d.name)) {
+    throw PluginError(who + ": invalid name '" + d.name +
+                      "' (use letters, digits, '.', '_' and '-')");
+  }
+  switch (info.runs_on) {
+    case MLAFUZZ_RUNS_ON_HOST:
+      d.runs_on_device = false;
+      break;
+    case MLAFUZZ_RUNS_ON_DEVICE:
+      d.runs_on_device = true;
+      break;
+    default:
+      throw PluginError(who + ": unknown runs_on " + std::to_string(info.runs_on) +
+                        " (0 host, 1 device)");
+  }
+  switch (info.precision) {
+    case MLAFUZZ_PRECISION_FP32_SIMT:
+      d.precision = Precision::kSimtFp32;
+      break;
+    case MLAFUZZ_PRECISION_BF16_MMA:
+      d.precision = Precision::kMmaBf16;
+      break;
+    case MLAFUZZ_PRECISION_CUSTOM:
+      d.precision = Precision::kCustom;
+      // NaN fails both comparisons, so this also rejects NaN tolerances.
+      if (!(info.abs_tol >= 0) || !(info.rel_tol >= 0) || info.abs_tol + info.rel_tol <= 0) {
+        throw PluginError(who +
+                          ": custom precision needs abs_tol >= 0 and rel_tol >= 0, not both"
+                          " 0 (got " +
+                          std::to_string(info.abs_tol) + ", " + std::to_string(info.rel_tol) + ")");
+      }
+      d.abs_tol = info.abs_tol;
+      d.rel_tol = info.rel_tol;
+      break;
+    default:
+      throw PluginError(who + ": unknown precision " + std::to_string(info.precision) +
+                        " (0 fp32-simt, 1 bf16-mma, 2 custom)");
+  }
+  {
+    std::unique_lock<std::mutex> lock;
+    loaded_plugins(lock)[kPluginPrefix + d.name] = path;
+  }
+  return p;
+}
+
+std::string message_or(const std::array<char, kMessageLen>& buf, const std::string& fallback) {
+  const std::string s = bounded(buf.data(), buf.size());
+  return s.empty() ? fallback : s;
+}
+
+class PluginBackend final : public Backend {
+ public:
+  explicit PluginBackend(LoadedPlugin p) : p_(std::move(p)) {}
+
+  std::string name() const override { return kPluginPrefix + p_.desc.name; }
+  Precision precision() const override { return p_.desc.precision; }
+  double abs_tol() const override { return p_.desc.abs_tol; }
+  double rel_tol() const override { return p_.desc.rel_tol; }
+  // Foreign code that can crash or hang: `mlafuzz fuzz` isolates it like a GPU backend,
+  // whether it runs on the host or on the device.
+  bool on_device() const override { return true; }
+
+  Availability availability() const override {
+    if (!p_.desc.runs_on_device) return {};
+#if MLAFUZZ_HAVE_CUDA
+    return cuda::device_availability();
+#else
+    return {false, "device plugins need a CUDA build (this mlafuzz was built without nvcc)"};
+#endif
+  }
+
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    if (p_.supports == nullptr) return std::nullopt;
+    // Sizes only: the pointers are null, as the ABI documents.
+    mla::DecodeParams sizes = m.host_params();
+    sizes.q = nullptr;
+    sizes.kv_cache = nullptr;
+    sizes.indices = nullptr;
+    sizes.topk_length = nullptr;
+    sizes.sink = nullptr;
+    const MlafuzzDecodeCall call = make_plugin_call(
+        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, -1, nullptr);
+    std::array<char, kMessageLen> reason{};
+    if (p_.supports(&call, reason.data(), reason.size()) != 0) return std::nullopt;
+    return name() + ": " + message_or(reason, "unsupported (no reason given)");
+  }
+
+  RunResult run(const MaterializedCase& m) override {
+    if (const auto why = unsupported(m)) {
+      RunResult r;
+      r.status = RunStatus::kUnsupported;
+      r.message = *why;
+      return r;
+    }
+    return p_.desc.runs_on_device ? run_device(m) : run_host(m);
+  }
+
+ private:
+  RunResult call_failed(int rc, const std::array<char, kMessageLen>& err) const {
+    RunResult r;
+    r.status = RunStatus::kError;
+    r.message = name() + ": mlafuzz_plugin_run returned " + std::to_string(rc) + ": " +
+                message_or(err, "(no message)");
+    return r;
+  }
+
+  RunResult run_host(const MaterializedCase& m) {
+    OutputBuffers bufs(m);
+    mla::DecodeParams p = m.host_params();
+    p.out = bufs.out_begin();
+    p.out_head_stride = bufs.out_head_stride;
+    p.out_batch_stride = bufs.out_batch_stride;
+    p.lse = bufs.lse_begin();
+    const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, -1, nullptr);
+    std::array<char, kMessageLen> err{};
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = p_.run(&call, err.data(), err.size());
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rc != 0) return call_failed(rc, err);
+    RunResult r = collect_outputs(m, bufs);
+    r.seconds = seconds;
+    return r;
+  }
+
+  RunResult run_device(const MaterializedCase& m) {
+#if MLAFUZZ_HAVE_CUDA
+    RunResult r = cuda::run_staged(m, [&](const mla::DecodeParams& p, void* stream) {
+      const MlafuzzDecodeCall call =
+          make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, cuda::current_device(), stream);
+      std::array<char, kMessageLen> err{};
+      const int rc = p_.run(&call, err.data(), err.size());
+      return rc == 0 ? std::string() : call_failed(rc, err).message;
+    });
+    if (r.status == RunStatus::kFault) r.message = name() + ": " + r.message;
+    return r;
+#else
+    (void)m;
+    RunResult r;
+    r.status = RunStatus::kError;
+    r.message = name() + ": device plugins need a CUDA build (this mlafuzz was built without nvcc)";
+    return r;
+#endif
+  }
+
+  LoadedPlugin p_;
+};
+
+}  // namespace
+
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, int device,
+                                   void* stream) {
+  MlafuzzDecodeCall c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
+  const mla::CacheGeometry& g = p.geom;
+  c.layout = g.layout == mla::Layout::kModel1 ? MLAFUZZ_LAYOUT_MODEL1 : MLAFUZZ_LAYOUT_V32;
+  c.nope_dim = g.nope_dim;
+  c.rope_dim = g.rope_dim;
+  c.scale_tile = g.scale_tile;
+  c.page_size = g.page_size;
+  c.num_pages = g.num_pages;
+  c.page_stride = g.page_stride;
+  c.kv_cache_bytes = mla::cache_bytes(g);
+  c.token_bytes = mla::token_bytes(g);
+  c.d_qk = mla::d_qk(g);
+  c.d_v = mla::d_v(g);
+  c.invalid_index_rule = p.conv.invalid_index == mla::InvalidIndexRule::kMinusOneOnly
+                             ? MLAFUZZ_INVALID_MINUS_ONE_ONLY
+                             : MLAFUZZ_INVALID_ANY_NEGATIVE;
+  c.empty_row_lse = p.conv.empty_lse == mla::EmptyRowLse::kPosInf ? MLAFUZZ_EMPTY_LSE_POS_INF
+                                                                  : MLAFUZZ_EMPTY_LSE_NEG_INF;
+  c.sink_in_lse = p.conv.sink_in_lse ? 1 : 0;
+  c.batch = p.batch;
+  c.heads = p.heads;
+  c.topk = p.topk;
+  c.sm_scale = p.sm_scale;
+  c.memory = memory;
+  c.device = device;
+  c.stream = stream;
+  c.q = p.q;
+  c.q_head_stride = p.q_head_stride;
+  c.q_batch_stride = p.q_batch_stride;
+  c.kv_cache = p.kv_cache;
+  c.indices = p.indices;
+  c.indices_batch_stride = p.topk;
+  c.topk_length = p.topk_length;
+  c.sink = p.sink;
+  c.out = p.out;
+  c.out_head_stride = p.out_head_stride;
+  c.out_batch_stride = p.out_batch_stride;
+  c.lse = p.lse;
+  c.lse_batch_stride = p.heads;
+  return c;
+}
+
+std::unique_ptr<Backend> load_plugin_backend(const std::string& path) {
+  return std::make_unique<PluginBackend>(load(path));
+}
+
+PluginDescription describe_plugin(const std::string& path) { return load(path).desc; }
+
+std::string loaded_plugin_path(const std::string& backend_name) {
+  std::unique_lock<std::mutex> lock;
+  const auto& paths = loaded_plugins(lock);
+  const auto it = paths.find(backend_name);
+  return it == paths.end() ? std::string() : it->second;
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,61 @@
+// Bring-your-own-kernel plugins: a shared library implementing the C ABI of
+// include/mlafuzz/plugin.h, wrapped as a Backend.
+//
+// Loading checks everything before the plugin's kernel is ever called (file exists, dlopen,
+// required symbols, ABI version, the info it declares) and throws PluginError with a message
+// naming the plugin and what is wrong, e.g.
+//   plugin /x/libk.so: missing symbol mlafuzz_plugin_run
+//   plugin /x/libk.so: ABI version 2, mlafuzz supports 1
+// After loading, the backend never throws: a nonzero return of the plugin becomes a kError
+// result carrying the plugin's message. Crashes and hangs cannot be caught in-process: every
+// plugin backend reports on_device() so that `mlafuzz fuzz` runs it in an isolated worker.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "harness/backend.h"
+#include "mlafuzz/plugin.h"
+
+namespace mlafuzz {
+
+// The backend-name prefix that selects a plugin: "plugin:/path/libmykernel.so".
+inline constexpr const char* kPluginPrefix = "plugin:";
+
+class PluginError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What a plugin declares about itself (mlafuzz plugin-info prints it).
+struct PluginDescription {
+  std::string path;         // as given
+  std::string name;         // info.name; the backend is called "plugin:<name>"
+  std::string description;  // info.description
+  int abi_version = 0;
+  bool runs_on_device = false;
+  Precision precision = Precision::kCustom;
+  double abs_tol = 0, rel_tol = 0;  // kCustom only
+  bool has_supports = false;        // exports mlafuzz_plugin_supports
+};
+
+// Loads the plugin at `path` and wraps it. Throws PluginError (see above). A device plugin in
+// a build without CUDA loads (so plugin-info works) but is unavailable: "device plugins need a
+// CUDA build".
+std::unique_ptr<Backend> load_plugin_backend(const std::string& path);
+
+// Loads the plugin and returns what it declares. Throws PluginError.
+PluginDescription describe_plugin(const std::string& path);
+
+// Path of the plugin loaded in this process under backend name "plugin:<name>", or "" if none.
+// Lets make_backend() resolve the short name a report or finding carries once the plugin has
+// been loaded by path.
+std::string loaded_plugin_path(const std::string& backend_name);
+
+// The call a plugin receives for `p` (pointers and strides from `p`; memory tells where they
+// live). Shared by the plugin backend and tests.
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, int device,
+                                   void* stream);
+
+}  // namespace mlafuzz
