@@ -11,7 +11,7 @@
 #include <mutex>
 
 #if MLAFUZZ_HAVE_CUDA
-#include "kernels/cuda/device_staging.h"
+#include "kernels/cuda/device_run.h"
 #endif
 
 namespace mlafuzz {
@@ -19,6 +19,9 @@ namespace {
 
 // Room for a plugin's error or reason message; the plugin truncates to this.
 constexpr size_t kMessageLen = 1024;
+// Returned to the CUDA staging when the plugin's run fails: cudaErrorUnknown, not a sticky
+// fault code, so the result is an error with the plugin's message, not a device fault.
+constexpr int kPluginFailed = 999;
 
 // Copies a fixed-size char field that the plugin may have left unterminated.
 std::string bounded(const char* s, size_t n) { return std::string(s, strnlen(s, n)); }
@@ -169,7 +172,7 @@ class PluginBackend final : public Backend {
   Availability availability() const override {
     if (!p_.desc.runs_on_device) return {};
 #if MLAFUZZ_HAVE_CUDA
-    return cuda::device_availability();
+    return cuda_detail::device_availability();
 #else
     return {false, "device plugins need a CUDA build (this mlafuzz was built without nvcc)"};
 #endif
@@ -185,7 +188,7 @@ class PluginBackend final : public Backend {
     sizes.topk_length = nullptr;
     sizes.sink = nullptr;
     const MlafuzzDecodeCall call = make_plugin_call(
-        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, -1, nullptr);
+        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> reason{};
     if (p_.supports(&call, reason.data(), reason.size()) != 0) return std::nullopt;
     return name() + ": " + message_or(reason, "unsupported (no reason given)");
@@ -217,7 +220,7 @@ class PluginBackend final : public Backend {
     p.out_head_stride = bufs.out_head_stride;
     p.out_batch_stride = bufs.out_batch_stride;
     p.lse = bufs.lse_begin();
-    const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, -1, nullptr);
+    const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> err{};
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = p_.run(&call, err.data(), err.size());
@@ -231,14 +234,24 @@ class PluginBackend final : public Backend {
 
   RunResult run_device(const MaterializedCase& m) {
 #if MLAFUZZ_HAVE_CUDA
-    RunResult r = cuda::run_staged(m, [&](const mla::DecodeParams& p, void* stream) {
-      const MlafuzzDecodeCall call =
-          make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, cuda::current_device(), stream);
-      std::array<char, kMessageLen> err{};
-      const int rc = p_.run(&call, err.data(), err.size());
-      return rc == 0 ? std::string() : call_failed(rc, err).message;
-    });
-    if (r.status == RunStatus::kFault) r.message = name() + ": " + r.message;
+    // The CUDA backends' staging (device copies of the inputs, canary-filled device outputs,
+    // synchronize, sticky faults as kFault) around the plugin's entry point, on the default
+    // stream. The plugin's own error message replaces the CUDA error name.
+    std::string plugin_error;
+    const auto staged = cuda_detail::make_kernel_backend(
+        name(), precision(), [](const mla::DecodeParams&) { return std::nullopt; },
+        [&](const mla::DecodeParams& p) {
+          const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, nullptr);
+          std::array<char, kMessageLen> err{};
+          const int rc = p_.run(&call, err.data(), err.size());
+          if (rc != 0) plugin_error = call_failed(rc, err).message;
+          return rc == 0 ? 0 : kPluginFailed;
+        });
+    RunResult r = staged->run(m);
+    if (!plugin_error.empty()) {
+      r.status = RunStatus::kError;
+      r.message = plugin_error;
+    }
     return r;
 #else
     (void)m;
@@ -254,8 +267,7 @@ class PluginBackend final : public Backend {
 
 }  // namespace
 
-MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, int device,
-                                   void* stream) {
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream) {
   MlafuzzDecodeCall c;
   std::memset(&c, 0, sizeof c);
   c.struct_size = sizeof c;
@@ -283,7 +295,6 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.topk = p.topk;
   c.sm_scale = p.sm_scale;
   c.memory = memory;
-  c.device = device;
   c.stream = stream;
   c.q = p.q;
   c.q_head_stride = p.q_head_stride;

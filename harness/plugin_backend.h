@@ -55,7 +55,6 @@ std::string loaded_plugin_path(const std::string& backend_name);
 
 // The call a plugin receives for `p` (pointers and strides from `p`; memory tells where they
 // live). Shared by the plugin backend and tests.
-MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, int device,
-                                   void* stream);
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream);
 
 }  // namespace mlafuzz

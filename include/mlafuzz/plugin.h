@@ -32,8 +32,8 @@
  * - Return errors, never exit or abort. A message written into err/reason (NUL-terminated,
  *   truncated to the given length) is shown to the user.
  * - Device plugins receive device pointers and a CUDA stream; they may launch asynchronously
- *   on that stream (mlafuzz synchronizes it and checks for errors afterwards). Host plugins
- *   receive host pointers and stream = NULL.
+ *   on that stream (mlafuzz synchronizes the device and checks for errors afterwards; a device
+ *   fault is reported as a finding). Host plugins receive host pointers and stream = NULL.
  * - Calls are made from one thread at a time; a plugin may keep state between calls, but its
  *   result must depend only on the call (the determinism property checks two runs bit for bit).
  *
@@ -164,9 +164,10 @@ typedef struct MlafuzzDecodeCall {
   float sm_scale; /* fp32 softmax scale applied to q.K */
 
   /* Memory. */
-  int32_t memory;        /* MlafuzzRunsOn: where every pointer below lives */
-  int32_t device;        /* CUDA device ordinal of the pointers (device plugins), else -1 */
-  void* stream;          /* cudaStream_t to launch on (device plugins), NULL for host plugins */
+  int32_t memory; /* MlafuzzRunsOn: where every pointer below lives; device pointers belong to
+                     the calling thread's current CUDA device (cudaGetDevice) */
+  void* stream;   /* cudaStream_t to launch on (device plugins; NULL is the default stream),
+                     NULL for host plugins */
 
   const uint16_t* q;      /* [B, H, d_qk] bf16 bits */
   int64_t q_head_stride;  /* elements between heads of one row (>= d_qk) */
