@@ -32,4 +32,9 @@ int launch_simt_per_head(const DecodeParams& p, void* stream);
 // One thread block of 8*block_h threads per (batch row, block of block_h heads), mma.sync bf16.
 int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 
+// Diagnostics: decodes all 256 e4m3 encodings with the kernels' fast path (fp8x2 -> half2 ->
+// float2) on the device into host_out[256], so a test can prove it bit-exact against
+// mla::e4m3_to_float. Returns 0 or a cudaError_t value.
+int e4m3_table_on_device(float* host_out);
+
 }  // namespace mla::cuda

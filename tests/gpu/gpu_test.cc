@@ -1,0 +1,429 @@
+// GPU tests of the CUDA kernels (cuda-simt, cuda-mma, cuda-mma-h64): against the float64 oracle
+// under a pipeline-derived bound, against their host models (cpu-simt, cpu-mma), bitwise
+// invariants (poisoned unread bytes, determinism, BLOCK_H 32 == 64, guard bands), the fast fp8
+// decode, and the table of the five original shapes. Every test skips without a CUDA device.
+//
+// MLAFUZZ_GPU_CASES=n lowers the number of random recipes (compute-sanitizer runs use a few).
+// MLAFUZZ_CORPUS_DIR names the corpus folder when the tree sits elsewhere (the GPU machine).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/case.h"
+#include "harness/compare.h"
+#include "harness/materialize.h"
+#include "kernels/common/fp_formats.h"
+#include "kernels/common/tiling.h"
+#include "kernels/cuda/cuda_backends.h"
+#include "kernels/cuda/launch.h"
+#include "oracle/oracle.h"
+#include "tests/kernels/host_test_support.h"
+
+namespace mlafuzz {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::random_recipe;
+
+constexpr uint64_t kSeed = 0x6a7e5eedull;
+constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
+constexpr double kU16 = 0x1p-8;   // bf16 unit roundoff
+
+#define SKIP_WITHOUT_DEVICE()                                                   \
+  do {                                                                          \
+    const Availability a_ = make_cuda_mma_backend(32)->availability();         \
+    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;                 \
+  } while (0)
+
+int random_cases(int dflt) {
+  const char* env = std::getenv("MLAFUZZ_GPU_CASES");
+  return env != nullptr ? std::max(1, std::atoi(env)) : dflt;
+}
+
+double gamma(double n, double u) { return n * u / (1 - n * u); }
+
+// Per-element bound of a kernel against the oracle: the host-model tests' bound
+// (tests/kernels/host_model_test.cc, SPEC.md section 5) with the accumulation unit u_acc = 2u for
+// the MMA kernel (tensor cores may truncate, not round, when they accumulate):
+// - logit: |dx_k| <= gamma(d_qk + 2; u_acc) s sum_d |q_d K_kd| + 2u |x_k|;
+// - weight: e_k = |dx_k| + 2u (|x_k - x_max| + R) + 4u (nt + 2) (exp-argument rounding, nt
+//   rescales, CUDA expf within 2 ulps counted as 4);
+//   |dO_d| <= exp(e) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e) |O_d|];
+// - accumulation: gamma(T + nt + 2; u_acc) sum_k w_k |V_kd| + gamma(T + nt + 4) |O_d|;
+// - MMA: p rounded to bf16 for P*V: u16 sum_k w_k |V_kd|;
+// - bf16 store: u16 (|O_d| + delta) + 2^-133; underflow 2^-126 (T + nt + 4 + sum_k |V_kd|);
+//   a sink more than 80 above every logit may overflow exp (out flushed to 0).
+// lse: e + gamma(T + nt + 2) + 4u (|lse| + |x_max| + 1) + 2u |lse| + 2^-126 T.
+// Rows without a valid token get bound 0: out must be exactly 0 and lse exactly the
+// convention's infinity.
+struct Bound {
+  std::vector<double> out, lse;
+};
+
+Bound kernel_bound(const MaterializedCase& m, const OracleResult& ref, bool mma) {
+  const int tile = mma ? mla::kMmaTokenTile : mla::kSimtTokenTile;
+  const double u_acc = mma ? 2 * kU32 : kU32;
+  const int32_t H = m.heads, dv = m.d_v(), T = m.topk;
+  const int32_t nt = (T + tile - 1) / tile;
+  Bound bd;
+  bd.out.assign(static_cast<size_t>(m.batch) * H * dv, 0.0);
+  bd.lse.assign(static_cast<size_t>(m.batch) * H, 0.0);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const OracleRow row = gather_row(m, b);
+    const Eigen::MatrixXd Q = q_matrix(m, b);
+    const Eigen::MatrixXd X = row_logits(m, b, row);
+    const Eigen::MatrixXd A = m.sm_scale64 * (Q.cwiseAbs() * row.K.transpose().cwiseAbs());
+    const Eigen::MatrixXd V = row.K.leftCols(dv);
+    const int64_t n = static_cast<int64_t>(row.k.size());
+    if (n == 0) continue;
+    for (int32_t h = 0; h < H; ++h) {
+      const size_t bh = static_cast<size_t>(b) * H + h;
+      const double x_max = X.row(h).maxCoeff(), x_min = X.row(h).minCoeff();
+      const double R = x_max - x_min;
+      std::vector<double> e(static_cast<size_t>(n));
+      double e_max = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const double dx = gamma(m.d_qk() + 2, u_acc) * A(h, k) + 2 * kU32 * std::abs(X(h, k));
+        e[k] = dx + 2 * kU32 * (x_max - X(h, k) + R) + 4 * kU32 * (nt + 2);
+        e_max = std::max(e_max, e[k]);
+      }
+      const double sink = m.sink.empty() ? -HUGE_VAL : m.sink[static_cast<size_t>(h)];
+      const double M = std::isfinite(sink) ? std::max(x_max, sink) : x_max;
+      double Z = 0;
+      std::vector<double> w(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) Z += (w[k] = std::exp(X(h, k) - M));
+      const double ws_raw = std::isfinite(sink) ? std::exp(sink - M) : 0.0;
+      Z += ws_raw;
+      for (auto& wk : w) wk /= Z;
+      const double ws = ws_raw / Z;
+      const bool sink_overflow = std::isfinite(sink) && sink - x_max > 80;
+      for (int32_t d = 0; d < dv; ++d) {
+        const double O = ref.out[bh * dv + d];
+        double soft = ws * std::expm1(e_max) * std::abs(O), wv = 0, v_abs = 0;
+        for (int64_t k = 0; k < n; ++k) {
+          soft += w[k] * std::expm1(e[k]) * std::abs(V(k, d) - O);
+          wv += w[k] * std::abs(V(k, d));
+          v_abs += std::abs(V(k, d));
+        }
+        double delta = std::exp(e_max) * soft + gamma(T + nt + 2, u_acc) * wv +
+                       gamma(T + nt + 4, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
+        if (mma) delta += kU16 * wv;
+        if (sink_overflow) delta += std::abs(O) + wv;
+        bd.out[bh * dv + d] = delta * (1 + 0x1p-20) + kU16 * (std::abs(O) + delta) + 0x1p-133;
+      }
+      const double lse = ref.lse[bh];
+      bd.lse[bh] = e_max + gamma(T + nt + 2, kU32) +
+                   4 * kU32 * (std::abs(lse) + std::abs(x_max) + 1) + 2 * kU32 * std::abs(lse) +
+                   0x1p-126 * T;
+    }
+  }
+  return bd;
+}
+
+struct Tightness {
+  double out = 0, lse = 0;
+};
+
+// Checks r against reference values under the bound (scaled by `factor`); returns the tightness.
+Tightness check_within(const MaterializedCase& m, const RunResult& r,
+                       const std::vector<double>& ref_out, const std::vector<double>& ref_lse,
+                       const Bound& bd, double factor, const std::string& what) {
+  Tightness t;
+  EXPECT_EQ(r.guard_violations, 0) << what;
+  const int32_t dv = m.d_v();
+  for (size_t i = 0; i < ref_out.size(); ++i) {
+    const double a = r.out[i], o = ref_out[i];
+    const auto at = [&] {
+      return what + " out[" + std::to_string(i / dv / m.heads) + "," +
+             std::to_string(i / dv % m.heads) + "," + std::to_string(i % dv) + "]";
+    };
+    if (bd.out[i] == 0) {  // empty row: exactly 0
+      EXPECT_EQ(a, o) << at();
+      if (a != o) return t;
+      continue;
+    }
+    if (!std::isfinite(a)) {
+      ADD_FAILURE() << at() << " = " << a << ", reference " << o;
+      return t;
+    }
+    const double err = std::abs(a - o), lim = factor * bd.out[i];
+    t.out = std::max(t.out, err / lim);
+    if (err > lim) {
+      ADD_FAILURE() << at() << " = " << a << ", reference " << o << ", bound " << lim;
+      return t;
+    }
+  }
+  for (size_t i = 0; i < ref_lse.size(); ++i) {
+    const double a = r.lse[i], o = ref_lse[i];
+    const std::string at = what + " lse[" + std::to_string(i) + "]";
+    if (!std::isfinite(o)) {
+      EXPECT_EQ(a, o) << at;
+      if (a != o) return t;
+      continue;
+    }
+    if (!std::isfinite(a)) {
+      ADD_FAILURE() << at << " = " << a << ", reference " << o;
+      return t;
+    }
+    const double err = std::abs(a - o), lim = factor * bd.lse[i];
+    if (lim > 0) t.lse = std::max(t.lse, err / lim);
+    if (err > lim) {
+      ADD_FAILURE() << at << " = " << a << ", reference " << o << ", bound " << lim;
+      return t;
+    }
+  }
+  return t;
+}
+
+std::string host_model_of(const std::string& cuda_name) {
+  return cuda_name == "cuda-simt" ? "cpu-simt" : "cpu-mma";
+}
+
+// ---- fp8 decode ----
+
+TEST(GpuFormats, FastE4m3DecodeIsBitExact) {
+  SKIP_WITHOUT_DEVICE();
+  float table[256];
+  ASSERT_EQ(mla::cuda::e4m3_table_on_device(table), 0);
+  for (int i = 0; i < 256; ++i) {
+    const float ref = mla::e4m3_to_float(static_cast<uint8_t>(i));
+    if (std::isnan(ref)) {
+      EXPECT_TRUE(std::isnan(table[i])) << "byte " << i;
+    } else {
+      EXPECT_EQ(mla::float_to_bits(table[i]), mla::float_to_bits(ref)) << "byte " << i;
+    }
+  }
+}
+
+// ---- differential tests on random recipes ----
+
+class CudaKernel : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaKernel, RandomRecipesWithinBoundOfOracleAndHostModel) {
+  SKIP_WITHOUT_DEVICE();
+  const std::string name = GetParam();
+  const bool mma = name != "cuda-simt";
+  auto backend = make_backend(name);
+  auto host = make_backend(host_model_of(name));
+  const int cases = random_cases(300);
+  std::printf("[seed] %s: %d recipes from CounterRng(0x%llx, kGenerator)\n", name.c_str(), cases,
+              static_cast<unsigned long long>(kSeed));
+  CounterRng rng(kSeed, Stream::kGenerator);
+  Tightness worst, worst_host;
+  int64_t elements = 0;
+  for (int i = 0; i < cases; ++i) {
+    const Case c = random_recipe(rng);
+    const MaterializedCase m = materialize(c);
+    const std::string what = name + " case " + std::to_string(i) + " (B=" +
+                             std::to_string(m.batch) + " H=" + std::to_string(m.heads) +
+                             " topk=" + std::to_string(m.topk) + " P=" +
+                             std::to_string(m.geom.page_size) + ")";
+    const RunResult r = backend->run(m);  // the kernel runs before the reference allocates
+    ASSERT_TRUE(r.ok()) << what << ": " << r.message;
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    const Bound bd = kernel_bound(m, ref, mma);
+    const Tightness t = check_within(m, r, ref.out, ref.lse, bd, 1.0, what + " vs oracle");
+    if (HasFailure()) return;
+    const RunResult hr = host->run(m);
+    ASSERT_TRUE(hr.ok()) << what << " host model: " << hr.message;
+    // Same pipeline, other summation order: within one pipeline bound of each other.
+    const Tightness th = check_within(m, r, hr.out, hr.lse, bd, 1.0, what + " vs host model");
+    if (HasFailure()) return;
+    worst.out = std::max(worst.out, t.out);
+    worst.lse = std::max(worst.lse, t.lse);
+    worst_host.out = std::max(worst_host.out, th.out);
+    worst_host.lse = std::max(worst_host.lse, th.lse);
+    elements += static_cast<int64_t>(ref.out.size());
+  }
+  std::printf(
+      "[tightness] %s: %d cases, %lld out elements, max error/bound vs oracle out %.3g lse %.3g; "
+      "vs %s out %.3g lse %.3g\n",
+      name.c_str(), cases, static_cast<long long>(elements), worst.out, worst.lse,
+      host_model_of(name).c_str(), worst_host.out, worst_host.lse);
+}
+
+TEST_P(CudaKernel, PoisonedUnreadBytesChangeNoBit) {
+  SKIP_WITHOUT_DEVICE();
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 1, Stream::kGenerator);
+  const int cases = random_cases(40);
+  for (int i = 0; i < cases; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult r = backend->run(m);
+    ASSERT_TRUE(r.ok()) << r.message;
+    EXPECT_EQ(r.guard_violations, 0) << "case " << i;
+    const int fills[3] = {0xff, 0x7f, -1};
+    for (int f : fills) {
+      MaterializedCase pm = m;
+      testing::poison_unread(pm, f, kSeed + static_cast<uint64_t>(i));
+      const RunResult pr = backend->run(pm);
+      ASSERT_TRUE(pr.ok()) << pr.message;
+      ASSERT_TRUE(testing::same_bits(r, pr))
+          << GetParam() << " case " << i << ": poison fill " << f << " changed the output";
+    }
+  }
+}
+
+TEST_P(CudaKernel, DeterministicAndGuardsIntact) {
+  SKIP_WITHOUT_DEVICE();
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 2, Stream::kGenerator);
+  const int cases = random_cases(20);
+  for (int i = 0; i < cases; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult a = backend->run(m), b = backend->run(m);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.message << b.message;
+    EXPECT_EQ(a.guard_violations, 0);
+    ASSERT_TRUE(testing::same_bits(a, b)) << GetParam() << " case " << i << " not deterministic";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CudaKernel,
+                         ::testing::Values("cuda-simt", "cuda-mma", "cuda-mma-h64"),
+                         [](const auto& info) {
+                           std::string s = info.param;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+TEST(CudaMma, BlockH64GivesTheSameBitsAsBlockH32) {
+  SKIP_WITHOUT_DEVICE();
+  auto a = make_backend("cuda-mma"), b = make_backend("cuda-mma-h64");
+  CounterRng rng(kSeed + 3, Stream::kGenerator);
+  const int cases = random_cases(40);
+  for (int i = 0; i < cases; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult ra = a->run(m), rb = b->run(m);
+    ASSERT_TRUE(ra.ok() && rb.ok()) << ra.message << rb.message;
+    ASSERT_TRUE(testing::same_bits(ra, rb)) << "case " << i;
+  }
+}
+
+TEST(CudaKernels, OutsideTheEnvelopeIsUnsupportedNotAnError) {
+  SKIP_WITHOUT_DEVICE();
+  Case c;
+  c.geom.nope_dim = 448;
+  c.geom.rope_dim = 72;  // not a multiple of 16
+  c.batch = 1;
+  c.heads = 2;
+  c.topk = 4;
+  c.geom.num_pages = 1;
+  MaterializedCase m;
+  try {
+    m = materialize(c);
+  } catch (const CaseError& e) {
+    GTEST_SKIP() << "recipe rejected before the kernel: " << e.what();
+  }
+  for (const char* n : {"cuda-simt", "cuda-mma"}) {
+    const RunResult r = make_backend(n)->run(m);
+    EXPECT_EQ(r.status, RunStatus::kUnsupported) << n << ": " << r.message;
+  }
+}
+
+// ---- corpus ----
+
+fs::path corpus_dir() {
+  if (const char* env = std::getenv("MLAFUZZ_CORPUS_DIR")) return env;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (fs::path p = exe.parent_path(); !p.empty() && p != p.root_path(); p = p.parent_path()) {
+      if (fs::is_directory(p / "corpus" / "cases")) return p / "corpus" / "cases";
+    }
+  }
+  return fs::path(MLAFUZZ_SOURCE_DIR) / "corpus" / "cases";
+}
+
+TEST(CudaCorpus, EveryCaseWithinBoundOfOracle) {
+  SKIP_WITHOUT_DEVICE();
+  const fs::path dir = corpus_dir();
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".json") files.push_back(e.path());
+  }
+  if (files.empty()) GTEST_SKIP() << "no corpus cases under " << dir;
+  std::sort(files.begin(), files.end());
+  int ran = 0, unsupported = 0;
+  for (const auto& f : files) {
+    MaterializedCase m;
+    try {
+      m = materialize(load_case(f.string()));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << f << ": " << e.what();
+      continue;
+    }
+    for (const char* name : {"cuda-simt", "cuda-mma", "cuda-mma-h64"}) {
+      const RunResult r = make_backend(name)->run(m);
+      if (r.status == RunStatus::kUnsupported) {
+        ++unsupported;
+        continue;
+      }
+      ASSERT_TRUE(r.ok()) << f << " " << name << ": " << r.message;
+      const OracleResult ref = run_oracle_eigen(m);
+      const Bound bd = kernel_bound(m, ref, std::string(name) != "cuda-simt");
+      check_within(m, r, ref.out, ref.lse, bd, 1.0, f.filename().string() + " " + name);
+      const RunResult hr = make_backend(host_model_of(name))->run(m);
+      if (hr.ok()) {
+        check_within(m, r, hr.out, hr.lse, bd, 1.0,
+                     f.filename().string() + " " + name + " vs host model");
+      }
+      ++ran;
+    }
+  }
+  std::printf("[corpus] %zu cases from %s: %d kernel runs, %d unsupported\n", files.size(),
+              dir.string().c_str(), ran, unsupported);
+}
+
+// ---- the five original shapes (SPEC.md section 1): MMA vs SIMT vs oracle ----
+
+Case original_shape(int batch, int topk) {
+  Case c;
+  c.name = "original";
+  c.geom.layout = mla::Layout::kModel1;
+  c.geom.page_size = topk == 128 ? 256 : 64;
+  c.geom.num_pages = std::max(8, 4 * batch * topk / c.geom.page_size);
+  c.batch = batch;
+  c.heads = 64;
+  c.topk = topk;
+  c.data_seed = 1000 + static_cast<uint64_t>(batch) * 7 + static_cast<uint64_t>(topk);
+  return c;
+}
+
+TEST(CudaOriginalShapes, MmaVsSimtVsOracleTable) {
+  SKIP_WITHOUT_DEVICE();
+  auto mma = make_backend("cuda-mma"), simt = make_backend("cuda-simt");
+  const int shapes[5][2] = {{1, 128}, {4, 128}, {16, 128}, {16, 512}, {32, 512}};
+  for (const auto& s : shapes) {
+    const MaterializedCase m = materialize(original_shape(s[0], s[1]));
+    const RunResult rm = mma->run(m), rs = simt->run(m);
+    ASSERT_TRUE(rm.ok() && rs.ok()) << rm.message << rs.message;
+    const RunResult ro = make_backend("oracle")->run(m);
+    ASSERT_TRUE(ro.ok()) << ro.message;
+    const int dv = m.d_v();
+    const Comparison ms = compare_results(rm, rs, m.batch, m.heads, dv, "cuda-mma", "cuda-simt");
+    const Comparison mo = compare_results(rm, ro, m.batch, m.heads, dv, "cuda-mma", "oracle");
+    const Comparison so = compare_results(rs, ro, m.batch, m.heads, dv, "cuda-simt", "oracle");
+    std::printf("[original] B=%d H=64 topk=%d len=1\n", s[0], s[1]);
+    std::printf("[original]   mma vs simt:   %s\n", ms.original_line().c_str());
+    std::printf("[original]   mma vs oracle: %s\n", mo.original_line().c_str());
+    std::printf("[original]   simt vs oracle: %s\n", so.original_line().c_str());
+    std::printf("%s\n", mo.metrics_lines().c_str());
+    EXPECT_TRUE(mo.passed()) << mo.metrics_lines();
+    EXPECT_TRUE(so.passed()) << so.metrics_lines();
+    const OracleResult ref = run_oracle_eigen(m);
+    check_within(m, rm, ref.out, ref.lse, kernel_bound(m, ref, true), 1.0, "original mma");
+    check_within(m, rs, ref.out, ref.lse, kernel_bound(m, ref, false), 1.0, "original simt");
+  }
+}
+
+}  // namespace
+}  // namespace mlafuzz
