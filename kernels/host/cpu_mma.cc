@@ -1,0 +1,12 @@
+// cpu-mma factory: the kNone instantiation of the head-tiled host model (cpu_mma.h).
+#include "kernels/host/cpu_mma.h"
+
+#include "kernels/host/host_models.h"
+
+namespace mlafuzz {
+
+std::unique_ptr<Backend> make_cpu_mma_backend(int block_h) {
+  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(block_h);
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,474 @@
+// Tests of the host models cpu-simt and cpu-mma: differential against the float64 oracle under
+// a pipeline-derived bound, exact (bitwise) invariants, and bit-exactness on exact inputs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+#include "kernels/common/fp_formats.h"
+#include "kernels/host/host_models.h"
+#include "kernels/host/host_pipeline.h"
+#include "oracle/oracle.h"
+#include "tests/kernels/host_test_support.h"
+
+namespace mlafuzz {
+namespace {
+
+using testing::random_recipe;
+
+constexpr uint64_t kSeed = 0x5eed0f0057ull;
+constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
+constexpr double kU16 = 0x1p-8;   // bf16 unit roundoff
+
+double gamma(double n, double u) { return n * u / (1 - n * u); }
+
+// Per-element bound of a host model against the oracle (SPEC.md section 5, made conservative):
+// - logit: |dx_k| <= gamma(d_qk + 2) s sum_d |q_d K_kd| + 2u |x_k|  (any summation order; the
+//   scale multiply, or SIMT's q*s rounding);
+// - weight: every computed weight is exp(x_k + eps_k - m) with |eps_k| <= e_k = |dx_k|
+//   + 2u (|x_k - x_max| + R) + 4u (nt + 2)  (exp-argument rounding, nt rescales whose arguments
+//   sum to at most R = x_max - x_min, exp within 4 ulps);
+//   |dO_d| <= exp(e) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e) |O_d|];
+// - accumulation in fp32: gamma(T + nt + 2) sum_k w_k |V_kd| + gamma(T + nt + 4) |O_d|;
+// - MMA: p rounded to bf16 for P*V: u16 sum_k w_k |V_kd|;
+// - bf16 store: u16 (|O_d| + delta) + 2^-133 (bf16 subnormal spacing);
+// - underflow: 2^-126 (T + nt + 4 + sum_k |V_kd|); a sink more than 80 above every logit may
+//   overflow exp in fp32 (out flushed to 0): |O_d| + sum_k w_k |V_kd| more.
+// lse: e + gamma(T + nt + 2) + 4u (|lse| + |x_max| + 1) + 2u |lse| + 2^-126 T.
+struct Bound {
+  std::vector<double> out, lse;
+};
+
+Bound host_bound(const MaterializedCase& m, const OracleResult& ref, bool mma, int tile) {
+  const int32_t H = m.heads, dv = m.d_v(), T = m.topk;
+  const int32_t nt = (T + tile - 1) / tile;
+  Bound bd;
+  bd.out.assign(static_cast<size_t>(m.batch) * H * dv, 0.0);
+  bd.lse.assign(static_cast<size_t>(m.batch) * H, 0.0);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const OracleRow row = gather_row(m, b);
+    const Eigen::MatrixXd Q = q_matrix(m, b);
+    const Eigen::MatrixXd X = row_logits(m, b, row);
+    const Eigen::MatrixXd A = m.sm_scale64 * (Q.cwiseAbs() * row.K.transpose().cwiseAbs());
+    const Eigen::MatrixXd V = row.K.leftCols(dv);
+    const int64_t n = static_cast<int64_t>(row.k.size());
+    for (int32_t h = 0; h < H; ++h) {
+      const size_t bh = static_cast<size_t>(b) * H + h;
+      if (n == 0) continue;  // exact: out 0, lse the convention's infinity (checked exactly)
+      const double x_max = X.row(h).maxCoeff(), x_min = X.row(h).minCoeff();
+      const double R = x_max - x_min;
+      std::vector<double> e(static_cast<size_t>(n));
+      double e_max = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const double dx = gamma(m.d_qk() + 2, kU32) * A(h, k) + 2 * kU32 * std::abs(X(h, k));
+        e[k] = dx + 2 * kU32 * (x_max - X(h, k) + R) + 4 * kU32 * (nt + 2);
+        e_max = std::max(e_max, e[k]);
+      }
+      const double sink = m.sink.empty() ? -HUGE_VAL : m.sink[static_cast<size_t>(h)];
+      const double M = std::isfinite(sink) ? std::max(x_max, sink) : x_max;
+      double Z = 0;
+      std::vector<double> w(static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) Z += (w[k] = std::exp(X(h, k) - M));
+      const double ws_raw = std::isfinite(sink) ? std::exp(sink - M) : 0.0;
+      Z += ws_raw;
+      for (auto& wk : w) wk /= Z;
+      const double ws = ws_raw / Z;
+      std::vector<double> w_em(static_cast<size_t>(n));  // w_k expm1(e_k)
+      for (int64_t k = 0; k < n; ++k) w_em[k] = w[k] * std::expm1(e[k]);
+      const bool sink_overflow = std::isfinite(sink) && sink - x_max > 80;
+      for (int32_t d = 0; d < dv; ++d) {
+        const double O = ref.out[bh * dv + d];
+        double soft = ws * std::expm1(e_max) * std::abs(O), wv = 0, v_abs = 0;
+        for (int64_t k = 0; k < n; ++k) {
+          soft += w_em[k] * std::abs(V(k, d) - O);
+          wv += w[k] * std::abs(V(k, d));
+          v_abs += std::abs(V(k, d));
+        }
+        double delta = std::exp(e_max) * soft + gamma(T + nt + 2, kU32) * wv +
+                       gamma(T + nt + 4, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
+        if (mma) delta += kU16 * wv;
+        if (sink_overflow) delta += std::abs(O) + wv;
+        bd.out[bh * dv + d] = delta * (1 + 0x1p-20) + kU16 * (std::abs(O) + delta) + 0x1p-133;
+      }
+      const double lse = ref.lse[bh];
+      bd.lse[bh] = e_max + gamma(T + nt + 2, kU32) +
+                   4 * kU32 * (std::abs(lse) + std::abs(x_max) + 1) + 2 * kU32 * std::abs(lse) +
+                   0x1p-126 * T;
+    }
+  }
+  return bd;
+}
+
+struct Tightness {
+  double out = 0, lse = 0;
+};
+
+// Checks r against the oracle under the bound; raises *t to the tightness (max error / bound).
+void check_against_oracle(const MaterializedCase& m, const RunResult& r, const OracleResult& ref,
+                          bool mma, int tile, const std::string& what, Tightness* t) {
+  EXPECT_EQ(r.guard_violations, 0) << what;
+  const Bound bd = host_bound(m, ref, mma, tile);
+  const int32_t dv = m.d_v();
+  auto out_at = [&](size_t i) {
+    return what + " out[" + std::to_string(i / dv / m.heads) + "," +
+           std::to_string(i / dv % m.heads) + "," + std::to_string(i % dv) + "]";
+  };
+  for (size_t i = 0; i < ref.out.size(); ++i) {
+    const double a = r.out[i], o = ref.out[i];
+    if (bd.out[i] == 0) {  // empty row: exactly 0
+      ASSERT_EQ(a, o) << out_at(i);
+      continue;
+    }
+    const double err = std::abs(a - o);
+    ASSERT_TRUE(std::isfinite(a) && err <= bd.out[i])
+        << out_at(i) << " = " << a << ", oracle " << o << ", bound " << bd.out[i];
+    t->out = std::max(t->out, err / bd.out[i]);
+  }
+  for (size_t i = 0; i < ref.lse.size(); ++i) {
+    const double a = r.lse[i], o = ref.lse[i];
+    if (!std::isfinite(o)) {
+      ASSERT_EQ(a, o) << what << " lse[" << i << "]";
+      continue;
+    }
+    const double err = std::abs(a - o);
+    ASSERT_TRUE(std::isfinite(a) && err <= bd.lse[i])
+        << what << " lse[" << i << "] = " << a << ", oracle " << o << ", bound " << bd.lse[i];
+    if (bd.lse[i] > 0) t->lse = std::max(t->lse, err / bd.lse[i]);
+  }
+}
+
+// ---- Differential tests against the float64 oracle ----
+
+class HostModelVsOracle : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
+  const std::string name = GetParam();
+  const bool mma = name == "cpu-mma";
+  const int tile = mma ? mla::kMmaTokenTile : mla::kSimtTokenTile;
+  auto backend = make_backend(name);
+  constexpr int kCases = 300;
+  std::printf("[seed] %s: recipes from CounterRng(0x%llx, kGenerator)\n", name.c_str(),
+              static_cast<unsigned long long>(kSeed));
+  CounterRng rng(kSeed, Stream::kGenerator);
+  Tightness worst;
+  int64_t elements = 0;
+  for (int i = 0; i < kCases; ++i) {
+    const Case c = random_recipe(rng);
+    const MaterializedCase m = materialize(c);
+    const RunResult r = backend->run(m);
+    const std::string what = name + " case " + std::to_string(i) + " (seed 0x" +
+                             std::to_string(kSeed) + ", data_seed " + std::to_string(c.data_seed) +
+                             ")";
+    ASSERT_TRUE(r.ok()) << what << ": " << r.message;
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    check_against_oracle(m, r, ref, mma, tile, what, &worst);
+    if (::testing::Test::HasFatalFailure()) return;
+    elements += static_cast<int64_t>(ref.out.size());
+  }
+  std::printf("[tightness] %s: %d cases, %lld out elements, max error/bound out %.3g lse %.3g\n",
+              name.c_str(), kCases, static_cast<long long>(elements), worst.out, worst.lse);
+  // A bound that is never approached proves little: the worst element must use a visible part
+  // of it (the bf16 store alone gives about half of u16 |O|).
+  EXPECT_GT(worst.out, 0.05);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle, ::testing::Values("cpu-simt", "cpu-mma"),
+                         [](const auto& info) {
+                           return info.param == "cpu-simt" ? std::string("Simt")
+                                                           : std::string("Mma");
+                         });
+
+// ---- Exact invariants (bitwise) ----
+
+class HostModelInvariants : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HostModelInvariants, PoisonedUnreadBytesChangeNoBit) {
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 1, Stream::kGenerator);
+  for (int i = 0; i < 60; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult clean = backend->run(m);
+    ASSERT_TRUE(clean.ok()) << clean.message;
+    for (int poison : {0xff, 0x7f, -1}) {
+      MaterializedCase p = m;
+      testing::poison_unread(p, poison, static_cast<uint64_t>(i));
+      const RunResult r = backend->run(p);
+      ASSERT_TRUE(r.ok()) << r.message;
+      ASSERT_TRUE(testing::same_bits(clean, r))
+          << GetParam() << " case " << i << " poison " << poison << " (seed " << kSeed + 1 << ")";
+      ASSERT_EQ(r.guard_violations, 0);
+    }
+  }
+}
+
+TEST_P(HostModelInvariants, DeterministicAndGuardsIntact) {
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 2, Stream::kGenerator);
+  for (int i = 0; i < 40; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult a = backend->run(m), b = backend->run(m);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a.guard_violations, 0) << "case " << i;
+    ASSERT_TRUE(testing::same_bits(a, b)) << "case " << i;
+    // Every logical output element was written (no canary left inside [0, d_v)).
+    for (int32_t b2 = 0; b2 < m.batch; ++b2) {
+      for (int32_t h = 0; h < m.heads; ++h) {
+        for (uint16_t bits : testing::head_out_bits(m, a, b2, h)) {
+          ASSERT_NE(bits, OutputBuffers::kCanaryBits) << "case " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(HostModelInvariants, BatchRowAloneEqualsRowInBatch) {
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 3, Stream::kGenerator);
+  int checked = 0;
+  for (int i = 0; i < 40; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    if (m.batch < 2) continue;
+    const RunResult full = backend->run(m);
+    ASSERT_TRUE(full.ok());
+    for (int32_t b = 0; b < m.batch; ++b) {
+      const MaterializedCase one = testing::slice_batch(m, b, 1);
+      const RunResult r = backend->run(one);
+      ASSERT_TRUE(r.ok()) << r.message;
+      for (int32_t h = 0; h < m.heads; ++h) {
+        ASSERT_EQ(testing::head_out_bits(one, r, 0, h), testing::head_out_bits(m, full, b, h))
+            << "case " << i << " row " << b << " head " << h;
+        ASSERT_EQ(testing::head_lse_bits(one, r, 0, h), testing::head_lse_bits(m, full, b, h));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
+}
+
+TEST_P(HostModelInvariants, HeadAloneEqualsHeadInItsBlock) {
+  auto backend = make_backend(GetParam());
+  CounterRng rng(kSeed + 4, Stream::kGenerator);
+  int checked = 0;
+  for (int i = 0; i < 40; ++i) {
+    Case c = random_recipe(rng);
+    c.heads = 64;  // two blocks of 32 for cpu-mma
+    if (c.sink) c.sink->resize(64, 0.5);
+    const MaterializedCase m = materialize(c);
+    const RunResult full = backend->run(m);
+    ASSERT_TRUE(full.ok());
+    for (int32_t h : {0, 5, 31, 32, 63}) {
+      const MaterializedCase one = testing::slice_heads(m, h, 1);
+      const RunResult r = backend->run(one);
+      ASSERT_TRUE(r.ok()) << r.message;
+      for (int32_t b = 0; b < m.batch; ++b) {
+        ASSERT_EQ(testing::head_out_bits(one, r, b, 0), testing::head_out_bits(m, full, b, h))
+            << "case " << i << " row " << b << " head " << h;
+        ASSERT_EQ(testing::head_lse_bits(one, r, b, 0), testing::head_lse_bits(m, full, b, h));
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HostModelInvariants, ::testing::Values("cpu-simt", "cpu-mma"),
+                         [](const auto& info) {
+                           return info.param == "cpu-simt" ? std::string("Simt")
+                                                           : std::string("Mma");
+                         });
+
+TEST(CpuMma, BlockH64GivesTheSameBitsAsBlockH32) {
+  auto h32 = make_cpu_mma_backend(32), h64 = make_cpu_mma_backend(64);
+  EXPECT_EQ(h32->name(), "cpu-mma");
+  EXPECT_EQ(h64->name(), "cpu-mma-h64");
+  CounterRng rng(kSeed + 5, Stream::kGenerator);
+  for (int i = 0; i < 20; ++i) {
+    const MaterializedCase m = materialize(random_recipe(rng));
+    const RunResult a = h32->run(m), b = h64->run(m);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE(testing::same_bits(a, b)) << "case " << i;
+  }
+}
+
+// ---- Exact arithmetic: the pipelines must equal the oracle rounded to bf16 ----
+
+// Small-integer q and K (scale 1), sm_scale 2^10: logits are exact integers times 1024, every
+// token below the max gets p = exp(<= -1024) = 0 in fp32 and float64 alike, the tied tokens
+// p = 1, so l = t (the tie count) and O = sum of their V, all exact. When t is a power of two
+// O / t is exact too, and both pipelines must store exactly bf16(oracle).
+TEST(HostModelsExact, SmallIntegerCasesEqualOracleRoundedToBf16) {
+  CounterRng rng(kSeed + 6, Stream::kGenerator);
+  auto simt = make_backend("cpu-simt"), mma = make_backend("cpu-mma");
+  int64_t heads_checked = 0;
+  for (int i = 0; i < 60; ++i) {
+    Case c = random_recipe(rng);
+    c.sink.reset();
+    c.sm_scale = i % 3 == 0 ? 1.0 / 64 : 1024.0;  // 1/64 with zero q: all tokens tie
+    c.q_values = {i % 3 == 0 ? ValueDist::kZeros : ValueDist::kSmallInt, 1.0, 0.0};
+    c.kv_values = {ValueDist::kSmallInt, 1.0, 0.0};
+    c.rope_values = {ValueDist::kSmallInt, 1.0, 0.0};
+    c.scales = {ScaleMode::kFixed, 127, 127};
+    const MaterializedCase m = materialize(c);
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    const RunResult rs = simt->run(m), rm = mma->run(m);
+    ASSERT_TRUE(rs.ok() && rm.ok());
+    for (int32_t b = 0; b < m.batch; ++b) {
+      const OracleRow row = gather_row(m, b);
+      const Eigen::MatrixXd X = row_logits(m, b, row);
+      for (int32_t h = 0; h < m.heads; ++h) {
+        int64_t ties = 0;
+        if (X.cols() > 0) ties = (X.row(h).array() == X.row(h).maxCoeff()).count();
+        if (ties & (ties - 1)) continue;  // not a power of two (0: empty row, exact as well)
+        const size_t bh = static_cast<size_t>(b) * m.heads + h;
+        for (int32_t d = 0; d < m.d_v(); ++d) {
+          const double o = ref.out[bh * m.d_v() + d];
+          const double want = mla::round_to_bf16(static_cast<float>(o));
+          ASSERT_EQ(rs.out[bh * m.d_v() + d], want)
+              << "simt case " << i << " b " << b << " h " << h << " d " << d;
+          ASSERT_EQ(rm.out[bh * m.d_v() + d], want)
+              << "mma case " << i << " b " << b << " h " << h << " d " << d;
+        }
+        // lse = x_max + ln(t): fp32 log and add, within 2 ulps.
+        const double tol = 4 * kU32 * (std::abs(ref.lse[bh]) + 1);
+        if (std::isfinite(ref.lse[bh])) {
+          EXPECT_NEAR(rs.lse[bh], ref.lse[bh], tol);
+          EXPECT_NEAR(rm.lse[bh], ref.lse[bh], tol);
+        } else {
+          EXPECT_EQ(rs.lse[bh], ref.lse[bh]);
+          EXPECT_EQ(rm.lse[bh], ref.lse[bh]);
+        }
+        ++heads_checked;
+      }
+    }
+  }
+  std::printf("[exact] %lld (row, head) pairs compared bit for bit\n",
+              static_cast<long long>(heads_checked));
+  EXPECT_GT(heads_checked, 1000);
+}
+
+// ---- Pieces of the pipeline ----
+
+TEST(HostPipeline, DecodedTokensEqualSharedDequantK) {
+  CounterRng rng(kSeed + 7, Stream::kGenerator);
+  for (int i = 0; i < 30; ++i) {
+    Case c = random_recipe(rng);
+    c.scales = {ScaleMode::kRandom, 1, 254};  // extreme scales: fp32 subnormals and overflow
+    c.kv_values.special_fraction = 0.1;
+    MaterializedCase m = materialize(c);
+    for (size_t j = 0; j < m.cache.size(); j += 97) m.cache[j] = static_cast<uint8_t>(j);
+    const host::PaddedColumns cols = host::padded_columns(m.geom);
+    std::vector<float> tok(static_cast<size_t>(cols.width_qk));
+    for (int64_t s = 0; s < mla::num_slots(m.geom); s += 7) {
+      const mla::TokenAddress a = mla::token_address(m.geom, s);
+      host::decode_token<mla::Mutant::kNone, false>(
+          m.geom, m.cache.data(), static_cast<int64_t>(m.cache.size()), a, cols, tok.data());
+      for (int32_t d = 0; d < m.d_qk(); ++d) {
+        const float want = mla::dequant_k(m.geom, m.cache.data(), a, d);
+        ASSERT_EQ(mla::float_to_bits(tok[cols.col(d)]), mla::float_to_bits(want))
+            << "slot " << s << " dim " << d;
+      }
+      for (int32_t col = cols.nope; col < cols.padded_nope; ++col) ASSERT_EQ(tok[col], 0.0f);
+    }
+  }
+}
+
+TEST(HostPipeline, BadBuffersBecomeErrorsNotCrashes) {
+  Case c;
+  c.geom.page_size = 4;
+  c.geom.num_pages = 2;
+  c.batch = 2;
+  c.heads = 2;
+  c.topk = 8;
+  const MaterializedCase good = materialize(c);
+  for (const std::string name : {"cpu-simt", "cpu-mma"}) {
+    auto backend = make_backend(name);
+    ASSERT_TRUE(backend->run(good).ok());
+    MaterializedCase m = good;
+    m.indices[3] = 8;  // one past the last slot
+    RunResult r = backend->run(m);
+    EXPECT_EQ(r.status, RunStatus::kError);
+    EXPECT_NE(r.message.find("indices[0][3]"), std::string::npos) << r.message;
+    m = good;
+    m.indices[0] = -2;  // only -1 is invalid under the default convention
+    EXPECT_EQ(backend->run(m).status, RunStatus::kError);
+    m.conv.invalid_index = mla::InvalidIndexRule::kAnyNegative;
+    EXPECT_TRUE(backend->run(m).ok());
+    m = good;
+    m.cache.resize(m.cache.size() - 1);
+    EXPECT_EQ(backend->run(m).status, RunStatus::kError);
+    m = good;
+    m.q.resize(m.q.size() - 1);
+    EXPECT_EQ(backend->run(m).status, RunStatus::kError);
+    m = good;
+    m.sink.assign(1, 0.0f);  // fewer than heads
+    EXPECT_EQ(backend->run(m).status, RunStatus::kError);
+  }
+}
+
+TEST(HostModels, SinkInfinitiesAndEmptyRows) {
+  Case c;
+  c.geom.page_size = 64;
+  c.geom.num_pages = 2;
+  c.batch = 2;
+  c.heads = 3;
+  c.topk = 70;
+  c.topk_length = std::vector<int32_t>{70, 0};  // row 1 is empty
+  c.sink = std::vector<double>{HUGE_VAL, -HUGE_VAL, 0.0};
+  const MaterializedCase m = materialize(c);
+  for (const std::string name : {"cpu-simt", "cpu-mma"}) {
+    const RunResult r = make_backend(name)->run(m);
+    ASSERT_TRUE(r.ok());
+    const int32_t dv = m.d_v();
+    for (int32_t d = 0; d < dv; ++d) {
+      EXPECT_EQ(r.out[0 * dv + d], 0.0) << "+inf sink gives out 0";
+      for (int32_t h = 0; h < 3; ++h) EXPECT_EQ(r.out[(3 + h) * dv + d], 0.0) << "empty row";
+    }
+    for (int32_t h = 0; h < 3; ++h) EXPECT_EQ(r.lse[3 + h], HUGE_VAL) << "FlashMLA empty LSE";
+    // -inf sink: exactly the same bits as no sink at all.
+    MaterializedCase no_sink = m;
+    no_sink.sink.clear();
+    const RunResult r2 = make_backend(name)->run(no_sink);
+    EXPECT_EQ(testing::head_out_bits(m, r, 0, 1), testing::head_out_bits(m, r2, 0, 1));
+    EXPECT_EQ(testing::head_lse_bits(m, r, 0, 1), testing::head_lse_bits(m, r2, 0, 1));
+  }
+}
+
+// ---- Speed on the original test's shapes (figures for the README) ----
+
+TEST(HostModelSpeed, ProductionShapes) {
+  struct Shape {
+    int32_t batch, topk;
+  };
+  for (const Shape s :
+       {Shape{1, 128}, Shape{4, 512}, Shape{16, 512}, Shape{32, 128}, Shape{32, 512}}) {
+    Case c;
+    c.geom.page_size = 256;
+    c.geom.num_pages = 32;
+    c.batch = s.batch;
+    c.heads = 64;
+    c.topk = s.topk;
+    c.data_seed = 7;
+    const MaterializedCase m = materialize(c);
+    for (const std::string name : {"cpu-simt", "cpu-mma"}) {
+      auto backend = make_backend(name);
+      int runs = 0;
+      const auto start = std::chrono::steady_clock::now();
+      double elapsed = 0;
+      while (runs < 2 || elapsed < 0.3) {
+        ASSERT_TRUE(backend->run(m).ok());
+        ++runs;
+        elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      std::printf("[speed] %-8s H=64 MODEL1 P=256 B=%-2d topk=%-3d %8.2f ms/case %8.1f cases/s\n",
+                  name.c_str(), s.batch, s.topk, 1e3 * elapsed / runs, runs / elapsed);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mlafuzz
