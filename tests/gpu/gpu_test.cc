@@ -37,10 +37,10 @@ constexpr uint64_t kSeed = 0x6a7e5eedull;
 constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
 constexpr double kU16 = 0x1p-8;   // bf16 unit roundoff
 
-#define SKIP_WITHOUT_DEVICE()                                                   \
-  do {                                                                          \
-    const Availability a_ = make_cuda_mma_backend(32)->availability();         \
-    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;                 \
+#define SKIP_WITHOUT_DEVICE()                                          \
+  do {                                                                 \
+    const Availability a_ = make_cuda_mma_backend(32)->availability(); \
+    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;        \
   } while (0)
 
 int random_cases(int dflt) {
@@ -222,10 +222,10 @@ TEST_P(CudaKernel, RandomRecipesWithinBoundOfOracleAndHostModel) {
   for (int i = 0; i < cases; ++i) {
     const Case c = random_recipe(rng);
     const MaterializedCase m = materialize(c);
-    const std::string what = name + " case " + std::to_string(i) + " (B=" +
-                             std::to_string(m.batch) + " H=" + std::to_string(m.heads) +
-                             " topk=" + std::to_string(m.topk) + " P=" +
-                             std::to_string(m.geom.page_size) + ")";
+    const std::string what = name + " case " + std::to_string(i) +
+                             " (B=" + std::to_string(m.batch) + " H=" + std::to_string(m.heads) +
+                             " topk=" + std::to_string(m.topk) +
+                             " P=" + std::to_string(m.geom.page_size) + ")";
     const RunResult r = backend->run(m);  // the kernel runs before the reference allocates
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);

@@ -1,0 +1,348 @@
+// Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (SPEC.md
+// sections 1 and 7): H = 64, MODEL1, topk 128 with P = 256 and topk 512 with P = 64,
+// B in {1, 4, 16, 32, 64, 128}.
+//
+// Per kernel and shape: median of CUDA-event times over many launches after a warm-up
+// ("events"), the per-launch time of a CUDA graph of 20 launches ("graph", median over replays,
+// the FlashMLA figures are graph timings), and the median with the L2 flushed before every launch
+// ("cold"). TFLOP/s counts 2*B*H*topk*(d_qk + d_v); GB/s counts the KV bytes read: unique
+// B*topk*584 for every kernel, and for SIMT also the per-head re-reads (H times that).
+// Before timing, the MMA output is compared with the SIMT output of the same inputs.
+//
+// Usage: bench_kernels [--quick] [--markdown FILE]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/common/fp_formats.h"
+#include "kernels/common/mla_params.h"
+#include "kernels/cuda/launch.h"
+
+namespace {
+
+#define CK(x)                                                                                 \
+  do {                                                                                        \
+    const cudaError_t e_ = (x);                                                               \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+
+uint64_t g_state = 0x243f6a8885a308d3ull;
+uint64_t next_u64() {
+  g_state += 0x9e3779b97f4a7c15ull;
+  uint64_t x = g_state;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+
+struct Problem {
+  int batch, heads, topk, page_size;
+  mla::CacheGeometry geom;
+  std::vector<uint8_t> cache;
+  std::vector<uint16_t> q;
+  std::vector<int32_t> indices;
+};
+
+// MODEL1 inputs: random fp8 codes (no NaN), writer-like scales around 2^-4, bf16 rope and q in
+// [-1, 1), distinct random slots out of twice as many as needed (so the cache exceeds L2 at
+// large B, as in production).
+Problem make_problem(int batch, int topk, int page_size) {
+  Problem pr{batch, 64, topk, page_size, {}, {}, {}, {}};
+  mla::CacheGeometry& g = pr.geom;
+  g.layout = mla::Layout::kModel1;
+  g.page_size = page_size;
+  const int64_t slots_needed = 2LL * batch * topk;
+  g.num_pages = static_cast<int32_t>((slots_needed + page_size - 1) / page_size);
+  g.page_stride = mla::min_page_stride(g);
+  pr.cache.resize(static_cast<size_t>(mla::cache_bytes(g)));
+  for (int64_t s = 0; s < mla::num_slots(g); ++s) {
+    const mla::TokenAddress a = mla::token_address(g, s);
+    for (int d = 0; d < g.nope_dim; ++d) {
+      uint8_t v = static_cast<uint8_t>(next_u64() & 0xff);
+      if ((v & 0x7f) == 0x7f) v = static_cast<uint8_t>(v - 1);  // no NaN
+      pr.cache[static_cast<size_t>(a.nope + d)] = v;
+    }
+    for (int r = 0; r < g.rope_dim; ++r) {
+      const uint16_t b = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
+      std::memcpy(&pr.cache[static_cast<size_t>(a.rope + 2 * r)], &b, 2);
+    }
+    for (int t = 0; t < mla::num_scale_tiles(g); ++t) {
+      pr.cache[static_cast<size_t>(a.scale + t)] = static_cast<uint8_t>(119 + next_u64() % 4);
+    }
+  }
+  pr.q.resize(static_cast<size_t>(batch) * pr.heads * mla::d_qk(g));
+  for (auto& x : pr.q) x = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
+  pr.indices.resize(static_cast<size_t>(batch) * topk);
+  const int64_t slots = mla::num_slots(g);
+  for (int b = 0; b < batch; ++b) {
+    // distinct slots per row: a random start and a random odd stride modulo the slot count
+    std::vector<int32_t> row(static_cast<size_t>(topk));
+    for (int k = 0; k < topk; ++k) row[k] = static_cast<int32_t>(next_u64() % slots);
+    std::sort(row.begin(), row.end());
+    row.erase(std::unique(row.begin(), row.end()), row.end());
+    while (static_cast<int>(row.size()) < topk) {
+      row.push_back(static_cast<int32_t>(next_u64() % slots));
+      std::sort(row.begin(), row.end());
+      row.erase(std::unique(row.begin(), row.end()), row.end());
+    }
+    for (int k = topk - 1; k > 0; --k) std::swap(row[k], row[next_u64() % (k + 1)]);
+    std::copy(row.begin(), row.end(), pr.indices.begin() + static_cast<int64_t>(b) * topk);
+  }
+  return pr;
+}
+
+struct DeviceProblem {
+  mla::DecodeParams p;
+  void* bufs[5] = {};
+};
+
+DeviceProblem upload(const Problem& pr) {
+  DeviceProblem d;
+  mla::DecodeParams& p = d.p;
+  p.geom = pr.geom;
+  p.batch = pr.batch;
+  p.heads = pr.heads;
+  p.topk = pr.topk;
+  p.sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mla::d_qk(pr.geom))));
+  const int dqk = mla::d_qk(pr.geom), dv = mla::d_v(pr.geom);
+  p.q_head_stride = dqk;
+  p.q_batch_stride = static_cast<int64_t>(dqk) * pr.heads;
+  p.out_head_stride = dv;
+  p.out_batch_stride = static_cast<int64_t>(dv) * pr.heads;
+  CK(cudaMalloc(&d.bufs[0], pr.cache.size()));
+  CK(cudaMemcpy(d.bufs[0], pr.cache.data(), pr.cache.size(), cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d.bufs[1], pr.q.size() * 2));
+  CK(cudaMemcpy(d.bufs[1], pr.q.data(), pr.q.size() * 2, cudaMemcpyHostToDevice));
+  CK(cudaMalloc(&d.bufs[2], pr.indices.size() * 4));
+  CK(cudaMemcpy(d.bufs[2], pr.indices.data(), pr.indices.size() * 4, cudaMemcpyHostToDevice));
+  const size_t n_out = static_cast<size_t>(pr.batch) * pr.heads * dv;
+  CK(cudaMalloc(&d.bufs[3], n_out * 2));
+  CK(cudaMalloc(&d.bufs[4], static_cast<size_t>(pr.batch) * pr.heads * 4));
+  p.kv_cache = static_cast<const uint8_t*>(d.bufs[0]);
+  p.q = static_cast<const uint16_t*>(d.bufs[1]);
+  p.indices = static_cast<const int32_t*>(d.bufs[2]);
+  p.out = static_cast<uint16_t*>(d.bufs[3]);
+  p.lse = static_cast<float*>(d.bufs[4]);
+  return d;
+}
+
+void release(DeviceProblem& d) {
+  for (void* b : d.bufs) CK(cudaFree(b));
+}
+
+enum class Kernel { kSimt, kMma32, kMma64 };
+const char* kernel_name(Kernel k) {
+  return k == Kernel::kSimt ? "simt" : k == Kernel::kMma32 ? "mma" : "mma-h64";
+}
+
+void launch(Kernel k, const mla::DecodeParams& p, cudaStream_t s) {
+  const int rc = k == Kernel::kSimt    ? mla::cuda::launch_simt_per_head(p, s)
+                 : k == Kernel::kMma32 ? mla::cuda::launch_mma_head_tiled(p, 32, s)
+                                       : mla::cuda::launch_mma_head_tiled(p, 64, s);
+  if (rc != 0) {
+    std::fprintf(stderr, "launch %s failed: %d\n", kernel_name(k), rc);
+    std::exit(1);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct Timing {
+  double events_us = 0, graph_us = 0, cold_us = 0;
+};
+
+Timing time_kernel(Kernel k, const mla::DecodeParams& p, cudaStream_t s, void* flush,
+                   size_t flush_bytes, bool quick) {
+  Timing t;
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 5; ++i) launch(k, p, s);
+  CK(cudaStreamSynchronize(s));
+  const int reps = quick ? 10 : 50;
+  std::vector<double> v;
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(e0, s));
+    launch(k, p, s);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1e3);
+  }
+  t.events_us = median(v);
+  // Graph of 20 launches, replayed.
+  constexpr int kPerGraph = 20;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kPerGraph; ++i) launch(k, p, s);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  v.clear();
+  for (int i = 0; i < (quick ? 3 : 10); ++i) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1e3 / kPerGraph);
+  }
+  t.graph_us = median(v);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  // L2 flushed before each launch (a memset larger than L2), kernel alone timed.
+  v.clear();
+  for (int i = 0; i < (quick ? 5 : 20); ++i) {
+    CK(cudaMemsetAsync(flush, i & 0xff, flush_bytes, s));
+    CK(cudaEventRecord(e0, s));
+    launch(k, p, s);
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(ms * 1e3);
+  }
+  t.cold_us = median(v);
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return t;
+}
+
+// FlashMLA sm90 sparse FP8 decode, MODEL1, H = 64, on the H200 (SPEC.md section 7): graph
+// timing in us and with the L2 flushed; 0 where not measured (B = 4).
+double flashmla_us(int topk, int batch, bool cold) {
+  const int bs[5] = {1, 16, 32, 64, 128};
+  const double t128[2][5] = {{9.8, 10.6, 10.5, 10.8, 11.9}, {14.8, 16.3, 16.6, 17.5, 20.4}};
+  const double t512[2][5] = {{11.2, 14.7, 19.9, 37.5, 37.9}, {16.6, 21.4, 29.0, 44.2, 46.0}};
+  for (int i = 0; i < 5; ++i) {
+    if (bs[i] == batch) return (topk == 128 ? t128 : t512)[cold ? 1 : 0][i];
+  }
+  return 0;
+}
+
+float bf16f(uint16_t b) { return mla::bf16_to_float(b); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string md_path;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
+  }
+  int dev = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+    std::printf("bench_kernels: no CUDA device, nothing to time\n");
+    return 0;
+  }
+  std::printf("device: %s, %d SMs, L2 %d MiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20);
+  cudaStream_t s;
+  CK(cudaStreamCreate(&s));
+  const size_t flush_bytes = 256u << 20;
+  void* flush = nullptr;
+  CK(cudaMalloc(&flush, flush_bytes));
+
+  std::string md =
+      "| topk (P) | B | SIMT us | MMA us | MMA-h64 us | MMA/SIMT speedup | best MMA TFLOP/s | "
+      "best MMA GB/s (unique KV) | SIMT GB/s (unique / actual) | L2-flushed MMA us | "
+      "FlashMLA us (flushed) |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::printf("%-9s %4s | %9s %9s %9s | %7s | %8s %8s | %8s %9s | %8s %8s %8s | %s\n", "topk(P)",
+              "B", "simt_us", "mma_us", "h64_us", "speedup", "TFLOP/s", "GB/s", "simtGB/s",
+              "simtAct", "graphM", "graphS", "coldM", "FlashMLA graph (cold)");
+  const int batches[6] = {1, 4, 16, 32, 64, 128};
+  for (int topk : {128, 512}) {
+    const int P = topk == 128 ? 256 : 64;
+    for (int B : batches) {
+      Problem pr = make_problem(B, topk, P);
+      DeviceProblem d = upload(pr);
+      const mla::DecodeParams& p = d.p;
+      // Validate before timing: MMA (both BLOCK_H) against SIMT on the same inputs.
+      const size_t n_out = static_cast<size_t>(B) * 64 * mla::d_v(pr.geom);
+      std::vector<uint16_t> o_simt(n_out), o_mma(n_out), o_h64(n_out);
+      launch(Kernel::kSimt, p, s);
+      CK(cudaMemcpyAsync(o_simt.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+      launch(Kernel::kMma32, p, s);
+      CK(cudaMemcpyAsync(o_mma.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+      launch(Kernel::kMma64, p, s);
+      CK(cudaMemcpyAsync(o_h64.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+      CK(cudaStreamSynchronize(s));
+      double max_d = 0, max_ref = 0;
+      bool finite = true;
+      for (size_t i = 0; i < n_out; ++i) {
+        const double a = bf16f(o_mma[i]), r = bf16f(o_simt[i]);
+        finite = finite && std::isfinite(a) && std::isfinite(r);
+        max_d = std::max(max_d, std::abs(a - r));
+        max_ref = std::max(max_ref, std::abs(r));
+      }
+      const bool same64 = o_mma == o_h64;
+      if (!finite || max_d > 0.02 * std::max(max_ref, 1e-3) || !same64) {
+        std::printf(
+            "VALIDATION FAILED B=%d topk=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d "
+            "h64==h32 %d\n",
+            B, topk, max_d, max_ref, finite, same64);
+      }
+      const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
+      const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
+      const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
+      const double flops = 2.0 * B * 64 * topk * (512 + 512);
+      const double kv = static_cast<double>(B) * topk * 584;
+      const double best = std::min(tm.graph_us, th.graph_us);
+      const double best_cold = std::min(tm.cold_us, th.cold_us);
+      const double speedup = ts.graph_us / best;
+      char line[512];
+      std::snprintf(line, sizeof line,
+                    "%4d(%3d) %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
+                    "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e]\n",
+                    topk, P, B, ts.events_us, tm.events_us, th.events_us, speedup,
+                    flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
+                    64 * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold,
+                    flashmla_us(topk, B, false), flashmla_us(topk, B, true), max_d);
+      std::fputs(line, stdout);
+      std::fflush(stdout);
+      std::snprintf(line, sizeof line,
+                    "| %d (%d) | %d | %.1f | %.1f | %.1f | %.1fx | %.0f | %.0f | %.0f / %.0f | "
+                    "%.1f | %s |\n",
+                    topk, P, B, ts.graph_us, tm.graph_us, th.graph_us, speedup, flops / best * 1e-6,
+                    kv / best * 1e-3, kv / ts.graph_us * 1e-3, 64 * kv / ts.graph_us * 1e-3,
+                    best_cold,
+                    flashmla_us(topk, B, false) > 0
+                        ? (std::to_string(flashmla_us(topk, B, false)).substr(0, 4) + " (" +
+                           std::to_string(flashmla_us(topk, B, true)).substr(0, 4) + ")")
+                              .c_str()
+                        : "-");
+      md += line;
+      release(d);
+    }
+  }
+  std::printf("\nAll times per call in us; speedup and throughput use the CUDA-graph times.\n%s",
+              md.c_str());
+  if (!md_path.empty()) {
+    if (FILE* f = std::fopen(md_path.c_str(), "w")) {
+      std::fputs(md.c_str(), f);
+      std::fclose(f);
+    }
+  }
+  CK(cudaFree(flush));
+  CK(cudaStreamDestroy(s));
+  return 0;
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One call on the GPU machine (see ../shared/GPU.md): GPU tests, compute-sanitizer memcheck and
+# racecheck on a small sample, and the kernel benchmark. Run from the repository root with a
+# build folder that holds tests/gpu/gpu_tests and bench/kernels/bench_kernels (built elsewhere,
+# carried along). Logs go to $OUT (default /tmp/mlafuzz-gpu-check).
+#
+#   scripts/gpu_check.sh [BUILD_DIR] [all|tests|sanitize|bench]...
+set -u
+BUILD=${1:-build-dev}
+shift || true
+STEPS=${*:-all}
+OUT=${OUT:-/tmp/mlafuzz-gpu-check}
+mkdir -p "$OUT"
+export MLAFUZZ_CORPUS_DIR=${MLAFUZZ_CORPUS_DIR:-$PWD/corpus/cases}
+TESTS=$BUILD/tests/gpu/gpu_tests
+BENCH=$BUILD/bench/kernels/bench_kernels
+want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
+summary=()
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw \
+  --format=csv >"$OUT/nvidia-smi.txt" 2>&1
+cat "$OUT/nvidia-smi.txt"
+
+if want tests; then
+  echo "=== gpu_tests"
+  timeout 300 "$TESTS" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  rc=$?
+  grep -E '^\[(tightness|seed|corpus|original)\]|^  (out|lse):|FAILED|Failure|PASSED|SKIPPED|tests ran' \
+    "$OUT/gpu_tests.log" | head -80
+  summary+=("gpu_tests rc=$rc")
+fi
+
+if want sanitize; then
+  for tool in memcheck racecheck; do
+    echo "=== compute-sanitizer --tool $tool"
+    if [[ $tool == memcheck ]]; then
+      filter='*RandomRecipes*:*Poison*:*OutsideTheEnvelope*:GpuFormats.*'
+      n=6
+    else
+      filter='CudaKernel.RandomRecipes*:CudaKernel.Poison*'
+      n=3
+    fi
+    MLAFUZZ_GPU_CASES=$n timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      "$TESTS" --gtest_brief=1 "--gtest_filter=$filter" >"$OUT/$tool.log" 2>&1
+    rc=$?
+    grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED' "$OUT/$tool.log" | head -20
+    summary+=("$tool rc=$rc")
+  done
+fi
+
+if want bench; then
+  echo "=== bench_kernels"
+  timeout 240 "$BENCH" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+  rc=$?
+  cat "$OUT/bench.log"
+  summary+=("bench rc=$rc")
+fi
+
+echo "=== summary: ${summary[*]}"
