@@ -23,7 +23,7 @@ cat "$OUT/nvidia-smi.txt"
 
 if want tests; then
   echo "=== gpu_tests"
-  timeout 300 "$TESTS" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
+  timeout 200 "$TESTS" --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1
   rc=$?
   grep -E '^\[(tightness|seed|corpus|original)\]|^  (out|lse):|FAILED|Failure|PASSED|SKIPPED|tests ran' \
     "$OUT/gpu_tests.log" | head -80
@@ -40,7 +40,7 @@ if want sanitize; then
       filter='CudaKernel.RandomRecipes*:CudaKernel.Poison*'
       n=3
     fi
-    MLAFUZZ_GPU_CASES=$n timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    MLAFUZZ_GPU_CASES=$n timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$TESTS" --gtest_brief=1 "--gtest_filter=$filter" >"$OUT/$tool.log" 2>&1
     rc=$?
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED' "$OUT/$tool.log" | head -20
@@ -50,7 +50,7 @@ fi
 
 if want bench; then
   echo "=== bench_kernels"
-  timeout 240 "$BENCH" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
+  timeout 150 "$BENCH" --markdown "$OUT/bench.md" >"$OUT/bench.log" 2>&1
   rc=$?
   cat "$OUT/bench.log"
   summary+=("bench rc=$rc")

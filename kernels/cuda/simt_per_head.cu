@@ -175,21 +175,19 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][i] *= alpha;
     }
+    // The shuffle that broadcasts p_j runs in every lane (no divergent exit before it).
+    for (int j = 0; j < T; ++j) {
+      const float pw = __shfl_sync(0xffffffffu, pj, j);
+      if (!s_valid[buf * T + j]) continue;  // masked tokens: bytes never staged nor read
+      const uint8_t* tok = rbuf + j * pl.raw_stride;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int col = (tid + r * kSimtThreads) * 4;
-      if (col >= pl.wv) break;
-      const bool is_nope = col < nope;
-      if (!is_nope && col < pl.np) continue;  // padded columns: masked, never stored
-      const int tile_id = col / p.geom.scale_tile;
-      for (int j = 0; j < T; ++j) {
-        const float pw = __shfl_sync(0xffffffffu, pj, j);
-        if (!s_valid[buf * T + j]) continue;
-        const uint8_t* tok = rbuf + j * pl.raw_stride;
+      for (int r = 0; r < 2; ++r) {
+        const int col = (tid + r * kSimtThreads) * 4;
+        if (col >= pl.wv || (col >= nope && col < pl.np)) continue;  // padded: never read
         float v[4];
-        if (is_nope) {
+        if (col < nope) {
           const uint32_t r4 = *reinterpret_cast<const uint32_t*>(tok + col);
-          const float s = staged_scale<M>(p, pl, tok, tile_id);
+          const float s = staged_scale<M>(p, pl, tok, col / p.geom.scale_tile);
           const float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r4 & 0xffffu));
           const float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r4 >> 16));
           v[0] = f0.x * s, v[1] = f0.y * s, v[2] = f1.x * s, v[3] = f1.y * s;
