@@ -32,7 +32,8 @@ struct OracleRow {
 };
 
 // Decodes the valid selected tokens of batch row b. Throws std::invalid_argument when a valid
-// index is outside the cache or the buffers are too small for the case's shapes.
+// index of row b is outside the cache or the buffers are too small for the case's shapes.
+// Checks only row b, so looping over the rows costs O(B * topk) checks in all.
 OracleRow gather_row(const MaterializedCase& m, int b);
 
 // [H, d_qk] bf16 q of batch row b, widened exactly (row stride q_head_stride is skipped).
@@ -48,7 +49,10 @@ struct OracleResult {
 };
 
 // threads: 0 = automatic (several threads only when the case is large enough to pay for them,
-// at most std::thread::hardware_concurrency() and at most B), 1 = the calling thread only.
+// at most std::thread::hardware_concurrency() and at most B), 1 = the calling thread only
+// (use 1 when the caller already runs cases in parallel). The result does not depend on the
+// thread count (bit for bit). Scratch buffers are kept per calling thread between calls
+// (a few MB per worker at production shapes); no thread outlives the call.
 OracleResult run_oracle_eigen(const MaterializedCase& m, int threads);
 OracleResult run_oracle_eigen(const MaterializedCase& m);  // threads = 0
 OracleResult run_oracle_loop(const MaterializedCase& m);
