@@ -13,10 +13,18 @@ PaddedColumns padded_columns(const mla::CacheGeometry& g) {
   c.nope = g.nope_dim;
   c.padded_nope = mla::padded_nope(g.nope_dim);
   c.rope = g.rope_dim;
-  c.width_qk = mla::round_up(c.padded_nope + c.rope, kLanes);
+  c.dkp = c.padded_nope + c.rope;
   c.d_v = mla::d_v(g);
   c.width_v = c.d_v > 0 ? c.col(c.d_v - 1) + 1 : 0;
   return c;
+}
+
+ColumnLayout identity_layout(const PaddedColumns& cols, int32_t multiple) {
+  ColumnLayout l;
+  l.width = mla::round_up(cols.dkp, multiple);
+  l.pos.resize(static_cast<size_t>(cols.dkp));
+  for (int32_t c = 0; c < cols.dkp; ++c) l.pos[static_cast<size_t>(c)] = c;
+  return l;
 }
 
 const float* e4m3_table() {

@@ -26,19 +26,15 @@ namespace mlafuzz::host {
 
 using mla::Mutant;
 
-// Partial sums of a dot product: lane l sums columns l, l+32, l+64, ... in order, then the lanes
-// are added as a butterfly (off = 16, 8, 4, 2, 1), the order a warp's shuffle reduction gives.
-inline constexpr int kLanes = 32;
-
 // The kernels' padded column space of one token (and of one q row): nope dims at [0, nope),
-// padded columns [nope, padded_nope) that are masked to zero, rope dims at padded_nope + r, and
-// zero columns up to a multiple of kLanes. MODEL1: 448 nope + 64 pad + 64 rope = 576 columns.
+// padded columns [nope, padded_nope) that are masked to zero, rope dims at padded_nope + r.
+// MODEL1: 448 nope + 64 pad + 64 rope = 576 columns; V32: 512 + 64.
 struct PaddedColumns {
   int32_t nope = 0;         // quantized dims
   int32_t padded_nope = 0;  // mla::padded_nope(nope)
   int32_t rope = 0;         // bf16 dims
-  int32_t width_qk = 0;     // columns of a decoded token / q row (multiple of kLanes)
-  int32_t width_v = 0;      // columns O accumulates: up to the column of V dim d_v - 1
+  int32_t dkp = 0;          // padded_nope + rope: the K columns of the kernels' shared memory
+  int32_t width_v = 0;      // columns P*V accumulates: up to the column of V dim d_v - 1
   int32_t d_v = 0;
 
   // Column of logical dim d in [0, d_qk) (and of output dim d in [0, d_v)).
@@ -68,18 +64,15 @@ std::optional<std::string> check_inputs(const MaterializedCase& m);
 // check failures and exceptions become RunStatus::kError.
 RunResult run_guarded(const MaterializedCase& m, const std::function<void(const HostCall&)>& model);
 
-// Dot product over `width` columns (a multiple of kLanes) in the lane order above. fp32
-// multiplies and adds, never contracted (the project builds with -ffp-contract=off).
-inline float dot_lanes(const float* __restrict a, const float* __restrict b, int32_t width) {
-  float acc[kLanes] = {};
-  for (int32_t c = 0; c < width; c += kLanes) {
-    for (int32_t l = 0; l < kLanes; ++l) acc[l] += a[c + l] * b[c + l];
-  }
-  for (int32_t off = kLanes / 2; off > 0; off /= 2) {
-    for (int32_t l = 0; l < off; ++l) acc[l] += acc[l + off];
-  }
-  return acc[0];
-}
+// Where a host model keeps each padded column in its decoded tokens, q rows and O accumulators
+// (the order its arithmetic wants). Positions no column maps to hold zero.
+struct ColumnLayout {
+  int32_t width = 0;         // floats per decoded token, q row and O
+  std::vector<int32_t> pos;  // [dkp] padded column -> position
+};
+
+// Columns in order, width rounded up to a multiple of `multiple`.
+ColumnLayout identity_layout(const PaddedColumns& cols, int32_t multiple);
 
 // ---- Addressing and masking (the mutants that break them live here) ----
 
@@ -139,8 +132,8 @@ mla::TokenAddress token_address(const mla::CacheGeometry& g, int64_t slot, int64
   }
 }
 
-// Decodes one token into padded columns: e4m3 * scale for nope, bf16 for rope, zero for the
-// padded and tail columns; with kRoundBf16 every value is then rounded to bf16 (the MMA
+// Decodes one token into its dkp padded columns: e4m3 * scale for nope, bf16 for rope, zero for
+// the padded columns; with kRoundBf16 every value is then rounded to bf16 (the MMA
 // kernel's shared-memory K tile; exact for in-range power-of-two scales). Bit-identical to
 // mla::dequant_k for every logical dim (same fp32 product; the table is e4m3_to_float).
 //
@@ -179,23 +172,26 @@ void decode_token(const mla::CacheGeometry& g, const uint8_t* cache, int64_t cac
   for (int32_t r = 0; r < cols.rope; ++r) {
     rope_dst[r] = mla::bf16_to_float(static_cast<uint16_t>(rope[2 * r] | (rope[2 * r + 1] << 8)));
   }
-  for (int32_t c = cols.padded_nope + cols.rope; c < cols.width_qk; ++c) dst[c] = 0.0f;
   if constexpr (kRoundBf16) {
-    for (int32_t c = 0; c < cols.width_qk; ++c) dst[c] = mla::round_to_bf16(dst[c]);
+    for (int32_t c = 0; c < cols.dkp; ++c) dst[c] = mla::round_to_bf16(dst[c]);
   }
 }
 
 // One batch row's selected tokens, decoded once and shared by every head.
 struct DecodedRow {
   std::vector<uint8_t> valid;  // [topk] 1 if the entry takes part (masked entries are not read)
-  std::vector<float> kv;       // [topk, width_qk] decoded tokens (rows of invalid entries stale)
+  std::vector<float> kv;       // [topk, layout.width] decoded tokens (invalid entries: stale)
+  std::vector<float> token;    // [dkp] one token in column order
 };
 
 template <Mutant M, bool kRoundBf16>
-void decode_row(const HostCall& call, const PaddedColumns& cols, int32_t b, DecodedRow* row) {
+void decode_row(const HostCall& call, const PaddedColumns& cols, const ColumnLayout& layout,
+                int32_t b, DecodedRow* row) {
   const mla::DecodeParams& p = call.p;
   row->valid.assign(p.topk, 0);
-  row->kv.resize(static_cast<size_t>(p.topk) * cols.width_qk);
+  const size_t size = static_cast<size_t>(p.topk) * layout.width;
+  if (row->kv.size() != size) row->kv.assign(size, 0.0f);  // unmapped positions stay zero
+  row->token.resize(cols.dkp);
   const int32_t* idx = p.indices + static_cast<int64_t>(b) * p.topk;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
   for (int32_t k = 0; k < p.topk; ++k) {
@@ -210,24 +206,26 @@ void decode_row(const HostCall& call, const PaddedColumns& cols, int32_t b, Deco
     }
     row->valid[k] = 1;
     const mla::TokenAddress a = token_address<M>(p.geom, slot, call.cache_bytes);
-    decode_token<M, kRoundBf16>(p.geom, p.kv_cache, call.cache_bytes, a, cols,
-                                row->kv.data() + static_cast<size_t>(k) * cols.width_qk);
+    decode_token<M, kRoundBf16>(p.geom, p.kv_cache, call.cache_bytes, a, cols, row->token.data());
+    float* dst = row->kv.data() + static_cast<size_t>(k) * layout.width;
+    for (int32_t c = 0; c < cols.dkp; ++c) dst[layout.pos[c]] = row->token[c];
   }
 }
 
-// q of head h in batch row b as bf16 values widened to fp32 in padded columns (pad and tail
-// zero). kUnmaskedPadColumns loads the padded columns from q memory at the same offsets (MODEL1:
-// q's first rope elements), never past the head's d_qk elements.
+// q of head h in batch row b as bf16 values widened to fp32, at layout positions (the padded
+// columns zero; dst has layout.width floats). kUnmaskedPadColumns loads the padded columns from q
+// memory at the same offsets (MODEL1: q's first rope elements), never past the head's d_qk
+// elements.
 template <Mutant M>
-void load_q_bf16(const mla::DecodeParams& p, const PaddedColumns& cols, int32_t b, int32_t h,
-                 float* __restrict dst) {
+void load_q_bf16(const mla::DecodeParams& p, const PaddedColumns& cols, const ColumnLayout& layout,
+                 int32_t b, int32_t h, float* __restrict dst) {
   const uint16_t* q = p.q + b * p.q_batch_stride + h * p.q_head_stride;
   const int32_t d_qk = cols.nope + cols.rope;
-  std::fill(dst, dst + cols.width_qk, 0.0f);
-  for (int32_t d = 0; d < d_qk; ++d) dst[cols.col(d)] = mla::bf16_to_float(q[d]);
+  std::fill(dst, dst + layout.width, 0.0f);
+  for (int32_t d = 0; d < d_qk; ++d) dst[layout.pos[cols.col(d)]] = mla::bf16_to_float(q[d]);
   if constexpr (M == Mutant::kUnmaskedPadColumns) {
     for (int32_t c = cols.nope; c < cols.padded_nope && c < d_qk; ++c) {
-      dst[c] = mla::bf16_to_float(q[c]);
+      dst[layout.pos[c]] = mla::bf16_to_float(q[c]);
     }
   }
 }
@@ -241,6 +239,12 @@ float advance(mla::SoftmaxState& s, float tile_max) {
   const float alpha = mla::softmax_advance(s, tile_max);
   if constexpr (M == Mutant::kNoRescale) s.l = l;
   return alpha;
+}
+
+// Weight of logit x after advance: exactly 0 for a masked token (x = -inf, as the kernels set
+// it), also while m is still -inf (where exp(x - m) would be NaN).
+inline float weight(const mla::SoftmaxState& s, float x) {
+  return x == mla::neg_inf() ? 0.0f : mla::softmax_weight(s, x);
 }
 
 // Row-sum term of weight p (fp32; kRowSumBf16 adds the bf16-rounded p).
@@ -260,71 +264,37 @@ int32_t num_token_tiles(int32_t topk, int32_t tile) {
   return n;
 }
 
-// Folds tokens [k0, k1) of a decoded row into one head's softmax state s and fp32 output
-// accumulator O[width_v], as one kernel tile: logits of the valid tokens, the tile max, one
-// rescale, then p = exp(x - m) added to l and p * V added to O token by token.
-// kMma: the logit is fp32(dot(q, K)) * sm_scale (scaled after the product, q unscaled) and P*V
-// takes p rounded to bf16 (l keeps the fp32 p). Otherwise (SIMT) q is already scaled and
-// everything stays fp32. x is scratch for the tile's logits (k1 - k0 floats).
-template <Mutant M, bool kMma>
-void fold_tile(const DecodedRow& row, const PaddedColumns& cols, int32_t k0, int32_t k1,
-               const float* q, float sm_scale, mla::SoftmaxState& s, float* __restrict O,
-               float* __restrict x) {
-  float tile_max = mla::neg_inf();
-  for (int32_t k = k0; k < k1; ++k) {
-    if (!row.valid[k]) continue;
-    float xk = dot_lanes(q, row.kv.data() + static_cast<size_t>(k) * cols.width_qk, cols.width_qk);
-    if constexpr (kMma) xk = xk * sm_scale;
-    x[k - k0] = xk;
-    tile_max = xk > tile_max ? xk : tile_max;  // NaN logits are skipped, as fmaxf does
-  }
-  const float alpha = advance<M>(s, tile_max);
-  if constexpr (M != Mutant::kNoRescale) {
-    if (alpha != 1.0f) {  // x * 1 == x bit for bit: skipping is exact
-      for (int32_t c = 0; c < cols.width_v; ++c) O[c] *= alpha;
-    }
-  }
-  for (int32_t k = k0; k < k1; ++k) {
-    if (!row.valid[k]) continue;
-    const float p = mla::softmax_weight(s, x[k - k0]);
-    s.l += row_sum_term<M>(p);
-    const float pv = kMma ? mla::round_to_bf16(p) : p;
-    const float* __restrict v = row.kv.data() + static_cast<size_t>(k) * cols.width_qk;
-    for (int32_t c = 0; c < cols.width_v; ++c) O[c] += pv * v[c];
-  }
-}
-
-// Writes out[b][h][0, d_v) = bf16(O / denominator) (0 for an empty row) and lse[b][h].
-// kSinkIgnored drops the sink from the denominator; kSinkInLse folds it into the LSE; kLseLog2
-// returns LSE / ln 2; kEmptyRowNaN divides an empty row's O = 0 by its denominator (0 without a
-// sink: NaN); kStorePaddedColumns also stores the padded columns [nope, padded_nope) right
-// after d_v (into the head's padding, the next head or the guard band; clamped to the buffer).
+// Writes out[b][h][0, d_v) = bf16(O / denominator) (0 for an empty row) and lse[b][h]; O is in
+// layout order. kSinkIgnored drops the sink from the denominator (the LSE still follows the
+// convention); kSinkInLse folds it into the LSE; kLseLog2 multiplies the LSE by log2(e);
+// kEmptyRowNaN divides an empty row's O = 0 by its denominator (0 without a sink: NaN);
+// kStorePaddedColumns stores the padded column layout as is, out[c] for c in [0, width_v):
+// zeros over out[nope, padded_nope) and the rope outputs shifted past d_v (into the head's
+// padding, the next head or the guard band; clamped to the buffer). These are the mechanics of
+// the same mutants in kernels/cuda/mma_head_tiled.cuh.
 template <Mutant M>
-void store_head(const HostCall& call, const PaddedColumns& cols, int32_t b, int32_t h,
-                const mla::SoftmaxState& s, const float* O) {
+void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLayout& layout,
+                int32_t b, int32_t h, const mla::SoftmaxState& s, const float* O) {
   const mla::DecodeParams& p = call.p;
   const float* sink = p.sink;
   if constexpr (M == Mutant::kSinkIgnored) sink = nullptr;
-  mla::Conventions conv = p.conv;
-  if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
-
   uint16_t* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
   bool has_tokens = mla::softmax_has_tokens(s);
   if constexpr (M == Mutant::kEmptyRowNaN) has_tokens = true;
-  const float denom = has_tokens ? mla::softmax_denominator(s, sink, h) : 0.0f;
+  const float denom = mla::softmax_denominator(s, sink, h);
   auto value = [&](int32_t c) -> uint16_t {
     // Empty row: out = 0 whatever the sink (SPEC section 3), never 0/0.
-    return has_tokens ? mla::float_to_bf16(O[c] / denom) : uint16_t{0};
+    return has_tokens ? mla::float_to_bf16(O[layout.pos[c]] / denom) : uint16_t{0};
   };
-  for (int32_t d = 0; d < cols.d_v; ++d) out[d] = value(cols.col(d));
   if constexpr (M == Mutant::kStorePaddedColumns) {
-    for (int32_t c = cols.nope; c < cols.padded_nope; ++c) {
-      uint16_t* at = out + cols.d_v + (c - cols.nope);
-      if (at < call.out_end) *at = value(c);
-    }
+    for (int32_t c = 0; c < cols.width_v && out + c < call.out_end; ++c) out[c] = value(c);
+  } else {
+    for (int32_t d = 0; d < cols.d_v; ++d) out[d] = value(cols.col(d));
   }
-  float lse = mla::softmax_lse(s, sink, h, conv);
-  if constexpr (M == Mutant::kLseLog2) lse = lse / 0.693147182f;  // ln 2 rounded to fp32
+  mla::Conventions conv = p.conv;
+  if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
+  float lse = mla::softmax_lse(s, p.sink, h, conv);
+  if constexpr (M == Mutant::kLseLog2) lse *= 1.44269504f;  // log2(e) rounded to fp32
   p.lse[static_cast<int64_t>(b) * p.heads + h] = lse;
 }
 
