@@ -20,5 +20,10 @@ using CommandTable = std::vector<Command>;
 
 void register_run(CLI::App& app, CommandTable& table);            // run, list-backends
 void register_list_backends(CLI::App& app, CommandTable& table);
+void register_fuzz(CLI::App& app, CommandTable& table);    // campaigns (harness/campaign)
+void register_report(CLI::App& app, CommandTable& table);  // report summary/merge/compare/html
+void register_worker(CLI::App& app, CommandTable& table);  // internal: isolated backend worker
+void register_plugin_info(CLI::App& app, CommandTable& table);  // plugin-info (plugins)
+void register_mutants(CLI::App& app, CommandTable& table);  // mutation score (MLAFUZZ_MUTANTS)
 
 }  // namespace mlafuzz::cli

@@ -15,6 +15,13 @@ int main(int argc, char** argv) {
   CommandTable table;
   register_run(app, table);
   register_list_backends(app, table);
+  register_fuzz(app, table);
+  register_report(app, table);
+  register_worker(app, table);
+  register_plugin_info(app, table);
+#if MLAFUZZ_HAVE_MUTATION
+  register_mutants(app, table);
+#endif
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,190 @@
+// The campaign report: a mergeable summary of everything a campaign ran and found.
+//
+// Schema "mlafuzz-report", version 1 (README.md, "Campaigns"). Every statistic is chosen so that
+// merging the reports of disjoint shards gives the statistics of one campaign over the union of
+// their cases: counts and sums add, maxima take the max, tightness percentiles come from a
+// histogram with fixed log-spaced bins, the worst-case lists keep the top entries under a total
+// order, and plotted points are a bottom-k sample keyed by a hash of (seed, case index).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json_fwd.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mlafuzz::campaign {
+
+inline constexpr const char* kReportFormat = "mlafuzz-report";
+inline constexpr int kReportVersion = 1;
+
+// Raised for a malformed report; `what()` names the file and the JSON path of the bad field.
+class ReportError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Histogram of non-negative values with fixed log-spaced bins, identical in every report so that
+// histograms merge by adding counts. Bin 0 holds values below kLo (zero included); bins
+// 1..kBins-2 cover [kLo, kHi) with kPerDecade bins per decade; the last bin holds values >= kHi,
+// infinities and NaN.
+struct LogHistogram {
+  static constexpr double kLo = 1e-6;
+  static constexpr double kHi = 1e6;
+  static constexpr int kPerDecade = 10;
+  static constexpr int kBins = 12 * kPerDecade + 2;
+
+  std::vector<int64_t> counts = std::vector<int64_t>(kBins, 0);
+
+  static int bin_of(double x);
+  static double lower_edge(int bin);  // 0 for bin 0
+  static double upper_edge(int bin);  // +inf for the last bin
+  void add(double x) { ++counts[bin_of(x)]; }
+  void merge(const LogHistogram& o);
+  int64_t total() const;
+  // Upper edge of the bin holding the q-quantile (0 < q <= 1); 0 when empty. Percentiles are
+  // derived from the histogram only, so merged reports give the same percentiles.
+  double quantile(double q) const;
+  bool operator==(const LogHistogram&) const = default;
+};
+
+// One of the worst cases of a (backend, property): enough to regenerate and rerun it.
+struct WorstCase {
+  uint64_t seed = 0, case_index = 0;
+  bool failed = false;
+  double tightness = 0, max_abs = 0;
+  std::string detail, shape, repro;
+  bool operator==(const WorstCase&) const = default;
+};
+
+// A plotted point, sampled by `key` (bottom-k over hash(seed, case index)).
+struct Sample {
+  uint64_t key = 0, seed = 0, case_index = 0;
+  double out_max_ref = 0, max_abs = 0, tightness = 0;
+  int32_t topk = 0, page_size = 0;
+  bool failed = false;
+  bool operator==(const Sample&) const = default;
+};
+
+// Statistics of one property on one backend (or backend pair, "cuda-mma|cuda-simt").
+struct PropertyStats {
+  static constexpr size_t kWorst = 5;
+  static constexpr size_t kSamples = 256;
+
+  std::string backend, property;
+  int64_t cases = 0;              // outcomes recorded
+  int64_t not_applicable = 0;     // outcomes switched off by design
+  int64_t failures = 0;           // applicable outcomes that failed
+  int64_t flashmla_failures = 0;  // FlashMLA's fixed-tolerance check failed (reported only)
+  double max_abs = 0, sum_mean_abs = 0, max_rel = 0, max_cos_diff = 0, lse_max_abs = 0;
+  double max_tightness = 0;
+  LogHistogram tightness;  // applicable outcomes only
+  std::vector<WorstCase> worst;
+  std::vector<Sample> samples;
+
+  int64_t applicable() const { return cases - not_applicable; }
+  double mean_abs() const { return applicable() > 0 ? sum_mean_abs / applicable() : 0; }
+  // Inserts keeping the kWorst worst (failed first, then tightness, then smaller index).
+  void add_worst(const WorstCase& w);
+  void add_sample(const Sample& s);
+  void merge(const PropertyStats& o);
+};
+
+// One deduplicated finding: a signature, how often it was seen, and where its case is saved.
+struct FindingRecord {
+  std::string signature, property, backend, shape_class;
+  int64_t count = 0;
+  uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
+  double tightness = 0;
+  bool shrunk = false;
+  std::string detail, corpus_path, repro;
+  std::vector<std::string> corpus_entries;  // every shard's entry for this signature
+};
+
+// What one shard (one `mlafuzz fuzz` process) ran.
+struct ShardRun {
+  int32_t index = 0, count = 1;
+  std::string host, commit, start, end, stop_reason;
+  double duration_s = 0;
+  int64_t cases = 0;
+  // Completed case numbers of this shard as half-open ranges [lo, hi); global case index of
+  // case number n is n * count + index.
+  std::vector<std::pair<uint64_t, uint64_t>> case_ranges;
+};
+
+// A device that evaluated cases: "cpu" (in-process backends) or "cuda:N" (a worker pinned to
+// GPU N), with the cases that went through it.
+struct DeviceCount {
+  std::string label, name;
+  int64_t cases = 0;
+};
+
+struct Report {
+  bool complete = false;  // false: a periodic snapshot of a campaign still running
+  uint64_t seed = 0;
+  std::string profile = "default";
+  std::vector<std::string> backends, properties;
+  std::string commit, host;
+  std::string gpu_name = "none", driver_version = "none", cuda_version = "none";
+  std::string start, end, stop_reason;
+  double duration_s = 0;
+  int64_t cases = 0;
+  double cases_per_s = 0;
+  double eval_seconds = 0, oracle_seconds = 0;  // summed over cases (CPU time of evaluation)
+  std::vector<ShardRun> shards;
+  std::vector<DeviceCount> devices;
+  std::map<std::string, int64_t> tags;
+  std::vector<PropertyStats> results;   // sorted by (backend, property)
+  std::vector<FindingRecord> findings;  // sorted by signature
+
+  PropertyStats& stats(const std::string& backend, const std::string& property);
+  const PropertyStats* find_stats(const std::string& backend, const std::string& property) const;
+  int64_t total_failures() const;
+};
+
+// Command that regenerates one case of a campaign and reruns it:
+// "mlafuzz fuzz --seed S --replay-index K [--profile P] --backends B --properties P".
+std::string replay_command(uint64_t seed, uint64_t case_index, const std::string& profile,
+                           const std::string& backend, const std::string& property);
+
+// Sampling key of a case (bottom-k sampling is order-independent, hence mergeable).
+uint64_t sample_key(uint64_t seed, uint64_t case_index);
+
+nlohmann::ordered_json report_to_json(const Report& r);
+// Strict: unknown format or version, missing or mistyped fields raise ReportError naming them.
+Report report_from_json(const nlohmann::ordered_json& j, const std::string& source);
+Report load_report(const std::string& path);
+// Writes report.json atomically.
+void save_report(const Report& r, const std::string& path);
+
+// Combines shard reports (sums, merged histograms, worst lists, samples, findings, tags,
+// devices, shard lists). Raises ReportError when the reports cannot be combined (different
+// profiles, overlapping shards of one seed).
+Report merge_reports(const std::vector<Report>& reports);
+
+// Equality of everything that describes the cases (results, tags, findings' signatures and
+// counts), ignoring metadata (times, hosts, shard lists, devices). Sums of floating values are
+// compared with a relative tolerance of 1e-9 (they are added in a different order). Returns a
+// description of the first difference, or "" when equal.
+std::string statistics_difference(const Report& a, const Report& b);
+
+// ---- Comparison of two nights ----
+struct CompareOptions {
+  double factor = 2.0;         // worst tightness up by more than this factor is a regression
+  double min_tightness = 0.1;  // ...when the new worst tightness is at least this
+};
+struct Comparison {
+  bool regression = false;
+  std::string text;  // human-readable, one change per line
+};
+Comparison compare_reports(const Report& old_r, const Report& new_r, const CompareOptions& opt);
+
+// ---- Renderings ----
+std::string render_junit(const Report& r);
+// Self-contained HTML: inline CSS and SVG drawn here; no script, no external reference.
+std::string render_html(const Report& r);
+// Short plain-text summary for the terminal.
+std::string render_summary(const Report& r);
+
+}  // namespace mlafuzz::campaign

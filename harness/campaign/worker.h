@@ -1,0 +1,123 @@
+// Fault isolation: a backend that runs in a child process (`mlafuzz worker --backend NAME`),
+// seen by the campaign as an ordinary Backend.
+//
+// A device fault (illegal address, trap: the worker reports the sticky error and exits, or just
+// dies), a crash (any signal), a hang (no reply within the per-case timeout: the worker is
+// killed) or a protocol error becomes a RunResult with RunStatus::kFault; the next call starts
+// a fresh worker. Any backend name the worker can construct works: CUDA kernels, plugins
+// ("plugin:/path.so"), mutants, host models.
+//
+// Test hook (worker side): MLAFUZZ_TEST_FAULT=crash|abort|hang|sticky[:MIN_HEADS] makes the
+// worker segfault, abort, hang, or report a sticky device error on every run of a case with at
+// least MIN_HEADS heads (default 1), so isolation is tested without a GPU.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/campaign/worker_protocol.h"
+
+namespace mlafuzz::campaign {
+
+// The worker's main loop: serves requests on in_fd, replies on out_fd, until kQuit or EOF.
+// Returns the process exit code. (harness/cli/worker.cc calls it.)
+int run_worker(const std::string& backend_name, int in_fd, int out_fd);
+
+// Path of the running executable (/proc/self/exe), or MLAFUZZ_WORKER_EXE when set.
+std::string self_executable();
+
+struct WorkerSpec {
+  std::string exe;           // the mlafuzz binary
+  std::string backend;       // name passed to --backend
+  int device = -1;           // GPU ordinal, -1: none; sets CUDA_VISIBLE_DEVICES in the child
+  std::string visible_list;  // the parent's CUDA_VISIBLE_DEVICES, mapped through when set
+  std::string log_path;      // the worker's stderr goes here (appended); "" = inherit
+  double start_timeout_s = 120;
+};
+
+// One worker process. Not thread-safe: WorkerSlot adds the lock.
+class WorkerProcess {
+ public:
+  explicit WorkerProcess(WorkerSpec spec);
+  ~WorkerProcess();
+  WorkerProcess(const WorkerProcess&) = delete;
+  WorkerProcess& operator=(const WorkerProcess&) = delete;
+
+  // Starts the worker if needed and returns what it serves. Throws std::runtime_error when the
+  // worker cannot start or refuses the backend (the message says why).
+  const WorkerInfo& info();
+  // A request and its reply. On a crash, hang or protocol error: the worker is killed, the
+  // reply has `fault` set (a description), and the next call starts a fresh worker.
+  struct Reply {
+    MsgType type = MsgType::kError;
+    std::string payload;
+    std::string fault;
+  };
+  Reply call(MsgType type, const std::string& payload, double timeout_s);
+  RunResult run(const MaterializedCase& m, double timeout_s);
+  std::optional<std::string> unsupported(const MaterializedCase& m, double timeout_s);
+  int starts() const { return starts_; }
+  const WorkerSpec& spec() const { return spec_; }
+  void stop();
+
+ private:
+  void start();
+  std::string kill_and_describe(const std::string& why);
+
+  WorkerSpec spec_;
+  pid_t pid_ = -1;
+  int to_fd_ = -1, from_fd_ = -1;
+  std::optional<WorkerInfo> info_;
+  int starts_ = 0;
+};
+
+// A worker shared by several evaluation threads (one per backend and device): calls queue on
+// the lock, so many CPU threads feed one GPU worker.
+struct WorkerSlot {
+  explicit WorkerSlot(WorkerSpec spec) : proc(std::move(spec)) {}
+  std::mutex mu;
+  WorkerProcess proc;
+  int64_t faults = 0;
+};
+
+// A fault seen by a proxy during the current case.
+struct FaultRecord {
+  std::string backend, message;
+};
+
+// The Backend face of a worker. One object per evaluation thread (it records the faults of the
+// case its thread evaluates); the worker behind it may be shared.
+class ProxyBackend final : public Backend {
+ public:
+  ProxyBackend(std::shared_ptr<WorkerSlot> slot, double case_timeout_s);
+  std::string name() const override { return info_.name; }
+  Precision precision() const override { return static_cast<Precision>(info_.precision); }
+  Availability availability() const override { return {info_.available, info_.reason}; }
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override;
+  double abs_tol() const override { return info_.abs_tol; }
+  double rel_tol() const override { return info_.rel_tol; }
+  bool on_device() const override { return info_.on_device; }
+  RunResult run(const MaterializedCase& m) override;
+
+  std::vector<FaultRecord> take_faults();
+  int device() const { return slot_->proc.spec().device; }
+
+ private:
+  std::shared_ptr<WorkerSlot> slot_;
+  double timeout_s_;
+  WorkerInfo info_;
+  mutable std::mutex faults_mu_;
+  mutable std::vector<FaultRecord> faults_;
+};
+
+// Runs `exe args...` and returns its stdout (stderr inherited), or nullopt when it fails, exits
+// nonzero or runs past the timeout (then it is killed).
+std::optional<std::string> run_capture(const std::vector<std::string>& argv, double timeout_s);
+
+}  // namespace mlafuzz::campaign

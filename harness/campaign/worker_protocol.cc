@@ -1,0 +1,243 @@
+#include "harness/campaign/worker_protocol.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <type_traits>
+
+#include "harness/case.h"
+
+namespace mlafuzz::campaign {
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void pod(const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    out_.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  void str(const std::string& s) {
+    pod<uint64_t>(s.size());
+    out_.append(s);
+  }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    pod<uint64_t>(v.size());
+    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+  std::string take() { return std::move(out_); }
+
+ private:
+  std::string out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::string_view b) : b_(b) {}
+  template <typename T>
+  T pod() {
+    T v;
+    need(sizeof v);
+    std::memcpy(&v, b_.data() + pos_, sizeof v);
+    pos_ += sizeof v;
+    return v;
+  }
+  std::string str() {
+    const uint64_t n = pod<uint64_t>();
+    need(n);
+    std::string s(b_.substr(pos_, n));
+    pos_ += n;
+    return s;
+  }
+  template <typename T>
+  std::vector<T> vec() {
+    const uint64_t n = pod<uint64_t>();
+    if (n > (b_.size() - pos_) / sizeof(T)) throw ProtocolError("truncated vector in frame");
+    std::vector<T> v(n);
+    std::memcpy(v.data(), b_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return v;
+  }
+  void end() const {
+    if (pos_ != b_.size()) throw ProtocolError("trailing bytes in frame");
+  }
+
+ private:
+  void need(uint64_t n) const {
+    if (n > b_.size() - pos_) throw ProtocolError("truncated frame");
+  }
+  std::string_view b_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string encode_case(const MaterializedCase& m) {
+  Writer w;
+  w.str(to_json(m.recipe));
+  w.pod(m.geom);
+  w.pod(m.batch);
+  w.pod(m.heads);
+  w.pod(m.topk);
+  w.pod(m.sm_scale);
+  w.pod(m.sm_scale64);
+  w.pod(m.conv);
+  w.vec(m.q);
+  w.pod(m.q_head_stride);
+  w.vec(m.cache);
+  w.vec(m.indices);
+  w.vec(m.topk_length);
+  w.vec(m.sink);
+  w.pod(m.out_head_stride);
+  return w.take();
+}
+
+MaterializedCase decode_case(std::string_view bytes) {
+  Reader r(bytes);
+  MaterializedCase m;
+  const std::string recipe = r.str();
+  m.geom = r.pod<mla::CacheGeometry>();
+  try {
+    m.recipe = case_from_json(recipe);
+  } catch (const std::exception&) {
+    // Properties may edit the buffers of a materialized case so that its recipe no longer
+    // validates (single rows, relocated pages). Backends read the buffers and the fields below,
+    // not the recipe; keep what describes the buffers.
+    m.recipe = Case{};
+    m.recipe.geom = m.geom;
+  }
+  m.batch = r.pod<int32_t>();
+  m.heads = r.pod<int32_t>();
+  m.topk = r.pod<int32_t>();
+  m.sm_scale = r.pod<float>();
+  m.sm_scale64 = r.pod<double>();
+  m.conv = r.pod<mla::Conventions>();
+  m.q = r.vec<uint16_t>();
+  m.q_head_stride = r.pod<int64_t>();
+  m.cache = r.vec<uint8_t>();
+  m.indices = r.vec<int32_t>();
+  m.topk_length = r.vec<int32_t>();
+  m.sink = r.vec<float>();
+  m.out_head_stride = r.pod<int64_t>();
+  r.end();
+  return m;
+}
+
+std::string encode_result(const RunResult& x) {
+  Writer w;
+  w.pod(static_cast<int32_t>(x.status));
+  w.str(x.message);
+  w.vec(x.out);
+  w.vec(x.lse);
+  w.vec(x.out_raw);
+  w.vec(x.lse_raw);
+  w.pod(x.guard_violations);
+  w.pod(x.seconds);
+  return w.take();
+}
+
+RunResult decode_result(std::string_view bytes) {
+  Reader r(bytes);
+  RunResult x;
+  const int32_t status = r.pod<int32_t>();
+  if (status < 0 || status > static_cast<int32_t>(RunStatus::kFault)) {
+    throw ProtocolError("bad run status " + std::to_string(status));
+  }
+  x.status = static_cast<RunStatus>(status);
+  x.message = r.str();
+  x.out = r.vec<double>();
+  x.lse = r.vec<double>();
+  x.out_raw = r.vec<uint16_t>();
+  x.lse_raw = r.vec<float>();
+  x.guard_violations = r.pod<int64_t>();
+  x.seconds = r.pod<double>();
+  r.end();
+  return x;
+}
+
+std::string encode_info(const WorkerInfo& i) {
+  Writer w;
+  w.str(i.name);
+  w.pod(i.precision);
+  w.pod<uint8_t>(i.available);
+  w.str(i.reason);
+  w.pod(i.abs_tol);
+  w.pod(i.rel_tol);
+  w.pod<uint8_t>(i.on_device);
+  w.pod(i.pid);
+  return w.take();
+}
+
+WorkerInfo decode_info(std::string_view bytes) {
+  Reader r(bytes);
+  WorkerInfo i;
+  i.name = r.str();
+  i.precision = r.pod<int32_t>();
+  i.available = r.pod<uint8_t>() != 0;
+  i.reason = r.str();
+  i.abs_tol = r.pod<double>();
+  i.rel_tol = r.pod<double>();
+  i.on_device = r.pod<uint8_t>() != 0;
+  i.pid = r.pod<int32_t>();
+  r.end();
+  return i;
+}
+
+std::string frame_header(MsgType type, uint64_t length) {
+  Writer w;
+  w.pod(kFrameMagic);
+  w.pod(static_cast<uint32_t>(type));
+  w.pod(length);
+  return w.take();
+}
+
+namespace {
+
+bool read_exact(int fd, char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::read(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool write_exact(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t k = ::write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+}  // namespace
+
+bool read_frame_blocking(int fd, MsgType& type, std::string& payload) {
+  char h[16];
+  if (!read_exact(fd, h, sizeof h)) return false;
+  uint32_t magic, t;
+  uint64_t len;
+  std::memcpy(&magic, h, 4);
+  std::memcpy(&t, h + 4, 4);
+  std::memcpy(&len, h + 8, 8);
+  if (magic != kFrameMagic) throw ProtocolError("bad frame magic");
+  if (len > (uint64_t{1} << 36)) throw ProtocolError("frame too large");
+  type = static_cast<MsgType>(t);
+  payload.resize(len);
+  return read_exact(fd, payload.data(), len);
+}
+
+bool write_frame_blocking(int fd, MsgType type, std::string_view payload) {
+  const std::string h = frame_header(type, payload.size());
+  return write_exact(fd, h.data(), h.size()) && write_exact(fd, payload.data(), payload.size());
+}
+
+}  // namespace mlafuzz::campaign

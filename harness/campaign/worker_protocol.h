@@ -1,0 +1,58 @@
+// Wire format between the campaign and `mlafuzz worker` processes (fault isolation).
+//
+// Frames over a pair of pipes: u32 magic "MLAW", u32 message type, u64 payload length, payload.
+// Integers are little-endian host order (both ends are the same binary on the same machine).
+// Requests carry whole MaterializedCases, because properties transform the buffers (poison,
+// relocation, single rows) after materialization; replies carry RunResults.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+
+namespace mlafuzz::campaign {
+
+inline constexpr uint32_t kFrameMagic = 0x57414c4d;  // "MLAW"
+
+enum class MsgType : uint32_t {
+  kInfo = 1,         // request: empty; reply kInfo: WorkerInfo
+  kUnsupported = 2,  // request: case; reply kUnsupported: u8 flag + reason
+  kRun = 3,          // request: case; reply kRun: RunResult
+  kQuit = 4,         // request: empty; the worker exits 0
+  kError = 5,        // reply: text (the worker could not serve the request; it exits after)
+};
+
+struct WorkerInfo {
+  std::string name;
+  int32_t precision = 0;  // Precision as int
+  bool available = true;
+  std::string reason;
+  double abs_tol = 0, rel_tol = 0;
+  bool on_device = false;
+  int32_t pid = 0;
+};
+
+// Thrown on a malformed payload.
+class ProtocolError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string encode_case(const MaterializedCase& m);
+MaterializedCase decode_case(std::string_view bytes);
+std::string encode_result(const RunResult& r);
+RunResult decode_result(std::string_view bytes);
+std::string encode_info(const WorkerInfo& w);
+WorkerInfo decode_info(std::string_view bytes);
+
+// Blocking frame I/O for the worker side (stdin/stdout). Returns false on EOF.
+bool read_frame_blocking(int fd, MsgType& type, std::string& payload);
+bool write_frame_blocking(int fd, MsgType type, std::string_view payload);
+
+// Frame header bytes.
+std::string frame_header(MsgType type, uint64_t length);
+
+}  // namespace mlafuzz::campaign

@@ -1,0 +1,169 @@
+// `mlafuzz fuzz`: time- or case-budgeted campaigns (harness/campaign/campaign.h).
+#include <signal.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "harness/campaign/backend_lookup.h"
+#include "harness/campaign/campaign.h"
+#include "harness/campaign/options.h"
+#include "harness/cli/commands.h"
+
+namespace mlafuzz::cli {
+namespace {
+
+std::atomic<int> g_signals{0};
+
+extern "C" void on_stop_signal(int) { g_signals.fetch_add(1); }
+
+struct FuzzOptions {
+  std::string backends = "available";
+  std::string time;
+  std::optional<uint64_t> cases;
+  uint64_t seed = 1;
+  std::string shard;
+  std::string devices = "all";
+  int jobs = 0;
+  std::string corpus = "corpus/findings";
+  std::string report;
+  std::string properties;
+  std::string shrink_time = "30s";
+  std::string case_timeout = "60s";
+  std::string profile = "default";
+  std::string isolate = "device";
+  std::string report_interval = "30s";
+  std::string progress = "auto";
+  std::optional<uint64_t> replay_index;
+  std::string save_case;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t c = s.find(',', pos);
+    std::string item = s.substr(pos, c == std::string::npos ? c : c - pos);
+    if (!item.empty()) out.push_back(item);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  return out;
+}
+
+std::string default_report_dir(const campaign::ShardSpec& shard) {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  std::string dir = std::string("reports/") + buf;
+  if (shard.count > 1) {
+    dir += "-shard" + std::to_string(shard.index) + "of" + std::to_string(shard.count);
+  }
+  return dir;
+}
+
+int fuzz_command(const FuzzOptions& f) {
+  campaign::CampaignOptions o;
+  try {
+    o.backends = campaign::parse_campaign_backends(f.backends);
+    o.properties = split(f.properties);
+    o.seed = f.seed;
+    o.max_cases = f.cases;
+    if (f.cases && *f.cases == 0) throw std::invalid_argument("--cases must be at least 1");
+    if (!f.time.empty()) o.time_s = campaign::parse_duration(f.time);
+    o.shard = campaign::resolve_shard(
+        f.shard.empty() ? std::nullopt : std::optional<std::string>(f.shard),
+        [](const char* n) { return std::getenv(n); });
+    o.devices = f.devices;
+    if (f.jobs < 0) throw std::invalid_argument("--jobs must be >= 0");
+    o.jobs = f.jobs;
+    o.corpus_dir = f.corpus;
+    o.shrink_time_s = f.shrink_time == "0" ? 0 : campaign::parse_duration(f.shrink_time);
+    o.case_timeout_s = campaign::parse_duration(f.case_timeout);
+    o.report_interval_s = campaign::parse_duration(f.report_interval);
+    o.profile = f.profile;
+    (void)campaign::gen_config_for_profile(f.profile);
+    o.isolate = f.isolate;
+    if (f.progress == "live") {
+      o.live_progress = 1;
+    } else if (f.progress == "plain") {
+      o.live_progress = 0;
+    } else if (f.progress != "auto") {
+      throw std::invalid_argument("bad --progress '" + f.progress + "' (auto, live or plain)");
+    }
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "mlafuzz fuzz: " << e.what() << '\n';
+    return kExitBadInput;
+  }
+  if (f.replay_index) return campaign::replay_case(o, *f.replay_index, f.save_case);
+  o.report_dir = f.report.empty() ? default_report_dir(o.shard) : f.report;
+
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  o.signals = &g_signals;
+  return campaign::run_campaign(o);
+}
+
+}  // namespace
+
+void register_fuzz(CLI::App& app, CommandTable& table) {
+  auto f = std::make_shared<FuzzOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "fuzz",
+      "Fuzzing campaign: generated cases on every backend and property until the time or case "
+      "budget is spent; failures shrunk, deduplicated and saved to the corpus; report.json, "
+      "junit.xml and report.html written (and rewritten every --report-interval). With no "
+      "options: a one-minute campaign on every available backend. Exit 0 no finding, 1 "
+      "findings, 2 bad usage.");
+  sub->add_option("--backends", f->backends,
+                  "comma-separated backends, 'available' (default) or 'all'; cpu-mma~<mutant> "
+                  "selects a planted-bug host model")
+      ->capture_default_str();
+  sub->add_option("--time", f->time, "time budget: 90s, 10m, 8h (default 1m without --cases)");
+  sub->add_option("--cases", f->cases, "case budget (stops at whichever budget ends first)");
+  sub->add_option("--seed", f->seed, "campaign seed")->capture_default_str();
+  sub->add_option("--shard", f->shard,
+                  "I/N: this process runs case numbers n with global index n*N+I (default from "
+                  "GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS or SLURM_ARRAY_TASK_ID/"
+                  "SLURM_ARRAY_TASK_COUNT, else 0/1)");
+  sub->add_option("--devices", f->devices,
+                  "GPUs for device backends, one worker per GPU: all, a count, or a list 0,2")
+      ->capture_default_str();
+  sub->add_option("--jobs", f->jobs, "evaluation threads (default: every core)");
+  sub->add_option("--corpus", f->corpus, "folder for findings")->capture_default_str();
+  sub->add_option("--report", f->report, "report folder (default reports/<UTC time>)");
+  sub->add_option("--properties", f->properties, "comma-separated properties (default all)");
+  sub->add_option("--shrink-time", f->shrink_time, "shrink budget per new finding (0: none)")
+      ->capture_default_str();
+  sub->add_option("--case-timeout", f->case_timeout,
+                  "a worker call longer than this is a hang (a fault finding)")
+      ->capture_default_str();
+  sub->add_option("--profile", f->profile,
+                  "case generator: default (every family) or one family, e.g. production")
+      ->capture_default_str();
+  sub->add_option("--isolate", f->isolate,
+                  "which backends run in worker processes: device (GPU backends and plugins), "
+                  "all, none")
+      ->capture_default_str();
+  sub->add_option("--report-interval", f->report_interval, "rewrite the report this often")
+      ->capture_default_str();
+  sub->add_option("--progress", f->progress, "auto, live (one updated line) or plain")
+      ->capture_default_str();
+  sub->add_option("--replay-index", f->replay_index,
+                  "regenerate global case K of --seed/--profile, evaluate it and print every "
+                  "outcome (exit 1 if a property fails)");
+  sub->add_option("--save-case", f->save_case, "with --replay-index: save the recipe here");
+  table.push_back({sub, [f] { return fuzz_command(*f); }});
+}
+
+}  // namespace mlafuzz::cli
