@@ -37,7 +37,7 @@ if want sanitize; then
       filter='*RandomRecipes*:*Poison*:*OutsideTheEnvelope*:GpuFormats.*'
       n=6
     else
-      filter='CudaKernel.RandomRecipes*:CudaKernel.Poison*'
+      filter='*CudaKernel.RandomRecipes*:*CudaKernel.Poison*'
       n=3
     fi
     MLAFUZZ_GPU_CASES=$n timeout 100 compute-sanitizer --tool "$tool" --error-exitcode 9 \
@@ -46,6 +46,19 @@ if want sanitize; then
     grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED' "$OUT/$tool.log" | head -20
     summary+=("$tool rc=$rc")
   done
+fi
+
+if want profile; then
+  echo "=== ncu (B=32 topk=512, second launch of each kernel)"
+  timeout 200 ncu --clock-control none --launch-skip 0 --launch-count 6 \
+    --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    "$BENCH" --profile >"$OUT/ncu.log" 2>&1
+  rc=$?
+  grep -E 'simt_per_head|mma_head_tiled|Duration|Registers|Achieved Occupancy|Stall|Issued Ipc|Compute \(SM\) Throughput|Memory Throughput|One or More|No Eligible|stalled|issue_stalled|Active Warps|Eligible Warps|Warp Cycles Per Issued|L1/TEX Hit|L2 Hit|Shared Memory' \
+    "$OUT/ncu.log" | head -120
+  summary+=("ncu rc=$rc")
 fi
 
 if want bench; then

@@ -10,6 +10,7 @@
 // Before timing, the MMA output is compared with the SIMT output of the same inputs.
 //
 // Usage: bench_kernels [--quick] [--markdown FILE]
+//        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -242,10 +243,11 @@ float bf16f(uint16_t b) { return mla::bf16_to_float(b); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, profile = false;
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--profile") == 0) profile = true;
     if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
   }
   int dev = 0;
@@ -258,6 +260,18 @@ int main(int argc, char** argv) {
               prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
+  if (profile) {
+    Problem pr = make_problem(32, 512, 64);
+    DeviceProblem d = upload(pr);
+    for (Kernel k : {Kernel::kSimt, Kernel::kMma32, Kernel::kMma64}) {
+      launch(k, d.p, s);
+      launch(k, d.p, s);
+    }
+    CK(cudaStreamSynchronize(s));
+    release(d);
+    std::printf("profile launches done\n");
+    return 0;
+  }
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));

@@ -80,18 +80,31 @@ __global__ void __launch_bounds__(BH * 8, 1)
   int n_tiles = (n_eff + T - 1) / T;
   if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
 
-  // Gathers tile `tile`'s valid tokens into the raw staging rows, one warp per token.
-  auto stage = [&](int tile, int buf) {
-    for (int j = warp; j < T; j += NW) {
-      const int k = tile * T + j;
-      int32_t idx = k < p.topk ? __ldg(idx_row + k) : -1;
-      const bool v = entry_valid<M>(p, idx, k, topk_len);
-      if (v) {
-        int64_t s0, s1;
-        slot_offsets<M>(p, pl, idx, s0, s1);
-        stage_token(p, pl, s0, s1, raw + j * pl.raw_stride, lane);
-      }
-      if (lane == 0) s_valid[buf * T + j] = v;
+  // Tokens of a tile are split over warps: warp w gathers tokens w + NW*i, i < TPW. Lane i
+  // holds token i's index (loaded one tile ahead, so its latency hides behind the dequant), its
+  // validity and its section offsets; the warp then copies the valid tokens one after another.
+  constexpr int TPW = T / NW;
+  static_assert(TPW <= 32, "one lane per token of a warp");
+  auto load_idx = [&](int tile) -> int32_t {
+    const int k = tile * T + warp + NW * lane;
+    return (lane < TPW && k < p.topk) ? __ldg(idx_row + k) : -1;
+  };
+  auto stage = [&](int tile, int buf, int32_t idx) {
+    const int j = warp + NW * lane;
+    bool v = false;
+    int64_t s0 = 0, s1 = 0;
+    if (lane < TPW) {
+      v = entry_valid<M>(p, idx, tile * T + j, topk_len);
+      if (v) slot_offsets<M>(p, pl, idx, s0, s1);
+      s_valid[buf * T + j] = v;
+    }
+    const unsigned vmask = __ballot_sync(0xffffffffu, v);
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+      const int64_t a0 = __shfl_sync(0xffffffffu, s0, i);
+      const int64_t a1 = __shfl_sync(0xffffffffu, s1, i);
+      if ((vmask >> i) & 1u)
+        stage_token(p, pl, a0, a1, raw + (warp + NW * i) * pl.raw_stride, lane);
     }
     cp_async_commit();
   };
@@ -129,7 +142,8 @@ __global__ void __launch_bounds__(BH * 8, 1)
     *reinterpret_cast<uint4*>(Qs + r * KS + col) = val;
   }
 
-  if (n_tiles > 0) stage(0, 0);
+  int32_t next_idx = n_tiles > 0 ? load_idx(0) : -1;
+  if (n_tiles > 0) stage(0, 0, next_idx);
 
   SoftmaxState st0, st1;  // rows g and g + 8 of this warp's head group
   float o[NTILE][4];
@@ -141,18 +155,25 @@ __global__ void __launch_bounds__(BH * 8, 1)
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
+    if (tile + 1 < n_tiles) next_idx = load_idx(tile + 1);
     cp_async_wait_all();
     __syncthreads();  // B1: raw tile and s_valid[buf] ready; the previous PV is done with Ks, Ss
 
     // ---- dequantize the tile to bf16 Ks, once for all heads ----
-    {
-      const int sj = NT / upr, sc = NT % upr;
-      int j = tid / upr, cu = tid % upr;
-      while (j < T) {
+    // Warp w converts rows w + NW*jj; lane l the 8-column units l, l+32, l+64 (< dkp/8).
+    // Fixed trip counts: every unit is independent, so the loads of all of them are in flight.
+#pragma unroll
+    for (int jj = 0; jj < TPW; ++jj) {
+      const int j = warp + NW * jj;
+      const bool valid = s_valid[buf * T + j] != 0;
+      const uint8_t* tok = raw + j * pl.raw_stride;
+#pragma unroll
+      for (int rr = 0; rr < (kMaxKCols / 8 + 31) / 32; ++rr) {
+        const int cu = lane + 32 * rr;
+        if (cu >= upr) continue;
         const int col = cu * 8;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (s_valid[buf * T + j]) {
-          const uint8_t* tok = raw + j * pl.raw_stride;
+        if (valid) {
           bool fp8 = col < nope;
           int tile_id = col / p.geom.scale_tile;
           if constexpr (M == Mutant::kUnmaskedPadColumns) {
@@ -164,10 +185,10 @@ __global__ void __launch_bounds__(BH * 8, 1)
           if (fp8) {
             const uint2 r8 = *reinterpret_cast<const uint2*>(tok + col);
             const float s = staged_scale<M>(p, pl, tok, tile_id);
-            float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
-            float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
-            float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
-            float2 f3 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y >> 16));
+            const float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
+            const float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
+            const float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
+            const float2 f3 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y >> 16));
             val.x = pack_bf16x2(f0.x * s, f0.y * s);
             val.y = pack_bf16x2(f1.x * s, f1.y * s);
             val.z = pack_bf16x2(f2.x * s, f2.y * s);
@@ -183,32 +204,47 @@ __global__ void __launch_bounds__(BH * 8, 1)
           }
         }
         *reinterpret_cast<uint4*>(Ks + j * KS + col) = val;
-        cu += sc;
-        j += sj;
-        if (cu >= upr) {
-          cu -= upr;
-          ++j;
-        }
       }
     }
     if constexpr (M != Mutant::kMissingBarrier) __syncthreads();  // B2: Ks ready, raw free
 
-    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1);
+    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
 
     // ---- S phase: S[16 heads][16 tokens] per warp over all d_qk ----
     {
-      float acc[2][4] = {};
+      // Two accumulator sets (even and odd k-steps) halve the dependent MMA chain.
+      float acc[2][4] = {}, acc_odd[2][4] = {};
       const uint32_t qa = smem_u32(Qs + (hg * 16 + (lane & 15)) * KS + (lane >> 4) * 8);
       const uint32_t ka =
           smem_u32(Ks + (quarter * 16 + (lane >> 4) * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 8);
       const int ksteps = pl.dkp / 16;
-#pragma unroll 4
-      for (int kk = 0; kk < ksteps; ++kk) {
+      int kk = 0;
+      // BH = 64 (512 threads, 128 registers) keeps one chain: the second set would spill.
+      constexpr bool kDual = BH == 32;
+#pragma unroll 1
+      for (; kDual && kk + 2 <= ksteps; kk += 2) {
+        uint32_t a[4], kb[4], a2[4], kb2[4];
+        ldsm_x4(a, qa + kk * 32);
+        ldsm_x4(kb, ka + kk * 32);
+        ldsm_x4(a2, qa + kk * 32 + 32);
+        ldsm_x4(kb2, ka + kk * 32 + 32);
+        mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+        mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+        mma_bf16_16816(acc_odd[0], a2, kb2[0], kb2[1]);
+        mma_bf16_16816(acc_odd[1], a2, kb2[2], kb2[3]);
+      }
+#pragma unroll 1
+      for (; kk < ksteps; ++kk) {
         uint32_t a[4], kb[4];
         ldsm_x4(a, qa + kk * 32);
         ldsm_x4(kb, ka + kk * 32);
         mma_bf16_16816(acc[0], a, kb[0], kb[1]);
         mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i];
       }
       const float ninf = neg_inf();
 #pragma unroll

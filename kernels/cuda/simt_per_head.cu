@@ -61,18 +61,31 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
   int n_tiles = (n_eff + T - 1) / T;
   if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
 
-  auto stage = [&](int tile, int buf) {
+  // Warp w gathers tokens w + 4i (i < 8); lane i holds token i's index (loaded one tile
+  // ahead), validity and section offsets, then the warp copies the valid tokens in turn.
+  constexpr int TPW = T / kSimtWarps;
+  auto load_idx = [&](int tile) -> int32_t {
+    const int k = tile * T + warp + kSimtWarps * lane;
+    return (lane < TPW && k < p.topk) ? __ldg(idx_row + k) : -1;
+  };
+  auto stage = [&](int tile, int buf, int32_t idx) {
     uint8_t* dst = raw + buf * T * kMaxRawStride;
-    for (int j = warp; j < T; j += kSimtWarps) {
-      const int k = tile * T + j;
-      int32_t idx = k < p.topk ? __ldg(idx_row + k) : -1;
-      const bool v = entry_valid<M>(p, idx, k, topk_len);
-      if (v) {
-        int64_t s0, s1;
-        slot_offsets<M>(p, pl, idx, s0, s1);
-        stage_token(p, pl, s0, s1, dst + j * pl.raw_stride, lane);
+    const int j = warp + kSimtWarps * lane;
+    bool v = false;
+    int64_t s0 = 0, s1 = 0;
+    if (lane < TPW) {
+      v = entry_valid<M>(p, idx, tile * T + j, topk_len);
+      if (v) slot_offsets<M>(p, pl, idx, s0, s1);
+      s_valid[buf * T + j] = v;
+    }
+    const unsigned vmask = __ballot_sync(0xffffffffu, v);
+#pragma unroll
+    for (int i = 0; i < TPW; ++i) {
+      const int64_t a0 = __shfl_sync(0xffffffffu, s0, i);
+      const int64_t a1 = __shfl_sync(0xffffffffu, s1, i);
+      if ((vmask >> i) & 1u) {
+        stage_token(p, pl, a0, a1, dst + (warp + kSimtWarps * i) * pl.raw_stride, lane);
       }
-      if (lane == 0) s_valid[buf * T + j] = v;
     }
     cp_async_commit();
   };
@@ -89,7 +102,8 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
     }
     qs[col] = v;
   }
-  if (n_tiles > 0) stage(0, 0);
+  int32_t next_idx = n_tiles > 0 ? load_idx(0) : -1;
+  if (n_tiles > 0) stage(0, 0, next_idx);
 
   SoftmaxState st;
   float acc[2][4] = {};
@@ -99,9 +113,10 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
     const uint8_t* rbuf = raw + buf * T * kMaxRawStride;
+    if (tile + 1 < n_tiles) next_idx = load_idx(tile + 1);
     cp_async_wait_all();
     __syncthreads();  // tile `buf` staged; everyone is done with the other buffer and xs
-    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1);
+    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
 
     // ---- logits: one warp per token, lanes over 8-column units ----
     for (int j = warp; j < T; j += kSimtWarps) {
@@ -176,6 +191,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
       for (int i = 0; i < 4; ++i) acc[r][i] *= alpha;
     }
     // The shuffle that broadcasts p_j runs in every lane (no divergent exit before it).
+#pragma unroll 4
     for (int j = 0; j < T; ++j) {
       const float pw = __shfl_sync(0xffffffffu, pj, j);
       if (!s_valid[buf * T + j]) continue;  // masked tokens: bytes never staged nor read
