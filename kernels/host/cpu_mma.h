@@ -28,47 +28,57 @@ namespace mlafuzz::host {
 
 inline constexpr int32_t kDotLanes = 32;
 
-// Dot product over `width` columns (a multiple of kDotLanes): lane l sums columns l, l + 32, ...
-// in order, then the lanes are added as a butterfly (16, 8, 4, 2, 1). fp32 multiplies and adds,
-// never contracted (-ffp-contract=off); bf16 x bf16 products are exact, so FMA would not differ.
-inline float dot_lanes(const float* __restrict a, const float* __restrict b, int32_t width) {
-  float acc[kDotLanes] = {};
+// Dot products of two q rows with one K row over `width` columns (a multiple of kDotLanes), in
+// the model's order for each: lane l sums columns l, l + 32, ... in order, then the lanes are
+// added as a butterfly (16, 8, 4, 2, 1). fp32 multiplies and adds, never contracted
+// (-ffp-contract=off); bf16 x bf16 products are exact, so FMA would not differ. Two heads share
+// each K load (b may be null: one head).
+inline void dot_lanes2(const float* __restrict qa, const float* __restrict qb,
+                       const float* __restrict k, int32_t width, float* xa, float* xb) {
+  float acc_a[kDotLanes] = {}, acc_b[kDotLanes] = {};
   for (int32_t c = 0; c < width; c += kDotLanes) {
-    for (int32_t l = 0; l < kDotLanes; ++l) acc[l] += a[c + l] * b[c + l];
+    for (int32_t l = 0; l < kDotLanes; ++l) {
+      acc_a[l] += qa[c + l] * k[c + l];
+      if (qb != nullptr) acc_b[l] += qb[c + l] * k[c + l];
+    }
   }
   for (int32_t off = kDotLanes / 2; off > 0; off /= 2) {
-    for (int32_t l = 0; l < off; ++l) acc[l] += acc[l + off];
+    for (int32_t l = 0; l < off; ++l) {
+      acc_a[l] += acc_a[l + off];
+      acc_b[l] += acc_b[l + off];
+    }
   }
-  return acc[0];
+  *xa = acc_a[0];
+  if (qb != nullptr) *xb = acc_b[0];
 }
 
 struct MmaScratch {
   DecodedRow row;
   std::vector<float> q;                  // [block_h, width] bf16 q of the block's heads
   std::vector<float> o;                  // [block_h, width] fp32 output accumulators
+  std::vector<float> x;                  // [block_h, 64] logits of the tile
+  std::vector<float> pb;                 // [block_h, 64] bf16(p) of the tile (P*V operand)
   std::vector<mla::SoftmaxState> state;  // [block_h]
 };
 
-// Folds tokens [k0, k0 + 64) (those < topk) into one head's state and accumulator.
+// Softmax step of one head for a tile of 64 logits x (masked: -inf): tile max, advance, p, the
+// row sum in the kernel's order (quad lane t holds tokens 16kk + {2t, 2t+1, 8+2t, 9+2t} of
+// k-step kk; then xor-1 and xor-2 shuffles), O *= alpha. Writes bf16(p) to pb.
 template <Mutant M>
-void fold_tile(const DecodedRow& row, const PaddedColumns& cols, const ColumnLayout& layout,
-               int32_t k0, int32_t topk, const float* q, float sm_scale, mla::SoftmaxState& s,
-               float* __restrict O) {
+void softmax_tile(const float* x, int32_t width_v, mla::SoftmaxState& s, float* __restrict O,
+                  float* __restrict pb) {
   constexpr int32_t kTile = mla::kMmaTokenTile;
   static_assert(kTile == 64, "the row-sum order below is the kernel's for 64-token tiles");
-  const int32_t width = layout.width;
-  float x[kTile], p[kTile];
   float tile_max = mla::neg_inf();
   for (int32_t j = 0; j < kTile; ++j) {
-    const int32_t k = k0 + j;
-    x[j] = k < topk && row.valid[k]
-               ? dot_lanes(q, row.kv.data() + static_cast<size_t>(k) * width, width) * sm_scale
-               : mla::neg_inf();
     tile_max = x[j] > tile_max ? x[j] : tile_max;  // NaN logits are skipped, as fmaxf does
   }
   const float alpha = advance<M>(s, tile_max);
-  for (int32_t j = 0; j < kTile; ++j) p[j] = weight(s, x[j]);
-  // Row sum: quad lane t holds tokens 16kk + {2t, 2t+1, 8+2t, 9+2t} of k-step kk.
+  float p[kTile];
+  for (int32_t j = 0; j < kTile; ++j) {
+    p[j] = weight(s, x[j]);
+    pb[j] = mla::round_to_bf16(p[j]);
+  }
   float lane_sum[4];
   for (int32_t t = 0; t < 4; ++t) {
     float acc = 0.0f;
@@ -82,45 +92,94 @@ void fold_tile(const DecodedRow& row, const PaddedColumns& cols, const ColumnLay
   s.l += (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]);
   if constexpr (M != Mutant::kNoRescale) {
     if (alpha != 1.0f) {  // x * 1 == x bit for bit: skipping is exact
-      for (int32_t c = 0; c < cols.width_v; ++c) O[c] *= alpha;
+      for (int32_t c = 0; c < width_v; ++c) O[c] *= alpha;
     }
   }
-  for (int32_t j = 0; j < kTile; ++j) {
-    const int32_t k = k0 + j;
-    if (k >= topk || !row.valid[k]) continue;
-    const float pb = mla::round_to_bf16(p[j]);  // the A operand of the P*V MMA
-    const float* __restrict v = row.kv.data() + static_cast<size_t>(k) * width;
-    for (int32_t c = 0; c < cols.width_v; ++c) O[c] += pb * v[c];
+}
+
+// O_j += bf16(p_jk) * V_k over the tile's valid tokens in order, for heads j and j + 1 (ob may be
+// null), 32 columns at a time so that both accumulators stay in registers across the tokens.
+inline void pv_tile2(const DecodedRow& row, int32_t width, int32_t width_v, int32_t k0, int32_t k1,
+                     const float* pa, const float* pb, float* __restrict oa, float* __restrict ob) {
+  for (int32_t c0 = 0; c0 < width_v; c0 += kDotLanes) {
+    float acc_a[kDotLanes], acc_b[kDotLanes];
+    for (int32_t l = 0; l < kDotLanes; ++l) {
+      acc_a[l] = oa[c0 + l];
+      acc_b[l] = ob != nullptr ? ob[c0 + l] : 0.0f;
+    }
+    for (int32_t k = k0; k < k1; ++k) {
+      if (!row.valid[k]) continue;
+      const float* __restrict v = row.kv.data() + static_cast<size_t>(k) * width + c0;
+      const float wa = pa[k - k0], wb = ob != nullptr ? pb[k - k0] : 0.0f;
+      for (int32_t l = 0; l < kDotLanes; ++l) {
+        acc_a[l] += wa * v[l];
+        acc_b[l] += wb * v[l];
+      }
+    }
+    for (int32_t l = 0; l < kDotLanes; ++l) {
+      oa[c0 + l] = acc_a[l];
+      if (ob != nullptr) ob[c0 + l] = acc_b[l];
+    }
   }
 }
 
 template <Mutant M>
 void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
+  constexpr int32_t kTile = mla::kMmaTokenTile;
   const mla::DecodeParams& p = call.p;
   const PaddedColumns cols = padded_columns(p.geom);
   const ColumnLayout layout = identity_layout(cols, kDotLanes);
-  const size_t width = static_cast<size_t>(layout.width);
-  s.q.resize(block_h * width);
-  s.o.resize(block_h * width);
+  const int32_t width = layout.width;
+  const size_t w = static_cast<size_t>(width);
+  s.q.resize(block_h * w);
+  s.o.resize(block_h * w);
+  s.x.resize(static_cast<size_t>(block_h) * kTile);
+  s.pb.resize(static_cast<size_t>(block_h) * kTile);
   s.state.resize(block_h);
-  const int32_t tiles = num_token_tiles<M>(p.topk, mla::kMmaTokenTile);
+  const int32_t tiles = num_token_tiles<M>(p.topk, kTile);
   for (int32_t b = 0; b < p.batch; ++b) {
     decode_row<M, true>(call, cols, layout, b, &s.row);
     for (int32_t h0 = 0; h0 < p.heads; h0 += block_h) {
       const int32_t nh = std::min(block_h, p.heads - h0);
       for (int32_t j = 0; j < nh; ++j) {
-        load_q_bf16<M>(p, cols, layout, b, h0 + j, s.q.data() + j * width);
+        load_q_bf16<M>(p, cols, layout, b, h0 + j, s.q.data() + j * w);
         s.state[j] = mla::SoftmaxState{};
       }
       std::fill(s.o.begin(), s.o.end(), 0.0f);
       for (int32_t t = 0; t < tiles; ++t) {
+        const int32_t k0 = t * kTile, k1 = std::min(p.topk, k0 + kTile);
+        // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
+        for (int32_t j = 0; j < nh; j += 2) {
+          const bool pair = j + 1 < nh;
+          float* xa = s.x.data() + j * kTile;
+          float* xb = pair ? xa + kTile : nullptr;
+          for (int32_t jj = 0; jj < kTile; ++jj) {
+            const int32_t k = k0 + jj;
+            if (k < k1 && s.row.valid[k]) {
+              float da = 0, db = 0;
+              dot_lanes2(s.q.data() + j * w, pair ? s.q.data() + (j + 1) * w : nullptr,
+                         s.row.kv.data() + static_cast<size_t>(k) * w, width, &da, &db);
+              xa[jj] = da * p.sm_scale;
+              if (pair) xb[jj] = db * p.sm_scale;
+            } else {
+              xa[jj] = mla::neg_inf();
+              if (pair) xb[jj] = mla::neg_inf();
+            }
+          }
+        }
         for (int32_t j = 0; j < nh; ++j) {
-          fold_tile<M>(s.row, cols, layout, t * mla::kMmaTokenTile, p.topk, s.q.data() + j * width,
-                       p.sm_scale, s.state[j], s.o.data() + j * width);
+          softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, s.state[j], s.o.data() + j * w,
+                          s.pb.data() + j * kTile);
+        }
+        for (int32_t j = 0; j < nh; j += 2) {
+          const bool pair = j + 1 < nh;
+          pv_tile2(s.row, width, cols.width_v, k0, k1, s.pb.data() + j * kTile,
+                   pair ? s.pb.data() + (j + 1) * kTile : nullptr, s.o.data() + j * w,
+                   pair ? s.o.data() + (j + 1) * w : nullptr);
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        store_head<M>(call, cols, layout, b, h0 + j, s.state[j], s.o.data() + j * width);
+        store_head<M>(call, cols, layout, b, h0 + j, s.state[j], s.o.data() + j * w);
       }
     }
   }
