@@ -1,0 +1,35 @@
+// The corpus: versioned JSON files, each a case recipe and the finding it records.
+//
+//   {"format": "mlafuzz-corpus", "version": 1,
+//    "case": {...the case format of harness/case.h...},
+//    "finding": {"property": "tolerance", "backend": "cpu-mma", "expect": "pass", "detail": ...,
+//                "signature": ..., "error": ..., "bound": ..., "tightness": ..., "commit": ...,
+//                "gpu_name": ..., "driver_version": ..., "cuda_version": ..., "host": ...,
+//                "found_at": "2026-11-29T08:00:00Z", "seed": ..., "case_index": ..., "count": 1}}
+//
+// Folders: corpus/regression/ (replayed by ctest; every property must pass on every backend:
+// fixed bugs and hand-picked edges, expect "pass"), corpus/findings/ (where a campaign saves
+// new findings; expect "fail" until fixed, then moved to regression/ with expect "pass"), and
+// corpus/cases/ (hand-written plain case files, also replayed). load_case (harness/case.h)
+// reads an entry as a case, so `mlafuzz run` takes corpus files too.
+//
+// The API lives in evaluate.h (save_corpus_entry, load_corpus_entry, list_corpus,
+// make_finding, shape_class, repro_command); this header adds the JSON conversions.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "properties/evaluate.h"
+
+namespace mlafuzz {
+
+nlohmann::ordered_json finding_to_json(const Finding& f);
+// Strict: unknown fields and wrong types throw CaseError naming "finding.<field>".
+Finding finding_from_json(const nlohmann::ordered_json& j);
+
+// The file name save_corpus_entry uses: "<property>-<backend>-<16 hex digits>.json", the digits
+// a hash of the signature and the case, so the same finding maps to the same file.
+std::string corpus_file_name(const Case& c, const Finding& f);
+
+}  // namespace mlafuzz

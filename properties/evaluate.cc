@@ -1,0 +1,489 @@
+// evaluate_case: every selected property on every backend, the oracle run once per case.
+#include "properties/evaluate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <sstream>
+
+#include "harness/compare.h"
+#include "harness/rng.h"
+#include "oracle/oracle.h"
+#include "properties/properties.h"
+#include "properties/tolerance.h"
+
+namespace mlafuzz {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool selected(const std::vector<std::string>& props, const std::string& p) {
+  return props.empty() || std::find(props.begin(), props.end(), p) != props.end();
+}
+
+// The SIMT partner of an MMA backend: the name up to "-mma" followed by "-simt"
+// (cpu-mma -> cpu-simt, cuda-mma-h64 -> cuda-simt, cpu-mma~no-rescale -> cpu-simt).
+std::string simt_partner(const std::string& name) {
+  const auto pos = name.find("-mma");
+  if (pos == std::string::npos) return "";
+  return name.substr(0, pos) + "-simt";
+}
+
+// Properties a backend cannot meet by design: switched off for it (applicable = false) with the
+// reason, never loosened.
+std::optional<std::string> off_by_design(const std::string& backend, const std::string& prop) {
+  if (backend == "oracle" && prop == "head-alone") {
+    // Eigen's matrix products block by the number of rows (heads), so the float64 summation
+    // order, and the last bit, depend on H. oracle-loop (one head at a time) keeps the property.
+    return "Eigen's GEMM blocking depends on H, so float64 sums change order with the head count";
+  }
+  return std::nullopt;
+}
+
+// Where the outcome's figures come from, for tolerance-style checks.
+void fill_from_check(PropertyOutcome& o, const BoundCheck& bc) {
+  o.passed = bc.passed;
+  o.detail = bc.describe();
+  o.worst_b = bc.b;
+  o.worst_h = bc.h;
+  o.worst_d = bc.d;
+  o.error = bc.error;
+  o.bound = bc.bound;
+  o.max_abs = bc.max_abs;
+  o.mean_abs = bc.mean_abs;
+  o.max_rel = bc.max_rel;
+  o.lse_max_abs = bc.lse_max_abs;
+  o.tightness = bc.nonfinite_match ? bc.tightness : std::max(bc.tightness, 1e300);
+  o.out_max_ref = bc.out_max_ref;
+}
+
+// Per-case state shared by all backends: the case, the oracle, the bounds per pipeline.
+struct CaseContext {
+  MaterializedCase m;
+  OracleResult ref;
+  Bounds b64;  // the oracle's own error
+  std::map<Precision, Bounds> bounds;
+  const Bounds& pipeline_bounds(Precision p) {
+    auto it = bounds.find(p);
+    if (it == bounds.end()) it = bounds.emplace(p, compute_bounds(m, ref, pipeline_for(p))).first;
+    return it->second;
+  }
+  // The bound of a backend against the exact result (custom: its declared tolerances).
+  Bounds backend_bounds(const Backend& be) {
+    if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
+    return pipeline_bounds(be.precision());
+  }
+};
+
+Side side_of(const RunResult& r, bool bf16) { return Side{&r.out, &r.lse, bf16}; }
+
+bool is_bf16(const Backend& be) {
+  return be.precision() == Precision::kSimtFp32 || be.precision() == Precision::kMmaBf16;
+}
+
+struct BackendState {
+  Backend* be = nullptr;
+  bool ran = false;  // clean run ok
+  RunResult clean;
+};
+
+class Evaluator {
+ public:
+  Evaluator(CaseContext& ctx, const std::vector<std::string>& props, const EvalOptions& opt,
+            CaseEvaluation& ev)
+      : ctx_(ctx), props_(props), opt_(opt), ev_(ev) {}
+
+  // Phase 1: the clean run (before the oracle allocates anything).
+  void start(BackendState& st) {
+    Backend& be = *st.be;
+    const std::string name = be.name();
+    const Availability av = be.availability();
+    PropertyOutcome run = make("run", name);
+    if (!av.available) {
+      not_applicable_all(name, "backend not available: " + av.reason);
+      return;
+    }
+    if (auto why = be.unsupported(ctx_.m)) {
+      not_applicable_all(name, "case outside the backend's envelope: " + *why);
+      return;
+    }
+    const auto t0 = Clock::now();
+    st.clean = be.run(ctx_.m);
+    run.seconds = since(t0);
+    if (st.clean.status == RunStatus::kUnsupported) {
+      not_applicable_all(name, "backend reported unsupported: " + st.clean.message);
+      return;
+    }
+    if (!st.clean.ok()) {
+      run.passed = false;
+      run.tightness = 1e300;
+      run.detail = std::string(st.clean.status == RunStatus::kFault ? "fault: " : "error: ") +
+                   st.clean.message;
+      ev_.outcomes.push_back(run);
+      return;
+    }
+    st.ran = true;
+    ev_.outcomes.push_back(run);
+  }
+
+  // Phase 2: every property of a backend whose clean run succeeded.
+  void properties(BackendState& st) {
+    if (!st.ran) return;
+    const std::string name = st.be->name();
+    auto want = [&](const char* prop) {
+      if (!selected(props_, prop)) return false;
+      if (auto why = off_by_design(name, prop)) {
+        PropertyOutcome o = make(prop, name);
+        o.applicable = false;
+        o.detail = *why;
+        ev_.outcomes.push_back(o);
+        return false;
+      }
+      return true;
+    };
+    if (want("tolerance")) tolerance(st);
+    if (want("determinism")) determinism(st);
+    if (want("poison")) poison(st);
+    if (want("relocate")) relocate(st);
+    if (want("batch-alone")) batch_alone(st);
+    if (want("head-alone")) head_alone_prop(st);
+    if (want("permute")) permute(st);
+    if (want("insert-invalid")) insert(st);
+  }
+
+  void mma_vs_simt(std::vector<BackendState>& states) {
+    if (!selected(props_, "mma-vs-simt")) return;
+    for (auto& a : states) {
+      if (!a.ran || a.be->precision() != Precision::kMmaBf16) continue;
+      const std::string partner = simt_partner(a.be->name());
+      for (auto& b : states) {
+        if (!b.ran || b.be->name() != partner || b.be->precision() != Precision::kSimtFp32) {
+          continue;
+        }
+        PropertyOutcome o = make("mma-vs-simt", a.be->name() + "|" + b.be->name());
+        const Bounds bound = add_bounds(ctx_.backend_bounds(*a.be), ctx_.backend_bounds(*b.be));
+        const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
+                                           ctx_.m.batch, ctx_.m.heads, ctx_.m.d_v());
+        fill_from_check(o, bc);
+        ev_.outcomes.push_back(o);
+      }
+    }
+  }
+
+ private:
+  PropertyOutcome make(const std::string& prop, const std::string& backend) {
+    PropertyOutcome o;
+    o.property = prop;
+    o.backend = backend;
+    return o;
+  }
+
+  void not_applicable_all(const std::string& name, const std::string& why) {
+    for (const auto& p : all_properties()) {
+      if (p == "mma-vs-simt" || (p != "run" && !selected(props_, p))) continue;
+      PropertyOutcome o = make(p, name);
+      o.applicable = false;
+      o.detail = why;
+      ev_.outcomes.push_back(o);
+    }
+  }
+
+  // Runs a transformed case; a failed run becomes a failed outcome of the property.
+  bool run_variant(Backend& be, const MaterializedCase& v, RunResult& r, PropertyOutcome& o) {
+    if (auto why = be.unsupported(v)) {
+      o.applicable = false;
+      o.detail = "transformed case outside the backend's envelope: " + *why;
+      return false;
+    }
+    const auto t0 = Clock::now();
+    r = be.run(v);
+    o.seconds += since(t0);
+    if (r.status == RunStatus::kUnsupported) {
+      o.applicable = false;
+      o.detail = "backend reported the transformed case unsupported: " + r.message;
+      return false;
+    }
+    if (!r.ok()) {
+      o.passed = false;
+      o.tightness = 1e300;
+      o.detail = "run of the transformed case failed: " + r.message;
+      return false;
+    }
+    return true;
+  }
+
+  void tolerance(BackendState& st) {
+    Backend& be = *st.be;
+    PropertyOutcome o = make("tolerance", be.name());
+    if (be.name() == "oracle") {
+      // The Eigen oracle is the reference itself; oracle-loop checks it.
+      o.applicable = false;
+      o.detail = "the Eigen oracle is the reference (oracle-loop is checked against it)";
+      ev_.outcomes.push_back(o);
+      return;
+    }
+    const Bounds bound = add_bounds(ctx_.backend_bounds(be), ctx_.b64);
+    const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
+    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound, ctx_.m.batch,
+                                       ctx_.m.heads, ctx_.m.d_v());
+    fill_from_check(o, bc);
+    if (opt_.reference_metrics) {
+      const AllcloseResult oc = check_allclose(st.clean.out, ctx_.ref.out, kFlashMlaOutTol);
+      const AllcloseResult lc = check_allclose(st.clean.lse, ctx_.ref.lse, kFlashMlaLseTol);
+      o.flashmla_pass = oc.passed && lc.passed;
+      o.cos_diff = oc.cos_diff;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  void determinism(BackendState& st) {
+    PropertyOutcome o = make("determinism", st.be->name());
+    RunResult again;
+    if (run_variant(*st.be, ctx_.m, again, o)) {
+      std::string where;
+      if (!bitwise_equal(ctx_.m, st.clean, again, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
+        o.passed = false;
+        o.detail = "two runs of the same case differ: " + where;
+      }
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  void poison(BackendState& st) {
+    PropertyOutcome o = make("poison", st.be->name());
+    if (st.clean.guard_violations != 0) {
+      o.passed = false;
+      o.detail = std::to_string(st.clean.guard_violations) +
+                 " output guard elements overwritten (canaries before/after/between rows)";
+      ev_.outcomes.push_back(o);
+      return;
+    }
+    const int variants = std::clamp(opt_.poison_variants, 1, kPoisonVariants);
+    // Rotate the variants with the case so that every fill gets its turn across a campaign.
+    const int first = static_cast<int>(ctx_.m.recipe.data_seed % kPoisonVariants);
+    for (int i = 0; i < variants && o.passed && o.applicable; ++i) {
+      const int v = (first + i) % kPoisonVariants;
+      const MaterializedCase pm = poison_case(ctx_.m, v);
+      RunResult r;
+      if (!run_variant(*st.be, pm, r, o)) break;
+      std::string where;
+      if (r.guard_violations != 0) {
+        o.passed = false;
+        o.detail = "poison fill " + std::to_string(v) + ": " + std::to_string(r.guard_violations) +
+                   " output guard elements overwritten";
+      } else if (!bitwise_equal(ctx_.m, st.clean, r, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
+        o.passed = false;
+        o.detail = "poison fill " + std::to_string(v) +
+                   " (bytes a correct kernel never reads) changed the output: " + where;
+      }
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  void relocate(BackendState& st) {
+    PropertyOutcome o = make("relocate", st.be->name());
+    const MaterializedCase rm = relocate_pages(ctx_.m, ctx_.m.recipe.data_seed + 17);
+    RunResult r;
+    if (run_variant(*st.be, rm, r, o)) {
+      std::string where;
+      if (!bitwise_equal(ctx_.m, st.clean, r, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
+        o.passed = false;
+        o.detail = "pages relocated (order and stride " + std::to_string(rm.geom.page_stride) +
+                   ", indices remapped) changed the output: " + where;
+      }
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  // Up to three probes out of n: first, last and one in between.
+  static std::vector<int> probes(int n, uint64_t seed) {
+    std::vector<int> p{0};
+    if (n > 1) p.push_back(n - 1);
+    if (n > 2)
+      p.push_back(1 + static_cast<int>(CounterRng(seed, Stream::kPoison, 9).uniform_int(0, n - 3)));
+    return p;
+  }
+
+  void batch_alone(BackendState& st) {
+    PropertyOutcome o = make("batch-alone", st.be->name());
+    if (ctx_.m.batch == 1) {
+      o.applicable = false;
+      o.detail = "B = 1: the row is already alone";
+      ev_.outcomes.push_back(o);
+      return;
+    }
+    for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed)) {
+      RunResult r;
+      if (!run_variant(*st.be, batch_row_alone(ctx_.m, b), r, o)) break;
+      for (int h = 0; h < ctx_.m.heads && o.passed; ++h) {
+        std::string where;
+        if (!rows_bitwise_equal(st.clean, ctx_.m.heads, ctx_.m.d_v(), b, h, r, h, &where)) {
+          o.passed = false;
+          o.worst_b = b;
+          o.worst_h = h;
+          o.detail = "batch row " + std::to_string(b) + " alone differs: " + where;
+        }
+      }
+      if (!o.passed) break;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  void head_alone_prop(BackendState& st) {
+    PropertyOutcome o = make("head-alone", st.be->name());
+    if (ctx_.m.heads == 1) {
+      o.applicable = false;
+      o.detail = "H = 1: the head is already alone";
+      ev_.outcomes.push_back(o);
+      return;
+    }
+    for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
+      RunResult r;
+      if (!run_variant(*st.be, head_alone(ctx_.m, h), r, o)) break;
+      for (int b = 0; b < ctx_.m.batch && o.passed; ++b) {
+        std::string where;
+        if (!rows_bitwise_equal(st.clean, ctx_.m.heads, ctx_.m.d_v(), b, h, r, b, &where)) {
+          o.passed = false;
+          o.worst_b = b;
+          o.worst_h = h;
+          o.detail = "head " + std::to_string(h) + " alone differs: " + where;
+        }
+      }
+      if (!o.passed) break;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  // Tolerance-style metamorphic check of a transformed run against the clean run.
+  void within_bound(BackendState& st, const std::string& prop, const MaterializedCase& v,
+                    int tile_topk, const std::string& what) {
+    Backend& be = *st.be;
+    PropertyOutcome o = make(prop, be.name());
+    RunResult r;
+    if (run_variant(be, v, r, o)) {
+      Bounds bound;
+      if (be.precision() == Precision::kCustom) {
+        bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
+      } else {
+        bound =
+            add_bounds(ctx_.pipeline_bounds(be.precision()),
+                       compute_bounds(ctx_.m, ctx_.ref, pipeline_for(be.precision()), tile_topk));
+      }
+      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
+                                         bound, ctx_.m.batch, ctx_.m.heads, ctx_.m.d_v());
+      const double seconds = o.seconds;
+      fill_from_check(o, bc);
+      o.seconds = seconds;
+      if (!o.passed) o.detail = what + " moved the output beyond the bound: " + o.detail;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  void permute(BackendState& st) {
+    within_bound(st, "permute", permute_indices(ctx_.m, ctx_.m.recipe.data_seed + 29), 0,
+                 "permuting the index lists");
+  }
+
+  void insert(BackendState& st) {
+    const int count =
+        1 + static_cast<int>(
+                CounterRng(ctx_.m.recipe.data_seed, Stream::kPoison, 10).uniform_int(0, 2));
+    within_bound(st, "insert-invalid", insert_invalid(ctx_.m, ctx_.m.recipe.data_seed + 31, count),
+                 ctx_.m.topk + count, "inserting " + std::to_string(count) + " -1 entries");
+  }
+
+  CaseContext& ctx_;
+  const std::vector<std::string>& props_;
+  const EvalOptions& opt_;
+  CaseEvaluation& ev_;
+};
+
+}  // namespace
+
+std::vector<std::string> all_properties() {
+  return {"run",        "tolerance",   "poison",  "relocate",       "batch-alone",
+          "head-alone", "determinism", "permute", "insert-invalid", "mma-vs-simt"};
+}
+
+bool CaseEvaluation::failed() const {
+  return std::any_of(outcomes.begin(), outcomes.end(),
+                     [](const PropertyOutcome& o) { return o.applicable && !o.passed; });
+}
+
+std::vector<const PropertyOutcome*> CaseEvaluation::failures() const {
+  std::vector<const PropertyOutcome*> f;
+  for (const auto& o : outcomes) {
+    if (o.applicable && !o.passed) f.push_back(&o);
+  }
+  auto key = [](const PropertyOutcome* o) {
+    // Bitwise and run failures carry tightness 0 or 1e300; rank them first.
+    const bool exact = o->property != "tolerance" && o->property != "permute" &&
+                       o->property != "insert-invalid" && o->property != "mma-vs-simt";
+    return exact ? 1e308 : o->tightness;
+  };
+  std::stable_sort(f.begin(), f.end(), [&](const PropertyOutcome* a, const PropertyOutcome* b) {
+    return key(a) > key(b);
+  });
+  return f;
+}
+
+CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
+                             const std::vector<std::string>& properties) {
+  return evaluate_case(c, backends, properties, EvalOptions{});
+}
+
+CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
+                             const std::vector<std::string>& properties,
+                             const EvalOptions& options) {
+  const auto t0 = Clock::now();
+  for (const auto& p : properties) {
+    const auto all = all_properties();
+    if (std::find(all.begin(), all.end(), p) == all.end()) {
+      throw std::invalid_argument("unknown property '" + p + "'");
+    }
+  }
+  CaseEvaluation ev;
+  CaseContext ctx;
+  ctx.m = materialize(c);
+  Evaluator e(ctx, properties, options, ev);
+  // Clean runs before the oracle allocates its result (FlashMLA's order: reused memory cannot
+  // fake a pass); the oracle's time is measured on its own.
+  std::vector<BackendState> states(backends.size());
+  for (size_t i = 0; i < backends.size(); ++i) {
+    states[i].be = backends[i];
+    e.start(states[i]);
+  }
+  const auto to = Clock::now();
+  ctx.ref = run_oracle_eigen(ctx.m, 1);
+  ctx.b64 = compute_bounds(ctx.m, ctx.ref, pipeline_for(Precision::kFloat64));
+  ev.oracle_seconds = since(to);
+  for (auto& st : states) e.properties(st);
+  e.mma_vs_simt(states);
+  ev.seconds = since(t0);
+  return ev;
+}
+
+std::string format_outcome(const PropertyOutcome& o) {
+  std::ostringstream os;
+  os << o.property << " on " << o.backend << ": ";
+  if (!o.applicable) {
+    os << "not applicable (" << o.detail << ")";
+  } else {
+    os << (o.passed ? "pass" : "FAIL");
+    if (!o.detail.empty()) os << ": " << o.detail;
+    if (o.property == "tolerance" || o.property == "mma-vs-simt") {
+      os.precision(3);
+      os << " [max|d| " << o.max_abs << ", mean " << o.mean_abs << ", rel " << o.max_rel
+         << ", lse max|d| " << o.lse_max_abs << ", tightness " << o.tightness << "]";
+    }
+  }
+  return os.str();
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,626 @@
+// Case generators (see generators.h). Every weight below says which kernel bug it feeds.
+#include "properties/generators.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <sstream>
+
+#include "harness/rng.h"
+#include "kernels/common/mla_params.h"
+#include "kernels/common/tiling.h"
+
+namespace mlafuzz {
+namespace {
+
+namespace gen = rc::gen;
+using rc::Gen;
+
+// Largest cache a generated case materializes (bytes): keeps a case well under a millisecond to
+// build on the CPU, while production shapes (topk 512 over 64-token pages) still fit.
+constexpr int64_t kMaxCacheBytes = 12 << 20;
+
+// Per-case choices that later steps depend on, carried beside the recipe. `logit` is the logit
+// scale the values aim at, `kexp` the centre of the K magnitude as a ue8m0 exponent.
+struct Draft {
+  Case c;
+  std::string family;
+  std::string edge;  // the edge class of an "edge" case
+  double logit = 1;
+  int kexp = 127;
+  bool explicit_indices = true;
+  uint64_t bulk_seed = 0;  // CounterRng seed for index lists, permutations, sinks
+};
+
+template <typename F>
+Gen<Draft> then(Gen<Draft> g, F f) {
+  return gen::mapcat(std::move(g), std::move(f));
+}
+
+Gen<int> range(int lo, int hi) { return gen::inRange(lo, hi + 1); }  // inclusive
+Gen<uint64_t> any_u64() { return gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max()); }
+
+// ---- step 1: family and edge class ----
+Gen<Draft> family_step(const GenConfig& cfg) {
+  std::vector<std::string> fam = cfg.families.empty() ? all_generator_families() : cfg.families;
+  auto has = [&](const char* f) { return std::find(fam.begin(), fam.end(), f) != fam.end(); };
+  const double p = std::clamp(cfg.production_probability, 0.0, 1.0);
+  const size_t w_prod = has("production") ? static_cast<size_t>(std::lround(1000 * p)) : 0;
+  const size_t w_gen = has("general") ? static_cast<size_t>(std::lround(700 * (1 - p))) : 0;
+  const size_t w_edge = has("edge") ? static_cast<size_t>(std::lround(300 * (1 - p))) : 0;
+  if (w_prod + w_gen + w_edge == 0) {
+    throw std::invalid_argument("GenConfig.families selects no generator family");
+  }
+  auto mk = [](std::string f) {
+    return gen::map(
+        gen::element<std::string>("all-invalid", "topk-length-0", "sink-inf", "page-boundary",
+                                  "large-logits", "ties", "extreme-scales", "tile-edges",
+                                  "padded-dims", "empty-rows", "duplicates", "tiny-pages"),
+        [f](std::string edge) {
+          Draft d;
+          d.family = f;
+          if (f == "edge") d.edge = edge;
+          return d;
+        });
+  };
+  return gen::weightedOneOf<Draft>(
+      {{w_gen, mk("general")}, {w_edge, mk("edge")}, {w_prod, mk("production")}});
+}
+
+// ---- step 2: layout and dimensions ----
+Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
+  std::vector<int> layouts;
+  if (cfg.model1) layouts.push_back(0);
+  if (cfg.v32) layouts.push_back(1);
+  if (layouts.empty()) throw std::invalid_argument("GenConfig allows no layout");
+  if (d.family == "production") layouts = {cfg.model1 ? 0 : 1};
+  const bool other = cfg.other_dims && d.family != "production";
+  const bool force_pad = d.edge == "padded-dims";
+  return gen::map(
+      gen::tuple(gen::elementOf(layouts),
+                 // MODEL1 nope: 448 (production) most; multiples of 64 that are not powers of
+                 // two give padded columns when the kernel pads to a power of two.
+                 gen::weightedElement<int>({{force_pad ? 0u : 50u, 448},
+                                            {12, 192},
+                                            {12, 320},
+                                            {10, 384},
+                                            {6, 64},
+                                            {5, 128},
+                                            {5, 256},
+                                            {5, 512}}),
+                 gen::weightedElement<int>({{70, 64}, {10, 16}, {10, 32}, {10, 48}}),
+                 gen::weightedElement<int>({{50, 512}, {20, 384}, {15, 256}, {15, 128}})),
+      [d, other, force_pad](std::tuple<int, int, int, int> t) {
+        Draft r = d;
+        auto& g = r.c.geom;
+        const auto [layout, nope1, rope, nope32] = t;
+        if (layout == 0) {
+          g.layout = mla::Layout::kModel1;
+          g.scale_tile = 64;
+          g.nope_dim = other ? nope1 : 448;
+          if (force_pad && (g.nope_dim & (g.nope_dim - 1)) == 0) g.nope_dim = 448;
+        } else {
+          g.layout = mla::Layout::kV32;
+          g.scale_tile = 128;
+          g.nope_dim = other ? nope32 : 512;
+          if (force_pad) g.nope_dim = 384;
+        }
+        g.rope_dim = other ? rope : 64;
+        return r;
+      });
+}
+
+// ---- step 3: B, H, topk (small most of the time, production sizes reachable) ----
+Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
+  const int maxb = std::max(1, cfg.max_batch), maxh = std::max(1, cfg.max_heads),
+            maxk = std::max(1, cfg.max_topk);
+  if (d.family == "production") {
+    return gen::map(gen::tuple(gen::element(1, 4, 16, 32), gen::element(0, 1)),
+                    [d, maxb, maxh, maxk](std::tuple<int, int> t) {
+                      Draft r = d;
+                      r.c.batch = std::min(std::get<0>(t), maxb);
+                      r.c.heads = std::min(64, maxh);
+                      // main cache: topk 128 over 256-token pages; extra: 512 over 64
+                      r.c.topk = std::min(std::get<1>(t) ? 512 : 128, maxk);
+                      r.c.geom.page_size = std::get<1>(t) ? 64 : 256;
+                      return r;
+                    });
+  }
+  const bool tile_edges = d.edge == "tile-edges";
+  return gen::map(
+      gen::tuple(
+          gen::weightedOneOf<int>(
+              {{60, gen::just(1)}, {30, range(2, 4)}, {8, range(5, 9)}, {2, range(1, maxb)}}),
+          gen::weightedOneOf<int>({{45, range(1, 4)},
+                                   {25, range(5, 16)},
+                                   {10, gen::element(31, 32, 33)},
+                                   {8, gen::element(63, 64)},
+                                   {12, range(1, maxh)}}),
+          gen::weightedOneOf<int>({{tile_edges ? 0u : 35u, range(1, 8)},
+                                   {tile_edges ? 0u : 25u, range(9, 100)},
+                                   {20, gen::element(31, 32, 33, 63, 64, 65, 127, 128, 129)},
+                                   {tile_edges ? 0u : 10u, range(101, maxk)},
+                                   {tile_edges ? 0u : 10u, gen::element(1, 2, 3)}})),
+      [d, maxb, maxh, maxk](std::tuple<int, int, int> t) {
+        Draft r = d;
+        r.c.batch = std::clamp(std::get<0>(t), 1, maxb);
+        r.c.heads = std::clamp(std::get<1>(t), 1, maxh);
+        r.c.topk = std::clamp(std::get<2>(t), 1, maxk);
+        return r;
+      });
+}
+
+// ---- step 4: page size, stride, number of pages, physical order ----
+Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
+  const int maxp = std::clamp(cfg.max_page_size, 1, 4096);
+  Gen<int> page_size =
+      d.family == "production" ? gen::just(std::min(d.c.geom.page_size, maxp))
+      : d.edge == "tiny-pages"
+          ? gen::element(1, 2, 3)
+          : gen::weightedOneOf<int>({{20, gen::element(61, 69)},    // FlashMLA's odd sizes
+                                     {20, gen::element(1, 2, 64)},  // production extras
+                                     {10, gen::just(256)},
+                                     {15, gen::element(4, 8, 16, 32, 128)},
+                                     {35, range(1, maxp)}});
+  return gen::mapcat(page_size, [d, cfg, maxp](int p) {
+    Draft r = d;
+    auto& g = r.c.geom;
+    g.page_size = std::clamp(p, 1, maxp);
+    const int64_t tb = mla::token_bytes(g);
+    const int max_pages_mem =
+        static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
+    const int maxpages = std::max(1, std::min(cfg.max_pages, max_pages_mem));
+    // Enough slots for the production lists to be mostly distinct.
+    const int prod_pages = std::clamp((2 * r.c.topk + g.page_size - 1) / g.page_size, 1, maxpages);
+    Gen<int> pages = r.family == "production"
+                         ? gen::just(prod_pages)
+                         : gen::weightedOneOf<int>({{35, range(1, std::min(3, maxpages))},
+                                                    {45, range(1, std::min(16, maxpages))},
+                                                    {20, range(1, maxpages)}});
+    return gen::map(
+        gen::tuple(pages, gen::inRange(0, 4), range(1, 700), gen::inRange(0, 10), any_u64()),
+        [r](std::tuple<int, int, int, int, uint64_t> t) {
+          Draft x = r;
+          auto& gg = x.c.geom;
+          const auto [np, stride_kind, pad, order_kind, seed] = t;
+          gg.num_pages = np;
+          x.bulk_seed = seed;
+          const int64_t mins = mla::min_page_stride(gg);
+          switch (stride_kind) {
+            case 0:
+            case 1:
+              gg.page_stride = 0;  // the layout's minimum
+              break;
+            case 2:
+              gg.page_stride = mins + pad;  // odd padding
+              break;
+            default:  // SGLang: whole 576-byte rows (FlashMLA sm100 requires it)
+              gg.page_stride = (mins + 575) / 576 * 576;
+              break;
+          }
+          // Physical order: shuffled 60% of the time (when there is a choice).
+          x.c.page_order.clear();
+          if (np > 1 && order_kind < 6) {
+            std::vector<int32_t> perm(static_cast<size_t>(np));
+            std::iota(perm.begin(), perm.end(), 0);
+            CounterRng rng(seed, Stream::kGenerator, 1);
+            for (size_t i = perm.size(); i > 1; --i) {
+              std::swap(perm[i - 1],
+                        perm[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1))]);
+            }
+            x.c.page_order = perm;
+          }
+          return x;
+        });
+  });
+}
+
+// One explicit index row: a base pattern, then -1 entries. `len` is the row's topk_length or
+// -1; in_prefix invalid patterns apply to the kept prefix.
+std::vector<int32_t> index_row(CounterRng& rng, const Case& c, int pattern, int invalid,
+                               bool any_negative) {
+  const int64_t n = mla::num_slots(c.geom);
+  const int64_t P = c.geom.page_size;
+  const int32_t topk = c.topk;
+  std::vector<int32_t> row(static_cast<size_t>(topk));
+  auto slot = [&]() { return static_cast<int32_t>(rng.uniform_int(0, n - 1)); };
+  switch (pattern) {
+    case 0:  // uniform random (duplicates possible when topk > slots)
+      for (auto& v : row) v = slot();
+      break;
+    case 1: {  // one run of consecutive tokens, crossing page boundaries
+      const int64_t start = rng.uniform_int(0, n - 1);
+      for (int32_t k = 0; k < topk; ++k)
+        row[static_cast<size_t>(k)] = static_cast<int32_t>((start + k) % n);
+      break;
+    }
+    case 2:  // first and last slots of pages: the addressing corners
+      for (auto& v : row) {
+        const int64_t page = rng.uniform_int(0, c.geom.num_pages - 1);
+        v = static_cast<int32_t>(page * P + (rng.bernoulli(0.5) ? 0 : P - 1));
+      }
+      break;
+    case 3: {  // runs straddling a page boundary: last two slots of one page, first of the next
+      for (int32_t k = 0; k < topk; ++k) {
+        const int64_t page = rng.uniform_int(0, c.geom.num_pages - 1);
+        const int64_t start = page * P + P - 1 - rng.uniform_int(0, std::min<int64_t>(P - 1, 2));
+        const int64_t len = std::min<int64_t>(topk - k, rng.uniform_int(1, 5));
+        for (int64_t i = 0; i < len; ++i) {
+          row[static_cast<size_t>(k + i)] = static_cast<int32_t>((start + i) % n);
+        }
+        k += static_cast<int32_t>(len) - 1;
+      }
+      break;
+    }
+    default: {  // heavy duplicates: a few distinct tokens repeated
+      const int distinct = static_cast<int>(rng.uniform_int(1, 3));
+      std::vector<int32_t> pool(static_cast<size_t>(distinct));
+      for (auto& v : pool) v = slot();
+      for (auto& v : row) v = pool[static_cast<size_t>(rng.uniform_int(0, distinct - 1))];
+      break;
+    }
+  }
+  auto invalid_value = [&]() -> int32_t {
+    if (!any_negative || rng.bernoulli(0.5)) return -1;
+    return rng.bernoulli(0.5) ? std::numeric_limits<int32_t>::min()
+                              : -static_cast<int32_t>(rng.uniform_int(2, 1000));
+  };
+  switch (invalid) {
+    case 0:
+      break;
+    case 1:  // scattered
+      for (auto& v : row) {
+        if (rng.bernoulli(0.3)) v = invalid_value();
+      }
+      break;
+    case 2: {  // leading
+      const auto cnt = rng.uniform_int(1, topk);
+      for (int64_t k = 0; k < cnt; ++k) row[static_cast<size_t>(k)] = invalid_value();
+      break;
+    }
+    case 3: {  // trailing (the sorted-top-k shape)
+      const auto cnt = rng.uniform_int(1, topk);
+      for (int64_t k = topk - cnt; k < topk; ++k) row[static_cast<size_t>(k)] = invalid_value();
+      break;
+    }
+    default:  // all
+      for (auto& v : row) v = invalid_value();
+      break;
+  }
+  return row;
+}
+
+// ---- step 5: index lists and topk_length ----
+Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
+  (void)cfg;
+  const bool edge_all_invalid = d.edge == "all-invalid" || d.edge == "empty-rows";
+  const bool edge_len0 = d.edge == "topk-length-0";
+  return gen::map(
+      gen::tuple(gen::weightedElement<int>({{40, 0}, {20, 1}, {15, 2}, {15, 3}, {10, 4}}),
+                 gen::weightedElement<int>({{edge_all_invalid ? 0u : 50u, 0},
+                                            {20, 1},
+                                            {10, 2},
+                                            {10, 3},
+                                            {edge_all_invalid ? 60u : 10u, 4}}),
+                 gen::weightedElement<int>({{edge_len0 ? 0u : 60u, 0}, {40, 1}}),
+                 gen::element(0, 1, 2), gen::element(0.0, 0.1, 0.5, 1.0),
+                 gen::element(0.0, 0.0, 0.05, 0.3)),
+      [d, edge_all_invalid, edge_len0](std::tuple<int, int, int, int, double, double> t) {
+        Draft r = d;
+        Case& c = r.c;
+        const auto [pattern_bias, invalid_kind, has_len, rule, inv_frac, dup_frac] = t;
+        const bool any_neg = c.conventions.invalid_index == mla::InvalidIndexRule::kAnyNegative;
+        CounterRng rng(r.bulk_seed, Stream::kGenerator, 2);
+        r.explicit_indices = r.family != "production" && int64_t{c.batch} * c.topk <= 4096;
+        if (r.explicit_indices) {
+          c.indices.clear();
+          for (int32_t b = 0; b < c.batch; ++b) {
+            // Rows differ: each picks its own pattern around the case's bias.
+            const int pattern =
+                rng.bernoulli(0.6)
+                    ? (r.edge == "duplicates"      ? 4
+                       : r.edge == "page-boundary" ? 2 + static_cast<int>(rng.uniform_int(0, 1))
+                                                   : pattern_bias)
+                    : static_cast<int>(rng.uniform_int(0, 4));
+            int inv = invalid_kind;
+            if (r.edge == "empty-rows")
+              inv = rng.bernoulli(0.5) ? 4 : 0;  // mixed empty rows
+            else if (!edge_all_invalid && rng.bernoulli(0.3))
+              inv = static_cast<int>(rng.uniform_int(0, 4));
+            c.indices.push_back(index_row(rng, c, pattern, inv, any_neg));
+          }
+        } else {
+          c.indices.clear();
+          c.index_spec.rule = static_cast<IndexRule>(rule);
+          c.index_spec.invalid_fraction = edge_all_invalid ? 1.0 : inv_frac;
+          c.index_spec.duplicate_fraction = dup_frac;
+        }
+        c.topk_length.reset();
+        if (has_len || edge_len0) {
+          std::vector<int32_t> len(static_cast<size_t>(c.batch));
+          for (auto& l : len) {
+            const auto k = edge_len0 ? (rng.bernoulli(0.6) ? 0 : 1) : rng.uniform_int(0, 3);
+            l = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(rng.uniform_int(0, c.topk)) : c.topk;
+          }
+          c.topk_length = len;
+        }
+        return r;
+      });
+}
+
+// ---- step 6: scales and values ----
+// The logit scale L and the K exponent centre are chosen first; q and rope magnitudes follow so
+// that |logits| ~ L whatever the K magnitude: exact bf16 dequantization needs e >= 3, finite
+// fp32 P*V sums need 448 * 2^(e-127) * topk < 2^127, and recipe magnitudes stay <= 1e30,
+// so the centre stays in [3, 226].
+Gen<Draft> values_step(Draft d, const GenConfig& cfg) {
+  const bool large = d.edge == "large-logits";
+  const bool extreme = d.edge == "extreme-scales";
+  const bool ties = d.edge == "ties";
+  return gen::map(
+      gen::tuple(gen::weightedElement<double>({{large ? 0u : 60u, 1.0},
+                                               {large ? 0u : 15u, 0.125},
+                                               {large ? 0u : 10u, 8.0},
+                                               {large ? 50u : 10u, 64.0},
+                                               {large ? 50u : 5u, 512.0}}),
+                 gen::weightedOneOf<int>(
+                     {{extreme ? 0u : 70u, gen::just(127)},
+                      {extreme ? 0u : 20u, range(100, 160)},
+                      {extreme ? 100u : 10u, gen::element(3, 4, 10, 30, 200, 220, 226)}}),
+                 gen::weightedElement<int>({{45, 0}, {25, 1}, {30, 2}}),  // writer, fixed, random
+                 range(0, 6),                                             // random-exponent spread
+                 gen::weightedElement<int>({{ties ? 0u : 70u, 0},         // q dist: normal
+                                            {10, 1},                      // uniform
+                                            {10, 2},                      // small ints
+                                            {ties ? 0u : 2u, 3},          // zeros
+                                            {ties ? 100u : 8u, 4}}),      // ties
+                 gen::weightedElement<int>(
+                     {{ties ? 0u : 70u, 0}, {10, 1}, {10, 2}, {2, 3}, {ties ? 100u : 8u, 4}}),
+                 gen::weightedElement<int>({{70, 0}, {15, 2}, {10, 3}, {5, 4}}),  // rope dist
+                 gen::weightedElement<double>({{80, 0.0}, {10, 0.02}, {10, 0.1}}), any_u64()),
+      [d, cfg](std::tuple<double, int, int, int, int, int, int, double, uint64_t> t) {
+        Draft r = d;
+        Case& c = r.c;
+        const auto [L, kexp0, mode, spread, qd, kd, rd, special, seed] = t;
+        // The writer's own exponent is about kexp - 7 for these values: keep it >= 3 (exact bf16
+        // dequantization) by lifting the centre for writer scales.
+        const int kexp = mode == 0 ? std::max(kexp0, 12) : kexp0;
+        r.logit = L;
+        r.kexp = kexp;
+        const double kmag = std::ldexp(1.0, kexp - 127);
+        const int sp = mode == 2 ? std::min(spread, std::min(kexp - 3, 230 - kexp)) : 0;
+        // q magnitude: logits ~ L given |K| ~ kmag (a power of two: exact in bf16).
+        // Capped at 2^99: recipes keep magnitudes <= 1e30 (finite 6-sigma tails and 4x specials).
+        const int qexp =
+            std::min(99, static_cast<int>(std::lround(std::log2(L))) - (kexp - 127) - sp);
+        c.q_values = {static_cast<ValueDist>(qd), std::ldexp(1.0, qexp), 0.0};
+        c.kv_values = {static_cast<ValueDist>(kd), kmag, cfg.special_values ? special : 0.0};
+        c.rope_values = {static_cast<ValueDist>(rd), kmag, cfg.special_values ? special / 2 : 0.0};
+        if (cfg.special_values && special > 0) c.q_values.special_fraction = special / 2;
+        switch (mode) {
+          case 0:
+            c.scales = {ScaleMode::kWriter, 127, 127};
+            break;
+          case 1:
+            // Fixed exponent just above the writer's choice for N(0, kmag) values (amax ~ 4
+            // kmag): no saturation, codes of a few significant bits.
+            c.scales = {ScaleMode::kFixed, std::clamp(kexp - 6, 3, 254), 0};
+            c.scales.exp_hi = c.scales.exp_lo;
+            break;
+          default:
+            // Stored exponents random per token and tile around the writer's: K magnitudes mix.
+            c.scales = {ScaleMode::kRandom, std::clamp(kexp - 7 - sp, 3, 230),
+                        std::clamp(kexp - 7 + sp, 3, 230)};
+            c.kv_values.magnitude = kmag;
+            break;
+        }
+        c.data_seed = seed;
+        return r;
+      });
+}
+
+// ---- step 7: sinks, scale, conventions, padding, fills ----
+Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
+  const bool sink_edge = d.edge == "sink-inf";
+  return gen::map(
+      gen::tuple(
+          gen::weightedElement<int>({{(cfg.sinks && !sink_edge) ? 55u : (sink_edge ? 0u : 100u), 0},
+                                     {cfg.sinks ? 25u : 0u, 1},
+                                     {cfg.sinks ? (sink_edge ? 100u : 20u) : 0u, 2}}),
+          gen::weightedElement<int>({{80, 0}, {20, 1}}),  // explicit sm_scale
+          gen::weightedElement<int>({{cfg.non_default_conventions ? 25u : 0u, 1}, {75, 0}}),
+          gen::weightedElement<int>({{75, 0}, {25, 1}}),  // q/out head padding
+          gen::weightedElement<int>(
+              {{40, 0}, {cfg.poison_fills ? 30u : 0u, 1}, {cfg.poison_fills ? 30u : 0u, 2}})),
+      [d](std::tuple<int, int, int, int, int> t) {
+        Draft r = d;
+        Case& c = r.c;
+        const auto [sink_kind, scale_kind, conv_kind, pad_kind, fill] = t;
+        CounterRng rng(r.bulk_seed, Stream::kGenerator, 3);
+        c.sink.reset();
+        if (sink_kind > 0) {
+          std::vector<double> s(static_cast<size_t>(c.heads));
+          for (auto& v : s) {
+            // Finite sinks on the logits' scale, in steps of 1/16 (exact in fp32).
+            v = std::round(rng.uniform_int(-48, 48) * r.logit) / 16.0;
+            if (sink_kind == 2) {
+              const auto k = rng.uniform_int(0, 3);
+              if (k == 0) v = std::numeric_limits<double>::infinity();
+              if (k == 1) v = -std::numeric_limits<double>::infinity();
+            }
+          }
+          c.sink = s;
+        }
+        c.sm_scale.reset();
+        if (scale_kind) c.sm_scale = std::ldexp(1.0, static_cast<int>(rng.uniform_int(-6, 0)));
+        c.conventions = {};
+        if (conv_kind) {
+          c.conventions.invalid_index = rng.bernoulli(0.5) ? mla::InvalidIndexRule::kAnyNegative
+                                                           : mla::InvalidIndexRule::kMinusOneOnly;
+          c.conventions.empty_lse =
+              rng.bernoulli(0.5) ? mla::EmptyRowLse::kNegInf : mla::EmptyRowLse::kPosInf;
+          c.conventions.sink_in_lse = rng.bernoulli(0.5);
+        }
+        c.q_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(1, 70)) : 0;
+        c.out_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(0, 70)) : 0;
+        c.pad_fill = static_cast<Fill>(fill);
+        return r;
+      });
+}
+
+// Conventions are drawn last but the index step needs them (negative values other than -1 are
+// only generated under kAnyNegative): draw them first, carried in the recipe.
+Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
+  return gen::map(gen::weightedElement<int>({{cfg.non_default_conventions ? 15u : 0u, 1}, {85, 0}}),
+                  [d](int any) {
+                    Draft r = d;
+                    r.c.conventions.invalid_index = any ? mla::InvalidIndexRule::kAnyNegative
+                                                        : mla::InvalidIndexRule::kMinusOneOnly;
+                    return r;
+                  });
+}
+
+std::string describe(const Draft& d) {
+  std::ostringstream os;
+  os << "generated: family=" << d.family;
+  if (!d.edge.empty()) os << " edge=" << d.edge;
+  return os.str();
+}
+
+}  // namespace
+
+std::vector<std::string> all_generator_families() { return {"general", "edge", "production"}; }
+
+Gen<Case> case_generator(const GenConfig& cfg) {
+  Gen<Draft> g = family_step(cfg);
+  g = then(g, [cfg](Draft d) { return geometry_step(d, cfg); });
+  g = then(g, [cfg](Draft d) { return shape_step(d, cfg); });
+  g = then(g, [cfg](Draft d) { return pages_step(d, cfg); });
+  g = then(g, [cfg](Draft d) { return conventions_first(d, cfg); });
+  g = then(g, [cfg](Draft d) { return indices_step(d, cfg); });
+  g = then(g, [cfg](Draft d) { return values_step(d, cfg); });
+  g = then(g, [cfg](Draft d) {
+    // extras_step redraws conventions; keep the invalid-index rule the indices were made for.
+    const auto rule = d.c.conventions.invalid_index;
+    return gen::map(extras_step(d, cfg), [rule](Draft x) {
+      x.c.conventions.invalid_index = rule;
+      return x;
+    });
+  });
+  return gen::map(g, [](Draft d) {
+    d.c.name = describe(d);
+    return d.c;
+  });
+}
+
+rc::Random case_random(uint64_t seed, uint64_t case_index) {
+  const uint64_t a = splitmix64(seed ^ 0x6d6c6166757a7aull);  // "mlafuzz"
+  const uint64_t b = splitmix64(a ^ splitmix64(case_index));
+  return rc::Random(rc::Random::Key{a, b, splitmix64(b), splitmix64(b + 1)});
+}
+
+Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
+                   std::vector<std::string>* tags) {
+  Case c = case_generator(cfg)(case_random(seed, case_index), rc::kNominalSize).value();
+  std::ostringstream os;
+  os << "seed " << seed << " case " << case_index;
+  c.description = os.str();
+  validate(c);  // a generator bug must surface here, not as a backend failure
+  if (tags) *tags = classify_case(c);
+  return c;
+}
+
+std::vector<std::string> classify_case(const Case& c) {
+  std::vector<std::string> t;
+  const auto& g = c.geom;
+  auto fam = c.name.find("family=");
+  if (fam != std::string::npos) {
+    t.push_back(c.name.substr(fam, c.name.find(' ', fam) - fam));
+    auto e = c.name.find("edge=");
+    if (e != std::string::npos) t.push_back(c.name.substr(e));
+  }
+  t.push_back(std::string("layout=") + layout_name(g.layout));
+  t.push_back("nope=" + std::to_string(g.nope_dim));
+  if (mla::padded_nope(g.nope_dim) != g.nope_dim) t.push_back("nope=padded");
+  if (g.rope_dim != 64) t.push_back("rope=" + std::to_string(g.rope_dim));
+  t.push_back("page_size=" + std::to_string(g.page_size));
+  t.push_back((g.page_size & (g.page_size - 1)) == 0 ? "page_size=pow2" : "page_size=non-pow2");
+  const int64_t mins = mla::min_page_stride(g);
+  t.push_back(g.page_stride == 0 || g.page_stride == mins ? "stride=min" : "stride=padded");
+  t.push_back(c.page_order.empty() ? "page_order=identity" : "page_order=shuffled");
+  t.push_back(g.num_pages == 1 ? "pages=1" : g.num_pages <= 3 ? "pages=few" : "pages=many");
+  t.push_back(c.batch == 1 ? "B=1" : c.batch <= 4 ? "B=2-4" : "B>4");
+  t.push_back(c.heads == 1 ? "H=1" : c.heads <= 16 ? "H=2-16" : "H>16");
+  t.push_back(c.topk <= 8 ? "topk<=8" : c.topk <= 128 ? "topk<=128" : "topk>128");
+  if (c.topk % mla::kMmaTokenTile != 0) t.push_back("topk%64!=0");
+  if (c.heads == 64 && (c.topk == 128 || c.topk == 512)) t.push_back("shape=production");
+  // Index features (explicit lists only; rule-based lists are tagged by their rule).
+  if (!c.indices.empty()) {
+    bool inv = false, dup = false, all_inv_row = false, edge_slot = false;
+    for (const auto& row : c.indices) {
+      bool row_all = true;
+      std::vector<int32_t> seen;
+      for (int32_t v : row) {
+        const bool invalid =
+            c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly ? v == -1 : v < 0;
+        if (invalid) {
+          inv = true;
+          continue;
+        }
+        row_all = false;
+        if (v % g.page_size == 0 || v % g.page_size == g.page_size - 1) edge_slot = true;
+        if (std::find(seen.begin(), seen.end(), v) != seen.end()) dup = true;
+        if (seen.size() < 512) seen.push_back(v);
+      }
+      all_inv_row = all_inv_row || row_all;
+    }
+    if (inv) t.push_back("has_invalid");
+    if (all_inv_row) t.push_back("all_invalid_row");
+    if (dup) t.push_back("duplicates");
+    if (edge_slot) t.push_back("page_edge_slot");
+    t.push_back("indices=explicit");
+  } else {
+    t.push_back(std::string("indices=") + index_rule_name(c.index_spec.rule));
+    if (c.index_spec.invalid_fraction > 0) t.push_back("has_invalid");
+    if (c.index_spec.invalid_fraction >= 1) t.push_back("all_invalid_row");
+    if (c.index_spec.duplicate_fraction > 0) t.push_back("duplicates");
+  }
+  if (c.topk_length) {
+    bool zero = false, partial = false;
+    for (int32_t l : *c.topk_length) {
+      zero = zero || l == 0;
+      partial = partial || (l > 0 && l < c.topk);
+    }
+    t.push_back("topk_length");
+    if (zero) t.push_back("topk_length=0");
+    if (partial) t.push_back("topk_length=partial");
+  }
+  if (c.sink) {
+    bool pinf = false, ninf = false;
+    for (double s : *c.sink) {
+      pinf = pinf || s == std::numeric_limits<double>::infinity();
+      ninf = ninf || s == -std::numeric_limits<double>::infinity();
+    }
+    t.push_back("sink");
+    if (pinf) t.push_back("sink=+inf");
+    if (ninf) t.push_back("sink=-inf");
+  }
+  t.push_back(std::string("scales=") + scale_mode_name(c.scales.mode));
+  if (c.scales.mode != ScaleMode::kWriter && (c.scales.exp_lo < 40 || c.scales.exp_hi > 200)) {
+    t.push_back("scales=extreme");
+  }
+  t.push_back(std::string("values=") + value_dist_name(c.kv_values.dist));
+  if (c.kv_values.special_fraction > 0) t.push_back("values=special");
+  if (c.q_values.magnitude * c.kv_values.magnitude >= 32) t.push_back("values=large-logits");
+  if (c.conventions.invalid_index != mla::InvalidIndexRule::kMinusOneOnly ||
+      c.conventions.empty_lse != mla::EmptyRowLse::kPosInf || c.conventions.sink_in_lse) {
+    t.push_back("conventions=non-default");
+  }
+  if (c.q_head_pad > 0 || c.out_head_pad > 0) t.push_back("head_pad");
+  t.push_back(std::string("pad_fill=") + fill_name(c.pad_fill));
+  return t;
+}
+
+}  // namespace mlafuzz

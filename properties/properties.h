@@ -1,0 +1,62 @@
+// The building blocks of the properties (evaluate.h runs them): transformations of a
+// MaterializedCase whose effect on a correct kernel's output is known exactly (bitwise) or within
+// the tolerance model, and the bitwise comparison of two runs.
+//
+// Every transformation works on buffers, not on the recipe: poisoned bytes and relocated pages
+// cannot be expressed as a recipe. The returned case's `recipe` keeps the original's fields with
+// batch/heads/topk updated; backends must read the buffers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+
+namespace mlafuzz {
+
+// Number of poison variants (fills) poison_case knows.
+inline constexpr int kPoisonVariants = 4;
+// Variant v: 0 every unread byte 0xff (NaN as e4m3, ue8m0, bf16 and fp32 alike); 1 random bytes
+// (CounterRng Stream::kPoison); 2 the byte pair 80 7f (bf16 +inf, e4m3 -0 and NaN); 3 0x7f (e4m3
+// NaN, bf16 3.4e38). Poisoned: every cache byte no valid selected token uses (unselected tokens,
+// tokens masked by -1 or topk_length, page-stride padding, unused MODEL1 scale bytes), q
+// elements beyond d_qk, and index entries masked by topk_length (replaced by random in-range
+// slots, whose bytes are poisoned too, so a kernel that ignores topk_length reads poison).
+MaterializedCase poison_case(const MaterializedCase& m, int variant);
+
+// Cache bytes some valid selected token uses (1) or not (0): [cache size].
+std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m);
+
+// Another physical page order (a random permutation, possibly with extra unused pages) and
+// another page stride (minimum or padded); indices remapped; freed bytes random garbage.
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed);
+
+// Batch row b alone (B = 1).
+MaterializedCase batch_row_alone(const MaterializedCase& m, int b);
+
+// Head h alone (H = 1): q of head h for every row, sink[h].
+MaterializedCase head_alone(const MaterializedCase& m, int h);
+
+// Each row's index list randomly permuted (entries before and after topk_length separately, so
+// the same entries stay selected).
+MaterializedCase permute_indices(const MaterializedCase& m, uint64_t seed);
+
+// `count` -1 entries inserted into every row at random positions (within the topk_length prefix
+// when there is one, which grows by `count`). topk grows by `count`.
+MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int count);
+
+// Bitwise equality of two runs of the same shape: raw bf16 outputs (guard bands included) and
+// raw lse when both have them, otherwise the float64 out/lse bit patterns. On a difference,
+// `where` receives the first differing element ("out[b=0,h=2,d=5] 0x3f80 vs 0x3f81").
+bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
+                   std::string* where, int* wb = nullptr, int* wh = nullptr, int* wd = nullptr);
+
+// Bitwise equality of (b_whole, h_whole) of `whole` against flat row `part_row` (b * H + h of
+// the part's shape) of a single-row or single-head run `part` (logical outputs, double bit
+// patterns: bf16 values widen exactly).
+bool rows_bitwise_equal(const RunResult& whole, int32_t heads, int32_t d_v, int b_whole,
+                        int h_whole, const RunResult& part, int part_row, std::string* where);
+
+}  // namespace mlafuzz

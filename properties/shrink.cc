@@ -1,0 +1,384 @@
+// Greedy recipe shrinking (see shrink.h).
+#include "properties/shrink.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+
+#include "harness/materialize.h"
+#include "properties/evaluate.h"
+
+namespace mlafuzz {
+namespace {
+
+// Rows (or heads) to try: the two halves, then single items (at most `cap` of them).
+std::vector<std::vector<int>> subsets(int n, int cap) {
+  std::vector<std::vector<int>> out;
+  if (n <= 1) return out;
+  std::vector<int> lo(static_cast<size_t>(n / 2)), hi(static_cast<size_t>(n - n / 2));
+  std::iota(lo.begin(), lo.end(), 0);
+  std::iota(hi.begin(), hi.end(), n / 2);
+  out.push_back(lo);
+  out.push_back(hi);
+  for (int i = 0; i < std::min(n, cap); ++i) out.push_back({i});
+  return out;
+}
+
+int32_t row_len(const Case& c, int b) {
+  return c.topk_length ? (*c.topk_length)[static_cast<size_t>(b)] : -1;
+}
+
+bool entry_valid(const Case& c, int b, int k) {
+  return mla::index_valid(c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)], k,
+                          row_len(c, b), c.conventions);
+}
+
+Case select_rows(const Case& c, const std::vector<int>& rows) {
+  Case r = c;
+  r.batch = static_cast<int32_t>(rows.size());
+  r.indices.clear();
+  std::vector<int32_t> len;
+  for (int b : rows) {
+    r.indices.push_back(c.indices[static_cast<size_t>(b)]);
+    if (c.topk_length) len.push_back((*c.topk_length)[static_cast<size_t>(b)]);
+  }
+  if (c.topk_length) r.topk_length = len;
+  return r;
+}
+
+Case select_heads(const Case& c, const std::vector<int>& heads) {
+  Case r = c;
+  r.heads = static_cast<int32_t>(heads.size());
+  if (c.sink) {
+    std::vector<double> s;
+    for (int h : heads) s.push_back((*c.sink)[static_cast<size_t>(h)]);
+    r.sink = s;
+  }
+  return r;
+}
+
+// Keeps list positions `pos` (sorted) in every row; topk_length keeps the same entries.
+Case select_positions(const Case& c, const std::vector<int>& pos) {
+  Case r = c;
+  r.topk = static_cast<int32_t>(pos.size());
+  for (int32_t b = 0; b < c.batch; ++b) {
+    std::vector<int32_t> row;
+    int32_t len = 0;
+    for (int k : pos) {
+      row.push_back(c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)]);
+      if (k < row_len(c, b)) ++len;
+    }
+    r.indices[static_cast<size_t>(b)] = row;
+    if (c.topk_length) (*r.topk_length)[static_cast<size_t>(b)] = len;
+  }
+  return r;
+}
+
+std::vector<Case> fewer_rows(const Case& c) {
+  std::vector<Case> out;
+  for (const auto& s : subsets(c.batch, 16)) out.push_back(select_rows(c, s));
+  return out;
+}
+
+std::vector<Case> fewer_heads(const Case& c) {
+  std::vector<Case> out;
+  for (const auto& s : subsets(c.heads, 16)) out.push_back(select_heads(c, s));
+  return out;
+}
+
+std::vector<Case> fewer_tokens(const Case& c) {
+  std::vector<Case> out;
+  const int n = c.topk;
+  if (n <= 1) return out;
+  // Positions invalid in every row carry nothing but the list length: drop them all at once.
+  std::vector<int> useful;
+  for (int k = 0; k < n; ++k) {
+    bool any = false;
+    for (int b = 0; b < c.batch && !any; ++b) any = entry_valid(c, b, k);
+    if (any) useful.push_back(k);
+  }
+  if (!useful.empty() && static_cast<int>(useful.size()) < n) {
+    out.push_back(select_positions(c, useful));
+  }
+  std::vector<int> lo(static_cast<size_t>(n / 2)), hi(static_cast<size_t>(n - n / 2));
+  std::iota(lo.begin(), lo.end(), 0);
+  std::iota(hi.begin(), hi.end(), n / 2);
+  out.push_back(select_positions(c, lo));
+  out.push_back(select_positions(c, hi));
+  if (n <= 32) {
+    for (int drop = 0; drop < n; ++drop) {
+      std::vector<int> keep;
+      for (int k = 0; k < n; ++k) {
+        if (k != drop) keep.push_back(k);
+      }
+      out.push_back(select_positions(c, keep));
+    }
+  }
+  return out;
+}
+
+std::vector<Case> no_topk_length(const Case& c) {
+  if (!c.topk_length) return {};
+  Case r = c;
+  // Entries the length masked become -1: the same tokens stay selected.
+  for (int32_t b = 0; b < c.batch; ++b) {
+    for (int32_t k = std::max(0, row_len(c, b)); k < c.topk; ++k) {
+      r.indices[static_cast<size_t>(b)][static_cast<size_t>(k)] = -1;
+    }
+  }
+  r.topk_length.reset();
+  return {r};
+}
+
+std::vector<Case> fewer_pages(const Case& c) {
+  const int32_t P = c.geom.page_size;
+  std::map<int32_t, int32_t> used;  // logical page -> new logical page
+  for (const auto& row : c.indices) {
+    for (int32_t v : row) {
+      if (v >= 0) used[v / P] = 0;
+    }
+  }
+  const auto n_used = static_cast<int32_t>(used.size());
+  if (n_used == 0 && c.geom.num_pages > 1) {
+    Case r = c;
+    r.geom.num_pages = 1;
+    r.page_order.clear();
+    return {r};
+  }
+  if (n_used == 0 || n_used >= c.geom.num_pages) return {};
+  // New pages keep the relative physical order of the old ones.
+  std::vector<std::pair<int32_t, int32_t>> phys;  // (old physical, old logical)
+  for (auto& [lp, np] : used) {
+    phys.push_back({c.page_order.empty() ? lp : c.page_order[static_cast<size_t>(lp)], lp});
+  }
+  int32_t next = 0;
+  for (auto& [lp, np] : used) np = next++;
+  std::sort(phys.begin(), phys.end());
+  Case r = c;
+  r.geom.num_pages = n_used;
+  if (!c.page_order.empty()) {
+    r.page_order.assign(static_cast<size_t>(n_used), 0);
+    for (int32_t rank = 0; rank < n_used; ++rank) {
+      r.page_order[static_cast<size_t>(used[phys[static_cast<size_t>(rank)].second])] = rank;
+    }
+  }
+  for (auto& row : r.indices) {
+    for (int32_t& v : row) {
+      if (v >= 0) v = used[v / P] * P + v % P;
+    }
+  }
+  return {r};
+}
+
+std::vector<Case> one_if(bool change, Case r) {
+  if (!change) return {};
+  return {std::move(r)};
+}
+
+const ValueSpec kSmallInts{ValueDist::kSmallInt, 1.0, 0.0};
+
+bool same_values(const ValueSpec& a, const ValueSpec& b) {
+  return a.dist == b.dist && a.magnitude == b.magnitude && a.special_fraction == b.special_fraction;
+}
+
+std::vector<Case> simpler_values(const Case& c) {
+  std::vector<Case> out;
+  Case all = c;
+  all.q_values = all.kv_values = all.rope_values = kSmallInts;
+  if (!(same_values(c.q_values, kSmallInts) && same_values(c.kv_values, kSmallInts) &&
+        same_values(c.rope_values, kSmallInts))) {
+    out.push_back(all);
+  }
+  for (ValueSpec Case::*f : {&Case::q_values, &Case::kv_values, &Case::rope_values}) {
+    if (!same_values(c.*f, kSmallInts)) {
+      Case r = c;
+      r.*f = kSmallInts;
+      out.push_back(r);
+    }
+    if ((c.*f).special_fraction > 0) {
+      Case r = c;
+      (r.*f).special_fraction = 0;
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::vector<Case> simpler_scales(const Case& c) {
+  std::vector<Case> out;
+  if (!(c.scales.mode == ScaleMode::kFixed && c.scales.exp_lo == 127)) {
+    Case r = c;
+    r.scales = {ScaleMode::kFixed, 127, 127};
+    out.push_back(r);
+  }
+  if (c.scales.mode == ScaleMode::kRandom) {
+    Case r = c;
+    r.scales = {ScaleMode::kWriter, 127, 127};
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<Case> no_padding(const Case& c) {
+  std::vector<Case> out;
+  if (c.q_head_pad && c.out_head_pad) {
+    Case r = c;
+    r.q_head_pad = r.out_head_pad = 0;
+    out.push_back(r);
+  }
+  if (c.q_head_pad) {
+    Case r = c;
+    r.q_head_pad = 0;
+    out.push_back(r);
+  }
+  if (c.out_head_pad) {
+    Case r = c;
+    r.out_head_pad = 0;
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<ShrinkStep> make_steps() {
+  std::vector<ShrinkStep> s;
+  s.push_back({"fewer rows", fewer_rows});
+  s.push_back({"fewer heads", fewer_heads});
+  s.push_back({"fewer tokens", fewer_tokens});
+  s.push_back({"no topk_length", no_topk_length});
+  s.push_back({"fewer pages", fewer_pages});
+  s.push_back({"identity page order", [](const Case& c) {
+                 Case r = c;
+                 r.page_order.clear();
+                 return one_if(!c.page_order.empty(), r);
+               }});
+  s.push_back({"minimum stride", [](const Case& c) {
+                 Case r = c;
+                 r.geom.page_stride = 0;
+                 return one_if(
+                     c.geom.page_stride != 0 && c.geom.page_stride != mla::min_page_stride(c.geom),
+                     r);
+               }});
+  s.push_back({"scale 1", simpler_scales});
+  s.push_back({"small-integer values", simpler_values});
+  s.push_back({"no sink", [](const Case& c) {
+                 Case r = c;
+                 r.sink.reset();
+                 return one_if(c.sink.has_value(), r);
+               }});
+  s.push_back({"default sm_scale", [](const Case& c) {
+                 Case r = c;
+                 r.sm_scale.reset();
+                 return one_if(c.sm_scale.has_value(), r);
+               }});
+  s.push_back({"default conventions", [](const Case& c) {
+                 Case r = c;
+                 r.conventions = {};
+                 const auto& v = c.conventions;
+                 return one_if(v.invalid_index != mla::InvalidIndexRule::kMinusOneOnly ||
+                                   v.empty_lse != mla::EmptyRowLse::kPosInf || v.sink_in_lse,
+                               r);
+               }});
+  s.push_back({"zero pad fill", [](const Case& c) {
+                 Case r = c;
+                 r.pad_fill = Fill::kZero;
+                 return one_if(c.pad_fill != Fill::kZero, r);
+               }});
+  s.push_back({"no head padding", no_padding});
+  return s;
+}
+
+}  // namespace
+
+const std::vector<ShrinkStep>& shrink_steps() {
+  static const std::vector<ShrinkStep> steps = make_steps();
+  return steps;
+}
+
+CaseSize case_size(const Case& c) {
+  const Case e = with_explicit_indices(c);
+  CaseSize s;
+  s.rows = e.batch;
+  s.heads = e.heads;
+  s.topk = e.topk;
+  s.pages = e.geom.num_pages;
+  for (int32_t b = 0; b < e.batch; ++b) {
+    for (int32_t k = 0; k < e.topk; ++k) s.valid_tokens += entry_valid(e, b, k) ? 1 : 0;
+  }
+  return s;
+}
+
+ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
+                         double budget_seconds) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  ShrinkResult res;
+  Case cur = with_explicit_indices(failing);
+  std::string cur_json = to_json(cur);
+  bool progress = true;
+  while (progress && !res.budget_exhausted) {
+    progress = false;
+    for (const auto& step : shrink_steps()) {
+      for (Case& cand : step.candidates(cur)) {
+        if (elapsed() > budget_seconds) {
+          res.budget_exhausted = true;
+          break;
+        }
+        std::string js;
+        try {
+          validate(cand);
+          js = to_json(cand);
+        } catch (const CaseError&) {
+          continue;  // a step made an invalid recipe (e.g. a constraint it does not know)
+        }
+        if (js == cur_json) continue;
+        ++res.evaluations;
+        bool fails = false;
+        try {
+          fails = still_fails(cand);
+        } catch (const std::exception&) {
+          fails = false;  // a candidate the harness cannot evaluate is not a simplification
+        }
+        if (fails) {
+          cur = std::move(cand);
+          cur_json = std::move(js);
+          ++res.steps;
+          progress = true;
+          break;
+        }
+      }
+      if (res.budget_exhausted) break;
+    }
+  }
+  res.minimal = cur;
+  res.seconds = elapsed();
+  return res;
+}
+
+std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& failure,
+                                                        const std::vector<Backend*>& backends) {
+  // The backends named by the failure ("a" or "a|b" for pairs), found in `backends`.
+  std::vector<Backend*> use;
+  std::string names = failure.backend;
+  size_t start = 0;
+  while (start <= names.size()) {
+    const size_t bar = names.find('|', start);
+    const std::string n =
+        names.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+    for (Backend* b : backends) {
+      if (b->name() == n) use.push_back(b);
+    }
+    if (bar == std::string::npos) break;
+    start = bar + 1;
+  }
+  const std::string prop = failure.property, backend = failure.backend;
+  return [use, prop, backend](const Case& c) {
+    const CaseEvaluation ev = evaluate_case(c, use, {prop});
+    return std::any_of(ev.outcomes.begin(), ev.outcomes.end(), [&](const PropertyOutcome& o) {
+      return o.applicable && !o.passed && o.backend == backend && o.property == prop;
+    });
+  };
+}
+
+}  // namespace mlafuzz

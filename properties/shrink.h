@@ -1,0 +1,36 @@
+// Greedy recipe shrinking (shrink_case in evaluate.h). The steps, in the order they are tried,
+// each kept only when the candidate still fails the same property on the same backend:
+//   fewer rows (halves, then the single failing row), fewer heads (halves, then one), fewer
+//   tokens (halve topk, drop halves of every list, then single entries), topk_length removed,
+//   fewer pages (compact the used pages), identity page order, minimum stride, scales fixed at
+//   127 (scale 1) or the writer's, small-integer values, no sink, default sm_scale and
+//   conventions, zero pad fill, no q/out head padding.
+// Passes repeat until none is accepted (a fixed point) or the wall-clock budget is spent.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "harness/case.h"
+
+namespace mlafuzz {
+
+// One simplification of a recipe: a name for logs and the candidates it proposes (possibly
+// none), simplest first.
+struct ShrinkStep {
+  std::string name;
+  std::function<std::vector<Case>(const Case&)> candidates;
+};
+
+// The steps above, in order. Candidates keep explicit index lists consistent with batch, topk,
+// topk_length and the page count.
+const std::vector<ShrinkStep>& shrink_steps();
+
+// A recipe's size, for tests and reports: rows, heads, valid selected tokens.
+struct CaseSize {
+  int rows = 0, heads = 0, topk = 0, valid_tokens = 0, pages = 0;
+};
+CaseSize case_size(const Case& c);
+
+}  // namespace mlafuzz

@@ -1,0 +1,315 @@
+// The tolerance model (derivation in tolerance.h). One function computes every term, so the
+// model can be read top to bottom next to its derivation.
+#include "properties/tolerance.h"
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "kernels/common/tiling.h"
+
+namespace mlafuzz {
+namespace {
+
+constexpr double kU16 = 0x1p-8;  // bf16 unit roundoff (8 significant bits)
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// A p = exp(x - max) below exp(-80) may be subnormal in fp32/bf16 (2^-126 ~ exp(-87.3)) or
+// flushed to zero: its relative error is unbounded, so it gets an absolute allowance instead.
+constexpr double kUnderflowArg = -80.0;
+// An fp32 exp overflows at 88.7; a finite sink more than 80 above every logit may overflow in a
+// kernel whose running max excludes the sink.
+constexpr double kSinkOverflowArg = 80.0;
+// Second-order slack: the products of first-order terms the sums above leave out.
+constexpr double kSecondOrder = 1.0 + 0x1p-20;
+
+double gamma(double m, double u) {
+  const double mu = m * u;
+  return mu < 0.5 ? mu / (1.0 - mu) : kInf;
+}
+
+}  // namespace
+
+Pipeline pipeline_for(Precision p) {
+  Pipeline pl;
+  pl.precision = p;
+  switch (p) {
+    case Precision::kFloat64:
+    case Precision::kCustom:
+      // The oracles: double arithmetic, one pass over the list, no store rounding. Subnormal
+      // doubles are kept by the CPU (no flush-to-zero): eta is the double subnormal spacing.
+      pl.u = pl.u_acc = 0x1p-53;
+      pl.eta = 0x1p-1074;
+      break;
+    case Precision::kSimtFp32:
+      pl.u = pl.u_acc = 0x1p-24;
+      pl.bf16_out = true;
+      pl.token_tile = mla::kSimtTokenTile;
+      pl.eta = 0x1p-126;  // fp32 flush-to-zero allowed
+      break;
+    case Precision::kMmaBf16:
+      pl.u = 0x1p-24;
+      pl.u_acc = 0x1p-23;  // tensor-core accumulation may truncate instead of rounding
+      pl.bf16_p = true;
+      pl.bf16_out = true;
+      pl.token_tile = mla::kMmaTokenTile;
+      pl.eta = 0x1p-126;
+      break;
+  }
+  return pl;
+}
+
+Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
+                      int tile_topk) {
+  const int32_t B = m.batch, H = m.heads, dv = m.d_v(), dqk = m.d_qk();
+  const double u = p.u, s = std::fabs(m.sm_scale64);
+  const int T = tile_topk > 0 ? tile_topk : m.topk;
+  const int nt = p.token_tile > 0 ? (T + p.token_tile - 1) / p.token_tile : 1;
+  const double g_dot = gamma(dqk + 2, p.u_acc);
+  const double g_num = gamma(T + nt + 2, p.u_acc);
+  const double g_den = gamma(T + nt + 4, u);
+  const double g_lse = gamma(T + nt + 2, u);
+  const double exp_ulps = (nt + 2) * p.c_exp * u;
+
+  Bounds bd;
+  bd.out.assign(static_cast<size_t>(B) * H * dv, 0.0);
+  bd.lse.assign(static_cast<size_t>(B) * H, 0.0);
+  for (int32_t b = 0; b < B; ++b) {
+    const OracleRow row = gather_row(m, b);
+    const auto n = static_cast<Eigen::Index>(row.k.size());
+    if (n == 0) continue;  // empty row: out exactly 0, lse exactly the convention's infinity
+    const Eigen::MatrixXd Q = q_matrix(m, b);
+    const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
+    const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
+    const auto V = row.K.leftCols(dv);                                            // [n, dv]
+    const Eigen::MatrixXd Vabs = V.cwiseAbs();
+    Eigen::VectorXd e(n), w(n), c(n), wabs_part(n), under(n);
+    for (int32_t h = 0; h < H; ++h) {
+      const size_t rh = static_cast<size_t>(b) * H + h;
+      const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
+      double* ob = bd.out.data() + rh * dv;
+      const double* O = ref.out.data() + rh * dv;
+      const double lse_ref = ref.lse[rh];
+      const double x_max = X.row(h).maxCoeff(), x_min = X.row(h).minCoeff();
+      const double R = x_max - x_min;
+      // Logit errors e_k (model steps 1 and 2).
+      for (Eigen::Index k = 0; k < n; ++k) {
+        const double x = X(h, k);
+        const double dx = g_dot * A(h, k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
+        e(k) = dx + 2 * u * (std::fabs(x - x_max) + R) + exp_ulps;
+      }
+      const bool sink_pos_inf = sink == kInf;
+      const bool sink_finite = std::isfinite(sink);
+      const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + R) + exp_ulps : 0.0;
+
+      // LSE weights w' (tokens; the sink too when it is folded into the lse).
+      const bool lse_sink = m.conv.sink_in_lse && sink_finite;
+      {
+        const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
+        double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+        for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(X(h, k) - Ml);
+        double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
+        double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
+        for (Eigen::Index k = 0; k < n; ++k) {
+          const double wk = std::exp(X(h, k) - Ml) / zl;
+          up += wk * std::exp(e(k));
+          down += wk * std::exp(-e(k));
+        }
+        const double lw = std::max(std::log(up), -std::log(down));
+        if (!(m.conv.sink_in_lse && sink_pos_inf) && std::isfinite(lse_ref)) {
+          bd.lse[rh] = lw - std::log1p(-g_lse) +
+                       p.c_exp * u * (std::fabs(lse_ref) + std::fabs(x_max) + 1) +
+                       2 * u * std::fabs(lse_ref) + T * p.eta;
+        }
+      }
+      if (sink_pos_inf) continue;  // out exactly 0: exp(+inf - m) = inf in the denominator
+
+      // Output weights w (sink in the denominator).
+      const double M = sink_finite ? std::max(x_max, sink) : x_max;
+      double Z = sink_finite ? std::exp(sink - M) : 0.0;
+      for (Eigen::Index k = 0; k < n; ++k) Z += std::exp(X(h, k) - M);
+      const double w_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
+      double e_max = e_s;
+      for (Eigen::Index k = 0; k < n; ++k) {
+        w(k) = std::exp(X(h, k) - M) / Z;
+        c(k) = w(k) * std::expm1(e(k));
+        under(k) = X(h, k) - x_max < kUnderflowArg ? 0x1p-126 : 0.0;
+        e_max = std::max(e_max, e(k));
+      }
+      const double grow = std::exp(e_max);
+      const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
+      const Eigen::RowVectorXd o = Eigen::Map<const Eigen::RowVectorXd>(O, dv);
+      // sum_k c_k |V_kd - O_d|: the weight-error term (step 2), exact in |V - O|.
+      const Eigen::RowVectorXd wt = c.transpose() * (V.rowwise() - o).cwiseAbs();
+      const Eigen::RowVectorXd wv = w.transpose() * Vabs;  // sum_k w_k |V_kd|
+      const Eigen::RowVectorXd uv = under.transpose() * Vabs;
+      for (int32_t d = 0; d < dv; ++d) {
+        const double od = std::fabs(O[d]);
+        double first = grow * (wt(d) + w_s * std::expm1(e_s) * od);
+        first += grow * (g_num * wv(d) + g_den * od);
+        if (p.bf16_p) first += grow * kU16 * wv(d);
+        double abs_terms = p.eta * (T + nt + 4) + uv(d);
+        if (sink_overflow) abs_terms += od + wv(d);
+        ob[d] = first * kSecondOrder + abs_terms;
+      }
+    }
+  }
+  return bd;
+}
+
+Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol) {
+  Bounds bd;
+  bd.out.resize(ref.out.size());
+  bd.lse.resize(ref.lse.size());
+  for (size_t i = 0; i < ref.out.size(); ++i) bd.out[i] = abs_tol + rel_tol * std::fabs(ref.out[i]);
+  for (size_t i = 0; i < ref.lse.size(); ++i) bd.lse[i] = abs_tol + rel_tol * std::fabs(ref.lse[i]);
+  return bd;
+}
+
+Bounds add_bounds(const Bounds& a, const Bounds& b) {
+  Bounds r = a;
+  for (size_t i = 0; i < r.out.size() && i < b.out.size(); ++i) r.out[i] += b.out[i];
+  for (size_t i = 0; i < r.lse.size() && i < b.lse.size(); ++i) r.lse[i] += b.lse[i];
+  return r;
+}
+
+void bf16_rounding_interval(double v, double* lo, double* hi) {
+  if (!std::isfinite(v)) {
+    *lo = *hi = v;
+    return;
+  }
+  const double a = std::fabs(v);
+  double away, toward;  // half-spacings away from and toward zero
+  if (a < 0x1p-126) {
+    away = toward = 0x1p-134;  // subnormal bf16 spacing 2^-133
+  } else {
+    const int ex = std::ilogb(a);
+    const double ulp = std::ldexp(1.0, ex - 7);
+    away = ulp / 2;
+    toward = (a == std::ldexp(1.0, ex) && ex > -126) ? ulp / 4 : ulp / 2;
+  }
+  if (a == 0) {
+    *lo = -0x1p-134;
+    *hi = 0x1p-134;
+  } else if (v > 0) {
+    *lo = v - toward;
+    *hi = v + away;
+  } else {
+    *lo = v - away;
+    *hi = v + toward;
+  }
+}
+
+namespace {
+
+// Classifies a value for the non-finite position check.
+int finite_class(double v) {
+  if (std::isnan(v)) return 1;
+  if (v == kInf) return 2;
+  if (v == -kInf) return 3;
+  return 0;
+}
+
+const char* class_name(int c) {
+  static const char* const names[] = {"finite", "NaN", "+inf", "-inf"};
+  return names[c];
+}
+
+void interval(double v, bool bf16, double* lo, double* hi) {
+  if (bf16) {
+    bf16_rounding_interval(v, lo, hi);
+  } else {
+    *lo = *hi = v;
+  }
+}
+
+double ratio(double excess, double bound) {
+  if (excess <= 0) return 0;
+  return bound > 0 ? excess / bound : kInf;
+}
+
+}  // namespace
+
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
+                        int32_t heads, int32_t d_v) {
+  BoundCheck r;
+  double sum_abs = 0;
+  int64_t n_abs = 0;
+  auto consider = [&](double va, double vb, bool bf16, double bnd, int bb, int hh, int dd,
+                      double& part_tightness) {
+    const int ca = finite_class(va), cb = finite_class(vb);
+    if (ca != cb) {
+      if (r.nonfinite_match) {
+        std::ostringstream os;
+        os << (dd >= 0 ? "out[b=" : "lse[b=") << bb << ",h=" << hh;
+        if (dd >= 0) os << ",d=" << dd;
+        os << "]: " << class_name(ca) << " (" << va << ") where the reference is " << class_name(cb)
+           << " (" << vb << ")";
+        r.nonfinite_detail = os.str();
+      }
+      r.nonfinite_match = false;
+      r.passed = false;
+      return;
+    }
+    if (ca != 0) return;
+    double alo, ahi, blo, bhi;
+    interval(va, bf16 && a.out_bf16, &alo, &ahi);
+    interval(vb, bf16 && b.out_bf16, &blo, &bhi);
+    const double excess = std::max({blo - ahi, alo - bhi, 0.0});
+    const double err = std::fabs(va - vb);
+    const double t = ratio(excess, bnd);
+    part_tightness = std::max(part_tightness, t);
+    if (dd >= 0) {
+      sum_abs += err;
+      ++n_abs;
+      r.max_abs = std::max(r.max_abs, err);
+      r.out_max_ref = std::max(r.out_max_ref, std::fabs(vb));
+    } else {
+      r.lse_max_abs = std::max(r.lse_max_abs, err);
+    }
+    if (t > r.tightness || r.b < 0) {
+      r.tightness = std::max(r.tightness, t);
+      r.b = bb;
+      r.h = hh;
+      r.d = dd;
+      r.value = va;
+      r.reference = vb;
+      r.error = err;
+      r.excess = excess;
+      r.bound = bnd;
+    }
+    if (t > 1) r.passed = false;
+  };
+  for (int32_t bb = 0; bb < batch; ++bb) {
+    for (int32_t hh = 0; hh < heads; ++hh) {
+      const size_t rh = static_cast<size_t>(bb) * heads + hh;
+      for (int32_t dd = 0; dd < d_v; ++dd) {
+        const size_t i = rh * d_v + dd;
+        consider((*a.out)[i], (*b.out)[i], true, bound.out[i], bb, hh, dd, r.out_tightness);
+      }
+      consider((*a.lse)[rh], (*b.lse)[rh], false, bound.lse[rh], bb, hh, -1, r.lse_tightness);
+    }
+  }
+  r.mean_abs = n_abs > 0 ? sum_abs / static_cast<double>(n_abs) : 0;
+  r.max_rel = r.out_max_ref > 0 ? r.max_abs / r.out_max_ref : 0;
+  return r;
+}
+
+std::string BoundCheck::describe() const {
+  std::ostringstream os;
+  os.precision(6);
+  if (!nonfinite_match) os << "non-finite position mismatch: " << nonfinite_detail << "; ";
+  if (b < 0) {
+    os << "no finite element compared";
+    return os.str();
+  }
+  os << (d >= 0 ? "out[b=" : "lse[b=") << b << ",h=" << h;
+  if (d >= 0) os << ",d=" << d;
+  os << "] value " << value << " reference " << reference << " |error| " << error;
+  if (excess != error) os << " (beyond rounding " << excess << ")";
+  os << " bound " << bound << " error/bound " << tightness;
+  return os.str();
+}
+
+}  // namespace mlafuzz

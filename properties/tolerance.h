@@ -1,0 +1,127 @@
+// THE tolerance model of mlafuzz: per-element error bounds for out and lse, derived from each
+// backend's precision pipeline (SPEC.md sections 4 and 5). Every tolerance the properties apply
+// comes from here; nothing else in the project compares numbers against a constant.
+//
+// Notation for one batch row b and head h: valid tokens k (n of them) in a top-k list of length
+// T folded in nt = ceil(T / tile) online-softmax tiles; q and K_k exact (bf16 q, e4m3 * 2^e K,
+// bf16 rope); s = the fp32 sm_scale; x_k = s <q, K_k> (the oracle's logits); M the max of the
+// valid logits and a finite sink; w_k = exp(x_k - M) / (sum_j exp(x_j - M) + exp(sink - M)) and
+// w_s the sink's share (the oracle's softmax weights, sink in the denominator); O_d = sum w_k V_kd
+// the oracle's output; u the pipeline's unit roundoff, gamma(m) = m u / (1 - m u).
+//
+// 1. Logits. Any summation order of d_qk products, with or without FMA, plus the scale multiply
+//    (MMA: after the product; SIMT: q*s rounded to fp32 first) and a possible multiply by log2(e)
+//    for exp2: |dx_k| <= gamma(d_qk + 2; u_acc) * A_k + 2u |x_k| + s (d_qk + 2) eta,
+//    A_k = s sum_d |q_d K_kd|. u_acc = 2u for MMA: tensor cores may truncate when they
+//    accumulate. eta = 2^-126 absolute per operation allows flush-to-zero of subnormals.
+// 2. Softmax weights. Each computed weight is exp(x_k + eps_k - m) with |eps_k| <= e_k,
+//    e_k = |dx_k| + 2u(|x_k - x_max| + R) + (nt + 2) c_exp u: the logit error, the rounding of
+//    the exp argument (twice: a possible log2(e) multiply), the drift of the nt online-softmax
+//    rescales (their arguments sum to at most R = x_max - x_min) and c_exp ulps per exp call.
+//    The sink is a token with V = 0 and e_s without the logit term. Exactly (not to first order):
+//      O~ - O = [sum_k w_k (exp(eps_k) - 1)(V_k - O) - w_s (exp(eps_s) - 1) O] / Z,
+//      Z = sum_j w_j exp(eps_j) >= exp(-e_max),
+//    so |dO_d| <= exp(e_max) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e_s) |O_d|].
+// 3. Accumulation: the numerator sum_k p_k V_kd over T tokens and nt rescales (u_acc), the row
+//    sum l, the sink add and the division (u): gamma(T + nt + 2; u_acc) sum_k w_k |V_kd|
+//    + gamma(T + nt + 4; u) |O_d|, times exp(e_max) for the weight perturbation.
+// 4. MMA only: p rounded to bf16 for P*V (l keeps fp32 p): u16 sum_k w_k |V_kd|, u16 = 2^-8.
+// 5. Underflow: eta (T + nt + 4) absolute; tokens with x_k - x_max < -80 whose p may be
+//    subnormal or flushed: 2^-126 sum_k |V_kd| over those tokens; a finite sink more than 80
+//    above every logit may overflow exp in fp32 (the kernel's max excludes the sink), flushing
+//    out to 0: |O_d| + sum_k w_k |V_kd| more.
+// Sum of 2-4 times (1 + 2^-20) (second-order terms), plus 5, is delta_pre: the bound on the
+// output before the store. The bf16 store is modelled exactly instead of with u16 |O_d|: the
+// kernel stores k = RNE(O^), so O^ lies in k's rounding interval [k - ulp_below/2, k + ulp/2],
+// and the test is dist(O, interval(k)) <= delta_pre. error/bound = dist / delta_pre is 0 when
+// k = RNE(O) and exceeds 1 exactly when no O^ within delta_pre of O rounds to k. (An additive
+// u16 |O_d| term would put every correct kernel near tightness 1 at values just above a power
+// of two; this form keeps the margin visible.)
+// LSE (fp32, no store rounding): lse~ - lse = log(sum_k w'_k exp(eps_k)) with w' the weights
+// without the sink (with it when Conventions::sink_in_lse), so
+//   |dlse| <= max(log(sum w'_k exp(e_k)), -log(sum w'_k exp(-e_k))) - log1p(-gamma(T + nt + 2; u))
+//             + c_exp u (|lse| + |x_max| + 1) + 2u |lse| + T eta.
+// Exact cases: a row without valid tokens must give out exactly 0 and lse exactly the
+// convention's infinity; a +inf sink out exactly 0 (and lse +inf when sink_in_lse). Positions
+// of +inf, -inf and NaN must match the oracle's everywhere.
+// The float64 oracle's own error is the same model with u = 2^-53 and no tiles; it is added to
+// every bound (oracle-loop against the oracle: twice that).
+// kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+#include "oracle/oracle.h"
+
+namespace mlafuzz {
+
+// Error-model parameters of one precision pipeline.
+struct Pipeline {
+  Precision precision = Precision::kFloat64;
+  double u = 0x1p-53;      // unit roundoff of the arithmetic
+  double u_acc = 0x1p-53;  // of the dot products and the P*V accumulation
+  bool bf16_p = false;     // p rounded to bf16 for P*V (MMA)
+  bool bf16_out = false;   // out stored as bf16 with round-to-nearest-even
+  int token_tile = 0;      // tokens per online-softmax tile; 0: one tile for the whole list
+  double eta = 0;          // absolute allowance per operation for subnormals / flush-to-zero
+  double c_exp = 4;        // exp/log error in ulps (libm expf <= 1, CUDA expf <= 2, exp2 + mul)
+};
+
+// The pipeline of a precision (kCustom has none: use the backend's abs/rel tolerances).
+Pipeline pipeline_for(Precision p);
+
+// Per-element bounds (absolute) of one case for one pipeline.
+struct Bounds {
+  std::vector<double> out;  // [B, H, d_v] delta_pre (before the bf16 store, if any)
+  std::vector<double> lse;  // [B, H]
+};
+
+// Bounds for case m against the oracle's result `ref` (run_oracle_eigen(m)). tile_topk > 0
+// replaces m.topk in the tile and accumulation counts (a metamorphic variant with inserted
+// entries has a longer list but the same valid tokens).
+Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
+                      int tile_topk = 0);
+
+// Custom bounds: abs + rel |ref| per element.
+Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol);
+
+// a + b element-wise (bounds of two pipelines compared with each other).
+Bounds add_bounds(const Bounds& a, const Bounds& b);
+
+// Values compared by a check: plain numbers (points), or bf16-stored outputs whose rounding
+// interval is used (see the model above).
+struct Side {
+  const std::vector<double>* out = nullptr;  // [B, H, d_v]
+  const std::vector<double>* lse = nullptr;  // [B, H]
+  bool out_bf16 = false;
+};
+
+// Result of comparing two sides element-wise under a bound.
+struct BoundCheck {
+  bool passed = true;
+  bool nonfinite_match = true;
+  std::string nonfinite_detail;  // first mismatching position, e.g. "out[0,3,17]: NaN vs 0.25"
+  double tightness = 0;          // max over elements of excess / bound (inf: bound 0, excess > 0)
+  // Worst element (d = -1: lse).
+  int b = -1, h = -1, d = -1;
+  double value = 0, reference = 0, error = 0, excess = 0, bound = 0;
+  // Element statistics (finite positions): the original test's figures.
+  double max_abs = 0, mean_abs = 0, max_rel = 0, lse_max_abs = 0, out_max_ref = 0;
+  double out_tightness = 0, lse_tightness = 0;
+  std::string describe() const;  // "out[b=0,h=3,d=17] value ... ref ... |err| ... bound ... ratio"
+};
+
+// Compares side a (under test) with side b (reference) under `bound` (already summed over the
+// pipelines involved). Shapes: batch, heads, d_v.
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
+                        int32_t heads, int32_t d_v);
+
+// The rounding interval of a bf16 value v (exact bf16, widened): every real that RNE-rounds to v.
+// For +-inf and NaN returns [v, v].
+void bf16_rounding_interval(double v, double* lo, double* hi);
+
+}  // namespace mlafuzz
