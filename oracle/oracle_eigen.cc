@@ -57,6 +57,15 @@ void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& k
   const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
   for (size_t i = 0; i < ks.size(); ++i) {
     const mla::TokenAddress a = mla::token_address(g, idx[ks[i]]);
+    if (i + 2 < ks.size()) {
+      // The selected tokens are scattered over the cache: start loading a later token's bytes
+      // while this one decodes (one request per 64-byte line).
+      const mla::TokenAddress p = mla::token_address(g, idx[ks[i + 2]]);
+      for (int64_t off = 0; off < g.nope_dim + 2 * g.rope_dim; off += 64) {
+        __builtin_prefetch(cache + p.nope + off);
+      }
+      __builtin_prefetch(cache + p.scale);
+    }
     double* row = Kr + static_cast<int64_t>(i) * dqk;
     const uint8_t* nope = cache + a.nope;
     for (int32_t t = 0; t < tiles; ++t) {
@@ -80,9 +89,8 @@ void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& k
 struct RowScratch {
   std::vector<int32_t> ks;
   std::vector<double> kr;  // [n, d_qk] row-major gathered keys
-  std::vector<double> q;   // [H, d_qk] col-major
+  std::vector<double> q;   // [H, d_qk] row-major, like the bf16 input (contiguous widening)
   std::vector<double> s;   // [H, n] col-major logits, then softmax numerators exp(x - max)
-  std::vector<double> o;   // [H, d_v] col-major
   Eigen::VectorXd mx;      // [H] row max of the logits
   Eigen::VectorXd l;       // [H] sum of exp(x - max)
 };
@@ -95,13 +103,14 @@ double* grown(std::vector<double>& v, int64_t n) {
   return v.data();
 }
 
+// q of row b as [H, d_qk] row-major doubles (the head padding of q_head_stride is skipped).
 void fill_q(const MaterializedCase& m, int b, double* q) {
   const int32_t dqk = m.d_qk();
-  ColMap Q(q, m.heads, dqk);
   const uint16_t* qb = m.q.data() + static_cast<int64_t>(b) * m.heads * m.q_head_stride;
   for (int32_t h = 0; h < m.heads; ++h) {
     const uint16_t* qh = qb + static_cast<int64_t>(h) * m.q_head_stride;
-    for (int32_t d = 0; d < dqk; ++d) Q(h, d) = static_cast<double>(mla::bf16_to_float(qh[d]));
+    double* row = q + static_cast<int64_t>(h) * dqk;
+    for (int32_t d = 0; d < dqk; ++d) row[d] = static_cast<double>(mla::bf16_to_float(qh[d]));
   }
 }
 
@@ -124,9 +133,9 @@ void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& 
   }
   const int32_t dqk = m.d_qk();
   RowMap K(grown(s.kr, n * dqk), n, dqk);
-  ColMap Q(grown(s.q, int64_t{H} * dqk), H, dqk);
+  RowMap Q(grown(s.q, int64_t{H} * dqk), H, dqk);
   ColMap S(grown(s.s, H * n), H, n);
-  ColMap O(grown(s.o, int64_t{H} * dv), H, dv);
+  RowMap O(out, H, dv);  // the result's [H, d_v] slice of row b, written in place
   gather_rows(m, b, s.ks, K.data());
   fill_q(m, b, Q.data());
 
@@ -150,12 +159,10 @@ void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& 
     // explicitly so an infinite numerator cannot give inf/inf); a finite sink so large that
     // exp overflows gives +inf too, whose limit out = 0 is the correct float64 answer.
     const double sink_term = sink == -kInf ? 0.0 : std::exp(sink - s.mx(h));
-    double* oh = out + static_cast<int64_t>(h) * dv;
     if (sink == kInf) {
-      std::fill(oh, oh + dv, 0.0);
+      O.row(h).setZero();
     } else {
-      const double inv = 1.0 / (s.l(h) + sink_term);
-      for (int32_t d = 0; d < dv; ++d) oh[d] = O(h, d) * inv;
+      O.row(h) *= 1.0 / (s.l(h) + sink_term);
     }
     if (!m.conv.sink_in_lse || sink == -kInf) {
       lse[h] = s.mx(h) + std::log(s.l(h));  // sink excluded (FlashMLA)
@@ -264,7 +271,7 @@ OracleRow gather_row(const MaterializedCase& m, int b) {
 Eigen::MatrixXd q_matrix(const MaterializedCase& m, int b) {
   check_shapes(m);
   check_batch_row(m, b);
-  Eigen::MatrixXd Q(m.heads, m.d_qk());
+  RowMatrix Q(m.heads, m.d_qk());
   fill_q(m, b, Q.data());
   return Q;
 }
