@@ -86,19 +86,25 @@ void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& k
 // reallocate whenever a row's valid count changes, and glibc hands such large blocks back to
 // the kernel on free, so every call would page-fault its scratch in again (measured: 4.5 ms
 // instead of 0.7 ms for B=1, topk=128).
+//
+// The buffers are aligned to Eigen's packet alignment, always: Eigen peels unaligned leading
+// elements into scalar code (std::exp instead of its packet exp, another summation order), so
+// with malloc's varying alignment the last bit of the result depended on which thread's buffer
+// a row landed in (caught by ThreadCountDoesNotChangeBits when run alone).
+using AlignedVector = std::vector<double, Eigen::aligned_allocator<double>>;
 struct RowScratch {
   std::vector<int32_t> ks;
-  std::vector<double> kr;  // [n, d_qk] row-major gathered keys
-  std::vector<double> q;   // [H, d_qk] row-major, like the bf16 input (contiguous widening)
-  std::vector<double> s;   // [H, n] col-major logits, then softmax numerators exp(x - max)
-  Eigen::VectorXd mx;      // [H] row max of the logits
-  Eigen::VectorXd l;       // [H] sum of exp(x - max)
+  AlignedVector kr;    // [n, d_qk] row-major gathered keys
+  AlignedVector q;     // [H, d_qk] row-major, like the bf16 input (contiguous widening)
+  AlignedVector s;     // [H, n] col-major logits, then softmax numerators exp(x - max)
+  Eigen::VectorXd mx;  // [H] row max of the logits
+  Eigen::VectorXd l;   // [H] sum of exp(x - max)
 };
 
 using RowMap = Eigen::Map<RowMatrix>;
 using ColMap = Eigen::Map<Eigen::MatrixXd>;
 
-double* grown(std::vector<double>& v, int64_t n) {
+double* grown(AlignedVector& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   return v.data();
 }

@@ -529,18 +529,21 @@ TEST(OracleAgreement, EigenMatchesLoopOnMaterializedRecipes) {
 }
 
 TEST(OracleAgreement, ThreadCountDoesNotChangeBits) {
-  RandomSpec s;
-  s.batch = 13;
-  s.heads = 8;
-  s.topk = 40;
-  s.sink = true;
-  s.topk_length = true;
-  const MaterializedCase m = testing::random_case(s, 77);
-  const OracleResult one = run_oracle_eigen(m, 1);
-  for (int threads : {0, 2, 3, 32}) {
-    const OracleResult r = run_oracle_eigen(m, threads);
-    EXPECT_EQ(r.out, one.out) << threads;
-    EXPECT_EQ(r.lse, one.lse) << threads;
+  // Odd head counts and topk put rows and columns at every alignment.
+  for (int heads : {8, 5}) {
+    RandomSpec s;
+    s.batch = 13;
+    s.heads = heads;
+    s.topk = 40 + heads;
+    s.sink = true;
+    s.topk_length = true;
+    const MaterializedCase m = testing::random_case(s, 77);
+    const OracleResult one = run_oracle_eigen(m, 1);
+    for (int threads : {0, 2, 3, 32, 1}) {
+      const OracleResult r = run_oracle_eigen(m, threads);
+      EXPECT_EQ(r.out, one.out) << "heads " << heads << " threads " << threads;
+      EXPECT_EQ(r.lse, one.lse) << "heads " << heads << " threads " << threads;
+    }
   }
 }
 
