@@ -515,20 +515,25 @@ void validate(const Case& c) {
   check(c.scales.exp_lo <= c.scales.exp_hi, "scales.exp_hi", "must be >= scales.exp_lo");
 }
 
+nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g) {
+  json j;
+  j["layout"] = layout_name(g.layout);
+  j["nope_dim"] = g.nope_dim;
+  j["rope_dim"] = g.rope_dim;
+  j["scale_tile"] = g.scale_tile;
+  j["page_size"] = g.page_size;
+  j["page_stride"] = g.page_stride;
+  j["num_pages"] = g.num_pages;
+  return j;
+}
+
 nlohmann::ordered_json case_to_json_value(const Case& c) {
   json j;
   j["format"] = kCaseFormat;
   j["version"] = c.version;
   j["name"] = c.name;
   if (!c.description.empty()) j["description"] = c.description;
-  json g;
-  g["layout"] = layout_name(c.geom.layout);
-  g["nope_dim"] = c.geom.nope_dim;
-  g["rope_dim"] = c.geom.rope_dim;
-  g["scale_tile"] = c.geom.scale_tile;
-  g["page_size"] = c.geom.page_size;
-  g["page_stride"] = c.geom.page_stride;
-  g["num_pages"] = c.geom.num_pages;
+  json g = geometry_to_json(c.geom);
   if (!c.page_order.empty()) g["page_order"] = c.page_order;
   j["geometry"] = std::move(g);
   j["batch"] = c.batch;

@@ -139,6 +139,9 @@ void save_case(const Case& c, const std::string& path);
 nlohmann::ordered_json case_to_json_value(const Case& c);
 Case case_from_json_value(const nlohmann::ordered_json& j, const std::string& path_prefix = "");
 
+// The "geometry" object of a case file, without page_order (also used by dumps and reports).
+nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g);
+
 // Pretty JSON text: two-space indent, but arrays of scalars on one line, so index lists stay
 // readable. Ends with a newline. Used for case files, corpus entries and reports.
 std::string json_to_text(const nlohmann::ordered_json& j);

@@ -33,7 +33,11 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   fs::path dir = target.parent_path();
   if (dir.empty()) dir = ".";
   // Same folder as the target, so the rename never crosses file systems.
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmpXXXXXX")).string();
+  // Built by appends: GCC 12 warns falsely (-Wrestrict) on "." + string + "...".
+  std::string name(1, '.');
+  name.append(target.filename().string());
+  name.append(".tmpXXXXXX");
+  std::string tmp = (dir / name).string();
   Fd f;
   f.fd = ::mkstemp(tmp.data());
   if (f.fd < 0) fail("cannot create a temporary file next to", path, errno);

@@ -1,0 +1,299 @@
+// `mlafuzz run` and `mlafuzz list-backends`.
+//
+// run: case file -> materialize -> every requested backend -> comparison against the float64
+// oracle (the reference, run even when not listed) -> optional .npy dump for independent checks.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/case.h"
+#include "harness/cli/commands.h"
+#include "harness/compare.h"
+#include "harness/fileio.h"
+#include "harness/materialize.h"
+#include "harness/npy.h"
+
+namespace mlafuzz::cli {
+namespace {
+
+constexpr const char* kReference = "oracle";
+
+struct RunOptions {
+  std::string case_path;
+  std::string backends = kReference;
+  std::string dump_dir;
+};
+
+struct Ran {
+  std::string name;
+  std::unique_ptr<Backend> backend;
+  RunResult result;
+  bool listed = true;  // false for the oracle when it only runs as the reference
+  bool skipped = false;
+};
+
+std::string shape(std::initializer_list<int64_t> dims) {
+  std::string s = "[";
+  for (int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
+  return s + "]";
+}
+
+std::string output_summary(const MaterializedCase& m, const RunResult& r) {
+  double max_abs = 0, sum_abs = 0;
+  int64_t finite = 0, out_nonfinite = 0;
+  for (double v : r.out) {
+    if (!std::isfinite(v)) {
+      ++out_nonfinite;
+      continue;
+    }
+    max_abs = std::max(max_abs, std::fabs(v));
+    sum_abs += std::fabs(v);
+    ++finite;
+  }
+  double lo = HUGE_VAL, hi = -HUGE_VAL;
+  int64_t pos_inf = 0, neg_inf = 0, nan = 0;
+  for (double v : r.lse) {
+    if (std::isnan(v)) {
+      ++nan;
+    } else if (std::isinf(v)) {
+      (v > 0 ? pos_inf : neg_inf)++;
+    } else {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+  const std::string lse_range =
+      lo <= hi ? fmt::format("[{:.6g}, {:.6g}]", lo, hi) : std::string("[no finite value]");
+  return fmt::format(
+      "out {} max|out|={:.4e} mean|out|={:.4e} non-finite={} | lse {} range {} +inf={} -inf={} "
+      "nan={} | {:.3f} ms",
+      shape({m.batch, m.heads, m.d_v()}), max_abs,
+      finite ? sum_abs / static_cast<double>(finite) : 0.0, out_nonfinite,
+      shape({m.batch, m.heads}), lse_range, pos_inf, neg_inf, nan, r.seconds * 1e3);
+}
+
+// Runs one backend; a backend never aborts the command: errors become results.
+void run_backend(const MaterializedCase& m, Ran& ran) {
+  const Availability av = ran.backend->availability();
+  if (!av.available) {
+    ran.result.status = RunStatus::kError;
+    ran.result.message = "not available here: " + av.reason;
+    return;
+  }
+  if (auto why = ran.backend->unsupported(m)) {
+    ran.result.status = RunStatus::kUnsupported;
+    ran.result.message = *why;
+    ran.skipped = true;
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ran.result = ran.backend->run(m);
+  } catch (const std::exception& e) {
+    ran.result = RunResult{};
+    ran.result.status = RunStatus::kError;
+    ran.result.message = std::string("threw: ") + e.what();
+  }
+  if (ran.result.seconds == 0) {
+    ran.result.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+}
+
+const char* status_name(RunStatus s) {
+  switch (s) {
+    case RunStatus::kOk:
+      return "ok";
+    case RunStatus::kUnsupported:
+      return "unsupported";
+    case RunStatus::kError:
+      return "ERROR";
+    case RunStatus::kFault:
+      return "FAULT";
+  }
+  return "?";
+}
+
+std::vector<float> to_float(const std::vector<double>& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
+
+// Inputs as the kernels see them, outputs of every backend, the recipe, and the resolved
+// scalars scripts/check_dump.py needs to recompute the oracle from the raw bytes.
+void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m,
+                const std::vector<Ran>& runs) {
+  make_dirs(dir);
+  const auto path = [&](const std::string& f) { return dir + "/" + f; };
+  write_npy(path("q.npy"), m.q, {m.batch, m.heads, m.q_head_stride});
+  write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
+  write_npy(path("indices.npy"), m.indices, {m.batch, m.topk});
+  if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
+  if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
+  for (const Ran& r : runs) {
+    if (!r.result.ok()) continue;
+    const std::vector<int64_t> out_shape{m.batch, m.heads, m.d_v()}, lse_shape{m.batch, m.heads};
+    const std::string suffix = r.name == kReference ? "" : "_" + r.name;
+    write_npy(path("out" + suffix + ".npy"), to_float(r.result.out), out_shape);
+    write_npy(path("lse" + suffix + ".npy"), to_float(r.result.lse), lse_shape);
+    if (r.name == kReference) {
+      write_npy(path("out64.npy"), r.result.out, out_shape);
+      write_npy(path("lse64.npy"), r.result.lse, lse_shape);
+    }
+  }
+  write_file_atomic(path("case.json"), to_json(c));
+  nlohmann::ordered_json p;
+  p["geometry"] = geometry_to_json(m.geom);  // page_stride resolved
+  p["batch"] = m.batch;
+  p["heads"] = m.heads;
+  p["topk"] = m.topk;
+  p["d_qk"] = m.d_qk();
+  p["d_v"] = m.d_v();
+  p["q_head_stride"] = m.q_head_stride;
+  p["sm_scale"] = m.sm_scale64;  // the fp32 value the kernels get, exactly
+  p["conventions"] = case_to_json_value(c)["conventions"];
+  p["content_hash"] = fmt::format("{:016x}", content_hash(m));
+  write_file_atomic(path("params.json"), json_to_text(p));
+}
+
+int run_command(const RunOptions& o) {
+  // Everything that can be bad input is checked before anything runs or is written.
+  const Case c = load_case(o.case_path);
+  std::vector<Ran> runs;
+  bool have_reference = false;
+  for (const std::string& name : parse_backend_list(o.backends)) {
+    have_reference = have_reference || name == kReference;
+    runs.push_back(Ran{name, make_backend(name), {}, true, false});
+  }
+  if (!have_reference) {
+    runs.insert(runs.begin(), Ran{kReference, make_backend(kReference), {}, false, false});
+  }
+  const MaterializedCase m = materialize(c);
+
+  std::cout << fmt::format(
+      "case {}: {} B={} H={} topk={} P={} S0={} pages={} d_qk={} d_v={} sm_scale={:.9g} "
+      "hash={:016x}\n",
+      c.name.empty() ? o.case_path : c.name, layout_name(m.geom.layout), m.batch, m.heads, m.topk,
+      m.geom.page_size, m.geom.page_stride, m.geom.num_pages, m.d_qk(), m.d_v(), m.sm_scale,
+      content_hash(m));
+
+  bool failed = false;
+  for (Ran& r : runs) {
+    run_backend(m, r);
+    const std::string label = r.listed ? r.name : r.name + " (reference)";
+    if (r.result.ok()) {
+      std::cout << fmt::format("{:<22} {}\n", label, output_summary(m, r.result));
+    } else {
+      std::cout << fmt::format("{:<22} {}: {}\n", label, status_name(r.result.status),
+                               r.result.message);
+      if (!r.skipped) failed = true;
+    }
+    if (r.result.guard_violations != 0) failed = true;
+  }
+
+  const Ran& ref = runs.front();  // the reference is always first
+  if (!ref.result.ok()) {
+    std::cout << "no comparison: the reference oracle did not run\n";
+  }
+  const std::string prefix =
+      fmt::format("B={} H={} topk={} len=1", m.batch, m.heads, m.topk);  // len: query length
+  auto print = [&](const Comparison& cmp, const char* note) {
+    std::cout << fmt::format("{} vs {}{}: {}: {}\n", cmp.backend, cmp.reference, note, prefix,
+                             cmp.original_line());
+    std::string lines = "  " + cmp.metrics_lines();
+    for (size_t i = 0; (i = lines.find('\n', i)) != std::string::npos; i += 3)
+      lines.insert(i + 1, "  ");
+    std::cout << lines << "\n";
+  };
+  for (const Ran& r : runs) {
+    if (r.name == kReference || !r.result.ok() || !ref.result.ok()) continue;
+    const Comparison cmp =
+        compare_results(r.result, ref.result, m.batch, m.heads, m.d_v(), r.name, kReference);
+    print(cmp, "");
+    failed = failed || !cmp.passed();
+  }
+  // The original test's view: the new MMA kernel against the old SIMT one. Informational: the
+  // pass/fail contract is against the oracle.
+  const std::pair<const char*, const char*> pairs[] = {
+      {"cuda-mma", "cuda-simt"}, {"cuda-mma-h64", "cuda-simt"}, {"cpu-mma", "cpu-simt"}};
+  for (const auto& [mma, simt] : pairs) {
+    const Ran *a = nullptr, *b = nullptr;
+    for (const Ran& r : runs) {
+      if (r.name == mma && r.result.ok()) a = &r;
+      if (r.name == simt && r.result.ok()) b = &r;
+    }
+    if (a && b) {
+      print(compare_results(a->result, b->result, m.batch, m.heads, m.d_v(), mma, simt),
+            " (informational)");
+    }
+  }
+
+  if (!o.dump_dir.empty()) {
+    write_dump(o.dump_dir, c, m, runs);
+    std::cout << "dumped inputs and outputs to " << o.dump_dir
+              << " (check: python3 scripts/check_dump.py " << o.dump_dir << ")\n";
+  }
+  if (failed) {
+    std::cout << "FAILED; reproduce with: mlafuzz run --case " << o.case_path << " --backends "
+              << o.backends << "\n";
+  }
+  return failed ? kExitFailed : kExitOk;
+}
+
+int list_backends_command() {
+  for (const BackendInfo& info : builtin_backends()) {
+    std::string precision = "?", state;
+    try {
+      const auto b = info.make();
+      precision = precision_name(b->precision());
+      const Availability av = b->availability();
+      state = av.available ? "available" : "unavailable: " + av.reason;
+    } catch (const std::exception& e) {
+      state = std::string("unavailable: ") + e.what();
+    }
+    std::cout << fmt::format("{:<14} {:<10} {:<13} {}\n", info.name, precision,
+                             state.rfind("available", 0) == 0 ? "available" : "unavailable",
+                             info.summary);
+    if (state.rfind("unavailable", 0) == 0) {
+      std::cout << fmt::format("{:<14} {}\n", "", state);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, CommandTable& table) {
+  auto opts = std::make_shared<RunOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "run",
+      "Materialize a case, run backends on it and compare each with the float64 oracle. "
+      "Exit 0 ok, 1 a comparison failed or a backend errored, 2 bad input.");
+  sub->add_option("--case", opts->case_path,
+                  "case file (JSON recipe, or a corpus entry that wraps one)")
+      ->required();
+  sub->add_option("--backends", opts->backends,
+                  "comma-separated backend names (see list-backends), or 'all' / 'available'; "
+                  "the oracle always runs as the reference")
+      ->capture_default_str();
+  sub->add_option("--dump", opts->dump_dir,
+                  "write inputs (q, kv_cache, indices, topk_length, sink), outputs (out, lse; "
+                  "float32 and float64) as .npy, plus case.json and params.json, into DIR");
+  table.push_back({sub, [opts] { return run_command(*opts); }});
+}
+
+void register_list_backends(CLI::App& app, CommandTable& table) {
+  CLI::App* sub =
+      app.add_subcommand("list-backends",
+                         "List every built-in backend, its precision pipeline, and whether it is "
+                         "available in this build (and why not).");
+  table.push_back({sub, [] { return list_backends_command(); }});
+}
+
+}  // namespace mlafuzz::cli

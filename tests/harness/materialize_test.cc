@@ -1,0 +1,349 @@
+// Materialization: determinism, golden hashes, index rules, logical-to-physical mapping,
+// pad fills.
+#include "harness/materialize.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "tests/harness/test_util.h"
+
+namespace mlafuzz {
+namespace {
+
+using testing::small_case;
+
+// Golden cases: one per layout plus one that exercises every generator option. Small, so the
+// test is fast, but every code path of materialize() contributes to a hash.
+Case golden_model1() {
+  Case c = small_case();
+  c.name = "golden-model1";
+  c.topk_length = std::vector<int32_t>{7, 3};
+  c.sink = std::vector<double>{0.5, -HUGE_VAL, HUGE_VAL};
+  return c;
+}
+
+Case golden_v32() {
+  Case c;
+  c.geom.layout = mla::Layout::kV32;
+  c.geom.nope_dim = 512;
+  c.geom.scale_tile = 128;
+  c.geom.page_size = 61;
+  c.geom.num_pages = 3;
+  c.geom.page_stride = 61 * 656 + 100;
+  c.page_order = {1, 2, 0};
+  c.batch = 3;
+  c.heads = 2;
+  c.topk = 70;
+  c.pad_fill = Fill::kGarbage;
+  c.q_head_pad = 3;
+  c.data_seed = 7;
+  return c;
+}
+
+Case golden_options() {
+  Case c = small_case();
+  c.geom.page_size = 69;
+  c.geom.num_pages = 2;
+  c.geom.page_stride = 69 * 584 + 8;
+  c.page_order = {1, 0};
+  c.topk = 100;
+  c.index_spec = {IndexRule::kPageRuns, 0.1, 0.2};
+  c.q_values = {ValueDist::kUniform, 3.0, 0.05};
+  c.kv_values = {ValueDist::kNormal, 1000.0, 0.1};
+  c.rope_values = {ValueDist::kSmallInt, 0.25, 0.1};
+  c.scales = {ScaleMode::kRandom, 110, 135};
+  c.pad_fill = Fill::kNaN;
+  c.q_head_pad = 5;
+  c.data_seed = 0xfeedfacecafebeefull;
+  return c;
+}
+
+// Golden content hashes, computed once and pinned. If one changes, materialization changed:
+// every stored corpus case and every reported finding would then reproduce different bytes.
+// Only update these constants for a deliberate, announced change of the materialization
+// format (and bump kCaseFormatVersion if old corpus files must not be misread).
+constexpr uint64_t kGoldenModel1 = 0xe9c4765f0460a2e0ull;
+constexpr uint64_t kGoldenV32 = 0x3919074f28dfc172ull;
+constexpr uint64_t kGoldenOptions = 0x0e36700cbc0ffac3ull;
+
+TEST(Materialize, GoldenHashes) {
+  EXPECT_EQ(content_hash(materialize(golden_model1())), kGoldenModel1)
+      << std::hex << content_hash(materialize(golden_model1()));
+  EXPECT_EQ(content_hash(materialize(golden_v32())), kGoldenV32)
+      << std::hex << content_hash(materialize(golden_v32()));
+  EXPECT_EQ(content_hash(materialize(golden_options())), kGoldenOptions)
+      << std::hex << content_hash(materialize(golden_options()));
+}
+
+TEST(Materialize, DeterministicAndSeedSensitive) {
+  const Case c = golden_options();
+  EXPECT_EQ(content_hash(materialize(c)), content_hash(materialize(c)));
+  Case d = c;
+  d.data_seed += 1;
+  EXPECT_NE(content_hash(materialize(c)), content_hash(materialize(d)));
+}
+
+TEST(Materialize, ShapesAndScalars) {
+  Case c = golden_model1();
+  c.q_head_pad = 2;
+  c.out_head_pad = 3;
+  c.sm_scale = 0.1;
+  const MaterializedCase m = materialize(c);
+  EXPECT_EQ(m.geom.page_stride, 5 * 584);  // 0 resolves to the layout minimum
+  EXPECT_EQ(m.recipe.geom.page_stride, 5 * 584);
+  EXPECT_EQ(m.q_head_stride, 512 + 2);
+  EXPECT_EQ(m.out_head_stride, 512 + 3);
+  EXPECT_EQ(m.q.size(), size_t{2 * 3 * 514});
+  EXPECT_EQ(m.cache.size(), size_t{3 * 5 * 584});
+  EXPECT_EQ(m.indices.size(), size_t{2 * 7});
+  EXPECT_EQ(m.topk_length, (std::vector<int32_t>{7, 3}));
+  EXPECT_EQ(m.sm_scale, 0.1f);
+  EXPECT_EQ(m.sm_scale64, static_cast<double>(0.1f));  // the fp32 value, not the recipe's
+  ASSERT_EQ(m.sink.size(), 3u);
+  EXPECT_TRUE(std::isinf(m.sink[1]) && m.sink[1] < 0);
+  EXPECT_TRUE(std::isinf(m.sink[2]) && m.sink[2] > 0);
+  const mla::DecodeParams p = m.host_params();
+  EXPECT_EQ(p.q, m.q.data());
+  EXPECT_EQ(p.q_batch_stride, 3 * 514);
+  EXPECT_EQ(p.out_batch_stride, 3 * 515);
+  EXPECT_EQ(p.topk_length, m.topk_length.data());
+  EXPECT_EQ(p.sink, m.sink.data());
+  EXPECT_EQ(p.out, nullptr);
+  c.topk_length.reset();
+  c.sink.reset();
+  const mla::DecodeParams p2 = materialize(c).host_params();
+  EXPECT_EQ(p2.topk_length, nullptr);
+  EXPECT_EQ(p2.sink, nullptr);
+}
+
+TEST(Materialize, QIsBf16OfTheDrawnValue) {
+  const Case c = golden_options();
+  const MaterializedCase m = materialize(c);
+  for (int b = 0; b < m.batch; ++b) {
+    for (int h = 0; h < m.heads; ++h) {
+      for (int d = 0; d < m.d_qk(); ++d) {
+        ASSERT_EQ(m.q[static_cast<size_t>((b * m.heads + h) * m.q_head_stride + d)],
+                  mla::float_to_bf16(q_source_value(c, b, h, d)));
+      }
+    }
+  }
+}
+
+TEST(Materialize, InvalidRecipeThrows) {
+  Case c = small_case();
+  c.geom.nope_dim = 100;
+  EXPECT_THROW(materialize(c), CaseError);
+  EXPECT_THROW(with_explicit_indices(c), CaseError);
+}
+
+// ---- index rules ----
+
+TEST(Indices, RandomRowsAreDistinctAndInRange) {
+  Case c = small_case();
+  c.topk = 15;  // every slot exactly once
+  for (const auto& row : generate_indices(c)) {
+    std::set<int32_t> s(row.begin(), row.end());
+    EXPECT_EQ(s.size(), 15u);
+    EXPECT_EQ(*s.begin(), 0);
+    EXPECT_EQ(*s.rbegin(), 14);
+  }
+  c.topk = 20;  // more entries than slots: duplicates by necessity, all slots covered
+  for (const auto& row : generate_indices(c)) {
+    std::set<int32_t> s(row.begin(), row.end());
+    EXPECT_EQ(s.size(), 15u);
+  }
+}
+
+TEST(Indices, RowsDiffer) {
+  Case c = small_case();
+  c.geom.num_pages = 40;
+  c.topk = 50;
+  const auto rows = generate_indices(c);
+  EXPECT_NE(rows[0], rows[1]);
+}
+
+TEST(Indices, SequentialIsTheLastTopkTokens) {
+  Case c = small_case();
+  c.index_spec.rule = IndexRule::kSequential;
+  EXPECT_EQ(generate_indices(c)[1], (std::vector<int32_t>{8, 9, 10, 11, 12, 13, 14}));
+}
+
+TEST(Indices, PageRunsCrossPagesAndHitPageEdges) {
+  Case c = small_case();
+  c.geom.page_size = 16;
+  c.geom.num_pages = 8;
+  c.topk = 256;
+  c.batch = 4;
+  c.index_spec.rule = IndexRule::kPageRuns;
+  int crossings = 0, first_slots = 0, last_slots = 0;
+  for (const auto& row : generate_indices(c)) {
+    for (size_t k = 0; k < row.size(); ++k) {
+      ASSERT_GE(row[k], 0);
+      ASSERT_LT(row[k], 128);
+      first_slots += row[k] % 16 == 0;
+      last_slots += row[k] % 16 == 15;
+      if (k > 0 && row[k] == row[k - 1] + 1 && row[k] % 16 == 0) ++crossings;
+    }
+  }
+  EXPECT_GT(crossings, 10);
+  EXPECT_GT(first_slots, 20);
+  EXPECT_GT(last_slots, 20);
+}
+
+TEST(Indices, InvalidAndDuplicateFractions) {
+  Case c = small_case();
+  c.geom.num_pages = 100;
+  c.topk = 200;
+  c.index_spec.invalid_fraction = 1;
+  for (const auto& row : generate_indices(c)) {
+    EXPECT_TRUE(std::all_of(row.begin(), row.end(), [](int32_t i) { return i == -1; }));
+  }
+  c.index_spec.invalid_fraction = 0.25;
+  for (const auto& row : generate_indices(c)) {
+    EXPECT_EQ(std::count(row.begin(), row.end(), -1), 50);
+  }
+  c.index_spec.invalid_fraction = 0;
+  c.index_spec.duplicate_fraction = 0.5;
+  for (const auto& row : generate_indices(c)) {
+    const std::set<int32_t> s(row.begin(), row.end());
+    EXPECT_LE(s.size(), 101u);  // about 100 copies (one may land on position 0)
+    EXPECT_GE(s.size(), 60u);
+  }
+}
+
+TEST(Indices, ExplicitListsAreKeptAndMappedThroughPageOrder) {
+  Case c = small_case();
+  c.page_order = {2, 0, 1};
+  c.indices = {{0, 4, 5, 9, 10, 14, -1}, {3, 3, 3, 3, 3, 3, 3}};
+  const MaterializedCase m = materialize(c);
+  // logical page 0 -> physical 2, 1 -> 0, 2 -> 1 (P = 5).
+  EXPECT_EQ(std::vector<int32_t>(m.indices.begin(), m.indices.begin() + 7),
+            (std::vector<int32_t>{10, 14, 0, 4, 5, 9, -1}));
+  EXPECT_EQ(m.recipe.indices, c.indices);  // the recipe keeps logical positions
+}
+
+TEST(Indices, WithExplicitIndicesIsIdempotentAndPreservesBytes) {
+  const Case c = golden_options();
+  const Case e = with_explicit_indices(c);
+  ASSERT_EQ(e.indices.size(), static_cast<size_t>(c.batch));
+  EXPECT_EQ(to_json(with_explicit_indices(e)), to_json(e));
+  EXPECT_EQ(content_hash(materialize(e)), content_hash(materialize(c)));
+  // The explicit recipe survives a JSON round trip byte for byte.
+  EXPECT_EQ(content_hash(materialize(case_from_json(to_json(e)))), content_hash(materialize(c)));
+}
+
+// ---- values belong to logical tokens ----
+
+TEST(Materialize, RelocatingPagesMovesBytesButNeverChangesThem) {
+  Case a = small_case();
+  a.geom.num_pages = 4;
+  Case b = a;
+  b.page_order = {3, 1, 0, 2};
+  const MaterializedCase ma = materialize(a), mb = materialize(b);
+  EXPECT_EQ(ma.q, mb.q);
+  const int64_t data = mla::min_page_stride(ma.geom);
+  for (int32_t page = 0; page < 4; ++page) {
+    const auto* pa = ma.cache.data() + page * ma.geom.page_stride;
+    const auto* pb =
+        mb.cache.data() + b.page_order[static_cast<size_t>(page)] * mb.geom.page_stride;
+    EXPECT_TRUE(std::equal(pa, pa + data, pb)) << "logical page " << page;
+  }
+  // The same logical index lists, so the physical ones are the mapped logical ones.
+  for (size_t i = 0; i < ma.indices.size(); ++i) {
+    EXPECT_EQ(mb.indices[i], physical_slot(b, ma.indices[i]));
+  }
+}
+
+TEST(Materialize, ChangingQShapeKeepsTheCache) {
+  Case a = small_case();
+  Case b = a;
+  b.heads = 7;
+  b.batch = 1;
+  EXPECT_EQ(materialize(a).cache, materialize(b).cache);
+}
+
+// ---- pad fills ----
+
+// Marks the bytes of the cache that hold data, from the layout description alone.
+std::vector<bool> data_mask(const MaterializedCase& m) {
+  const auto& g = m.geom;
+  std::vector<bool> mask(m.cache.size(), false);
+  const int32_t tiles = g.nope_dim / g.scale_tile;
+  for (int64_t page = 0; page < g.num_pages; ++page) {
+    for (int64_t j = 0; j < g.page_size; ++j) {
+      const int64_t base = page * g.page_stride;
+      if (g.layout == mla::Layout::kModel1) {
+        const int64_t row = base + j * (g.nope_dim + 2 * g.rope_dim);
+        for (int64_t i = 0; i < g.nope_dim + 2 * g.rope_dim; ++i) mask[size_t(row + i)] = true;
+        const int64_t scale =
+            base + g.page_size * (g.nope_dim + 2 * g.rope_dim) + j * ((tiles + 7) / 8 * 8);
+        for (int64_t i = 0; i < tiles; ++i) mask[size_t(scale + i)] = true;
+      } else {
+        const int64_t tb = g.nope_dim + 4 * tiles + 2 * g.rope_dim;
+        for (int64_t i = 0; i < tb; ++i) mask[size_t(base + j * tb + i)] = true;
+      }
+    }
+  }
+  return mask;
+}
+
+void expect_fill_lands_only_on_padding(Case c) {
+  c.pad_fill = Fill::kZero;
+  const MaterializedCase zero = materialize(c);
+  c.pad_fill = Fill::kNaN;
+  const MaterializedCase nan = materialize(c);
+  c.pad_fill = Fill::kGarbage;
+  const MaterializedCase garbage = materialize(c);
+  const std::vector<bool> mask = data_mask(zero);
+  int64_t pad_bytes = 0, garbage_nonzero = 0;
+  for (size_t i = 0; i < mask.size(); ++i) {
+    if (mask[i]) {
+      ASSERT_EQ(zero.cache[i], nan.cache[i]) << "data byte " << i << " depends on pad_fill";
+      ASSERT_EQ(zero.cache[i], garbage.cache[i]) << "data byte " << i;
+    } else {
+      ++pad_bytes;
+      ASSERT_EQ(zero.cache[i], 0) << "pad byte " << i;
+      ASSERT_EQ(nan.cache[i], 0xff) << "pad byte " << i;
+      garbage_nonzero += garbage.cache[i] != 0;
+    }
+  }
+  EXPECT_GT(pad_bytes, 0);
+  EXPECT_GT(garbage_nonzero, pad_bytes / 2);  // garbage really is random bytes
+  // q: elements beyond d_qk are padding, the rest is data.
+  for (size_t i = 0; i < zero.q.size(); ++i) {
+    const bool pad =
+        static_cast<int64_t>(i % static_cast<size_t>(zero.q_head_stride)) >= zero.d_qk();
+    if (pad) {
+      ASSERT_EQ(zero.q[i], 0);
+      ASSERT_EQ(nan.q[i], 0x7fc0);
+    } else {
+      ASSERT_EQ(zero.q[i], nan.q[i]);
+      ASSERT_EQ(zero.q[i], garbage.q[i]);
+    }
+  }
+}
+
+TEST(PadFill, Model1PaddedStrideAndUnusedScaleBytes) {
+  Case c = small_case();
+  c.geom.page_stride = 5 * 584 + 37;
+  c.q_head_pad = 4;
+  expect_fill_lands_only_on_padding(c);
+}
+
+TEST(PadFill, V32PaddedStride) {
+  Case c = golden_v32();
+  expect_fill_lands_only_on_padding(c);
+}
+
+TEST(PadFill, Model1NarrowNopeLeavesMoreUnusedScaleBytes) {
+  Case c = small_case();
+  c.geom.nope_dim = 128;  // 2 scales in an 8-byte scale row: 6 unused bytes per token
+  c.geom.page_size = 61;
+  expect_fill_lands_only_on_padding(c);
+}
+
+}  // namespace
+}  // namespace mlafuzz
