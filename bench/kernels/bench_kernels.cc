@@ -141,15 +141,19 @@ void release(DeviceProblem& d) {
   for (void* b : d.bufs) CK(cudaFree(b));
 }
 
-enum class Kernel { kSimt, kMma32, kMma64 };
+enum class Kernel { kSimt, kMma32, kMma64, kMma32w4 };
 const char* kernel_name(Kernel k) {
-  return k == Kernel::kSimt ? "simt" : k == Kernel::kMma32 ? "mma" : "mma-h64";
+  return k == Kernel::kSimt    ? "simt"
+         : k == Kernel::kMma32 ? "mma"
+         : k == Kernel::kMma64 ? "mma-h64"
+                               : "mma-w4";
 }
 
 void launch(Kernel k, const mla::DecodeParams& p, cudaStream_t s) {
   const int rc = k == Kernel::kSimt    ? mla::cuda::launch_simt_per_head(p, s)
                  : k == Kernel::kMma32 ? mla::cuda::launch_mma_head_tiled(p, 32, s)
-                                       : mla::cuda::launch_mma_head_tiled(p, 64, s);
+                 : k == Kernel::kMma64 ? mla::cuda::launch_mma_head_tiled(p, 64, s)
+                                       : mla::cuda::launch_mma_head_tiled_warps(p, 32, 4, s);
   if (rc != 0) {
     std::fprintf(stderr, "launch %s failed: %d\n", kernel_name(k), rc);
     std::exit(1);
@@ -318,6 +322,7 @@ int main(int argc, char** argv) {
       const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
       const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
       const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
+      const Timing tw4 = time_kernel(Kernel::kMma32w4, p, s, flush, flush_bytes, true);
       const double flops = 2.0 * B * 64 * topk * (512 + 512);
       const double kv = static_cast<double>(B) * topk * 584;
       const double best = std::min(tm.graph_us, th.graph_us);
@@ -326,11 +331,11 @@ int main(int argc, char** argv) {
       char line[512];
       std::snprintf(line, sizeof line,
                     "%4d(%3d) %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
-                    "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e]\n",
+                    "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
                     topk, P, B, ts.events_us, tm.events_us, th.events_us, speedup,
                     flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
                     64 * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold,
-                    flashmla_us(topk, B, false), flashmla_us(topk, B, true), max_d);
+                    flashmla_us(topk, B, false), flashmla_us(topk, B, true), max_d, tw4.graph_us);
       std::fputs(line, stdout);
       std::fflush(stdout);
       std::snprintf(line, sizeof line,

@@ -29,8 +29,13 @@ std::optional<std::string> mma_unsupported(const DecodeParams& p, int block_h);
 // One thread block of 128 threads per (batch row, head), fp32 pipeline. stream: a cudaStream_t
 // (nullptr = default stream).
 int launch_simt_per_head(const DecodeParams& p, void* stream);
-// One thread block of 8*block_h threads per (batch row, block of block_h heads), mma.sync bf16.
+// One thread block of 512 threads per (batch row, block of block_h heads), mma.sync bf16.
 int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
+// The same kernel with an explicit number of warps per 16-head group (block_h 32: 8, the
+// default, or 4; block_h 64: 4). For benchmarks comparing the configurations; the outputs of
+// every configuration are bitwise identical.
+int launch_mma_head_tiled_warps(const DecodeParams& p, int block_h, int warps_per_group,
+                                void* stream);
 
 // Diagnostics: decodes all 256 e4m3 encodings with the kernels' fast path (fp8x2 -> half2 ->
 // float2) on the device into host_out[256], so a test can prove it bit-exact against

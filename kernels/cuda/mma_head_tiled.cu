@@ -13,4 +13,15 @@ int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream) {
   return kErrUnsupported;
 }
 
+int launch_mma_head_tiled_warps(const DecodeParams& p, int block_h, int warps_per_group,
+                                void* stream) {
+  if (block_h == 32 && warps_per_group == 8)
+    return launch_mma_head_tiled_t<32, Mutant::kNone, 8>(p, stream);
+  if (block_h == 32 && warps_per_group == 4)
+    return launch_mma_head_tiled_t<32, Mutant::kNone, 4>(p, stream);
+  if (block_h == 64 && warps_per_group == 4)
+    return launch_mma_head_tiled_t<64, Mutant::kNone, 4>(p, stream);
+  return kErrUnsupported;
+}
+
 }  // namespace mla::cuda

@@ -33,7 +33,6 @@ namespace mla::cuda {
 
 inline constexpr int kMmaKStride = kMaxKCols + 8;      // bf16 elements per Ks/Qs row
 inline constexpr int kMmaSStride = kMmaTokenTile + 8;  // fp32 elements per Ss row
-inline constexpr int kMmaColChunk = 144;               // V columns per PV warp (18 n8 tiles)
 
 constexpr size_t mma_smem_bytes(int bh) {
   return static_cast<size_t>(kMmaTokenTile) * kMaxRawStride +
@@ -42,18 +41,27 @@ constexpr size_t mma_smem_bytes(int bh) {
          2 * kMmaTokenTile * 4;
 }
 
-template <int BH, Mutant M>
-__global__ void __launch_bounds__(BH * 8, 1)
+// Warps per head group: 8 for BH = 32 (16 warps), 4 for BH = 64 (16 warps). With one block per
+// SM (the tiles take 160-206 KiB of shared memory) the kernel is latency-bound; 16 warps hide
+// more of it than 8 (measured on the H200: see README, "Kernel speed on the H200").
+constexpr int mma_default_wg(int bh) { return bh == 32 ? 8 : 4; }
+
+template <int BH, int WG, Mutant M>
+__global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     mma_head_tiled_kernel(const __grid_constant__ DecodeParams p,
                           const __grid_constant__ LayoutPlan pl) {
   constexpr int G = BH / 16;  // head groups of 16 rows (the MMA M dimension)
-  constexpr int NW = 4 * G;   // warps
+  constexpr int NW = G * WG;  // warps
   constexpr int NT = NW * 32;
   constexpr int T = kMmaTokenTile;
   constexpr int KS = kMmaKStride;
   constexpr int SS = kMmaSStride;
-  constexpr int NTILE = kMmaColChunk / 8;  // n8 tiles of O per warp
-  static_assert(4 * kMmaColChunk >= kMaxKCols, "4 column chunks must cover the V width");
+  constexpr int TOK = T / WG;         // S phase: tokens per warp (16 or 8)
+  constexpr int NS = TOK / 8;         // S phase: n8 tiles per warp (2 or 1)
+  constexpr int CW = kMaxKCols / WG;  // PV phase: V columns per warp (144 or 72)
+  constexpr int NTILE = CW / 8;       // PV phase: n8 tiles of O per warp (18 or 9)
+  static_assert(WG == 4 || WG == 8, "4 or 8 warps per head group");
+  static_assert(CW * WG == kMaxKCols && CW % 8 == 0, "column chunks must tile the V width");
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* raw = smem;                                                   // [T][raw_stride]
@@ -151,7 +159,7 @@ __global__ void __launch_bounds__(BH * 8, 1)
   for (int i = 0; i < NTILE; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
 
   const int g = lane >> 2, t = lane & 3;
-  const int hg = warp % G, quarter = warp / G;  // S: token quarter; PV: column chunk
+  const int hg = warp % G, quarter = warp / G;  // S: token group; PV: column chunk
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
@@ -210,46 +218,65 @@ __global__ void __launch_bounds__(BH * 8, 1)
 
     if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
 
-    // ---- S phase: S[16 heads][16 tokens] per warp over all d_qk ----
+    // ---- S phase: S[16 heads][TOK tokens] per warp over all d_qk ----
     {
-      // Two accumulator sets (even and odd k-steps) halve the dependent MMA chain.
-      float acc[2][4] = {}, acc_odd[2][4] = {};
+      // Two accumulator sets (even and odd k-steps) halve the dependent MMA chain; every token's
+      // dot product is summed in the same order whatever BH and WG are (bitwise-equal configs).
+      float acc[NS][4] = {}, acc_odd[NS][4] = {};
       const uint32_t qa = smem_u32(Qs + (hg * 16 + (lane & 15)) * KS + (lane >> 4) * 8);
-      const uint32_t ka =
-          smem_u32(Ks + (quarter * 16 + (lane >> 4) * 8 + (lane & 7)) * KS + ((lane >> 3) & 1) * 8);
       const int ksteps = pl.dkp / 16;
       int kk = 0;
-      // BH = 64 (512 threads, 128 registers) keeps one chain: the second set would spill.
-      constexpr bool kDual = BH == 32;
+      if constexpr (NS == 2) {
+        // x4: (tokens 0-7 | 8-15) x (cols k | k+8) -> B of two n8 tiles for one k-step.
+        const uint32_t ka = smem_u32(Ks + (quarter * TOK + (lane >> 4) * 8 + (lane & 7)) * KS +
+                                     ((lane >> 3) & 1) * 8);
 #pragma unroll 1
-      for (; kDual && kk + 2 <= ksteps; kk += 2) {
-        uint32_t a[4], kb[4], a2[4], kb2[4];
-        ldsm_x4(a, qa + kk * 32);
-        ldsm_x4(kb, ka + kk * 32);
-        ldsm_x4(a2, qa + kk * 32 + 32);
-        ldsm_x4(kb2, ka + kk * 32 + 32);
-        mma_bf16_16816(acc[0], a, kb[0], kb[1]);
-        mma_bf16_16816(acc[1], a, kb[2], kb[3]);
-        mma_bf16_16816(acc_odd[0], a2, kb2[0], kb2[1]);
-        mma_bf16_16816(acc_odd[1], a2, kb2[2], kb2[3]);
-      }
-#pragma unroll 1
-      for (; kk < ksteps; ++kk) {
-        uint32_t a[4], kb[4];
-        ldsm_x4(a, qa + kk * 32);
-        ldsm_x4(kb, ka + kk * 32);
-        mma_bf16_16816(acc[0], a, kb[0], kb[1]);
-        mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+        for (; kk + 2 <= ksteps; kk += 2) {
+          uint32_t a[4], kb[4], a2[4], kb2[4];
+          ldsm_x4(a, qa + kk * 32);
+          ldsm_x4(kb, ka + kk * 32);
+          ldsm_x4(a2, qa + kk * 32 + 32);
+          ldsm_x4(kb2, ka + kk * 32 + 32);
+          mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+          mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+          mma_bf16_16816(acc_odd[0], a2, kb2[0], kb2[1]);
+          mma_bf16_16816(acc_odd[1], a2, kb2[2], kb2[3]);
+        }
+        if (kk < ksteps) {
+          uint32_t a[4], kb[4];
+          ldsm_x4(a, qa + kk * 32);
+          ldsm_x4(kb, ka + kk * 32);
+          mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+          mma_bf16_16816(acc[1], a, kb[2], kb[3]);
+        }
+      } else {
+        // x4: tokens 0-7 x (cols k | k+8 | k+16 | k+24) -> B of one n8 tile for two k-steps.
+        const uint32_t ka = smem_u32(Ks + (quarter * TOK + (lane & 7)) * KS + (lane >> 3) * 8);
+#pragma unroll 2
+        for (; kk + 2 <= ksteps; kk += 2) {
+          uint32_t a[4], kb[4], a2[4];
+          ldsm_x4(a, qa + kk * 32);
+          ldsm_x4(a2, qa + kk * 32 + 32);
+          ldsm_x4(kb, ka + kk * 32);
+          mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+          mma_bf16_16816(acc_odd[0], a2, kb[2], kb[3]);
+        }
+        if (kk < ksteps) {
+          uint32_t a[4], kb[2];
+          ldsm_x4(a, qa + kk * 32);
+          ldsm_x2(kb, ka + kk * 32);  // lanes 0-15 address cols k and k+8
+          mma_bf16_16816(acc[0], a, kb[0], kb[1]);
+        }
       }
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
+      for (int nt = 0; nt < NS; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i];
       }
       const float ninf = neg_inf();
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const int col = quarter * 16 + nt * 8 + 2 * t;
+      for (int nt = 0; nt < NS; ++nt) {
+        const int col = quarter * TOK + nt * 8 + 2 * t;
         const bool v0 = s_valid[buf * T + col] != 0, v1 = s_valid[buf * T + col + 1] != 0;
         float* srow = Ss + (hg * 16 + g) * SS + col;
         *reinterpret_cast<float2*>(srow) =
@@ -303,7 +330,7 @@ __global__ void __launch_bounds__(BH * 8, 1)
         for (int i = 0; i < 8; ++i) {
           const SoftmaxState& st = (i & 2) ? st1 : st0;
           // A masked token (x = -inf) weighs exactly 0, also while m is still -inf.
-          pv[i] = x[kk][i] == ninf ? 0.0f : softmax_weight(st, x[kk][i]);
+          pv[i] = x[kk][i] == ninf ? 0.0f : fast_exp(x[kk][i] - st.m);
         }
         pa[kk][0] = pack_bf16x2(pv[0], pv[1]);
         pa[kk][1] = pack_bf16x2(pv[2], pv[3]);
@@ -327,19 +354,26 @@ __global__ void __launch_bounds__(BH * 8, 1)
       for (int i = 0; i < NTILE; ++i) {
         o[i][0] *= alpha0, o[i][1] *= alpha0, o[i][2] *= alpha1, o[i][3] *= alpha1;
       }
-      const int c_begin = quarter * kMmaColChunk;
-      // V[token][col] = Ks: matrices (tokens 0-7 | 8-15) x (cols c | c+8) -> B of two n8 tiles.
+      const int c_begin = quarter * CW;
+      // V[token][col] = Ks: matrices (tokens 0-7 | 8-15) x (cols c | c+8) -> B of two n8 tiles
+      // (x4), or of one (x2: lanes 0-15 address tokens 0-15 at col c).
       const uint32_t va =
           smem_u32(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + c_begin + (lane >> 4) * 8);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
 #pragma unroll
-        for (int np2 = 0; np2 < NTILE / 2; ++np2) {
-          if (c_begin + np2 * 16 < pl.wv) {
+        for (int np2 = 0; np2 < (NTILE + 1) / 2; ++np2) {
+          const int c0 = c_begin + np2 * 16;
+          const uint32_t addr = va + (kk * 16 * KS + np2 * 16) * 2;
+          if (2 * np2 + 1 < NTILE && c0 + 16 <= pl.wv) {
             uint32_t vb[4];
-            ldsm_x4_trans(vb, va + (kk * 16 * KS + np2 * 16) * 2);
+            ldsm_x4_trans(vb, addr);
             mma_bf16_16816(o[2 * np2], pa[kk], vb[0], vb[1]);
-            mma_bf16_16816(o[2 * np2 + 1], pa[kk], vb[2], vb[3]);
+            mma_bf16_16816(o[min(2 * np2 + 1, NTILE - 1)], pa[kk], vb[2], vb[3]);
+          } else if (c0 < pl.wv) {  // the chunk's odd last tile, or the last 8 columns of V
+            uint32_t vb[2];
+            ldsm_x2_trans(vb, addr);
+            mma_bf16_16816(o[2 * np2], pa[kk], vb[0], vb[1]);
           }
         }
       }
@@ -360,7 +394,7 @@ __global__ void __launch_bounds__(BH * 8, 1)
                      static_cast<int64_t>(head) * p.out_head_stride;
 #pragma unroll
     for (int i = 0; i < NTILE; ++i) {
-      const int col = quarter * kMmaColChunk + i * 8 + 2 * t;
+      const int col = quarter * CW + i * 8 + 2 * t;
       if (col >= pl.wv) continue;
       int d;
       if constexpr (M == Mutant::kStorePaddedColumns) {
@@ -401,7 +435,7 @@ inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, in
   return std::nullopt;
 }
 
-template <int BH, Mutant M>
+template <int BH, Mutant M, int WG = mma_default_wg(BH)>
 int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
   if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
   const LayoutPlan pl = make_plan(p);
@@ -409,12 +443,13 @@ int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load()) {
     const cudaError_t e = cudaFuncSetAttribute(
-        mma_head_tiled_kernel<BH, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
+        mma_head_tiled_kernel<BH, WG, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
     if (e != cudaSuccess) return static_cast<int>(e);
     attr_set.store(true);
   }
   const dim3 grid((p.heads + BH - 1) / BH, p.batch);
-  mma_head_tiled_kernel<BH, M><<<grid, BH * 8, smem, static_cast<cudaStream_t>(stream)>>>(p, pl);
+  mma_head_tiled_kernel<BH, WG, M>
+      <<<grid, BH / 16 * WG * 32, smem, static_cast<cudaStream_t>(stream)>>>(p, pl);
   return static_cast<int>(cudaGetLastError());
 }
 
