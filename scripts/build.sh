@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what is missing on Debian 12 (apt), then configures and builds mlafuzz.
+# Usage: scripts/build.sh [BUILD_DIR]   (default: build). Shared by .ci/run and quickstart.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${1:-build}
+
+packages=(cmake ninja-build g++ git librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev
+          nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+  $sudo apt-get update
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit's usual home is not always on PATH; CMake enables the kernels when it finds
+# nvcc and builds everything else without it.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+# -j2: the reference machines have two cores, and the CUDA kernels take a lot of memory.
+cmake --build "$build_dir" -j"${MLAFUZZ_JOBS:-2}"
