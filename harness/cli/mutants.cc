@@ -1,0 +1,119 @@
+// `mlafuzz mutants`: the mutation score. Runs a campaign per planted bug and reports, per
+// mutant, killed or survived, the property that killed it, cases and seconds to the first
+// failure and the shrunk case's size. Exit 1 if any mutant survives (or a kill is suspect).
+#include <fmt/format.h>
+
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "harness/case.h"
+#include "harness/cli/commands.h"
+#include "harness/fileio.h"
+#include "harness/mutation/mutation.h"
+
+namespace mlafuzz::cli {
+namespace {
+
+struct MutantsArgs {
+  double budget = 60;
+  uint64_t max_cases = 100000;
+  double shrink = 30;
+  std::string kind = "cpu";
+  uint64_t seed = 1;
+  std::string json;
+  std::vector<std::string> only;
+  std::string save_dir;
+  double case_timeout = 60;
+};
+
+int mutants_command(const MutantsArgs& a) {
+  MutationOptions o;
+  if (a.kind != "cpu" && a.kind != "gpu") {
+    throw std::invalid_argument("--backend-kind must be cpu or gpu, not '" + a.kind + "'");
+  }
+  o.kind = a.kind == "cpu" ? MutantKind::kCpu : MutantKind::kGpu;
+  o.seed = a.seed;
+  o.budget_seconds = a.budget;
+  o.max_cases = a.max_cases;
+  o.shrink_seconds = a.shrink;
+  o.save_dir = a.save_dir;
+  o.case_timeout_seconds = a.case_timeout;
+  for (const std::string& name : a.only) {
+    const auto m = mutant_from_name(name);
+    if (!m) {
+      std::string known;
+      for (const mla::Mutant k : all_mutants()) known += std::string(" ") + mla::mutant_name(k);
+      throw std::invalid_argument("unknown mutant '" + name + "'; known:" + known);
+    }
+    o.only.push_back(*m);
+  }
+
+  std::cout << fmt::format(
+      "mlafuzz mutants: {} mutants of {}-mma, seed {}, budget {:g} s / {} cases per mutant, "
+      "shrink {:g} s\n",
+      o.only.empty() ? all_mutants().size() : o.only.size(), a.kind == "cpu" ? "cpu" : "cuda",
+      o.seed, o.budget_seconds, o.max_cases, o.shrink_seconds);
+  const auto results = run_mutants(o, [](const MutantResult& r) {
+    if (r.status == MutantStatus::kSkipped) {
+      std::cout << fmt::format("  {:<24} skipped: {}\n", r.name, r.skip_reason);
+    } else if (r.status == MutantStatus::kSurvived) {
+      std::cout << fmt::format("  {:<24} SURVIVED {} cases in {:.1f} s\n", r.name, r.cases,
+                               r.seconds);
+    } else {
+      std::cout << fmt::format(
+          "  {:<24} killed by {} after {} cases ({:.2f} s); shrunk to "
+          "B={} H={} topk={} valid={}{}\n",
+          r.name, r.property, r.cases, r.seconds, r.batch, r.heads, r.topk, r.valid_tokens,
+          r.control_passed ? "" : " [SUSPECT: the control fails too]");
+    }
+    std::cout.flush();
+  });
+  std::cout << '\n' << format_mutant_table(results);
+  for (const MutantResult& r : results) {
+    if (r.status == MutantStatus::kKilled) {
+      std::cout << "\n" << r.name << ": " << r.detail << '\n';
+      if (!r.saved_path.empty()) std::cout << "  shrunk case: " << r.saved_path << '\n';
+    }
+  }
+  if (!a.json.empty()) {
+    write_file_atomic(a.json, json_to_text(mutants_to_json(o, results)));
+    std::cout << "\nreport: " << a.json << '\n';
+  }
+  const MutationSummary s = summarize(results);
+  return s.survived == 0 && s.suspect == 0 ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
+void register_mutants(CLI::App& app, CommandTable& table) {
+  auto a = std::make_shared<MutantsArgs>();
+  auto* cmd = app.add_subcommand(
+      "mutants",
+      "Mutation score: run a campaign against each planted bug of the MMA kernel (or its host "
+      "model) and report which properties kill it; exit 1 if any survives");
+  cmd->add_option("--budget", a->budget, "seconds per mutant to the first failure")
+      ->capture_default_str();
+  cmd->add_option("--max-cases", a->max_cases, "cases per mutant to the first failure")
+      ->capture_default_str();
+  cmd->add_option("--shrink-budget", a->shrink, "seconds of shrinking per killed mutant")
+      ->capture_default_str();
+  cmd->add_option("--backend-kind", a->kind,
+                  "cpu: variants of the cpu-mma host model, in process; gpu: variants of the "
+                  "CUDA MMA kernel, each in an isolated worker process (needs a CUDA build)")
+      ->capture_default_str();
+  cmd->add_flag_callback(
+      "--gpu", [a] { a->kind = "gpu"; }, "same as --backend-kind gpu");
+  cmd->add_option("--seed", a->seed, "generator seed")->capture_default_str();
+  cmd->add_option("--only", a->only, "comma-separated mutant names (default: all)")->delimiter(',');
+  cmd->add_option("--json", a->json, "write the versioned JSON report here");
+  cmd->add_option("--save-dir", a->save_dir, "save each shrunk case there as <backend>.json");
+  cmd->add_option("--case-timeout", a->case_timeout,
+                  "gpu: seconds per case before the worker counts as hung (a kill)")
+      ->capture_default_str();
+  table.push_back({cmd, [a] { return mutants_command(*a); }});
+}
+
+}  // namespace mlafuzz::cli

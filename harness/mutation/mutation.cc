@@ -1,0 +1,303 @@
+// Mutation score: one small campaign per planted bug (see mutation.h).
+#include "harness/mutation/mutation.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "harness/campaign/backend_lookup.h"
+#include "harness/campaign/worker.h"
+#include "harness/fileio.h"
+#include "kernels/host/host_mutants.h"
+
+namespace mlafuzz {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Why a kind cannot build a mutant, or "" when it can.
+std::string skip_reason(MutantKind kind, mla::Mutant m) {
+  if (kind == MutantKind::kCpu && !host_mutant_supported(m)) {
+    return m == mla::Mutant::kMissingBarrier
+               ? "GPU only: a missing __syncthreads is a shared-memory race, the host model has "
+                 "no threads to race"
+               : "the host model has no variant of this mutant";
+  }
+  return "";
+}
+
+// The base backend a mutant varies ("cpu-mma" or "cuda-mma"): the control.
+std::string base_backend(MutantKind kind) {
+  return kind == MutantKind::kCpu ? "cpu-mma" : "cuda-mma";
+}
+
+std::string mutant_backend_name(MutantKind kind, mla::Mutant m) {
+  return base_backend(kind) + "~" + mla::mutant_name(m);
+}
+
+// A backend of this kind: CPU backends in process; GPU backends in a worker process, so that a
+// device fault or a hang is a kill (RunStatus::kFault) and the next mutant gets a fresh context.
+std::unique_ptr<Backend> make_kind_backend(const MutationOptions& o, const std::string& name) {
+  if (o.kind == MutantKind::kCpu) return campaign::make_campaign_backend(name);
+  campaign::WorkerSpec spec;
+  spec.exe = o.worker_exe.empty() ? campaign::self_executable() : o.worker_exe;
+  spec.backend = name;
+  auto slot = std::make_shared<campaign::WorkerSlot>(std::move(spec));
+  return std::make_unique<campaign::ProxyBackend>(std::move(slot), o.case_timeout_seconds);
+}
+
+MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) {
+  MutantResult r;
+  r.mutant = m;
+  r.name = mla::mutant_name(m);
+  r.backend = mutant_backend_name(o.kind, m);
+  r.skip_reason = skip_reason(o.kind, m);
+  if (!r.skip_reason.empty()) return r;
+
+  const std::unique_ptr<Backend> mutant = make_kind_backend(o, r.backend);
+  const std::vector<Backend*> backends{mutant.get()};
+  const Clock::time_point t0 = Clock::now();
+  std::optional<Case> failing;
+  PropertyOutcome failure;
+  while (r.cases < o.max_cases && since(t0) < o.budget_seconds) {
+    const uint64_t index = r.cases++;
+    Case c = generate_case(o.seed, index, o.gen, nullptr);
+    const CaseEvaluation ev = evaluate_case(c, backends, o.properties);
+    const auto failures = ev.failures();
+    if (!failures.empty()) {
+      failure = *failures.front();
+      failing = std::move(c);
+      r.failing_index = index;
+      break;
+    }
+  }
+  r.seconds = since(t0);
+  if (!failing) {
+    r.status = MutantStatus::kSurvived;
+    return r;
+  }
+  r.status = MutantStatus::kKilled;
+  r.property = failure.property;
+
+  // Shrink to a minimal case that fails the same property on the mutant.
+  const ShrinkResult s =
+      shrink_case(*failing, same_failure_predicate(failure, backends), o.shrink_seconds);
+  r.shrink_steps = s.steps;
+  r.shrink_seconds = s.seconds;
+  r.shrink_budget_exhausted = s.budget_exhausted;
+  Case minimal = with_explicit_indices(s.minimal);
+  minimal.name = "mutant-" + r.name;
+  minimal.description = fmt::format("{} fails '{}' (mlafuzz mutants, seed {}, case {})", r.backend,
+                                    r.property, o.seed, r.failing_index);
+  r.batch = minimal.batch;
+  r.heads = minimal.heads;
+  r.topk = minimal.topk;
+  r.valid_tokens = count_valid_tokens(minimal);
+
+  const std::vector<std::string> property{r.property};
+  const CaseEvaluation again = evaluate_case(minimal, backends, property);
+  r.detail = again.failures().empty() ? format_outcome(failure)
+                                      : format_outcome(*again.failures().front());
+  // Control: the unmutated backend must pass the same property on the same case.
+  const CaseEvaluation ctl = evaluate_case(minimal, {&control}, property);
+  r.control_passed = !ctl.failed();
+  if (!r.control_passed) r.control_detail = format_outcome(*ctl.failures().front());
+
+  if (!o.save_dir.empty()) {
+    make_dirs(o.save_dir);
+    r.saved_path = o.save_dir + "/" + r.backend + ".json";
+    save_case(minimal, r.saved_path);
+  }
+  r.shrunk = std::move(minimal);
+  return r;
+}
+
+const char* status_name(MutantStatus s) {
+  switch (s) {
+    case MutantStatus::kKilled:
+      return "killed";
+    case MutantStatus::kSurvived:
+      return "SURVIVED";
+    case MutantStatus::kSkipped:
+      return "skipped";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<mla::Mutant> all_mutants() {
+  std::vector<mla::Mutant> v;
+  for (int i = 1; i < static_cast<int>(mla::Mutant::kCount); ++i) {
+    v.push_back(static_cast<mla::Mutant>(i));
+  }
+  return v;
+}
+
+std::optional<mla::Mutant> mutant_from_name(const std::string& name) {
+  for (const mla::Mutant m : all_mutants()) {
+    if (name == mla::mutant_name(m)) return m;
+  }
+  return std::nullopt;
+}
+
+const char* mutant_kind_name(MutantKind k) { return k == MutantKind::kCpu ? "cpu" : "gpu"; }
+
+int count_valid_tokens(const Case& c) {
+  const Case e = with_explicit_indices(c);
+  int n = 0;
+  for (int b = 0; b < e.batch; ++b) {
+    const int32_t len = e.topk_length ? (*e.topk_length)[static_cast<size_t>(b)] : -1;
+    for (int k = 0; k < e.topk; ++k) {
+      const int32_t idx = e.indices[static_cast<size_t>(b)][static_cast<size_t>(k)];
+      if (mla::index_valid(idx, k, len, e.conventions)) ++n;
+    }
+  }
+  return n;
+}
+
+std::vector<MutantResult> run_mutants(const MutationOptions& o,
+                                      const std::function<void(const MutantResult&)>& progress) {
+#if !MLAFUZZ_HAVE_CUDA
+  if (o.kind == MutantKind::kGpu) {
+    throw std::runtime_error(
+        "GPU mutants need a CUDA build (configure with nvcc and MLAFUZZ_MUTANTS=ON); "
+        "use --backend-kind cpu here");
+  }
+#endif
+  const std::vector<mla::Mutant> mutants = o.only.empty() ? all_mutants() : o.only;
+  const std::unique_ptr<Backend> control = make_kind_backend(o, base_backend(o.kind));
+  if (const Availability a = control->availability(); !a.available) {
+    throw std::runtime_error(base_backend(o.kind) + " is not available: " + a.reason);
+  }
+  std::vector<MutantResult> results;
+  for (const mla::Mutant m : mutants) {
+    results.push_back(run_one(o, m, *control));
+    if (progress) progress(results.back());
+  }
+  return results;
+}
+
+MutationSummary summarize(const std::vector<MutantResult>& results) {
+  MutationSummary s;
+  std::vector<double> cases;
+  for (const MutantResult& r : results) {
+    switch (r.status) {
+      case MutantStatus::kKilled:
+        ++s.killed;
+        if (!r.control_passed) ++s.suspect;
+        cases.push_back(static_cast<double>(r.cases));
+        s.max_batch = std::max(s.max_batch, r.batch);
+        s.max_heads = std::max(s.max_heads, r.heads);
+        break;
+      case MutantStatus::kSurvived:
+        ++s.survived;
+        break;
+      case MutantStatus::kSkipped:
+        ++s.skipped;
+        break;
+    }
+  }
+  if (!cases.empty()) {
+    std::sort(cases.begin(), cases.end());
+    const size_t n = cases.size();
+    s.median_cases = n % 2 == 1 ? cases[n / 2] : (cases[n / 2 - 1] + cases[n / 2]) / 2;
+  }
+  return s;
+}
+
+std::string format_mutant_table(const std::vector<MutantResult>& results) {
+  std::string t =
+      fmt::format("{:<24} {:<9} {:<15} {:>6} {:>8}  {:>2} {:>2} {:>5} {:>5}  {}\n", "mutant",
+                  "status", "killed by", "cases", "seconds", "B", "H", "topk", "valid", "note");
+  for (const MutantResult& r : results) {
+    if (r.status == MutantStatus::kSkipped) {
+      t += fmt::format("{:<24} {:<9} {}\n", r.name, status_name(r.status), r.skip_reason);
+      continue;
+    }
+    std::string note;
+    if (r.status == MutantStatus::kKilled) {
+      note = r.control_passed ? "" : "SUSPECT: control fails too";
+      if (r.shrink_budget_exhausted)
+        note += note.empty() ? "shrink budget hit" : "; shrink budget hit";
+      t += fmt::format("{:<24} {:<9} {:<15} {:>6} {:>8.2f}  {:>2} {:>2} {:>5} {:>5}  {}\n", r.name,
+                       status_name(r.status), r.property, r.cases, r.seconds, r.batch, r.heads,
+                       r.topk, r.valid_tokens, note);
+    } else {
+      t += fmt::format("{:<24} {:<9} {:<15} {:>6} {:>8.2f}\n", r.name, status_name(r.status), "-",
+                       r.cases, r.seconds);
+    }
+  }
+  const MutationSummary s = summarize(results);
+  t += fmt::format(
+      "killed {} of {} ({} survived, {} skipped); median cases to the first failure {:g}; "
+      "largest shrunk case B={} H={}\n",
+      s.killed, s.killed + s.survived, s.survived, s.skipped, s.median_cases, s.max_batch,
+      s.max_heads);
+  return t;
+}
+
+nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
+                                       const std::vector<MutantResult>& results) {
+  nlohmann::ordered_json j;
+  j["format"] = "mlafuzz-mutants";
+  j["version"] = 1;
+  j["commit"] = build_commit();
+  j["backend_kind"] = mutant_kind_name(o.kind);
+  j["seed"] = o.seed;
+  j["budget_seconds"] = o.budget_seconds;
+  j["max_cases"] = o.max_cases;
+  j["shrink_seconds"] = o.shrink_seconds;
+  const MutationSummary s = summarize(results);
+  j["summary"] = {{"killed", s.killed},
+                  {"survived", s.survived},
+                  {"skipped", s.skipped},
+                  {"suspect", s.suspect},
+                  {"median_cases_to_kill", s.median_cases},
+                  {"max_shrunk_batch", s.max_batch},
+                  {"max_shrunk_heads", s.max_heads}};
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const MutantResult& r : results) {
+    nlohmann::ordered_json m;
+    m["mutant"] = r.name;
+    m["backend"] = r.backend;
+    m["status"] = r.status == MutantStatus::kKilled     ? "killed"
+                  : r.status == MutantStatus::kSurvived ? "survived"
+                                                        : "skipped";
+    if (r.status == MutantStatus::kSkipped) {
+      m["reason"] = r.skip_reason;
+    } else {
+      m["cases"] = r.cases;
+      m["seconds"] = r.seconds;
+    }
+    if (r.status == MutantStatus::kKilled) {
+      m["property"] = r.property;
+      m["case_index"] = r.failing_index;
+      m["detail"] = r.detail;
+      m["shrunk"] = {{"batch", r.batch},
+                     {"heads", r.heads},
+                     {"topk", r.topk},
+                     {"valid_tokens", r.valid_tokens},
+                     {"steps", r.shrink_steps},
+                     {"seconds", r.shrink_seconds},
+                     {"budget_exhausted", r.shrink_budget_exhausted}};
+      if (!r.saved_path.empty()) m["shrunk"]["path"] = r.saved_path;
+      if (r.shrunk) m["shrunk"]["case"] = case_to_json_value(*r.shrunk);
+      m["control_passed"] = r.control_passed;
+      if (!r.control_passed) m["control_detail"] = r.control_detail;
+    }
+    list.push_back(std::move(m));
+  }
+  j["mutants"] = std::move(list);
+  return j;
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,100 @@
+// Mutation score (`mlafuzz mutants`, issue 6): how good is mlafuzz at catching real bugs?
+//
+// Every planted bug of kernels/common/mutants.h is built as a variant of the MMA kernel (GPU)
+// or of its host model cpu-mma (CPU). For each, a campaign of generated cases runs every
+// property on the mutant until the first failure or the budget; the failure is shrunk to a
+// minimal case. A mutant is KILLED when some property fails on it, SURVIVED when the budget runs
+// out first. Each kill is checked against a control: the unmutated backend must pass the same
+// property on the shrunk case, or the kill is marked suspect (the property, not the mutant, is
+// failing).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "harness/case.h"
+#include "kernels/common/mutants.h"
+#include "properties/evaluate.h"
+
+namespace mlafuzz {
+
+enum class MutantKind {
+  kCpu,  // cpu-mma~<mutant> (kernels/host/host_mutants.h), in process
+  kGpu,  // cuda-mma~<mutant> (kernels/cuda/cuda_mutants.h), in an isolated worker process
+};
+
+struct MutationOptions {
+  MutantKind kind = MutantKind::kCpu;
+  uint64_t seed = 1;
+  double budget_seconds = 60;           // per mutant: wall time to the first failure
+  uint64_t max_cases = 100000;          // per mutant: cases to the first failure
+  double shrink_seconds = 30;           // per killed mutant
+  std::vector<mla::Mutant> only;        // empty: the whole catalogue
+  GenConfig gen;                        // the generator's default distribution unless changed
+  std::vector<std::string> properties;  // empty: all
+  std::string save_dir;              // when set, each shrunk case is saved there as <mutant>.json
+  double case_timeout_seconds = 60;  // GPU: a case running longer is a hang (a kill)
+  std::string worker_exe;            // GPU: the mlafuzz executable (default: this one)
+};
+
+enum class MutantStatus { kKilled, kSurvived, kSkipped };
+
+struct MutantResult {
+  mla::Mutant mutant = mla::Mutant::kNone;
+  std::string name;     // mutant_name()
+  std::string backend;  // "cpu-mma~no-rescale"
+  MutantStatus status = MutantStatus::kSkipped;
+  std::string skip_reason;
+
+  // Killed: the first failure.
+  std::string property;        // the property that killed it
+  std::string detail;          // format_outcome of the failure on the shrunk case
+  uint64_t cases = 0;          // cases run up to and including the first failure (or all, survived)
+  double seconds = 0;          // to the first failure (or the whole budget)
+  uint64_t failing_index = 0;  // case index of the first failure (seed, index regenerate it)
+
+  // The shrunk case and its size.
+  std::optional<Case> shrunk;
+  int batch = 0, heads = 0, topk = 0, valid_tokens = 0;  // valid: over all rows
+  int shrink_steps = 0;
+  double shrink_seconds = 0;
+  bool shrink_budget_exhausted = false;
+  std::string saved_path;  // where the shrunk case was saved, if save_dir was set
+
+  // Control: the unmutated backend on the shrunk case, same property. false: suspect kill.
+  bool control_passed = true;
+  std::string control_detail;
+};
+
+// Catalogue entries for a kind: every mutant except kNone/kCount. Mutants a kind cannot build
+// come back kSkipped with the reason (e.g. kMissingBarrier on the CPU: a GPU race).
+std::vector<mla::Mutant> all_mutants();
+std::optional<mla::Mutant> mutant_from_name(const std::string& name);
+const char* mutant_kind_name(MutantKind k);
+
+// Runs the mutation campaign. `progress` (may be empty) is called after each mutant.
+// Throws std::runtime_error when the kind cannot run in this build (GPU without CUDA).
+std::vector<MutantResult> run_mutants(const MutationOptions& o,
+                                      const std::function<void(const MutantResult&)>& progress);
+
+// Valid (index, topk_length, convention) entries over all rows of an explicit-index case.
+int count_valid_tokens(const Case& c);
+
+// Summary figures: killed/survived/skipped counts and the median cases to the first failure.
+struct MutationSummary {
+  int killed = 0, survived = 0, skipped = 0, suspect = 0;
+  double median_cases = 0;           // over killed mutants
+  int max_batch = 0, max_heads = 0;  // over shrunk cases
+};
+MutationSummary summarize(const std::vector<MutantResult>& results);
+
+// The human-readable table and the versioned JSON report ("mlafuzz-mutants", version 1).
+std::string format_mutant_table(const std::vector<MutantResult>& results);
+nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
+                                       const std::vector<MutantResult>& results);
+
+}  // namespace mlafuzz
