@@ -6,6 +6,9 @@
 #if MLAFUZZ_HAVE_HOST_MUTANTS
 #include "kernels/host/host_mutants.h"
 #endif
+#if MLAFUZZ_HAVE_CUDA_MUTANTS
+#include "kernels/cuda/cuda_mutants.h"
+#endif
 
 namespace mlafuzz::campaign {
 
@@ -24,6 +27,16 @@ std::unique_ptr<Backend> make_campaign_backend(const std::string& name) {
   const auto tilde = name.find('~');
   if (tilde == std::string::npos) return make_backend(name);
   const std::string base = name.substr(0, tilde), mutant = name.substr(tilde + 1);
+#if MLAFUZZ_HAVE_CUDA_MUTANTS
+  // "cuda-mma~<mutant>": the MMA kernel's variants (mlafuzz mutants --backend-kind gpu).
+  if (base == "cuda-mma") {
+    for (int i = 1; i < static_cast<int>(mla::Mutant::kCount); ++i) {
+      const auto m = static_cast<mla::Mutant>(i);
+      if (mutant == mla::mutant_name(m)) return make_cuda_mma_mutant_backend(m);
+    }
+    throw std::runtime_error("unknown mutant in backend '" + name + "'");
+  }
+#endif
   if (base != "cpu-mma") {
     throw std::runtime_error("backend '" + name + "': planted-bug variants exist only for cpu-mma");
   }
