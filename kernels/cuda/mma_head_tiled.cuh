@@ -428,10 +428,29 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   }
 }
 
+// Opt-in shared memory per block of the current device (0 when it cannot be queried, e.g. no
+// device: the check is then left to the launch). 227 KiB on the H200; about 99 KiB on sm_120
+// (RTX PRO 6000 Blackwell), where the kernel's tiles do not fit.
+inline int device_smem_optin() {
+  static const int bytes = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return 0;
+    return v;
+  }();
+  return bytes;
+}
+
 inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h) {
   if (block_h != 32 && block_h != 64) return "block_h must be 32 or 64";
   if (auto why = common_unsupported(p)) return why;
   if (p.heads > 65535 * block_h) return "too many head blocks";
+  const int have = device_smem_optin();
+  if (have > 0 && static_cast<size_t>(have) < mma_smem_bytes(block_h)) {
+    return "needs " + std::to_string(mma_smem_bytes(block_h)) +
+           " bytes of shared memory per block, the device allows " + std::to_string(have);
+  }
   return std::nullopt;
 }
 
