@@ -14,6 +14,7 @@ int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream);
 }  // namespace mla::cuda
 
 namespace mlafuzz {
-// Backend "cuda-mma[<mutant name>]" running launch_mma_head_tiled_mutant (Precision kMmaBf16).
+// Backend "cuda-mma~<mutant name>" (the campaign's lookup name) running
+// launch_mma_head_tiled_mutant (Precision kMmaBf16).
 std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m);
 }  // namespace mlafuzz
