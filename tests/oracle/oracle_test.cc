@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -526,6 +527,22 @@ TEST(OracleAgreement, EigenMatchesLoopOnMaterializedRecipes) {
     what += std::to_string(i);
     expect_agree(m, what);
   }
+}
+
+// And on the checked-in corpus (the loop oracle is slow: the largest cases are left out).
+TEST(OracleAgreement, EigenMatchesLoopOnTheCorpus) {
+  const std::filesystem::path dir = std::filesystem::path(MLAFUZZ_SOURCE_DIR) / "corpus" / "cases";
+  if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " not found";
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    const Case c = load_case(entry.path().string());
+    if (int64_t{c.batch} * c.heads * c.topk > 4 * 64 * 512) continue;
+    SCOPED_TRACE(entry.path().filename().string());
+    expect_agree(materialize(c), entry.path().stem().string());
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
 }
 
 TEST(OracleAgreement, ThreadCountDoesNotChangeBits) {
