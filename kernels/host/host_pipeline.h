@@ -182,6 +182,7 @@ struct DecodedRow {
   std::vector<uint8_t> valid;  // [topk] 1 if the entry takes part (masked entries are not read)
   std::vector<float> kv;       // [topk, layout.width] decoded tokens (invalid entries: stale)
   std::vector<float> token;    // [dkp] one token in column order
+  int32_t dkp = -1;            // the column count kv was zero-filled for
 };
 
 template <Mutant M, bool kRoundBf16>
@@ -190,7 +191,10 @@ void decode_row(const HostCall& call, const PaddedColumns& cols, const ColumnLay
   const mla::DecodeParams& p = call.p;
   row->valid.assign(p.topk, 0);
   const size_t size = static_cast<size_t>(p.topk) * layout.width;
-  if (row->kv.size() != size) row->kv.assign(size, 0.0f);  // unmapped positions stay zero
+  if (row->kv.size() != size || row->dkp != cols.dkp) {
+    row->kv.assign(size, 0.0f);  // positions no column maps to stay zero from here on
+    row->dkp = cols.dkp;
+  }
   row->token.resize(cols.dkp);
   const int32_t* idx = p.indices + static_cast<int64_t>(b) * p.topk;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
