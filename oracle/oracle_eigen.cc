@@ -314,6 +314,18 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
   // Workers must get the caller's buffers by pointer: naming `scratch` inside the worker
   // lambda would resolve to the worker thread's own (empty) thread_local vector.
   RowScratch* const pool = scratch.data();
+  // Scratch above 64 MB per buffer (a very long top-k list) is not kept for the next call.
+  struct Release {
+    std::vector<RowScratch>& s;
+    ~Release() {
+      constexpr size_t kKeep = size_t{8} << 20;  // doubles
+      for (RowScratch& r : s) {
+        for (AlignedVector* v : {&r.kr, &r.q, &r.s}) {
+          if (v->capacity() > kKeep) AlignedVector().swap(*v);
+        }
+      }
+    }
+  } release{scratch};
   if (threads == 1) {
     for (int32_t b = 0; b < m.batch; ++b) compute_row(m, b, pool[0], res);
     return res;

@@ -564,6 +564,18 @@ TEST(OracleAgreement, ThreadCountDoesNotChangeBits) {
   }
 }
 
+// A top-k list long enough that its scratch (> 64 MB) is released after the call; the next,
+// small case must still be right (fresh scratch).
+TEST(OracleAgreement, LongTopkListThenSmallCase) {
+  RandomSpec big;
+  big.batch = 1;
+  big.heads = 2;
+  big.topk = 17000;  // 17000 * 512 doubles of gathered keys
+  expect_agree(testing::random_case(big, 11), "long");
+  RandomSpec small;
+  expect_agree(testing::random_case(small, 12), "small-after-long");
+}
+
 TEST(OracleAgreement, RowLogitsMatchLse) {
   RandomSpec s;
   s.batch = 2;
