@@ -357,9 +357,7 @@ void Campaign::record(uint64_t case_number, uint64_t index, const Case& c,
     w.failed = failed;
     w.tightness = o.tightness;
     w.max_abs = o.max_abs;
-    const bool enters = s.worst.size() < PropertyStats::kWorst || failed ||
-                        o.tightness > s.worst.back().tightness || std::isnan(o.tightness);
-    if (enters) {
+    if (s.would_keep(w)) {
       if (shape.empty()) shape = shape_class(c);
       w.shape = shape;
       w.detail = o.detail;
@@ -754,7 +752,9 @@ int Campaign::run(Report* out) {
                               std::chrono::duration<double>(opts_.report_interval_s));
     }
   }
-  if (!stop_seen) {
+  if (opts_.signals && opts_.signals->load() > 0) {
+    stop_reason_ = "signal";
+  } else if (!stop_seen) {
     stop_reason_ = opts_.max_cases && static_cast<uint64_t>(done_) >= *opts_.max_cases
                        ? "cases"
                        : (opts_.time_s ? "time" : "cases");

@@ -73,13 +73,17 @@ bool worse(const WorstCase& a, const WorstCase& b) {
   if (a.tightness != b.tightness) return a.tightness > b.tightness;
   if (a.max_abs != b.max_abs) return a.max_abs > b.max_abs;
   if (a.seed != b.seed) return a.seed < b.seed;
-  return a.case_index < b.case_index;
+  if (a.case_index != b.case_index) return a.case_index < b.case_index;
+  return std::tie(a.detail, a.shape, a.repro) < std::tie(b.detail, b.shape, b.repro);
 }
 
+// Total orders (ties broken on every field), so that merged lists never depend on the merge
+// order, even when two reports hold the same case.
 bool sample_before(const Sample& a, const Sample& b) {
-  if (a.key != b.key) return a.key < b.key;
-  if (a.seed != b.seed) return a.seed < b.seed;
-  return a.case_index < b.case_index;
+  return std::tie(a.key, a.seed, a.case_index, a.max_abs, a.tightness, a.out_max_ref, a.topk,
+                  a.page_size, a.failed) < std::tie(b.key, b.seed, b.case_index, b.max_abs,
+                                                    b.tightness, b.out_max_ref, b.topk, b.page_size,
+                                                    b.failed);
 }
 
 // NaN-proof max (a NaN error counts as the largest possible value).
@@ -89,6 +93,10 @@ double max_of(double a, double b) {
 }
 
 }  // namespace
+
+bool PropertyStats::would_keep(const WorstCase& w) const {
+  return worst.size() < kWorst || worse(w, worst.back());
+}
 
 void PropertyStats::add_worst(const WorstCase& w) {
   auto it = std::lower_bound(worst.begin(), worst.end(), w, worse);

@@ -87,6 +87,8 @@ struct PropertyStats {
   double mean_abs() const { return applicable() > 0 ? sum_mean_abs / applicable() : 0; }
   // Inserts keeping the kWorst worst (failed first, then tightness, then smaller index).
   void add_worst(const WorstCase& w);
+  // Whether add_worst would keep w (judged on failed, tightness, max_abs, seed, case_index).
+  bool would_keep(const WorstCase& w) const;
   void add_sample(const Sample& s);
   void merge(const PropertyStats& o);
 };

@@ -439,11 +439,11 @@ std::string render_html(const Report& r) {
     h << "<p>None.</p>\n";
   } else {
     h << "<table><tr><th class=\"l\">property</th><th class=\"l\">backend</th>"
-         "<th class=\"l\">shape class</th><th>count</th><th>tightness</th>"
+         "<th class=\"l\">signature</th><th>count</th><th>tightness</th>"
          "<th class=\"l\">detail</th><th class=\"l\">corpus / reproduce</th></tr>\n";
     for (const auto& f : r.findings) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
-        << esc(f.backend) << "</td><td class=\"l\">" << esc(f.shape_class) << "</td><td>" << f.count
+        << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
         << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.detail)
         << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
         << esc(f.repro) << "</code></td></tr>\n";

@@ -85,7 +85,10 @@ int fuzz_command(const FuzzOptions& f) {
     if (f.jobs < 0) throw std::invalid_argument("--jobs must be >= 0");
     o.jobs = f.jobs;
     o.corpus_dir = f.corpus;
-    o.shrink_time_s = f.shrink_time == "0" ? 0 : campaign::parse_duration(f.shrink_time);
+    o.shrink_time_s = f.shrink_time.find_first_not_of("0smhd.") == std::string::npos &&
+                              f.shrink_time.find_first_of("123456789") == std::string::npos
+                          ? 0  // "0", "0s": no shrinking
+                          : campaign::parse_duration(f.shrink_time);
     o.case_timeout_s = campaign::parse_duration(f.case_timeout);
     o.report_interval_s = campaign::parse_duration(f.report_interval);
     o.profile = f.profile;

@@ -1,0 +1,330 @@
+// The report model: histogram, JSON round trip and strict loading, merge of shard reports equal
+// to the single-run report, comparison of two nights, JUnit and HTML well-formedness.
+#include "harness/campaign/report.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "harness/campaign/campaign.h"
+#include "harness/fileio.h"
+#include "tests/campaign/cli_helpers.h"
+
+namespace mlafuzz::campaign {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+TEST(LogHistogram, BinsAndQuantiles) {
+  EXPECT_EQ(LogHistogram::bin_of(0), 0);
+  EXPECT_EQ(LogHistogram::bin_of(1e-9), 0);
+  EXPECT_EQ(LogHistogram::bin_of(INFINITY), LogHistogram::kBins - 1);
+  EXPECT_EQ(LogHistogram::bin_of(NAN), LogHistogram::kBins - 1);
+  EXPECT_EQ(LogHistogram::bin_of(1e7), LogHistogram::kBins - 1);
+  for (double x : {1.5e-6, 3e-3, 0.42, 1.0, 7.0, 9e5}) {
+    const int b = LogHistogram::bin_of(x);
+    EXPECT_LE(LogHistogram::lower_edge(b), x * (1 + 1e-12)) << x;
+    EXPECT_GE(LogHistogram::upper_edge(b), x * (1 - 1e-12)) << x;
+  }
+  LogHistogram h;
+  EXPECT_EQ(h.quantile(0.5), 0);
+  for (int i = 0; i < 90; ++i) h.add(0.01);
+  for (int i = 0; i < 10; ++i) h.add(0.5);
+  EXPECT_EQ(h.total(), 100);
+  EXPECT_NEAR(h.quantile(0.5), 0.01, 0.01 * 0.26);  // upper edge of the bin (10 per decade)
+  EXPECT_GE(h.quantile(0.99), 0.5);
+  EXPECT_LE(h.quantile(0.99), 0.5 * 1.26);
+  LogHistogram g;
+  g.add(0.5);
+  h.merge(g);
+  EXPECT_EQ(h.total(), 101);
+}
+
+PropertyStats some_stats(const std::string& backend, const std::string& property, double t) {
+  PropertyStats s;
+  s.backend = backend;
+  s.property = property;
+  s.cases = 10;
+  s.not_applicable = 1;
+  s.failures = t > 1 ? 2 : 0;
+  s.max_abs = 0.01 * t;
+  s.sum_mean_abs = 0.003;
+  s.max_rel = 0.02;
+  s.max_cos_diff = 1e-6;
+  s.lse_max_abs = 1e-5;
+  s.max_tightness = t;
+  for (int i = 0; i < 9; ++i) s.tightness.add(t / (i + 1));
+  for (uint64_t i = 0; i < 7; ++i) {
+    WorstCase w;
+    w.seed = 3;
+    w.case_index = i;
+    w.failed = t > 1 && i == 0;
+    w.tightness = t / (i + 1);
+    w.max_abs = 0.01;
+    w.shape = "model1 B1 <H>";
+    w.detail = "worst at (0, 1, 447) & \"quoted\"";
+    w.repro = replay_command(3, i, "default", backend, property);
+    s.add_worst(w);
+    Sample p;
+    p.key = sample_key(3, i);
+    p.seed = 3;
+    p.case_index = i;
+    p.out_max_ref = 1.5;
+    p.max_abs = 1e-3 * (i + 1);
+    p.tightness = t / (i + 1);
+    p.topk = 64;
+    p.page_size = 61;
+    s.add_sample(p);
+  }
+  return s;
+}
+
+Report some_report(double t, bool with_finding) {
+  Report r;
+  r.complete = true;
+  r.seed = 3;
+  r.backends = {"cpu-mma", "cpu-simt"};
+  r.properties = {"tolerance", "poison"};
+  r.commit = "abc";
+  r.host = "h";
+  r.start = "2026-11-29T00:00:00Z";
+  r.end = "2026-11-29T01:00:00Z";
+  r.stop_reason = "time";
+  r.duration_s = 3600;
+  r.cases = 10;
+  r.cases_per_s = 10 / 3600.0;
+  ShardRun s;
+  s.cases = 10;
+  s.case_ranges = {{0, 10}};
+  r.shards = {s};
+  r.devices = {{"cpu", "", 10}};
+  r.tags = {{"layout=model1", 6}, {"layout=v32", 4}};
+  r.stats("cpu-mma", "tolerance") = some_stats("cpu-mma", "tolerance", t);
+  r.stats("cpu-simt", "tolerance") = some_stats("cpu-simt", "tolerance", 0.1);
+  r.stats("cpu-mma", "poison") = some_stats("cpu-mma", "poison", 0);
+  if (with_finding) {
+    FindingRecord f;
+    f.signature = "tolerance|cpu-mma|model1 B1 H1 T1-2";
+    f.property = "tolerance";
+    f.backend = "cpu-mma";
+    f.shape_class = "model1 B1 H1 T1-2";
+    f.count = 4;
+    f.seed = 3;
+    f.case_index = 0;
+    f.tightness = t;
+    f.detail = "out[0,0,447] error 3 > bound 0.01 <bad>";
+    f.corpus_path = "corpus/findings/x.json";
+    f.repro = "mlafuzz repro corpus/findings/x.json --backends cpu-mma";
+    r.findings = {f};
+  }
+  return r;
+}
+
+TEST(ReportJson, RoundTrips) {
+  const Report r = some_report(5.0, true);
+  const Json j = report_to_json(r);
+  EXPECT_EQ(j.at("format"), "mlafuzz-report");
+  EXPECT_EQ(j.at("version"), 1);
+  const Report back = report_from_json(Json::parse(j.dump()), "mem");
+  EXPECT_EQ(statistics_difference(r, back), "");
+  EXPECT_EQ(back.shards.size(), 1u);
+  EXPECT_EQ(back.shards[0].case_ranges, r.shards[0].case_ranges);
+  EXPECT_EQ(back.findings[0].repro, r.findings[0].repro);
+  EXPECT_EQ(back.find_stats("cpu-mma", "tolerance")->worst,
+            r.find_stats("cpu-mma", "tolerance")->worst);
+  EXPECT_EQ(back.seed, 3u);
+  // Infinities survive (JSON has none).
+  Report inf = r;
+  inf.stats("cpu-mma", "tolerance").max_tightness = INFINITY;
+  const Report inf_back = report_from_json(report_to_json(inf), "mem");
+  EXPECT_TRUE(std::isinf(inf_back.find_stats("cpu-mma", "tolerance")->max_tightness));
+}
+
+TEST(ReportJson, StrictLoadingNamesTheField) {
+  Json j = report_to_json(some_report(0.5, false));
+  auto expect_error = [](const Json& bad, const std::string& needle) {
+    try {
+      report_from_json(bad, "night.json");
+      ADD_FAILURE() << "accepted a bad report; expected " << needle;
+    } catch (const ReportError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("night.json"), std::string::npos) << e.what();
+    }
+  };
+  Json v = j;
+  v["version"] = 2;
+  expect_error(v, "version");
+  v = j;
+  v["format"] = "something";
+  expect_error(v, "format");
+  v = j;
+  v["campaign"].erase("seed");
+  expect_error(v, "campaign.seed");
+  v = j;
+  v["results"][0]["tightness"]["histogram"]["counts"].erase(0);
+  expect_error(v, "results[0].tightness.histogram.counts");
+  v = j;
+  v["results"][1]["failures"] = 99;
+  expect_error(v, "results[1]");
+  const std::string dir = test::fresh_dir("bad");
+  write_file_atomic(dir + "/r.json", "{not json");
+  EXPECT_THROW(load_report(dir + "/r.json"), ReportError);
+}
+
+TEST(ReportMerge, SumsMaximaHistogramsFindings) {
+  Report a = some_report(0.5, true), b = some_report(3.0, true);
+  b.shards[0].index = 1;
+  b.shards[0].count = 2;
+  a.shards[0].count = 2;
+  b.findings[0].case_index = 7;
+  b.findings[0].corpus_path = "other/x.json";
+  const Report m = merge_reports({a, b});
+  EXPECT_EQ(m.cases, 20);
+  EXPECT_EQ(m.tags.at("layout=model1"), 12);
+  const PropertyStats& s = *m.find_stats("cpu-mma", "tolerance");
+  EXPECT_EQ(s.cases, 20);
+  EXPECT_EQ(s.failures, 2);
+  EXPECT_DOUBLE_EQ(s.max_tightness, 3.0);
+  EXPECT_EQ(s.tightness.total(), 18);
+  EXPECT_EQ(s.worst.size(), PropertyStats::kWorst);
+  EXPECT_TRUE(s.worst.front().failed);
+  ASSERT_EQ(m.findings.size(), 1u);
+  EXPECT_EQ(m.findings[0].count, 8);
+  EXPECT_EQ(m.findings[0].case_index, 0u);  // the earliest representative
+  EXPECT_EQ(m.findings[0].corpus_entries.size(), 2u);
+  EXPECT_EQ(m.shards.size(), 2u);
+  // Merge order does not matter.
+  EXPECT_EQ(statistics_difference(m, merge_reports({b, a})), "");
+  // The same shard twice is refused (its cases would count twice).
+  EXPECT_THROW(merge_reports({a, a}), ReportError);
+}
+
+// The statistics of two shard campaigns, merged, equal those of one campaign over the same
+// cases (global indices 0..2n-1).
+TEST(ReportMerge, ShardsMergeToTheSingleRun) {
+  auto run = [](const std::string& shard, uint64_t cases) {
+    CampaignOptions o;
+    o.backends = {"cpu-simt", "cpu-mma"};
+    o.properties = {"run", "tolerance", "determinism", "mma-vs-simt"};
+    o.seed = 11;
+    o.max_cases = cases;
+    o.shard = parse_shard(shard);
+    o.jobs = 2;
+    o.shrink_time_s = 0;
+    o.corpus_dir = test::fresh_dir("corpus-" + std::to_string(o.shard.index) + "-" +
+                                   std::to_string(o.shard.count));
+    std::ostringstream log;
+    o.log = &log;
+    Report r;
+    run_campaign(o, &r);
+    return r;
+  };
+  const Report single = run("0/1", 16);
+  const Report s0 = run("0/2", 8), s1 = run("1/2", 8);
+  const Report merged = merge_reports({s0, s1});
+  EXPECT_EQ(single.cases, 16);
+  EXPECT_EQ(statistics_difference(single, merged), "");
+  ASSERT_EQ(merged.shards.size(), 2u);
+  EXPECT_EQ(merged.shards[0].case_ranges, (std::vector<std::pair<uint64_t, uint64_t>>{{0, 8}}));
+  // Round trip through files, as `mlafuzz report merge` does.
+  const Report reloaded = report_from_json(report_to_json(merged), "merged");
+  EXPECT_EQ(statistics_difference(single, reloaded), "");
+}
+
+TEST(ReportCompare, IdenticalNewFindingAndTightness) {
+  const Report old_r = some_report(0.5, false);
+  Comparison c = compare_reports(old_r, old_r, {});
+  EXPECT_FALSE(c.regression) << c.text;
+  // A new finding signature is a regression.
+  c = compare_reports(old_r, some_report(0.5, true), {});
+  EXPECT_TRUE(c.regression);
+  EXPECT_NE(c.text.find("new finding"), std::string::npos) << c.text;
+  // A finding that went away is not.
+  EXPECT_FALSE(compare_reports(some_report(0.5, true), old_r, {}).regression);
+  // Worst tightness up by more than the factor.
+  c = compare_reports(old_r, some_report(1.6, false), {});
+  EXPECT_TRUE(c.regression) << c.text;
+  EXPECT_NE(c.text.find("worst tightness cpu-mma / tolerance"), std::string::npos) << c.text;
+  EXPECT_FALSE(compare_reports(old_r, some_report(0.9, false), {}).regression);
+  EXPECT_FALSE(compare_reports(old_r, some_report(1.6, false), {4.0, 0.1}).regression);
+  // Tiny tightness values moving around are noise.
+  EXPECT_FALSE(compare_reports(some_report(0.001, false), some_report(0.05, false), {}).regression);
+}
+
+// A small XML well-formedness check: balanced tags, quoted attributes, escaped text.
+std::string xml_problem(const std::string& x) {
+  std::vector<std::string> stack;
+  size_t i = 0;
+  if (x.rfind("<?xml", 0) == 0) i = x.find("?>") + 2;
+  while (i < x.size()) {
+    if (x[i] == '&') {
+      const size_t semi = x.find(';', i);
+      const std::string ent = x.substr(i, semi - i + 1);
+      if (semi == std::string::npos ||
+          !std::regex_match(ent, std::regex("&(amp|lt|gt|quot|#39);"))) {
+        return "bad entity at " + std::to_string(i);
+      }
+      i = semi + 1;
+      continue;
+    }
+    if (x[i] == '>') return "stray > at " + std::to_string(i);
+    if (x[i] != '<') {
+      ++i;
+      continue;
+    }
+    const size_t end = x.find('>', i);
+    if (end == std::string::npos) return "unterminated tag";
+    std::string tag = x.substr(i + 1, end - i - 1);
+    i = end + 1;
+    if (tag.rfind("!DOCTYPE", 0) == 0) continue;
+    if (tag.find('<') != std::string::npos) return "< inside a tag";
+    if (std::count(tag.begin(), tag.end(), '"') % 2) return "unbalanced quotes in <" + tag + ">";
+    if (tag[0] == '/') {
+      const std::string name = tag.substr(1);
+      if (stack.empty() || stack.back() != name) return "mismatched </" + name + ">";
+      stack.pop_back();
+    } else if (tag.back() != '/') {
+      const std::string name = tag.substr(0, tag.find_first_of(" \n\t"));
+      static const std::set<std::string> kVoid = {"meta", "br"};
+      if (!kVoid.count(name)) stack.push_back(name);
+    }
+  }
+  return stack.empty() ? "" : "unclosed <" + stack.back() + ">";
+}
+
+TEST(ReportRender, JunitIsWellFormed) {
+  const std::string x = render_junit(some_report(3.0, true));
+  EXPECT_EQ(xml_problem(x), "");
+  EXPECT_NE(x.find("<testsuite name=\"cpu-mma\""), std::string::npos);
+  EXPECT_NE(x.find("<testcase name=\"tolerance\" classname=\"mlafuzz.cpu-mma\""),
+            std::string::npos);
+  EXPECT_NE(x.find("<failure message=\"2 of 9 cases failed"), std::string::npos) << x;
+  EXPECT_NE(x.find("&lt;bad&gt;"), std::string::npos);      // the detail, escaped
+  EXPECT_EQ(xml_problem("<a><b></a>"), "mismatched </a>");  // the checker can fail
+}
+
+TEST(ReportRender, HtmlIsSelfContainedAndWellFormed) {
+  const std::string h = render_html(some_report(3.0, true));
+  EXPECT_EQ(xml_problem(h), "");
+  EXPECT_EQ(h.find("http"), std::string::npos);
+  EXPECT_EQ(h.find("src="), std::string::npos);
+  EXPECT_EQ(h.find("href="), std::string::npos);
+  EXPECT_EQ(h.find("<script"), std::string::npos);
+  EXPECT_EQ(h.find("<link"), std::string::npos);
+  EXPECT_GE(std::count(h.begin(), h.end(), '\n'), 10);
+  size_t svgs = 0;
+  for (size_t p = h.find("<svg"); p != std::string::npos; p = h.find("<svg", p + 1)) ++svgs;
+  EXPECT_GE(svgs, 6u);  // histograms, three scatter plots, tag distribution
+  EXPECT_NE(h.find("<circle"), std::string::npos);  // sampled points plotted
+  EXPECT_NE(h.find("tolerance|cpu-mma|model1 B1 H1 T1-2"), std::string::npos);  // findings
+  EXPECT_NE(h.find("layout=v32"), std::string::npos);                           // distribution
+}
+
+}  // namespace
+}  // namespace mlafuzz::campaign

@@ -1,0 +1,152 @@
+// Fault isolation: the wire format, and a real `mlafuzz worker` behind a ProxyBackend giving
+// the same bits as the in-process backend, turning a crash, an abort, a hang and a sticky
+// device error into RunStatus::kFault, and restarting.
+#include "harness/campaign/worker.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "harness/backend.h"
+#include "harness/campaign/worker_protocol.h"
+#include "harness/materialize.h"
+#include "properties/evaluate.h"
+
+namespace mlafuzz::campaign {
+namespace {
+
+MaterializedCase small_case(int heads) {
+  GenConfig cfg;
+  for (uint64_t i = 0;; ++i) {
+    Case c = generate_case(5, i, cfg, nullptr);
+    try {
+      validate(c);
+    } catch (const std::exception&) {
+      continue;
+    }
+    if (c.batch * c.heads * c.topk > 4096) continue;
+    c.heads = heads;
+    if (c.sink) c.sink->assign(heads, 0.5);
+    return materialize(c);
+  }
+}
+
+TEST(WorkerProtocol, CaseAndResultRoundTrip) {
+  const MaterializedCase m = small_case(3);
+  const MaterializedCase back = decode_case(encode_case(m));
+  EXPECT_EQ(back.q, m.q);
+  EXPECT_EQ(back.cache, m.cache);
+  EXPECT_EQ(back.indices, m.indices);
+  EXPECT_EQ(back.topk_length, m.topk_length);
+  EXPECT_EQ(back.sink, m.sink);
+  EXPECT_EQ(back.heads, 3);
+  EXPECT_EQ(back.geom.page_stride, m.geom.page_stride);
+  EXPECT_EQ(back.sm_scale, m.sm_scale);
+  EXPECT_EQ(to_json(back.recipe), to_json(m.recipe));
+  RunResult r;
+  r.status = RunStatus::kError;
+  r.message = "launch failed";
+  r.out = {1.5, -2.0};
+  r.lse = {INFINITY};
+  r.out_raw = {1, 2, 3};
+  r.lse_raw = {0.5f};
+  r.guard_violations = 2;
+  const RunResult rb = decode_result(encode_result(r));
+  EXPECT_EQ(rb.status, RunStatus::kError);
+  EXPECT_EQ(rb.message, r.message);
+  EXPECT_EQ(rb.out, r.out);
+  EXPECT_EQ(rb.out_raw, r.out_raw);
+  EXPECT_EQ(rb.guard_violations, 2);
+  std::string truncated = encode_result(r);
+  truncated.pop_back();
+  EXPECT_THROW(decode_result(truncated), ProtocolError);
+}
+
+WorkerSpec spec(const std::string& backend) {
+  WorkerSpec s;
+  s.exe = MLAFUZZ_BINARY;
+  s.backend = backend;
+  return s;
+}
+
+// Sets MLAFUZZ_TEST_FAULT for workers started while it lives.
+struct FaultEnv {
+  explicit FaultEnv(const char* v) { ::setenv("MLAFUZZ_TEST_FAULT", v, 1); }
+  ~FaultEnv() { ::unsetenv("MLAFUZZ_TEST_FAULT"); }
+};
+
+TEST(Worker, ProxyGivesTheInProcessBits) {
+  const MaterializedCase m = small_case(2);
+  auto slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+  ProxyBackend proxy(slot, 60);
+  EXPECT_EQ(proxy.name(), "cpu-simt");
+  EXPECT_EQ(proxy.precision(), Precision::kSimtFp32);
+  EXPECT_FALSE(proxy.on_device());
+  const RunResult a = proxy.run(m);
+  const RunResult b = make_backend("cpu-simt")->run(m);
+  ASSERT_EQ(a.status, RunStatus::kOk) << a.message;
+  EXPECT_EQ(a.out_raw, b.out_raw);
+  EXPECT_EQ(a.lse_raw.size(), b.lse_raw.size());
+  EXPECT_EQ(0, std::memcmp(a.lse_raw.data(), b.lse_raw.data(), a.lse_raw.size() * 4));
+  EXPECT_EQ(a.guard_violations, 0);
+  EXPECT_FALSE(proxy.unsupported(m).has_value());
+  EXPECT_TRUE(proxy.take_faults().empty());
+}
+
+void expect_fault_then_recovery(const char* hook, const std::string& needle, double timeout) {
+  const MaterializedCase big = small_case(4), small = small_case(1);
+  std::shared_ptr<WorkerSlot> slot;
+  {
+    FaultEnv env(hook);  // the worker inherits it; faults on cases with >= 2 heads
+    slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+    slot->proc.info();
+  }
+  ProxyBackend proxy(slot, timeout);
+  const RunResult ok = proxy.run(small);
+  EXPECT_EQ(ok.status, RunStatus::kOk) << ok.message;
+  const RunResult f = proxy.run(big);
+  EXPECT_EQ(f.status, RunStatus::kFault);
+  EXPECT_NE(f.message.find(needle), std::string::npos) << f.message;
+  const auto faults = proxy.take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(faults[0].backend, "cpu-simt");
+  // The next call runs on a fresh worker (started without the hook now).
+  const RunResult again = proxy.run(big);
+  EXPECT_EQ(again.status, RunStatus::kOk) << again.message;
+  EXPECT_EQ(slot->proc.starts(), 2);
+  EXPECT_EQ(slot->faults, 1);
+}
+
+TEST(Worker, CrashBecomesFault) { expect_fault_then_recovery("crash:2", "signal 11", 60); }
+TEST(Worker, AbortBecomesFault) { expect_fault_then_recovery("abort:2", "signal 6", 60); }
+TEST(Worker, HangBecomesFault) { expect_fault_then_recovery("hang:2", "hang", 1.0); }
+TEST(Worker, StickyDeviceErrorBecomesFault) {
+  expect_fault_then_recovery("sticky:2", "illegal memory access", 60);
+}
+
+TEST(Worker, UnknownBackendIsAClearError) {
+  WorkerProcess w(spec("no-such-backend"));
+  try {
+    w.info();
+    ADD_FAILURE() << "a worker served an unknown backend";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-backend"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Worker, MutantNamesResolveInWorkers) {
+  auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma~unmasked-pad-columns"));
+  ProxyBackend proxy(slot, 60);
+  EXPECT_EQ(proxy.name(), "cpu-mma~unmasked-pad-columns");
+}
+
+TEST(Worker, DeviceInfoAnswers) {
+  const auto text = run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
+  ASSERT_TRUE(text.has_value());
+  EXPECT_NE(text->find("\"count\""), std::string::npos) << *text;
+}
+
+}  // namespace
+}  // namespace mlafuzz::campaign
