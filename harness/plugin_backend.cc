@@ -4,11 +4,16 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <sstream>
+#include <vector>
 
 #if MLAFUZZ_HAVE_CUDA
 #include "kernels/cuda/device_run.h"
@@ -310,6 +315,43 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.lse = p.lse;
   c.lse_batch_stride = p.heads;
   return c;
+}
+
+std::string resolve_plugin(const std::string& path_or_name) {
+  struct stat st {};
+  if (path_or_name.find('/') != std::string::npos || stat(path_or_name.c_str(), &st) == 0) {
+    return path_or_name;
+  }
+  // A declared name, as reports and corpus entries carry it ("plugin:<name>").
+  if (std::string p = loaded_plugin_path(kPluginPrefix + path_or_name); !p.empty()) return p;
+  const char* env = std::getenv("MLAFUZZ_PLUGIN_PATH");
+  const std::string search = env != nullptr ? env : "";
+  std::stringstream entries(search);
+  std::string entry;
+  while (std::getline(entries, entry, ':')) {
+    if (entry.empty()) continue;
+    std::error_code ec;
+    std::vector<std::string> files;
+    if (std::filesystem::is_directory(entry, ec)) {
+      for (const auto& f : std::filesystem::directory_iterator(entry, ec)) {
+        if (f.path().extension() == ".so") files.push_back(f.path().string());
+      }
+      std::sort(files.begin(), files.end());
+    } else {
+      files.push_back(entry);
+    }
+    for (const std::string& f : files) {
+      try {
+        if (load(f).desc.name == path_or_name) return f;
+      } catch (const PluginError&) {
+        // Not a plugin, or a broken one: it cannot be the one asked for.
+      }
+    }
+  }
+  throw PluginError("plugin " + path_or_name + ": no such file, and no plugin of that name is " +
+                    "loaded or found in MLAFUZZ_PLUGIN_PATH (" +
+                    (search.empty() ? "unset" : "'" + search + "'") +
+                    "); name the library: plugin:/path/to/lib.so");
 }
 
 std::unique_ptr<Backend> load_plugin_backend(const std::string& path) {

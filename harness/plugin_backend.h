@@ -49,9 +49,14 @@ std::unique_ptr<Backend> load_plugin_backend(const std::string& path);
 PluginDescription describe_plugin(const std::string& path);
 
 // Path of the plugin loaded in this process under backend name "plugin:<name>", or "" if none.
-// Lets make_backend() resolve the short name a report or finding carries once the plugin has
-// been loaded by path.
 std::string loaded_plugin_path(const std::string& backend_name);
+
+// What follows "plugin:" in a backend name -> the library to load. A path (anything with a '/',
+// or an existing file) is returned as is. A declared name, as reports and corpus entries carry
+// it ("plugin:cpu-fp32-example"), resolves to the plugin of that name loaded earlier in this
+// process, else to the first library declaring that name in MLAFUZZ_PLUGIN_PATH (a ':' list of
+// folders, whose *.so files are tried, and files). Throws PluginError saying what was searched.
+std::string resolve_plugin(const std::string& path_or_name);
 
 // The call a plugin receives for `p` (pointers and strides from `p`; memory tells where they
 // live). Shared by the plugin backend and tests.

@@ -83,9 +83,8 @@ const std::vector<BackendInfo>& builtin_backends() {
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name.rfind(kPluginPrefix, 0) == 0) {
-    // "plugin:/path/lib.so", or "plugin:<name>" of a plugin this process has loaded by path.
-    const std::string loaded = loaded_plugin_path(name);
-    return load_plugin_backend(loaded.empty() ? name.substr(std::strlen(kPluginPrefix)) : loaded);
+    // "plugin:/path/lib.so", or "plugin:<name>" (harness/plugin_backend.h, resolve_plugin).
+    return load_plugin_backend(resolve_plugin(name.substr(std::strlen(kPluginPrefix))));
   }
   for (const auto& info : builtin_backends()) {
     if (info.name == name) return info.make();

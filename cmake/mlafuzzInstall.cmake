@@ -1,0 +1,46 @@
+# Install and export rules: `cmake --install build --prefix P` gives a package that a user's
+# project finds with find_package(mlafuzz) (P on CMAKE_PREFIX_PATH) and links into its own tests:
+#   mlafuzz::core        case model, materialization, canary-guarded outputs, comparison metrics
+#   mlafuzz::oracle      the float64 oracles (Eigen and plain loops)
+#   mlafuzz::plugin_abi  the plugin C ABI header <mlafuzz/plugin.h>, to build a plugin
+# Headers install under include/mlafuzz/ with the source tree's folders (harness/, oracle/,
+# kernels/common/), so includes read the same in and out of this tree. Everything belongs to the
+# component mlafuzz_dev (besides the executable and plugins, installed by their own rules).
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+set(MLAFUZZ_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/mlafuzz)
+set(MLAFUZZ_EXPORTED_TARGETS mlafuzz_flags mla_kernels_common mlafuzz_core mlafuzz_oracle
+    mlafuzz_plugin_abi)
+set_target_properties(mlafuzz_flags PROPERTIES EXPORT_NAME flags)
+set_target_properties(mla_kernels_common PROPERTIES EXPORT_NAME kernels_common)
+set_target_properties(mlafuzz_core PROPERTIES EXPORT_NAME core)
+set_target_properties(mlafuzz_oracle PROPERTIES EXPORT_NAME oracle)
+set_target_properties(mlafuzz_plugin_abi PROPERTIES EXPORT_NAME plugin_abi)
+
+install(TARGETS ${MLAFUZZ_EXPORTED_TARGETS} EXPORT mlafuzzTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT mlafuzz_dev)
+install(FILES harness/backend.h harness/case.h harness/compare.h harness/fileio.h
+              harness/materialize.h harness/npy.h harness/rng.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/harness COMPONENT mlafuzz_dev)
+install(FILES oracle/oracle.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/oracle COMPONENT mlafuzz_dev)
+install(DIRECTORY kernels/common/
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/kernels/common COMPONENT mlafuzz_dev
+        FILES_MATCHING PATTERN "*.h")
+install(FILES include/mlafuzz/plugin.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz COMPONENT mlafuzz_dev)
+
+install(EXPORT mlafuzzTargets NAMESPACE mlafuzz:: DESTINATION ${MLAFUZZ_INSTALL_CMAKEDIR}
+        COMPONENT mlafuzz_dev)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/mlafuzzConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/mlafuzzConfig.cmake
+                              INSTALL_DESTINATION ${MLAFUZZ_INSTALL_CMAKEDIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/mlafuzzConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/mlafuzzConfig.cmake
+              ${PROJECT_BINARY_DIR}/mlafuzzConfigVersion.cmake
+        DESTINATION ${MLAFUZZ_INSTALL_CMAKEDIR} COMPONENT mlafuzz_dev)
+
+# The command-line tool and the example plugins.
+install(TARGETS mlafuzz RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT mlafuzz_tools)

@@ -1,0 +1,105 @@
+// Mutation score on the CPU: every planted bug the host model implements is killed within a
+// small budget, by a property that the unmutated cpu-mma passes on the same shrunk case, and
+// shrinks to a case a person can read. Budgets are generous next to what the seed needs (a few
+// cases and well under a second per mutant), so the test only fails when a kill really goes.
+#include "harness/mutation/mutation.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "harness/campaign/backend_lookup.h"
+
+namespace mlafuzz {
+namespace {
+
+class CpuMutants : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    MutationOptions o;
+    o.kind = MutantKind::kCpu;
+    o.seed = 1;
+    o.budget_seconds = 20;
+    o.max_cases = 200;
+    o.shrink_seconds = 10;
+    options_ = new MutationOptions(o);
+    results_ = new std::vector<MutantResult>(run_mutants(o, nullptr));
+  }
+  static void TearDownTestSuite() {
+    delete results_;
+    delete options_;
+  }
+  static const MutationOptions* options_;
+  static const std::vector<MutantResult>* results_;
+};
+const MutationOptions* CpuMutants::options_ = nullptr;
+const std::vector<MutantResult>* CpuMutants::results_ = nullptr;
+
+TEST_F(CpuMutants, EveryHostMutantIsKilledAndOnlyTheRaceIsSkipped) {
+  ASSERT_EQ(results_->size(), all_mutants().size());
+  for (const MutantResult& r : *results_) {
+    if (r.mutant == mla::Mutant::kMissingBarrier) {
+      EXPECT_EQ(r.status, MutantStatus::kSkipped);
+      EXPECT_NE(r.skip_reason.find("GPU only"), std::string::npos) << r.skip_reason;
+      continue;
+    }
+    EXPECT_EQ(r.status, MutantStatus::kKilled) << r.name << " survived " << r.cases << " cases";
+    EXPECT_TRUE(r.control_passed) << r.name
+                                  << ": the unmutated cpu-mma fails too: " << r.control_detail;
+    EXPECT_FALSE(r.property.empty()) << r.name;
+  }
+}
+
+TEST_F(CpuMutants, KillsAreFastAndShrunkCasesAreSmall) {
+  const MutationSummary s = summarize(*results_);
+  EXPECT_LT(s.median_cases, 50);
+  for (const MutantResult& r : *results_) {
+    if (r.status != MutantStatus::kKilled) continue;
+    ASSERT_TRUE(r.shrunk.has_value()) << r.name;
+    EXPECT_LE(r.batch, 2) << r.name;
+    EXPECT_LE(r.heads, 2) << r.name;
+    EXPECT_EQ(r.batch, r.shrunk->batch);
+    EXPECT_EQ(r.valid_tokens, count_valid_tokens(*r.shrunk)) << r.name;
+  }
+}
+
+TEST_F(CpuMutants, KillsReplayFromTheReportAlone) {
+  for (const MutantResult& r : *results_) {
+    if (r.status != MutantStatus::kKilled) continue;
+    const auto mutant = campaign::make_campaign_backend(r.backend);
+    const std::vector<std::string> property{r.property};
+    // The shrunk case, through its JSON form, still kills the mutant.
+    const Case shrunk = case_from_json_value(case_to_json_value(*r.shrunk));
+    EXPECT_TRUE(evaluate_case(shrunk, {mutant.get()}, property).failed()) << r.name;
+    // The first failing case regenerates from (seed, case index) and fails again.
+    const Case first = generate_case(options_->seed, r.failing_index, options_->gen, nullptr);
+    EXPECT_TRUE(evaluate_case(first, {mutant.get()}, {}).failed()) << r.name;
+  }
+}
+
+TEST_F(CpuMutants, JsonReportIsComplete) {
+  const nlohmann::ordered_json j = mutants_to_json(*options_, *results_);
+  EXPECT_EQ(j["format"], "mlafuzz-mutants");
+  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["summary"]["survived"], 0);
+  EXPECT_EQ(j["mutants"].size(), results_->size());
+  for (const auto& m : j["mutants"]) {
+    if (m["status"] == "killed") {
+      EXPECT_TRUE(m.contains("property"));
+      EXPECT_TRUE(m["shrunk"].contains("case"));
+      EXPECT_GE(m["cases"].get<int>(), 1);
+    }
+  }
+}
+
+TEST(MutantNames, RoundTrip) {
+  for (const mla::Mutant m : all_mutants()) {
+    ASSERT_TRUE(mutant_from_name(mla::mutant_name(m)).has_value());
+    EXPECT_EQ(*mutant_from_name(mla::mutant_name(m)), m);
+  }
+  EXPECT_FALSE(mutant_from_name("no-such-mutant").has_value());
+}
+
+}  // namespace
+}  // namespace mlafuzz

@@ -1,0 +1,37 @@
+#!/bin/sh
+# A plugin that crashes or hangs, fuzzed next to a correct one, through the campaign's worker
+# isolation: each call becomes a fault finding, the campaign runs every case and writes its
+# report, the correct plugin is evaluated throughout. Exit 1 from mlafuzz fuzz = findings.
+# Usage: plugin_isolation_test.sh MLAFUZZ CPU_PLUGIN FAULTY_DIR
+set -u
+mlafuzz=$1 cpu=$2 faulty=$3
+work=$(mktemp -d) && trap 'rm -rf "$work"' EXIT
+failures=0
+
+check() {  # check NAME PATTERN: the log of campaign NAME has a line matching PATTERN
+  if ! grep -q -e "$2" "$work/$1.log"; then
+    echo "FAIL: $1: no line matching: $2"
+    sed 's/^/  | /' "$work/$1.log" | tail -30
+    failures=$((failures + 1))
+  fi
+}
+
+for fault in crash hang; do
+  "$mlafuzz" fuzz --backends "plugin:$faulty/libfaulty_$fault.so,plugin:$cpu" --cases 3 --jobs 1 \
+    --shrink-time 0 --case-timeout 2s --corpus "$work/corpus-$fault" --report "$work/report-$fault" \
+    --progress plain >"$work/$fault.log" 2>&1
+  rc=$?
+  [ "$rc" -eq 1 ] || { echo "FAIL: $fault: exit $rc, want 1 (findings)"; failures=$((failures + 1)); }
+  [ -f "$work/report-$fault/report.json" ] || { echo "FAIL: $fault: no report"; failures=$((failures + 1)); }
+  check "$fault" "3 cases"
+  check "$fault" "fault on plugin:faulty-"
+  if grep -q "plugin:cpu-fp32-example: FAIL" "$work/$fault.log"; then
+    echo "FAIL: $fault: the correct plugin failed next to the broken one"
+    failures=$((failures + 1))
+  fi
+done
+check crash "killed by signal 11"
+check hang "no reply within the case timeout (hang)"
+
+[ "$failures" -eq 0 ] && echo "crash and hang isolated: findings recorded, campaigns completed" && exit 0
+exit 1
