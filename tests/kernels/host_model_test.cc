@@ -14,6 +14,7 @@
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_pipeline.h"
 #include "oracle/oracle.h"
+#include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"
 
 namespace mlafuzz {
@@ -156,6 +157,7 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
               static_cast<unsigned long long>(kSeed));
   CounterRng rng(kSeed, Stream::kGenerator);
   Tightness worst;
+  double model_tightness = 0;
   int64_t elements = 0;
   for (int i = 0; i < kCases; ++i) {
     const Case c = random_recipe(rng);
@@ -168,10 +170,20 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
     const OracleResult ref = run_oracle_eigen(m, 1);
     check_against_oracle(m, r, ref, mma, tile, what, &worst);
     if (::testing::Test::HasFatalFailure()) return;
+    // The project's tolerance model (properties/tolerance.h) must accept the model as well.
+    const Bounds bounds = compute_bounds(m, ref, pipeline_for(backend->precision()));
+    const BoundCheck check = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse},
+                                          bounds, m.batch, m.heads, m.d_v());
+    ASSERT_TRUE(check.passed && check.nonfinite_match)
+        << what << ": " << check.describe() << " " << check.nonfinite_detail;
+    model_tightness = std::max(model_tightness, check.tightness);
     elements += static_cast<int64_t>(ref.out.size());
   }
-  std::printf("[tightness] %s: %d cases, %lld out elements, max error/bound out %.3g lse %.3g\n",
-              name.c_str(), kCases, static_cast<long long>(elements), worst.out, worst.lse);
+  std::printf(
+      "[tightness] %s: %d cases, %lld out elements, max error/bound out %.3g lse %.3g;"
+      " properties/tolerance.h model %.3g\n",
+      name.c_str(), kCases, static_cast<long long>(elements), worst.out, worst.lse,
+      model_tightness);
   // A bound that is never approached proves little: the worst element must use a visible part
   // of it (the bf16 store alone gives about half of u16 |O|).
   EXPECT_GT(worst.out, 0.05);
