@@ -215,8 +215,10 @@ CorpusEntry load_corpus_entry(const std::string& path) {
     throw CaseError("(json)", std::string("not valid JSON: ") + ex.what() + " (in " + path + ")");
   }
   try {
-    if (j.is_object() && j.contains("format")) {
-      if (j.at("format") != kFormat) throw CaseError("format", "not \"mlafuzz-corpus\"");
+    if (j.is_object() && j.contains("format") && j.at("format") != "mlafuzz-case") {
+      if (j.at("format") != kFormat) {
+        throw CaseError("format", "neither \"mlafuzz-corpus\" nor \"mlafuzz-case\"");
+      }
       if (!j.contains("version") || j.at("version") != kCorpusFormatVersion) {
         throw CaseError("version", "unsupported corpus entry version (this build reads version " +
                                        std::to_string(kCorpusFormatVersion) + ")");

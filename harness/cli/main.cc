@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "mlafuzz 0.1.0");
   CommandTable table;
   register_run(app, table);
+  register_repro(app, table);
   register_list_backends(app, table);
   register_fuzz(app, table);
   register_report(app, table);

@@ -1,0 +1,126 @@
+// `mlafuzz repro FILE`: replays one corpus entry (or a plain case file) through the properties.
+//
+// A finding (expect "fail") is evaluated for its own property on its own backend(s); the exit
+// status is 1 while the failure persists and 0 once it is fixed. A regression entry or plain case
+// (expect "pass") is evaluated for every property on every listed backend (default: every
+// available one) and exits 0 only when all pass. --backends and --properties override both.
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/campaign/backend_lookup.h"
+#include "harness/cli/commands.h"
+#include "properties/evaluate.h"
+
+namespace mlafuzz::cli {
+namespace {
+
+struct ReproOptions {
+  std::string file;
+  std::string backends;
+  std::string properties;
+};
+
+std::vector<std::string> split_list(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+int run_repro(const ReproOptions& opt) {
+  const CorpusEntry e = load_corpus_entry(opt.file);
+  const bool finding = e.f.expect == "fail";
+
+  // Backends: the option, else the finding's (a|b for pairs), else every available one.
+  std::vector<std::string> names;
+  if (!opt.backends.empty()) {
+    names = campaign::parse_campaign_backends(opt.backends);
+  } else if (finding && !e.f.backend.empty()) {
+    names = split_list(e.f.backend, '|');
+  } else {
+    names = campaign::parse_campaign_backends("available");
+  }
+  std::vector<std::string> props;
+  if (!opt.properties.empty()) {
+    props = split_list(opt.properties, ',');
+  } else if (finding && !e.f.property.empty()) {
+    props = {e.f.property};
+  }
+  // mma-vs-simt needs the SIMT partner of every MMA backend listed.
+  const bool pairs =
+      props.empty() || std::find(props.begin(), props.end(), "mma-vs-simt") != props.end();
+  if (pairs) {
+    const std::vector<std::string> listed = names;
+    for (const auto& n : listed) {
+      const auto pos = n.find("-mma");
+      if (pos == std::string::npos) continue;
+      const std::string partner = n.substr(0, pos) + "-simt";
+      if (std::find(names.begin(), names.end(), partner) == names.end()) names.push_back(partner);
+    }
+  }
+  std::vector<std::unique_ptr<Backend>> owned;
+  std::vector<Backend*> backends;
+  for (const auto& n : names) {
+    owned.push_back(campaign::make_campaign_backend(n));
+    backends.push_back(owned.back().get());
+  }
+
+  std::cout << "entry " << e.path << "\n";
+  if (!e.f.property.empty()) {
+    std::cout << "finding: " << e.f.property << " on " << e.f.backend << " (expect " << e.f.expect
+              << ", seen " << e.f.count << "x, found " << e.f.found_at << " at commit "
+              << e.f.commit << (e.f.gpu_name.empty() ? "" : " on " + e.f.gpu_name) << ")\n";
+    if (!e.f.detail.empty()) std::cout << "  recorded: " << e.f.detail << "\n";
+  }
+  std::cout << "case: " << shape_class(e.c) << " (B=" << e.c.batch << " H=" << e.c.heads
+            << " topk=" << e.c.topk << ")\n";
+  const CaseEvaluation ev = evaluate_case(e.c, backends, props);
+  int failed = 0;
+  for (const auto& o : ev.outcomes) {
+    if (o.applicable && !o.passed) ++failed;
+    std::cout << "  " << format_outcome(o) << "\n";
+  }
+  const std::string cmd = repro_command(opt.file, join(names));
+  if (failed > 0) {
+    std::cout << failed << " propert" << (failed == 1 ? "y" : "ies") << " failed"
+              << (finding ? " (the finding persists)" : "") << "\nreproduce: " << cmd << "\n";
+    return kExitFailed;
+  }
+  std::cout << (finding ? "fixed: the recorded failure no longer occurs" : "all properties pass")
+            << " (" << ev.outcomes.size() << " outcomes, " << ev.seconds << " s)\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void register_repro(CLI::App& app, CommandTable& table) {
+  auto opt = std::make_shared<ReproOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "repro",
+      "Replay a corpus entry: exit 1 while its failure persists (or, for a regression entry or a "
+      "plain case, while any property fails), 0 once fixed");
+  sub->add_option("file", opt->file, "corpus entry or case file (.json)")->required();
+  sub->add_option("--backends", opt->backends,
+                  "comma-separated backends (default: the finding's, else every available one; "
+                  "cpu-mma~<mutant> names the planted-bug variants)");
+  sub->add_option(
+      "--properties", opt->properties,
+      "comma-separated properties (default: the finding's, else all): " + join(all_properties()));
+  table.push_back({sub, [opt] { return run_repro(*opt); }});
+}
+
+}  // namespace mlafuzz::cli

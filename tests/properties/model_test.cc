@@ -1,0 +1,335 @@
+// Unit tests of the property layer: the tolerance model (a bound that a perturbed output
+// violates and the exact one respects), the bf16 rounding interval, shrinking with a synthetic
+// predicate, generator determinism and distribution, corpus round trips, the transformations.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "harness/backend.h"
+#include "harness/materialize.h"
+#include "kernels/common/fp_formats.h"
+#include "oracle/oracle.h"
+#include "properties/corpus.h"
+#include "properties/evaluate.h"
+#include "properties/generators.h"
+#include "properties/properties.h"
+#include "properties/shrink.h"
+#include "properties/tolerance.h"
+
+namespace mlafuzz {
+namespace {
+
+Case small_case() {
+  Case c;
+  c.geom.page_size = 5;
+  c.geom.num_pages = 3;
+  c.batch = 2;
+  c.heads = 3;
+  c.topk = 7;
+  c.data_seed = 42;
+  return c;
+}
+
+// The oracle's output rounded to bf16 (RNE), as a perfect bf16 kernel would store it.
+RunResult rounded_oracle(const OracleResult& ref) {
+  RunResult r;
+  for (double v : ref.out) r.out.push_back(mla::round_to_bf16(static_cast<float>(v)));
+  for (double v : ref.lse) r.lse.push_back(static_cast<float>(v));
+  return r;
+}
+
+TEST(Tolerance, Bf16RoundingInterval) {
+  double lo, hi;
+  bf16_rounding_interval(1.0, &lo, &hi);
+  EXPECT_EQ(lo, 1.0 - 0x1p-9);  // the spacing below a power of two is half the one above
+  EXPECT_EQ(hi, 1.0 + 0x1p-8);
+  bf16_rounding_interval(-1.5, &lo, &hi);
+  EXPECT_EQ(lo, -1.5 - 0x1p-8);
+  EXPECT_EQ(hi, -1.5 + 0x1p-8);
+  bf16_rounding_interval(0.0, &lo, &hi);
+  EXPECT_EQ(lo, -0x1p-134);
+  EXPECT_EQ(hi, 0x1p-134);
+  // Every float in the interval rounds to the value (spot checks at the ends).
+  bf16_rounding_interval(3.0, &lo, &hi);
+  EXPECT_EQ(mla::round_to_bf16(static_cast<float>(std::nextafter(hi, 0.0))), 3.0f);
+  EXPECT_EQ(mla::round_to_bf16(static_cast<float>(std::nextafter(lo, 10.0))), 3.0f);
+}
+
+TEST(Tolerance, ExactOutputPassesAndPerturbedOutputFails) {
+  const MaterializedCase m = materialize(small_case());
+  const OracleResult ref = run_oracle_eigen(m);
+  for (Precision p : {Precision::kSimtFp32, Precision::kMmaBf16}) {
+    const Bounds bd = compute_bounds(m, ref, pipeline_for(p));
+    RunResult exact = rounded_oracle(ref);
+    const Side refside{&ref.out, &ref.lse, false};
+    BoundCheck bc =
+        check_bounds(Side{&exact.out, &exact.lse, true}, refside, bd, m.batch, m.heads, m.d_v());
+    EXPECT_TRUE(bc.passed) << bc.describe();
+    EXPECT_EQ(bc.out_tightness, 0) << "RNE(O) lies in its own rounding interval";
+    // Perturb one element by three times its bound beyond the rounding interval.
+    const size_t i = 5 * static_cast<size_t>(m.d_v()) + 17;
+    RunResult bad = exact;
+    bad.out[i] = ref.out[i] + 3 * bd.out[i] + std::fabs(ref.out[i]) * 0x1p-7;
+    bc = check_bounds(Side{&bad.out, &bad.lse, true}, refside, bd, m.batch, m.heads, m.d_v());
+    EXPECT_FALSE(bc.passed);
+    EXPECT_GT(bc.tightness, 1.0);
+    EXPECT_EQ(bc.b, 1);  // flat row 5 = b 1, h 2
+    EXPECT_EQ(bc.h, 2);
+    EXPECT_EQ(bc.d, 17);
+    // LSE: a perturbation of twice the bound fails.
+    RunResult badl = exact;
+    badl.lse[3] = ref.lse[3] + 2 * bd.lse[3];
+    bc = check_bounds(Side{&badl.out, &badl.lse, true}, refside, bd, m.batch, m.heads, m.d_v());
+    EXPECT_FALSE(bc.passed);
+    EXPECT_EQ(bc.d, -1);
+  }
+}
+
+TEST(Tolerance, MmaBoundContainsTheBf16PTermAndExceedsSimt) {
+  const MaterializedCase m = materialize(small_case());
+  const OracleResult ref = run_oracle_eigen(m);
+  const Bounds simt = compute_bounds(m, ref, pipeline_for(Precision::kSimtFp32));
+  const Bounds mma = compute_bounds(m, ref, pipeline_for(Precision::kMmaBf16));
+  const Bounds f64 = compute_bounds(m, ref, pipeline_for(Precision::kFloat64));
+  for (size_t i = 0; i < simt.out.size(); ++i) {
+    EXPECT_GT(mma.out[i], simt.out[i]);
+    EXPECT_GT(simt.out[i], 1e6 * f64.out[i]);  // fp32 vs float64 unit roundoff: 2^29 apart
+  }
+}
+
+TEST(Tolerance, EmptyRowsAndPlusInfSinkDemandExactZero) {
+  Case c = small_case();
+  c.batch = 1;
+  c.heads = 2;
+  c.indices = {{-1, -1, -1, -1, -1, -1, -1}};
+  const MaterializedCase m = materialize(c);
+  const OracleResult ref = run_oracle_eigen(m);
+  const Bounds bd = compute_bounds(m, ref, pipeline_for(Precision::kSimtFp32));
+  for (double b : bd.out) EXPECT_EQ(b, 0.0);
+  RunResult r = rounded_oracle(ref);
+  const Side refside{&ref.out, &ref.lse, false};
+  EXPECT_TRUE(check_bounds(Side{&r.out, &r.lse, true}, refside, bd, 1, 2, m.d_v()).passed);
+  r.out[3] = 1e-30;  // anything but zero is wrong
+  EXPECT_FALSE(check_bounds(Side{&r.out, &r.lse, true}, refside, bd, 1, 2, m.d_v()).passed);
+  r = rounded_oracle(ref);
+  r.lse[1] = -HUGE_VAL;  // the wrong infinity for the FlashMLA convention
+  const BoundCheck bc = check_bounds(Side{&r.out, &r.lse, true}, refside, bd, 1, 2, m.d_v());
+  EXPECT_FALSE(bc.nonfinite_match);
+
+  c = small_case();
+  c.sink = std::vector<double>{HUGE_VAL, 0.5, -HUGE_VAL};
+  const MaterializedCase ms = materialize(c);
+  const OracleResult refs = run_oracle_eigen(ms);
+  const Bounds bs = compute_bounds(ms, refs, pipeline_for(Precision::kMmaBf16));
+  for (int d = 0; d < ms.d_v(); ++d) EXPECT_EQ(bs.out[static_cast<size_t>(d)], 0.0);
+  EXPECT_GT(bs.out[static_cast<size_t>(ms.d_v())], 0.0);
+}
+
+TEST(Tolerance, HostModelsSitUnderTheBound) {
+  const MaterializedCase m = materialize(small_case());
+  const OracleResult ref = run_oracle_eigen(m);
+  for (const char* name : {"cpu-simt", "cpu-mma"}) {
+    auto be = make_backend(name);
+    const RunResult r = be->run(m);
+    ASSERT_TRUE(r.ok()) << r.message;
+    const Bounds bd = add_bounds(compute_bounds(m, ref, pipeline_for(be->precision())),
+                                 compute_bounds(m, ref, pipeline_for(Precision::kFloat64)));
+    const BoundCheck bc = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse, false},
+                                       bd, m.batch, m.heads, m.d_v());
+    EXPECT_TRUE(bc.passed) << name << ": " << bc.describe();
+    EXPECT_LT(bc.tightness, 0.5) << name;
+  }
+}
+
+TEST(Transformations, PoisonMarksOnlyUnusedBytes) {
+  Case c = small_case();
+  c.indices = {{0, 1, -1, 7, 7, 14, 3}, {2, -1, -1, -1, -1, -1, -1}};
+  c.topk_length = std::vector<int32_t>{5, 7};
+  const MaterializedCase m = materialize(c);
+  const std::vector<uint8_t> used = used_cache_bytes(m);
+  const MaterializedCase p = poison_case(m, 0);
+  size_t poisoned = 0;
+  for (size_t i = 0; i < m.cache.size(); ++i) {
+    if (used[i]) {
+      EXPECT_EQ(p.cache[i], m.cache[i]);
+    } else {
+      poisoned += p.cache[i] == 0xff;
+    }
+  }
+  EXPECT_GT(poisoned, m.cache.size() / 2);
+  // Entries masked by topk_length now point at random in-range slots.
+  const int64_t slots = mla::num_slots(m.geom);
+  for (int k = 5; k < 7; ++k) {
+    EXPECT_GE(p.indices[static_cast<size_t>(k)], 0);
+    EXPECT_LT(p.indices[static_cast<size_t>(k)], slots);
+  }
+  // The unused MODEL1 scale byte (8 bytes, 7 scales) of a used token is poisoned.
+  const mla::TokenAddress a = mla::token_address(m.geom, m.indices[0]);
+  EXPECT_FALSE(used[static_cast<size_t>(a.scale + 7)]);
+}
+
+TEST(Transformations, RelocatedCaseMatchesTheOracleBitForBit) {
+  const MaterializedCase m = materialize(small_case());
+  const MaterializedCase r = relocate_pages(m, 5);
+  EXPECT_NE(r.cache, m.cache);
+  const OracleResult a = run_oracle_loop(m), b = run_oracle_loop(r);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.lse, b.lse);
+  const MaterializedCase ins = insert_invalid(m, 3, 2);
+  EXPECT_EQ(ins.topk, m.topk + 2);
+  const OracleResult c = run_oracle_loop(ins);
+  for (size_t i = 0; i < a.out.size(); ++i) EXPECT_NEAR(a.out[i], c.out[i], 1e-12);
+}
+
+TEST(Shrink, SyntheticPredicateShrinksToTheMinimum) {
+  // "Fails" when some row has at least two valid entries: the minimum is B=1, H=1, topk=2.
+  GenConfig cfg;
+  Case big = generate_case(7, 3, cfg, nullptr);
+  big = with_explicit_indices(big);
+  big.batch = std::max(big.batch, 1);
+  auto pred = [](const Case& c) {
+    const CaseSize s = case_size(c);
+    const Case e = with_explicit_indices(c);
+    for (int32_t b = 0; b < e.batch; ++b) {
+      int valid = 0;
+      for (int32_t k = 0; k < e.topk; ++k) {
+        const int32_t len = e.topk_length ? (*e.topk_length)[static_cast<size_t>(b)] : -1;
+        valid += mla::index_valid(e.indices[static_cast<size_t>(b)][static_cast<size_t>(k)], k, len,
+                                  e.conventions);
+      }
+      if (valid >= 2) return s.rows >= 1;
+    }
+    return false;
+  };
+  // Find a generated case that fails the predicate.
+  uint64_t i = 0;
+  while (!pred(big)) big = with_explicit_indices(generate_case(7, ++i, cfg, nullptr));
+  const ShrinkResult r = shrink_case(big, pred, 30);
+  EXPECT_FALSE(r.budget_exhausted);
+  EXPECT_TRUE(pred(r.minimal));
+  EXPECT_EQ(r.minimal.batch, 1);
+  EXPECT_EQ(r.minimal.heads, 1);
+  EXPECT_EQ(r.minimal.topk, 2);
+  EXPECT_FALSE(r.minimal.sink.has_value());
+  EXPECT_FALSE(r.minimal.topk_length.has_value());
+  EXPECT_TRUE(r.minimal.page_order.empty());
+  EXPECT_EQ(r.minimal.scales.mode, ScaleMode::kFixed);
+  EXPECT_EQ(r.minimal.q_values.dist, ValueDist::kSmallInt);
+  EXPECT_EQ(r.minimal.q_head_pad, 0);
+  EXPECT_LE(r.minimal.geom.num_pages, 2);
+  EXPECT_GT(r.steps, 0);
+}
+
+TEST(Shrink, ThrowingPredicateRejectsTheCandidate) {
+  const Case c = with_explicit_indices(small_case());
+  const ShrinkResult r = shrink_case(
+      c, [](const Case&) -> bool { throw std::runtime_error("cannot evaluate"); }, 5);
+  EXPECT_EQ(to_json(r.minimal), to_json(c));
+  EXPECT_EQ(r.steps, 0);
+}
+
+TEST(Generators, SameSeedAndIndexGiveTheSameCase) {
+  GenConfig cfg;
+  for (uint64_t i = 0; i < 50; ++i) {
+    std::vector<std::string> t1, t2;
+    const Case a = generate_case(99, i, cfg, &t1);
+    const Case b = generate_case(99, i, cfg, &t2);
+    EXPECT_EQ(to_json(a), to_json(b)) << "index " << i;
+    EXPECT_EQ(t1, t2);
+    EXPECT_NE(to_json(a), to_json(generate_case(100, i, cfg, nullptr)));
+  }
+}
+
+TEST(Generators, TagsCoverTheEdgeClassesAndCasesMaterialize) {
+  GenConfig cfg;
+  std::map<std::string, int> tags;
+  const int n = 600;
+  for (int i = 0; i < n; ++i) {
+    std::vector<std::string> t;
+    const Case c = generate_case(2026, static_cast<uint64_t>(i), cfg, &t);
+    for (const auto& s : t) ++tags[s];
+    if (i % 10 == 0) {
+      const MaterializedCase m = materialize(c);  // throws on an invalid recipe
+      EXPECT_LE(m.d_qk(), 512 + 64);
+    }
+  }
+  for (const char* want : {"layout=model1",
+                           "layout=v32",
+                           "page_size=non-pow2",
+                           "page_size=61",
+                           "page_size=69",
+                           "page_size=1",
+                           "stride=padded",
+                           "page_order=shuffled",
+                           "pages=many",
+                           "has_invalid",
+                           "all_invalid_row",
+                           "duplicates",
+                           "page_edge_slot",
+                           "topk%64!=0",
+                           "topk_length=0",
+                           "topk_length=partial",
+                           "sink=+inf",
+                           "sink=-inf",
+                           "scales=random",
+                           "scales=fixed",
+                           "scales=extreme",
+                           "values=ties",
+                           "values=small_int",
+                           "values=special",
+                           "values=large-logits",
+                           "nope=padded",
+                           "conventions=non-default",
+                           "head_pad",
+                           "pad_fill=nan",
+                           "pad_fill=garbage",
+                           "family=production",
+                           "family=edge",
+                           "shape=production",
+                           "B>4",
+                           "H>16",
+                           "topk>128"}) {
+    EXPECT_GT(tags[want], 0) << "no generated case has tag " << want;
+  }
+  // Small most of the time.
+  EXPECT_GT(tags["B=1"], n / 3);
+  for (const auto& [k, v] : tags) std::cout << "  " << k << ": " << v << "\n";
+}
+
+TEST(Corpus, RoundTripAndStrictLoading) {
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("mlafuzz-corpus-test-" + std::to_string(::getpid())))
+                              .string();
+  const Case c = with_explicit_indices(small_case());
+  PropertyOutcome o;
+  o.property = "tolerance";
+  o.backend = "cpu-mma";
+  o.detail = "out[b=0,h=0,d=1] ...";
+  o.error = 0.5;
+  o.bound = 0.01;
+  o.tightness = 50;
+  const Finding f = make_finding(o, c, 11, 12);
+  EXPECT_EQ(f.expect, "fail");
+  EXPECT_EQ(f.signature, "tolerance|cpu-mma|" + shape_class(c));
+  const std::string path = save_corpus_entry(dir, c, f);
+  EXPECT_EQ(path, save_corpus_entry(dir, c, f)) << "same finding, same file";
+  const CorpusEntry e = load_corpus_entry(path);
+  EXPECT_EQ(to_json(e.c), to_json(c));
+  EXPECT_EQ(e.f.property, "tolerance");
+  EXPECT_EQ(e.f.seed, 11u);
+  EXPECT_EQ(e.f.case_index, 12u);
+  EXPECT_EQ(e.f.tightness, 50);
+  EXPECT_EQ(to_json(load_case(path)), to_json(c)) << "load_case reads corpus entries";
+  EXPECT_EQ(list_corpus(dir), std::vector<std::string>{path});
+  nlohmann::ordered_json j = finding_to_json(f);
+  j["bogus"] = 1;
+  EXPECT_THROW(finding_from_json(j), CaseError);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mlafuzz
