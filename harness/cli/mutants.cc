@@ -77,6 +77,13 @@ int mutants_command(const MutantsArgs& a) {
       std::cout << "\n" << r.name << ": " << r.detail << '\n';
       if (!r.saved_path.empty()) std::cout << "  shrunk case: " << r.saved_path << '\n';
     }
+    if (r.control_failures > 0) {
+      std::cout << "\n"
+                << r.name << ": " << r.control_failures
+                << " failure(s) the unmutated backend shares (not kills; look at the base "
+                   "kernel or the tolerance model), first: "
+                << r.control_failure_example << '\n';
+    }
   }
   if (!a.json.empty()) {
     write_file_atomic(a.json, json_to_text(mutants_to_json(o, results)));

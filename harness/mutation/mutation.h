@@ -5,8 +5,8 @@
 // property on the mutant until the first failure or the budget; the failure is shrunk to a
 // minimal case. A mutant is KILLED when some property fails on it, SURVIVED when the budget runs
 // out first. Each kill is checked against a control: the unmutated backend must pass the same
-// property on the shrunk case, or the kill is marked suspect (the property, not the mutant, is
-// failing).
+// property on the same case: a failure the control shares (a tolerance-model gap or a bug of the
+// base kernel) is reported apart and never counts as a kill, and shrinking keeps both conditions.
 #pragma once
 
 #include <cstdint>
@@ -65,9 +65,14 @@ struct MutantResult {
   bool shrink_budget_exhausted = false;
   std::string saved_path;  // where the shrunk case was saved, if save_dir was set
 
-  // Control: the unmutated backend on the shrunk case, same property. false: suspect kill.
+  // Control: the unmutated backend on the shrunk case, same property. Kills and shrinking
+  // require it to pass, so false means the control is not deterministic: a suspect kill.
   bool control_passed = true;
   std::string control_detail;
+  // Failures on the way that the unmutated backend shares (not kills): a gap of the tolerance
+  // model or a bug of the base kernel, reported for a person to look at.
+  uint64_t control_failures = 0;
+  std::string control_failure_example;  // the first: seed, case index and the outcome
 };
 
 // Catalogue entries for a kind: every mutant except kNone/kCount. Mutants a kind cannot build
@@ -89,6 +94,7 @@ struct MutationSummary {
   int killed = 0, survived = 0, skipped = 0, suspect = 0;
   double median_cases = 0;           // over killed mutants
   int max_batch = 0, max_heads = 0;  // over shrunk cases
+  int control_failures = 0;          // over all mutants
 };
 MutationSummary summarize(const std::vector<MutantResult>& results);
 
