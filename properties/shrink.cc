@@ -272,12 +272,18 @@ std::vector<ShrinkStep> make_steps() {
                  return one_if(c.sm_scale.has_value(), r);
                }});
   s.push_back({"default conventions", [](const Case& c) {
+                 // One field at a time: the failure may need one non-default convention.
+                 std::vector<Case> out;
                  Case r = c;
-                 r.conventions = {};
-                 const auto& v = c.conventions;
-                 return one_if(v.invalid_index != mla::InvalidIndexRule::kMinusOneOnly ||
-                                   v.empty_lse != mla::EmptyRowLse::kPosInf || v.sink_in_lse,
-                               r);
+                 r.conventions.invalid_index = mla::InvalidIndexRule::kMinusOneOnly;
+                 if (r.conventions.invalid_index != c.conventions.invalid_index) out.push_back(r);
+                 r = c;
+                 r.conventions.empty_lse = mla::EmptyRowLse::kPosInf;
+                 if (r.conventions.empty_lse != c.conventions.empty_lse) out.push_back(r);
+                 r = c;
+                 r.conventions.sink_in_lse = false;
+                 if (c.conventions.sink_in_lse) out.push_back(r);
+                 return out;
                }});
   s.push_back({"zero pad fill", [](const Case& c) {
                  Case r = c;
