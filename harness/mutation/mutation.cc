@@ -54,6 +54,33 @@ std::unique_ptr<Backend> make_kind_backend(const MutationOptions& o, const std::
   return std::make_unique<campaign::ProxyBackend>(std::move(slot), o.case_timeout_seconds);
 }
 
+// A shrink step shrink_case lacks (proposed for it): invalidate entries in place (index -1)
+// while `still_fails` holds. Removing list positions, as shrink_case does, shifts the remaining
+// entries across token-tile boundaries; a bug that needs two tiles (no-rescale: a larger max in
+// the second tile) then vanishes and the case stays at ~100 entries. In place, it keeps one
+// token per tile. Greedy, one entry at a time, until a fixed point or the deadline.
+Case invalidate_entries(Case c, const std::function<bool(const Case&)>& still_fails,
+                        Clock::time_point deadline, int* steps) {
+  for (bool changed = true; changed && Clock::now() < deadline;) {
+    changed = false;
+    for (int b = 0; b < c.batch; ++b) {
+      for (int k = 0; k < c.topk && Clock::now() < deadline; ++k) {
+        int32_t& idx = c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)];
+        if (idx == -1) continue;
+        const int32_t keep = idx;
+        idx = -1;
+        if (still_fails(c)) {
+          changed = true;
+          ++*steps;
+        } else {
+          idx = keep;
+        }
+      }
+    }
+  }
+  return c;
+}
+
 MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) {
   MutantResult r;
   r.mutant = m;
@@ -101,13 +128,19 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
   // Shrink to a minimal case on which the mutant fails the property and the control passes it.
   const auto mutant_fails = same_failure_predicate(failure, backends);
   const std::string property_name = failure.property;
-  const ShrinkResult s = shrink_case(
-      *failing, [&](const Case& c) { return mutant_fails(c) && control_passes(c, property_name); },
-      o.shrink_seconds);
+  const auto still_fails = [&](const Case& c) {
+    return mutant_fails(c) && control_passes(c, property_name);
+  };
+  const Clock::time_point shrink_start = Clock::now();
+  const ShrinkResult s = shrink_case(*failing, still_fails, o.shrink_seconds);
   r.shrink_steps = s.steps;
-  r.shrink_seconds = s.seconds;
   r.shrink_budget_exhausted = s.budget_exhausted;
-  Case minimal = with_explicit_indices(s.minimal);
+  Case minimal =
+      invalidate_entries(with_explicit_indices(s.minimal), still_fails,
+                         shrink_start + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(o.shrink_seconds)),
+                         &r.shrink_steps);
+  r.shrink_seconds = since(shrink_start);
   minimal.name = "mutant-" + r.name;
   minimal.description = fmt::format("{} fails '{}' (mlafuzz mutants, seed {}, case {})", r.backend,
                                     r.property, o.seed, r.failing_index);

@@ -59,6 +59,9 @@ TEST_F(CpuMutants, KillsAreFastAndShrunkCasesAreSmall) {
     ASSERT_TRUE(r.shrunk.has_value()) << r.name;
     EXPECT_LE(r.batch, 2) << r.name;
     EXPECT_LE(r.heads, 2) << r.name;
+    // One or two tokens show every CPU mutant (no-rescale: one per token tile); a greedy
+    // shrink may stop at three.
+    EXPECT_LE(r.valid_tokens, 3) << r.name;
     EXPECT_EQ(r.batch, r.shrunk->batch);
     EXPECT_EQ(r.valid_tokens, count_valid_tokens(*r.shrunk)) << r.name;
   }
