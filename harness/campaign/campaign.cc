@@ -740,6 +740,15 @@ int Campaign::run(Report* out) {
       abandon = true;
       break;
     }
+    if (!stop_seen && opts_.time_s && opts_.overrun_grace_s >= 0 &&
+        elapsed() > *opts_.time_s + opts_.overrun_grace_s) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_ << (live_ ? "\r\x1b[K" : "") << "mlafuzz: time budget spent; leaving "
+           << threads_running_ << " case(s) in flight unfinished\n";
+      stop_ = true;
+      abandon = true;
+      break;
+    }
     const auto now = Clock::now();
     if (now >= next_progress) {
       progress_line(false);
@@ -755,6 +764,7 @@ int Campaign::run(Report* out) {
   if (opts_.signals && opts_.signals->load() > 0) {
     stop_reason_ = "signal";
   } else if (!stop_seen) {
+    std::lock_guard<std::mutex> lock(mu_);
     stop_reason_ = opts_.max_cases && static_cast<uint64_t>(done_) >= *opts_.max_cases
                        ? "cases"
                        : (opts_.time_s ? "time" : "cases");

@@ -41,6 +41,11 @@ struct CampaignOptions {
   std::string isolate = "device";   // device: GPU backends and plugins in workers; all; none
   std::string worker_exe;           // "" : this executable
   double report_interval_s = 30;
+  // When the time budget is spent, cases in flight may finish for this long; then the final
+  // report is written without them and the process exits (std::_Exit). Negative: wait for
+  // them however long they take (the default for library callers; the CLI sets
+  // max(10 s, 5 % of --time)).
+  double overrun_grace_s = -1;
   int live_progress = -1;  // -1: when stderr is a terminal; 0: plain lines; 1: live
   double plain_progress_interval_s = 10;
   std::ostream* log = nullptr;                // progress and messages (default std::cerr)

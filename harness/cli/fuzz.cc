@@ -1,6 +1,7 @@
 // `mlafuzz fuzz`: time- or case-budgeted campaigns (harness/campaign/campaign.h).
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <ctime>
@@ -78,6 +79,7 @@ int fuzz_command(const FuzzOptions& f) {
     o.max_cases = f.cases;
     if (f.cases && *f.cases == 0) throw std::invalid_argument("--cases must be at least 1");
     if (!f.time.empty()) o.time_s = campaign::parse_duration(f.time);
+    o.overrun_grace_s = std::max(10.0, 0.05 * o.time_s.value_or(60));
     o.shard = campaign::resolve_shard(
         f.shard.empty() ? std::nullopt : std::optional<std::string>(f.shard),
         [](const char* n) { return std::getenv(n); });

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,7 @@ pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::str
   std::vector<char*> argv;
   for (auto& a : argv_store) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::fflush(nullptr);  // or the child flushes the parent's buffered output again
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (const char* v : {"GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "SLURM_ARRAY_TASK_ID",
