@@ -657,7 +657,10 @@ void Campaign::progress_line(bool final_line) {
   const double t = elapsed();
   std::ostringstream os;
   os << "mlafuzz: " << done << " cases, " << fmt_g(t > 0 ? done / t : 0) << " cases/s, " << fails
-     << " failures (" << findings << " findings), worst tightness " << fmt_g(worst);
+     << " failures (" << findings
+     << " findings), worst tightness "
+     // The property layer scores a non-finite position mismatch as 1e300.
+     << (worst >= 1e300 ? std::string("non-finite mismatch") : fmt_g(worst));
   if (opts_.time_s) {
     os << ", " << fmt_duration(*opts_.time_s - t) << " left";
   } else if (opts_.max_cases) {
