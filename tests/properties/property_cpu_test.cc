@@ -40,6 +40,7 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
   std::map<std::string, int> outcomes;
   int failures = 0;
   double seconds = 0;
+  const auto show = static_cast<int64_t>(env_u64("MLAFUZZ_PROPERTY_SHOW", ~0ull >> 1));
   std::vector<std::pair<double, uint64_t>> slowest;
   // Production shapes (H=64, topk 512, B up to 32) cost seconds each on the host models: CI
   // replays them from corpus/cases (one ctest test each) instead of drawing them here.
@@ -49,6 +50,10 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
     const Case c = generate_case(seed, i, cfg, nullptr);
     const CaseEvaluation ev = evaluate_case(c, backends, {});
     seconds += ev.seconds;
+    if (show == static_cast<int64_t>(i)) {  // MLAFUZZ_PROPERTY_SHOW=K prints case K in full
+      std::cout << to_json(c);
+      for (const auto& o : ev.outcomes) std::cout << "  " << format_outcome(o) << "\n";
+    }
     slowest.push_back({ev.seconds, i});
     for (const auto& o : ev.outcomes) {
       if (!o.applicable) continue;
