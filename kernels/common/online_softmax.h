@@ -54,8 +54,15 @@ MLA_HD float softmax_denominator(const SoftmaxState& s, const float* sink, int h
 MLA_HD float softmax_lse(const SoftmaxState& s, const float* sink, int head,
                          const Conventions& c) {
   if (s.m == neg_inf()) return c.empty_lse == EmptyRowLse::kPosInf ? pos_inf() : neg_inf();
-  const float sum = c.sink_in_lse ? softmax_denominator(s, sink, head) : s.l;
-  return s.m + softmax_log(sum);
+  if (!c.sink_in_lse || sink == nullptr || sink[head] <= s.m) {
+    const float sum = c.sink_in_lse ? softmax_denominator(s, sink, head) : s.l;
+    return s.m + softmax_log(sum);
+  }
+  // A sink above the running max: shift by the sink instead, so exp(sink - m) cannot overflow
+  // fp32 (a sink 89 above every logit gave lse = +inf; found by `mlafuzz fuzz --seed 5150`,
+  // corpus/regression/sink-in-lse-overflow.json). A +inf sink still gives +inf.
+  const float sk = sink[head];
+  return sk + softmax_log(s.l * softmax_exp(s.m - sk) + 1.0f);
 }
 
 // True when the row had at least one valid token (out = O / denominator), false: out = 0.
