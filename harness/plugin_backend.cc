@@ -28,6 +28,14 @@ constexpr size_t kMessageLen = 1024;
 // fault code, so the result is an error with the plugin's message, not a device fault.
 constexpr int kPluginFailed = 999;
 
+// The ABI promises a plugin one call at a time. Backends of the same library may live on several
+// evaluation threads (a campaign without worker isolation): every call into any plugin takes
+// this lock.
+std::mutex& plugin_call_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 // Copies a fixed-size char field that the plugin may have left unterminated.
 std::string bounded(const char* s, size_t n) { return std::string(s, strnlen(s, n)); }
 
@@ -195,7 +203,12 @@ class PluginBackend final : public Backend {
     const MlafuzzDecodeCall call = make_plugin_call(
         sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> reason{};
-    if (p_.supports(&call, reason.data(), reason.size()) != 0) return std::nullopt;
+    int supported = 0;
+    {
+      const std::lock_guard<std::mutex> lock(plugin_call_mutex());
+      supported = p_.supports(&call, reason.data(), reason.size());
+    }
+    if (supported != 0) return std::nullopt;
     return name() + ": " + message_or(reason, "unsupported (no reason given)");
   }
 
@@ -227,6 +240,7 @@ class PluginBackend final : public Backend {
     p.lse = bufs.lse_begin();
     const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> err{};
+    const std::lock_guard<std::mutex> lock(plugin_call_mutex());
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = p_.run(&call, err.data(), err.size());
     const double seconds =
@@ -252,7 +266,11 @@ class PluginBackend final : public Backend {
           if (rc != 0) plugin_error = call_failed(rc, err).message;
           return rc == 0 ? 0 : kPluginFailed;
         });
-    RunResult r = staged->run(m);
+    RunResult r;
+    {
+      const std::lock_guard<std::mutex> lock(plugin_call_mutex());
+      r = staged->run(m);
+    }
     if (!plugin_error.empty()) {
       r.status = RunStatus::kError;
       r.message = plugin_error;
