@@ -21,6 +21,8 @@ constexpr double kUnderflowArg = -80.0;
 // An fp32 exp overflows at 88.7; a finite sink more than 80 above every logit may overflow in a
 // kernel whose running max excludes the sink.
 constexpr double kSinkOverflowArg = 80.0;
+// A logit error bound past this makes exp(e) (and sums of such terms) overflow float64.
+constexpr double kHopelessLogitError = 600.0;
 // Second-order slack: the products of first-order terms the sums above leave out.
 constexpr double kSecondOrder = 1.0 + 0x1p-20;
 
@@ -102,6 +104,14 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
       const bool sink_pos_inf = sink == kInf;
       const bool sink_finite = std::isfinite(sink);
       const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + R) + exp_ulps : 0.0;
+      // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
+      // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
+      // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
+      if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
+        if (!(m.conv.sink_in_lse && sink_pos_inf) && std::isfinite(lse_ref)) bd.lse[rh] = kInf;
+        if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+        continue;
+      }
 
       // LSE weights w' (tokens; the sink too when it is folded into the lse).
       const bool lse_sink = m.conv.sink_in_lse && sink_finite;
