@@ -39,7 +39,10 @@ Gen<Draft> then(Gen<Draft> g, F f) {
   return gen::mapcat(std::move(g), std::move(f));
 }
 
-Gen<int> range(int lo, int hi) { return gen::inRange(lo, hi + 1); }  // inclusive
+// Inclusive range. A configured maximum below a branch's lower end (say max topk 50 and the
+// 101..max branch) collapses to lo; the caller clamps to the maximum afterwards. RapidCheck
+// throws "Invalid range" on an empty range.
+Gen<int> range(int lo, int hi) { return gen::inRange(lo, std::max(lo, hi) + 1); }
 Gen<uint64_t> any_u64() { return gen::inRange<uint64_t>(0, std::numeric_limits<uint64_t>::max()); }
 
 // ---- step 1: family and edge class ----

@@ -244,6 +244,22 @@ TEST(Generators, SameSeedAndIndexGiveTheSameCase) {
   }
 }
 
+// A small envelope (a user's kernel that takes topk <= 50, B <= 2, H <= 8) must be honoured,
+// not rejected: a weighted branch whose lower end lies above the maximum once threw
+// "Invalid range" from RapidCheck.
+TEST(Generators, SmallEnvelopesAreHonoured) {
+  GenConfig cfg;
+  cfg.max_topk = 50;
+  cfg.max_batch = 2;
+  cfg.max_heads = 8;
+  for (uint64_t i = 0; i < 200; ++i) {
+    const Case c = generate_case(7, i, cfg, nullptr);
+    EXPECT_LE(c.topk, 50) << "index " << i;
+    EXPECT_LE(c.batch, 2) << "index " << i;
+    EXPECT_LE(c.heads, 8) << "index " << i;
+  }
+}
+
 TEST(Generators, TagsCoverTheEdgeClassesAndCasesMaterialize) {
   GenConfig cfg;
   std::map<std::string, int> tags;
