@@ -19,4 +19,9 @@ std::string read_file(const std::string& path);
 // Creates a folder and its parents if missing (no error if it exists). Throws on failure.
 void make_dirs(const std::string& path);
 
+// Facts stamped on reports and corpus entries: the current UTC time as 2026-11-29T09:05:50Z,
+// and this machine's host name ("unknown" if it cannot be read).
+std::string utc_now_iso8601();
+std::string host_name();
+
 }  // namespace mlafuzz

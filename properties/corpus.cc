@@ -45,21 +45,6 @@ uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-std::string now_iso8601() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-std::string host_name() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
 const char* bucket(int v, std::initializer_list<std::pair<int, const char*>> upper) {
   for (const auto& [limit, name] : upper) {
     if (v <= limit) return name;
@@ -177,7 +162,7 @@ Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t see
   f.signature = finding_signature(o.property, o.backend, minimal);
   f.commit = build_commit();
   f.host = host_name();
-  f.found_at = now_iso8601();
+  f.found_at = utc_now_iso8601();
   f.seed = seed;
   f.case_index = case_index;
   f.expect = "fail";  // a new finding fails until it is fixed

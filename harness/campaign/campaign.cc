@@ -29,21 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string iso_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-std::string hostname() {
-  char buf[256] = {0};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
 std::string fmt_g(double x, int digits = 3) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", digits, x);
@@ -574,7 +559,7 @@ Report Campaign::snapshot(bool complete) {
   r.backends = backend_names_;
   r.properties = properties_;
   r.commit = build_commit();
-  r.host = hostname();
+  r.host = host_name();
   bool on_gpu = false;
   for (int d : devices_) on_gpu = on_gpu || d >= 0;
   if (on_gpu) {
@@ -588,7 +573,7 @@ Report Campaign::snapshot(bool complete) {
     r.cuda_version = devinfo_.runtime;
   }
   r.start = start_iso_;
-  r.end = iso_now();
+  r.end = utc_now_iso8601();
   r.duration_s = elapsed();
   r.stop_reason = complete ? stop_reason_ : "running";
   r.cases = done_;
@@ -677,7 +662,7 @@ void Campaign::progress_line(bool final_line) {
 
 int Campaign::run(Report* out) {
   t0_ = Clock::now();
-  start_iso_ = iso_now();
+  start_iso_ = utc_now_iso8601();
   live_ = opts_.live_progress == 1 || (opts_.live_progress < 0 && ::isatty(STDERR_FILENO));
   {
     // The names the backends give themselves (plugins: "plugin:<name>").
