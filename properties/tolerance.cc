@@ -70,7 +70,7 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
   const int nt = p.token_tile > 0 ? (T + p.token_tile - 1) / p.token_tile : 1;
   const double g_dot = gamma(dqk + 2, p.u_acc);
   const double g_num = gamma(T + nt + 2, p.u_acc);
-  const double g_den = gamma(T + nt + 4, u);
+  const double g_den = gamma(T + nt + 5, u);  // the division: one rounding, or two (MMA: 1/d, *)
   const double g_lse = gamma(T + nt + 2, u);
   const double exp_ulps = (nt + 2) * p.c_exp * u;
 

@@ -23,8 +23,9 @@
 //      Z = sum_j w_j exp(eps_j) >= exp(-e_max),
 //    so |dO_d| <= exp(e_max) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e_s) |O_d|].
 // 3. Accumulation: the numerator sum_k p_k V_kd over T tokens and nt rescales (u_acc), the row
-//    sum l, the sink add and the division (u): gamma(T + nt + 2; u_acc) sum_k w_k |V_kd|
-//    + gamma(T + nt + 4; u) |O_d|, times exp(e_max) for the weight perturbation.
+//    sum l, the sink add and the division (u; the MMA kernel's reciprocal and product count
+//    two): gamma(T + nt + 2; u_acc) sum_k w_k |V_kd| + gamma(T + nt + 5; u) |O_d|, times
+//    exp(e_max) for the weight perturbation.
 // 4. MMA only: p rounded to bf16 for P*V (l keeps fp32 p): u16 sum_k w_k |V_kd|, u16 = 2^-8.
 // 5. Underflow: eta (T + nt + 4) absolute; tokens with x_k - x_max < -80 whose p may be
 //    subnormal or flushed: 2^-126 sum_k |V_kd| over those tokens; a finite sink more than 80

@@ -318,6 +318,26 @@ int main(int argc, char** argv) {
             "VALIDATION FAILED B=%d topk=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d "
             "h64==h32 %d\n",
             B, topk, max_d, max_ref, finite, same64);
+        if (!same64) {
+          size_t n_diff = 0, first = 0;
+          for (size_t i = 0; i < n_out; ++i) {
+            if (o_mma[i] != o_h64[i] && n_diff++ == 0) first = i;
+          }
+          const int dv = mla::d_v(pr.geom);
+          std::vector<uint16_t> again(n_out);
+          launch(Kernel::kMma64, p, s);
+          CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+          CK(cudaStreamSynchronize(s));
+          const bool det64 = again == o_h64;
+          launch(Kernel::kMma32, p, s);
+          CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+          CK(cudaStreamSynchronize(s));
+          std::printf(
+              "  %zu elements differ; first b=%zu h=%zu d=%zu: h32 %04x h64 %04x; h64 rerun same "
+              "%d, h32 rerun same %d\n",
+              n_diff, first / (64 * dv), first / dv % 64, first % dv, o_mma[first], o_h64[first],
+              det64, again == o_mma);
+        }
       }
       const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
       const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);

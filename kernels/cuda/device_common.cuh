@@ -157,19 +157,20 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
-// Copies len bytes src -> dst (shared) with one warp, in units of gran bytes (both addresses are
-// multiples of gran; len is a multiple of gran). Units of 4..16 bytes go through cp.async.
-__device__ __forceinline__ void warp_copy(uint8_t* dst, const uint8_t* src, int len, int gran,
-                                          int lane) {
+// Copies len bytes src -> dst (shared) with n lanes (this one is lane `sub` of them), in units
+// of gran bytes (both addresses are multiples of gran; len is a multiple of gran). Units of 4..16
+// bytes go through cp.async.
+__device__ __forceinline__ void lanes_copy(uint8_t* dst, const uint8_t* src, int len, int gran,
+                                           int sub, int n) {
   const uint32_t d = smem_u32(dst);
   if (gran == 16) {
-    for (int u = lane; u < len / 16; u += 32) cp_async16(d + 16 * u, src + 16 * u);
+    for (int u = sub; u < len / 16; u += n) cp_async16(d + 16 * u, src + 16 * u);
   } else if (gran == 8) {
-    for (int u = lane; u < len / 8; u += 32) cp_async8(d + 8 * u, src + 8 * u);
+    for (int u = sub; u < len / 8; u += n) cp_async8(d + 8 * u, src + 8 * u);
   } else if (gran == 4) {
-    for (int u = lane; u < len / 4; u += 32) cp_async4(d + 4 * u, src + 4 * u);
+    for (int u = sub; u < len / 4; u += n) cp_async4(d + 4 * u, src + 4 * u);
   } else {
-    for (int u = lane; u < len; u += 32) dst[u] = __ldg(src + u);
+    for (int u = sub; u < len; u += n) dst[u] = __ldg(src + u);
   }
 }
 
@@ -209,23 +210,33 @@ __device__ __forceinline__ void slot_offsets(const DecodeParams& p, const Layout
       base + static_cast<int64_t>(P) * pl.data_bytes + static_cast<int64_t>(slot) * pl.scale_bytes;
 }
 
-// Gathers one token's raw bytes (both sections) into its staging row, one warp.
+// Gathers one token's raw bytes (both sections) into its staging row, with n lanes (this one is
+// lane `sub` of them): a warp, or a group of lanes when a warp gathers several tokens at once.
 __device__ __forceinline__ void stage_token(const DecodeParams& p, const LayoutPlan& pl,
-                                            int64_t sec0, int64_t sec1, uint8_t* dst, int lane) {
-  warp_copy(dst, p.kv_cache + sec0, pl.sec0_len, pl.sec0_gran, lane);
+                                            int64_t sec0, int64_t sec1, uint8_t* dst, int sub,
+                                            int n = 32) {
+  lanes_copy(dst, p.kv_cache + sec0, pl.sec0_len, pl.sec0_gran, sub, n);
   if (pl.sec1_len > 0)
-    warp_copy(dst + pl.scale_off, p.kv_cache + sec1, pl.sec1_len, pl.sec1_gran, lane);
+    lanes_copy(dst + pl.scale_off, p.kv_cache + sec1, pl.sec1_len, pl.sec1_gran, sub, n);
 }
 
-// Scale of nope tile t of a staged token (MODEL1 ue8m0 byte, V32 little-endian fp32).
+// Byte offset of nope tile t's scale inside a staged token (MODEL1 ue8m0 byte, V32 fp32).
 template <Mutant M>
-__device__ __forceinline__ float staged_scale(const DecodeParams& p, const LayoutPlan& pl,
-                                              const uint8_t* tok, int t) {
+__device__ __forceinline__ int staged_scale_offset(const DecodeParams& p, const LayoutPlan& pl,
+                                                   int t) {
   if constexpr (M == Mutant::kWrongScaleGroup) {
     if (t == pl.tiles - 1 && t > 0) t -= 1;  // the tile beside the padding takes its neighbour's
   }
-  if (p.geom.layout == Layout::kModel1) return ue8m0_to_float(tok[pl.scale_off + t]);
-  return *reinterpret_cast<const float*>(tok + pl.scale_off + 4 * t);
+  return pl.scale_off + (p.geom.layout == Layout::kModel1 ? t : 4 * t);
+}
+
+// Scale of nope tile t of a staged token.
+template <Mutant M>
+__device__ __forceinline__ float staged_scale(const DecodeParams& p, const LayoutPlan& pl,
+                                              const uint8_t* tok, int t) {
+  const int off = staged_scale_offset<M>(p, pl, t);
+  if (p.geom.layout == Layout::kModel1) return ue8m0_to_float(tok[off]);
+  return *reinterpret_cast<const float*>(tok + off);
 }
 
 // Two e4m3 bytes (low byte first) -> two floats, bit-exact with mla::e4m3_to_float (fp8 -> fp16

@@ -1,30 +1,39 @@
 // The tensor-core head-tiled kernel (the "new" kernel, SPEC.md section 4, MMA pipeline).
 //
-// One thread block per (batch row, block of BH heads); 4*BH/16 warps (8 for BH = 32).
-// Per tile of kMmaTokenTile = 64 selected tokens:
+// One thread block per (batch row, block of BH heads); 4*BH/16 warps (16 for BH = 32 and 64).
+// Warp w works for head group hg = w % G (16 heads: the MMA M dimension) and position
+// q = w / G inside it. Per tile of kMmaTokenTile = 64 selected tokens:
 //   B1  raw bytes of the tile (gathered with cp.async during the previous tile) are ready
 //   dequant: every thread turns raw bytes into the bf16 K tile Ks[64][576+8] once for all heads
 //            (fp8 * scale exact in fp32, cvt to bf16 exact); masked tokens and padded columns
-//            are written as zeros and their bytes are never loaded
+//            are written as zeros and their bytes are never loaded. What a lane does with its
+//            8-column units (fp8, rope copy or zeros, and where its scale sits) is worked out
+//            once per launch, not per tile.
 //   B2  (removed by Mutant::kMissingBarrier)
 //   gather: the next tile's raw bytes are requested (cp.async), overlapping the MMAs below
-//   S phase: warp w computes S = Q K^T for head group w % G and tokens 16*(w / G) .. +15 with
-//            mma.sync m16n8k16 bf16 (ldmatrix fragments), scales by sm_scale in fp32 AFTER the
-//            product, writes -inf for masked tokens into Ss[BH][64+8] fp32
-//   B3
-//   PV phase: warp w owns head group w % G and V columns [144*(w/G), +144) (18 n8 tiles of fp32
-//            accumulators in registers); reads its 16 rows of S, row max by quad shuffles (every
-//            warp of a head group computes identical m and l), p = exp(x - m) in fp32, l += sum
-//            of the unrounded p, O *= alpha, P rounded to bf16 as the A operand and V = Ks
-//            (ldmatrix.trans) as the B operand.
-// Finally O / (l + exp(sink - m)) rounded to bf16; padded columns are never stored.
+//   S:  warp (hg, q) computes S = Q K^T for its 16 heads and tokens [TOK*q, +TOK) with mma.sync
+//       m16n8k16 bf16 (ldmatrix fragments), scales by sm_scale in fp32 AFTER the product (-inf
+//       for masked tokens), and publishes its per-row partial maxima.
+//   B3  (the head group's warps only: named barrier 1 + hg)
+//   softmax, once per logit: the tile max from the partial maxima, softmax_advance, p =
+//       exp(x - m) in fp32 from the S accumulators still in registers, bf16(p) to Ps for P*V and
+//       the row sums of the unrounded p per 8-token chunk (quad shuffles) to smem.
+//   B4  (head group)
+//   PV: l += the 8 chunk sums in chunk order; O *= alpha; warp (hg, q) owns V columns
+//       [CW*q, +CW) (fp32 accumulators in registers): P (ldmatrix from Ps) times V = Ks
+//       (ldmatrix.trans).
+// Finally O * (1 / (l + exp(sink - m))) rounded to bf16; padded columns are never stored.
+// Every sum is taken in an order that does not depend on BH or WG: the configurations give the
+// same bits, and the host model cpu-mma follows the same order (kernels/host/cpu_mma.h).
 //
-// Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ss BH*72*4, validity
-// 2*64*4: 160 KiB for BH = 32, 205.5 KiB for BH = 64. Rows of Ks and Qs are padded by 16 bytes
-// (584 bf16 = 73 16-byte units, odd) so that ldmatrix rows hit distinct bank groups.
+// Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ps BH*72*2, partial
+// maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4: 157.5 KiB for BH = 32, 199.5 KiB for
+// BH = 64. Rows of Ks and Qs are padded by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows
+// of Ps by 16 bytes (9 units) so that ldmatrix rows hit distinct bank groups.
 #pragma once
 
 #include <atomic>
+#include <type_traits>
 
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.h"
@@ -32,19 +41,30 @@
 namespace mla::cuda {
 
 inline constexpr int kMmaKStride = kMaxKCols + 8;      // bf16 elements per Ks/Qs row
-inline constexpr int kMmaSStride = kMmaTokenTile + 8;  // fp32 elements per Ss row
+inline constexpr int kMmaPStride = kMmaTokenTile + 8;  // bf16 elements per Ps row
+inline constexpr int kMmaChunks = kMmaTokenTile / 8;   // 8-token chunks of a tile (row sums)
 
-constexpr size_t mma_smem_bytes(int bh) {
-  return static_cast<size_t>(kMmaTokenTile) * kMaxRawStride +
-         static_cast<size_t>(kMmaTokenTile) * kMmaKStride * 2 +
-         static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * kMmaSStride * 4 +
-         2 * kMmaTokenTile * 4;
-}
-
-// Warps per head group: 8 for BH = 32 (16 warps), 4 for BH = 64 (16 warps). With one block per
-// SM (the tiles take 160-206 KiB of shared memory) the kernel is latency-bound; 16 warps hide
+// Warps per head group: 8 for BH = 32, 4 for BH = 64 (16 warps either way). With one block per
+// SM (the tiles take 157-200 KiB of shared memory) the kernel is latency-bound; 16 warps hide
 // more of it than 8 (measured on the H200: see README, "Kernel speed on the H200").
 constexpr int mma_default_wg(int bh) { return bh == 32 ? 8 : 4; }
+
+constexpr size_t mma_smem_bytes(int bh, int wg) {
+  return static_cast<size_t>(kMmaTokenTile) * kMaxRawStride +
+         static_cast<size_t>(kMmaTokenTile) * kMmaKStride * 2 +
+         static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * kMmaPStride * 2 +
+         static_cast<size_t>(bh) * wg * 4 + static_cast<size_t>(bh) * kMmaChunks * 4 +
+         2 * kMmaTokenTile * 4;
+}
+constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
+
+// What one lane does with one 8-column unit of every K row it dequantizes.
+enum class UnitKind : int { kSkip, kZero, kFp8, kRope };
+
+// Barrier over the WG warps of one head group (ids 1..G; 0 is __syncthreads).
+__device__ __forceinline__ void group_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 template <int BH, int WG, Mutant M>
 __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
@@ -55,20 +75,24 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   constexpr int NT = NW * 32;
   constexpr int T = kMmaTokenTile;
   constexpr int KS = kMmaKStride;
-  constexpr int SS = kMmaSStride;
+  constexpr int PS = kMmaPStride;
   constexpr int TOK = T / WG;         // S phase: tokens per warp (16 or 8)
-  constexpr int NS = TOK / 8;         // S phase: n8 tiles per warp (2 or 1)
+  constexpr int NS = TOK / 8;         // S phase: n8 tiles (8-token chunks) per warp (2 or 1)
   constexpr int CW = kMaxKCols / WG;  // PV phase: V columns per warp (144 or 72)
   constexpr int NTILE = CW / 8;       // PV phase: n8 tiles of O per warp (18 or 9)
+  constexpr int NU = (kMaxKCols / 8 + 31) / 32;  // dequant: 8-column units per lane and row
   static_assert(WG == 4 || WG == 8, "4 or 8 warps per head group");
   static_assert(CW * WG == kMaxKCols && CW % 8 == 0, "column chunks must tile the V width");
+  static_assert(NS * WG == kMmaChunks, "S-phase chunks must tile the token tile");
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* raw = smem;                                                   // [T][raw_stride]
   uint16_t* Ks = reinterpret_cast<uint16_t*>(smem + T * kMaxRawStride);  // [T][KS] bf16
   uint16_t* Qs = Ks + T * KS;                                            // [BH][KS] bf16
-  float* Ss = reinterpret_cast<float*>(Qs + BH * KS);                    // [BH][SS] fp32
-  int* s_valid = reinterpret_cast<int*>(Ss + BH * SS);                   // [2][T]
+  uint16_t* Ps = Qs + BH * KS;                                           // [BH][PS] bf16
+  float* s_pmax = reinterpret_cast<float*>(Ps + BH * PS);                // [BH][WG]
+  float* s_psum = s_pmax + BH * WG;                                      // [BH][kMmaChunks]
+  int* s_valid = reinterpret_cast<int*>(s_psum + BH * kMmaChunks);       // [2][T]
 
 #ifndef NDEBUG
   if (blockDim.x != NT) __trap();
@@ -79,6 +103,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   const int nope = p.geom.nope_dim;
   const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.topk;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
+  const bool model1 = p.geom.layout == Layout::kModel1;
 
   // Tiles past topk_length hold no valid token; skipping them is bit-identical (alpha = 1).
   int n_eff = p.topk;
@@ -88,31 +113,25 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   int n_tiles = (n_eff + T - 1) / T;
   if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
 
-  // Tokens of a tile are split over warps: warp w gathers tokens w + NW*i, i < TPW. Lane i
-  // holds token i's index (loaded one tile ahead, so its latency hides behind the dequant), its
-  // validity and its section offsets; the warp then copies the valid tokens one after another.
+  // Tokens of a tile are split over warps: warp w gathers tokens w + NW*i, i < TPW, all at once:
+  // lanes [LPT*i, +LPT) copy token i. Each of them loads the token's index (one tile ahead, so
+  // its latency hides behind the dequant) and works out its validity and section offsets.
   constexpr int TPW = T / NW;
-  static_assert(TPW <= 32, "one lane per token of a warp");
+  constexpr int LPT = 32 / TPW;  // lanes per gathered token
+  static_assert(TPW * LPT == 32, "a warp's tokens must split its lanes evenly");
+  const int tok_i = lane / LPT, tok_sub = lane % LPT;
   auto load_idx = [&](int tile) -> int32_t {
-    const int k = tile * T + warp + NW * lane;
-    return (lane < TPW && k < p.topk) ? __ldg(idx_row + k) : -1;
+    const int k = tile * T + warp + NW * tok_i;
+    return k < p.topk ? __ldg(idx_row + k) : -1;
   };
   auto stage = [&](int tile, int buf, int32_t idx) {
-    const int j = warp + NW * lane;
-    bool v = false;
-    int64_t s0 = 0, s1 = 0;
-    if (lane < TPW) {
-      v = entry_valid<M>(p, idx, tile * T + j, topk_len);
-      if (v) slot_offsets<M>(p, pl, idx, s0, s1);
-      s_valid[buf * T + j] = v;
-    }
-    const unsigned vmask = __ballot_sync(0xffffffffu, v);
-#pragma unroll
-    for (int i = 0; i < TPW; ++i) {
-      const int64_t a0 = __shfl_sync(0xffffffffu, s0, i);
-      const int64_t a1 = __shfl_sync(0xffffffffu, s1, i);
-      if ((vmask >> i) & 1u)
-        stage_token(p, pl, a0, a1, raw + (warp + NW * i) * pl.raw_stride, lane);
+    const int j = warp + NW * tok_i;
+    const bool v = entry_valid<M>(p, idx, tile * T + j, topk_len);
+    if (tok_sub == 0) s_valid[buf * T + j] = v;
+    if (v) {
+      int64_t s0 = 0, s1 = 0;
+      slot_offsets<M>(p, pl, idx, s0, s1);
+      stage_token(p, pl, s0, s1, raw + j * pl.raw_stride, tok_sub, LPT);
     }
     cp_async_commit();
   };
@@ -149,6 +168,46 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     }
     *reinterpret_cast<uint4*>(Qs + r * KS + col) = val;
   }
+  // K columns [dkp, 576) are never written by the dequantization: zeros, so that P*V can run
+  // over every column chunk unconditionally (those O columns are never stored).
+  for (int u = tid; u < T * (kMaxKCols / 8 - upr); u += NT) {
+    const int r = u / (kMaxKCols / 8 - upr), cu = upr + u % (kMaxKCols / 8 - upr);
+    *reinterpret_cast<uint4*>(Ks + r * KS + cu * 8) = make_uint4(0, 0, 0, 0);
+  }
+
+  // ---- per-lane dequantization plan: unit cu = lane + 32*rr of every K row ----
+  // One word per unit (a register each): bits 0-11 the byte offset of its data in a staged
+  // token, 12-23 that of its scale (fp8 units), 24-25 its UnitKind.
+  uint32_t plan[NU];
+#pragma unroll
+  for (int rr = 0; rr < NU; ++rr) {
+    const int cu = lane + 32 * rr, col = cu * 8;
+    UnitKind kind = UnitKind::kSkip;
+    int src = 0, scale = 0;
+    if (cu < upr) {
+      int tile_id = col / p.geom.scale_tile;
+      bool fp8 = col < nope;
+      if constexpr (M == Mutant::kUnmaskedPadColumns) {
+        if (col < pl.np) {  // padded columns decoded from the rope bytes that follow
+          fp8 = true;
+          tile_id = min(tile_id, pl.tiles - 1);
+        }
+      }
+      if (fp8) {
+        kind = UnitKind::kFp8;
+        src = col;
+        scale = staged_scale_offset<M>(p, pl, tile_id);
+      } else if (col >= pl.np) {
+        kind = UnitKind::kRope;
+        src = pl.rope_off + 2 * (col - pl.np);
+      } else {
+        kind = UnitKind::kZero;
+      }
+    }
+    static_assert(kMaxRawStride <= 4096, "staged offsets must fit 12 bits");
+    plan[rr] = static_cast<uint32_t>(src) | (static_cast<uint32_t>(scale) << 12) |
+               (static_cast<uint32_t>(kind) << 24);
+  }
 
   int32_t next_idx = n_tiles > 0 ? load_idx(0) : -1;
   if (n_tiles > 0) stage(0, 0, next_idx);
@@ -160,58 +219,79 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
 
   const int g = lane >> 2, t = lane & 3;
   const int hg = warp % G, quarter = warp / G;  // S: token group; PV: column chunk
+  const int row0 = hg * 16 + g, row1 = row0 + 8;
 
   for (int tile = 0; tile < n_tiles; ++tile) {
     const int buf = tile & 1;
     if (tile + 1 < n_tiles) next_idx = load_idx(tile + 1);
     cp_async_wait_all();
-    __syncthreads();  // B1: raw tile and s_valid[buf] ready; the previous PV is done with Ks, Ss
+    __syncthreads();  // B1: raw tile and s_valid[buf] ready; the previous PV is done with Ks, Ps
 
     // ---- dequantize the tile to bf16 Ks, once for all heads ----
-    // Warp w converts rows w + NW*jj; lane l the 8-column units l, l+32, l+64 (< dkp/8).
-    // Fixed trip counts: every unit is independent, so the loads of all of them are in flight.
+    // Warp w converts rows w + NW*jj. The branches on a unit's kind and on the layout enclose
+    // the token loop (a lane's units are the same in every row); a masked token's row is
+    // converted from whatever its staging row holds and replaced by zeros (a select), so its
+    // bytes never matter. Fixed trip counts: the loads of every row are in flight together.
+    {
+      bool row_valid[TPW];
 #pragma unroll
-    for (int jj = 0; jj < TPW; ++jj) {
-      const int j = warp + NW * jj;
-      const bool valid = s_valid[buf * T + j] != 0;
-      const uint8_t* tok = raw + j * pl.raw_stride;
+      for (int jj = 0; jj < TPW; ++jj) row_valid[jj] = s_valid[buf * T + warp + NW * jj] != 0;
+      auto dequant = [&](auto model1_tag) {
+        constexpr bool kModel1 = decltype(model1_tag)::value;
 #pragma unroll
-      for (int rr = 0; rr < (kMaxKCols / 8 + 31) / 32; ++rr) {
-        const int cu = lane + 32 * rr;
-        if (cu >= upr) continue;
-        const int col = cu * 8;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (valid) {
-          bool fp8 = col < nope;
-          int tile_id = col / p.geom.scale_tile;
-          if constexpr (M == Mutant::kUnmaskedPadColumns) {
-            if (col < pl.np) {  // padded columns decoded from the rope bytes that follow
-              fp8 = true;
-              tile_id = min(tile_id, pl.tiles - 1);
+        for (int rr = 0; rr < NU; ++rr) {
+          const UnitKind kind = static_cast<UnitKind>(plan[rr] >> 24);
+          const int src = plan[rr] & 0xfffu, sc = (plan[rr] >> 12) & 0xfffu;
+          uint16_t* kcol = Ks + warp * KS + (lane + 32 * rr) * 8;
+          if (kind == UnitKind::kFp8) {
+#pragma unroll
+            for (int jj = 0; jj < TPW; ++jj) {
+              const uint8_t* tok = raw + (warp + NW * jj) * pl.raw_stride;
+              const uint2 r8 = *reinterpret_cast<const uint2*>(tok + src);
+              float s;
+              if constexpr (kModel1) {
+                s = ue8m0_to_float(tok[sc]);
+              } else {
+                s = *reinterpret_cast<const float*>(tok + sc);
+              }
+              const float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
+              const float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
+              const float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
+              const float2 f3 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y >> 16));
+              uint4 val;
+              val.x = pack_bf16x2(f0.x * s, f0.y * s);
+              val.y = pack_bf16x2(f1.x * s, f1.y * s);
+              val.z = pack_bf16x2(f2.x * s, f2.y * s);
+              val.w = pack_bf16x2(f3.x * s, f3.y * s);
+              if (!row_valid[jj]) val = make_uint4(0, 0, 0, 0);
+              *reinterpret_cast<uint4*>(kcol + NW * jj * KS) = val;
             }
-          }
-          if (fp8) {
-            const uint2 r8 = *reinterpret_cast<const uint2*>(tok + col);
-            const float s = staged_scale<M>(p, pl, tok, tile_id);
-            const float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
-            const float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
-            const float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
-            const float2 f3 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y >> 16));
-            val.x = pack_bf16x2(f0.x * s, f0.y * s);
-            val.y = pack_bf16x2(f1.x * s, f1.y * s);
-            val.z = pack_bf16x2(f2.x * s, f2.y * s);
-            val.w = pack_bf16x2(f3.x * s, f3.y * s);
-          } else if (col >= pl.np) {
-            const uint8_t* r = tok + pl.rope_off + 2 * (col - pl.np);
-            if (pl.rope_vec16) {
-              val = *reinterpret_cast<const uint4*>(r);
-            } else {
-              const uint32_t* r4 = reinterpret_cast<const uint32_t*>(r);
-              val = make_uint4(r4[0], r4[1], r4[2], r4[3]);
+          } else if (kind == UnitKind::kRope) {
+#pragma unroll
+            for (int jj = 0; jj < TPW; ++jj) {
+              const uint8_t* r = raw + (warp + NW * jj) * pl.raw_stride + src;
+              uint4 val;
+              if (pl.rope_vec16) {
+                val = *reinterpret_cast<const uint4*>(r);
+              } else {
+                const uint32_t* r4 = reinterpret_cast<const uint32_t*>(r);
+                val = make_uint4(r4[0], r4[1], r4[2], r4[3]);
+              }
+              if (!row_valid[jj]) val = make_uint4(0, 0, 0, 0);
+              *reinterpret_cast<uint4*>(kcol + NW * jj * KS) = val;
+            }
+          } else if (kind == UnitKind::kZero) {
+#pragma unroll
+            for (int jj = 0; jj < TPW; ++jj) {
+              *reinterpret_cast<uint4*>(kcol + NW * jj * KS) = make_uint4(0, 0, 0, 0);
             }
           }
         }
-        *reinterpret_cast<uint4*>(Ks + j * KS + col) = val;
+      };
+      if (model1) {
+        dequant(std::true_type{});
+      } else {
+        dequant(std::false_type{});
       }
     }
     if constexpr (M != Mutant::kMissingBarrier) __syncthreads();  // B2: Ks ready, raw free
@@ -219,6 +299,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
 
     // ---- S phase: S[16 heads][TOK tokens] per warp over all d_qk ----
+    float xs[NS][4];  // logits: [0], [1] row g, tokens c, c + 1; [2], [3] row g + 8
     {
       // Two accumulator sets (even and odd k-steps) halve the dependent MMA chain; every token's
       // dot product is summed in the same order whatever BH and WG are (bitwise-equal configs).
@@ -268,50 +349,42 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
           mma_bf16_16816(acc[0], a, kb[0], kb[1]);
         }
       }
-#pragma unroll
-      for (int nt = 0; nt < NS; ++nt) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[nt][i] += acc_odd[nt][i];
-      }
       const float ninf = neg_inf();
+      float pm0 = ninf, pm1 = ninf;
 #pragma unroll
       for (int nt = 0; nt < NS; ++nt) {
         const int col = quarter * TOK + nt * 8 + 2 * t;
         const bool v0 = s_valid[buf * T + col] != 0, v1 = s_valid[buf * T + col + 1] != 0;
-        float* srow = Ss + (hg * 16 + g) * SS + col;
-        *reinterpret_cast<float2*>(srow) =
-            make_float2(v0 ? acc[nt][0] * p.sm_scale : ninf, v1 ? acc[nt][1] * p.sm_scale : ninf);
-        *reinterpret_cast<float2*>(srow + 8 * SS) =
-            make_float2(v0 ? acc[nt][2] * p.sm_scale : ninf, v1 ? acc[nt][3] * p.sm_scale : ninf);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          // Explicit rounding (mul.rn): ptxas would otherwise be free to fuse this product
+          // with the "x - m" below into one FMA, in one configuration and not another.
+          const float s = __fmul_rn(acc[nt][i] + acc_odd[nt][i], p.sm_scale);
+          xs[nt][i] = ((i & 1) ? v1 : v0) ? s : ninf;
+        }
+        pm0 = fmaxf(pm0, fmaxf(xs[nt][0], xs[nt][1]));
+        pm1 = fmaxf(pm1, fmaxf(xs[nt][2], xs[nt][3]));
+      }
+      pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffffu, pm0, 1));
+      pm0 = fmaxf(pm0, __shfl_xor_sync(0xffffffffu, pm0, 2));
+      pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffffu, pm1, 1));
+      pm1 = fmaxf(pm1, __shfl_xor_sync(0xffffffffu, pm1, 2));
+      if (t == 0) {
+        s_pmax[row0 * WG + quarter] = pm0;
+        s_pmax[row1 * WG + quarter] = pm1;
       }
     }
-    __syncthreads();  // B3: S of the whole tile ready
+    group_barrier(1 + hg, WG * 32);  // B3: the head group's partial maxima
 
-    // ---- PV phase ----
+    // ---- softmax, once per logit ----
+    float alpha0, alpha1;
     {
-      const float* s0 = Ss + (hg * 16 + g) * SS + 2 * t;
-      const float* s1 = s0 + 8 * SS;
-      float x[4][8];
+      float mx0 = s_pmax[row0 * WG], mx1 = s_pmax[row1 * WG];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const float2 a = *reinterpret_cast<const float2*>(s0 + kk * 16);
-        const float2 bq = *reinterpret_cast<const float2*>(s1 + kk * 16);
-        const float2 c = *reinterpret_cast<const float2*>(s0 + kk * 16 + 8);
-        const float2 d = *reinterpret_cast<const float2*>(s1 + kk * 16 + 8);
-        x[kk][0] = a.x, x[kk][1] = a.y, x[kk][2] = bq.x, x[kk][3] = bq.y;
-        x[kk][4] = c.x, x[kk][5] = c.y, x[kk][6] = d.x, x[kk][7] = d.y;
+      for (int w = 1; w < WG; ++w) {
+        mx0 = fmaxf(mx0, s_pmax[row0 * WG + w]);
+        mx1 = fmaxf(mx1, s_pmax[row1 * WG + w]);
       }
-      float mx0 = x[0][0], mx1 = x[0][2];
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        mx0 = fmaxf(mx0, fmaxf(fmaxf(x[kk][0], x[kk][1]), fmaxf(x[kk][4], x[kk][5])));
-        mx1 = fmaxf(mx1, fmaxf(fmaxf(x[kk][2], x[kk][3]), fmaxf(x[kk][6], x[kk][7])));
-      }
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-      float alpha0, alpha1;
       if constexpr (M == Mutant::kNoRescale) {
         st0.m = fmaxf(st0.m, mx0);
         st1.m = fmaxf(st1.m, mx1);
@@ -321,66 +394,83 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
         alpha1 = softmax_advance(st1, mx1);
       }
       const float ninf = neg_inf();
-      float sum0 = 0.0f, sum1 = 0.0f;
-      uint32_t pa[4][4];
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        float pv[8];
+      for (int nt = 0; nt < NS; ++nt) {
+        float pv[4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < 4; ++i) {
           const SoftmaxState& st = (i & 2) ? st1 : st0;
           // A masked token (x = -inf) weighs exactly 0, also while m is still -inf.
-          pv[i] = x[kk][i] == ninf ? 0.0f : fast_exp(x[kk][i] - st.m);
+          pv[i] = xs[nt][i] == ninf ? 0.0f : fast_exp(xs[nt][i] - st.m);
         }
-        pa[kk][0] = pack_bf16x2(pv[0], pv[1]);
-        pa[kk][1] = pack_bf16x2(pv[2], pv[3]);
-        pa[kk][2] = pack_bf16x2(pv[4], pv[5]);
-        pa[kk][3] = pack_bf16x2(pv[6], pv[7]);
+        const uint32_t pr0 = pack_bf16x2(pv[0], pv[1]), pr1 = pack_bf16x2(pv[2], pv[3]);
+        const int col = quarter * TOK + nt * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(Ps + row0 * PS + col) = pr0;
+        *reinterpret_cast<uint32_t*>(Ps + row1 * PS + col) = pr1;
+        // Row sum of the chunk's 8 tokens: (p0 + p1) per quad lane, then xor-1, xor-2.
+        float c0, c1;
         if constexpr (M == Mutant::kRowSumBf16) {
-          sum0 += bf16lo(pa[kk][0]) + bf16hi(pa[kk][0]) + bf16lo(pa[kk][2]) + bf16hi(pa[kk][2]);
-          sum1 += bf16lo(pa[kk][1]) + bf16hi(pa[kk][1]) + bf16lo(pa[kk][3]) + bf16hi(pa[kk][3]);
+          c0 = bf16lo(pr0) + bf16hi(pr0);
+          c1 = bf16lo(pr1) + bf16hi(pr1);
         } else {
-          sum0 += pv[0] + pv[1] + pv[4] + pv[5];
-          sum1 += pv[2] + pv[3] + pv[6] + pv[7];
+          c0 = pv[0] + pv[1];
+          c1 = pv[2] + pv[3];
+        }
+        c0 += __shfl_xor_sync(0xffffffffu, c0, 1);
+        c0 += __shfl_xor_sync(0xffffffffu, c0, 2);
+        c1 += __shfl_xor_sync(0xffffffffu, c1, 1);
+        c1 += __shfl_xor_sync(0xffffffffu, c1, 2);
+        if (t == 0) {
+          s_psum[row0 * kMmaChunks + quarter * NS + nt] = c0;
+          s_psum[row1 * kMmaChunks + quarter * NS + nt] = c1;
         }
       }
-      sum0 += __shfl_xor_sync(0xffffffffu, sum0, 1);
-      sum0 += __shfl_xor_sync(0xffffffffu, sum0, 2);
-      sum1 += __shfl_xor_sync(0xffffffffu, sum1, 1);
-      sum1 += __shfl_xor_sync(0xffffffffu, sum1, 2);
-      st0.l += sum0;
-      st1.l += sum1;
+    }
+    group_barrier(1 + hg, WG * 32);  // B4: the head group's P and chunk sums
+
+    // ---- PV phase ----
+    {
+      // l += the tile's row sum: its 8 chunk sums added in chunk order.
+      const float4* c0 = reinterpret_cast<const float4*>(s_psum + row0 * kMmaChunks);
+      const float4* c1 = reinterpret_cast<const float4*>(s_psum + row1 * kMmaChunks);
+      const float4 a0 = c0[0], b0 = c0[1], a1 = c1[0], b1 = c1[1];
+      // add.rn: never fused with softmax_advance's l *= alpha (the host model does not fuse).
+      st0.l = __fadd_rn(st0.l, ((((((a0.x + a0.y) + a0.z) + a0.w) + b0.x) + b0.y) + b0.z) + b0.w);
+      st1.l = __fadd_rn(st1.l, ((((((a1.x + a1.y) + a1.z) + a1.w) + b1.x) + b1.y) + b1.z) + b1.w);
 #pragma unroll
       for (int i = 0; i < NTILE; ++i) {
         o[i][0] *= alpha0, o[i][1] *= alpha0, o[i][2] *= alpha1, o[i][3] *= alpha1;
       }
       const int c_begin = quarter * CW;
-      // V[token][col] = Ks: matrices (tokens 0-7 | 8-15) x (cols c | c+8) -> B of two n8 tiles
-      // (x4), or of one (x2: lanes 0-15 address tokens 0-15 at col c).
-      const uint32_t va =
-          smem_u32(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + c_begin + (lane >> 4) * 8);
+      if (c_begin < pl.wv) {  // warp-uniform: chunks past V's width have nothing to add
+        // P[16 heads][16 tokens of k-step kk] from Ps, as for Q.
+        const uint32_t pa_addr = smem_u32(Ps + (hg * 16 + (lane & 15)) * PS + (lane >> 4) * 8);
+        // V[token][col] = Ks: matrices (tokens 0-7 | 8-15) x (cols c | c+8) -> B of two n8
+        // tiles (x4), or of one (x2: lanes 0-15 address tokens 0-15 at col c).
+        const uint32_t va =
+            smem_u32(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + c_begin + (lane >> 4) * 8);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+        for (int kk = 0; kk < 4; ++kk) {
+          uint32_t pa[4];
+          ldsm_x4(pa, pa_addr + kk * 32);
 #pragma unroll
-        for (int np2 = 0; np2 < (NTILE + 1) / 2; ++np2) {
-          const int c0 = c_begin + np2 * 16;
-          const uint32_t addr = va + (kk * 16 * KS + np2 * 16) * 2;
-          if (2 * np2 + 1 < NTILE && c0 + 16 <= pl.wv) {
+          for (int np2 = 0; np2 < NTILE / 2; ++np2) {
             uint32_t vb[4];
-            ldsm_x4_trans(vb, addr);
-            mma_bf16_16816(o[2 * np2], pa[kk], vb[0], vb[1]);
-            mma_bf16_16816(o[min(2 * np2 + 1, NTILE - 1)], pa[kk], vb[2], vb[3]);
-          } else if (c0 < pl.wv) {  // the chunk's odd last tile, or the last 8 columns of V
+            ldsm_x4_trans(vb, va + (kk * 16 * KS + np2 * 16) * 2);
+            mma_bf16_16816(o[2 * np2], pa, vb[0], vb[1]);
+            mma_bf16_16816(o[2 * np2 + 1], pa, vb[2], vb[3]);
+          }
+          if constexpr (NTILE % 2 == 1) {  // the chunk's odd last n8 tile
             uint32_t vb[2];
-            ldsm_x2_trans(vb, addr);
-            mma_bf16_16816(o[2 * np2], pa[kk], vb[0], vb[1]);
+            ldsm_x2_trans(vb, va + (kk * 16 * KS + (NTILE - 1) * 8) * 2);
+            mma_bf16_16816(o[NTILE - 1], pa, vb[0], vb[1]);
           }
         }
       }
     }
   }
 
-  // ---- epilogue: O / (l + exp(sink - m)), bf16 store of the real columns, LSE ----
+  // ---- epilogue: O * 1 / (l + exp(sink - m)), bf16 store of the real columns, LSE ----
   const float* sink = M == Mutant::kSinkIgnored ? nullptr : p.sink;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -389,7 +479,9 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     const SoftmaxState st = r ? st1 : st0;
     // Empty row: out = 0, never 0/0 (kEmptyRowNaN plants exactly that division).
     const bool has = softmax_has_tokens(st) || M == Mutant::kEmptyRowNaN;
-    const float denom = softmax_denominator(st, sink, head);
+    // One reciprocal per row and a product per element (correctly rounded: __frcp_rn, mul.rn),
+    // not 2*NTILE divisions; cpu-mma's store does the same.
+    const float rden = __frcp_rn(softmax_denominator(st, sink, head));
     uint16_t* orow = p.out + static_cast<int64_t>(b) * p.out_batch_stride +
                      static_cast<int64_t>(head) * p.out_head_stride;
 #pragma unroll
@@ -408,8 +500,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
           d = nope + col - pl.np;
         }
       }
-      const float y0 = has ? o[i][2 * r] / denom : 0.0f;
-      const float y1 = has ? o[i][2 * r + 1] / denom : 0.0f;
+      const float y0 = has ? __fmul_rn(o[i][2 * r], rden) : 0.0f;
+      const float y1 = has ? __fmul_rn(o[i][2 * r + 1], rden) : 0.0f;
       const uint32_t packed = pack_bf16x2(y0, y1);
       if (pl.out_vec4) {
         *reinterpret_cast<uint32_t*>(orow + d) = packed;
@@ -458,7 +550,7 @@ template <int BH, Mutant M, int WG = mma_default_wg(BH)>
 int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
   if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
   const LayoutPlan pl = make_plan(p);
-  constexpr size_t smem = mma_smem_bytes(BH);
+  constexpr size_t smem = mma_smem_bytes(BH, WG);
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load()) {
     const cudaError_t e = cudaFuncSetAttribute(

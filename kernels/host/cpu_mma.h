@@ -6,9 +6,10 @@
 // mla::kMmaTokenTile = 64 selected tokens (decoded to bf16 once, for every head of the block),
 // per head: logits x = fp32(q . K) * sm_scale (q bf16 unscaled; bf16 x bf16 products are exact
 // in fp32; masked tokens -inf), the tile max, softmax_advance, p = exp(x - m) in fp32 (exactly 0
-// for masked tokens), the tile's row sum of the unrounded p in the kernel's order (4 quad lanes,
-// each over 4 k-steps of 16 tokens, then xor-1 and xor-2 shuffles), l += it, O *= alpha, and
-// bf16(p) * V added to O in fp32. The store divides O by l (+ the sink term) and rounds to bf16.
+// for masked tokens), the tile's row sum of the unrounded p in the kernel's order (per 8-token
+// chunk: 4 quad lanes of 2 tokens, xor-1 and xor-2 shuffles; then the 8 chunks in order),
+// l += it, O *= alpha, and bf16(p) * V added to O in fp32. The store multiplies O by the
+// reciprocal of l (+ the sink term) and rounds to bf16.
 // Heads never interact, so a head's result does not depend on its block or BLOCK_H.
 //
 // Where the bits can differ from the kernel's: the tensor core's summation inside Q*K^T and P*V
@@ -62,8 +63,7 @@ struct MmaScratch {
 };
 
 // Softmax step of one head for a tile of 64 logits x (masked: -inf): tile max, advance, p, the
-// row sum in the kernel's order (quad lane t holds tokens 16kk + {2t, 2t+1, 8+2t, 9+2t} of
-// k-step kk; then xor-1 and xor-2 shuffles), O *= alpha. Writes bf16(p) to pb.
+// row sum in the kernel's order (below), O *= alpha. Writes bf16(p) to pb.
 template <Mutant M>
 void softmax_tile(const float* x, int32_t width_v, mla::SoftmaxState& s, float* __restrict O,
                   float* __restrict pb) {
@@ -79,17 +79,18 @@ void softmax_tile(const float* x, int32_t width_v, mla::SoftmaxState& s, float* 
     p[j] = weight(s, x[j]);
     pb[j] = mla::round_to_bf16(p[j]);
   }
-  float lane_sum[4];
-  for (int32_t t = 0; t < 4; ++t) {
-    float acc = 0.0f;
-    for (int32_t kk = 0; kk < 4; ++kk) {
-      const float* pk = p + 16 * kk + 2 * t;
-      acc += ((row_sum_term<M>(pk[0]) + row_sum_term<M>(pk[1])) + row_sum_term<M>(pk[8])) +
-             row_sum_term<M>(pk[9]);
+  // Per 8-token chunk c, quad lane t adds p[8c + 2t] + p[8c + 2t + 1]; the xor-1 and xor-2
+  // shuffles give (s0 + s1) + (s2 + s3); the tile's 8 chunk sums are added in chunk order.
+  float tile_sum = 0.0f;
+  for (int32_t c = 0; c < kTile / 8; ++c) {
+    float lane_sum[4];
+    for (int32_t t = 0; t < 4; ++t) {
+      lane_sum[t] = row_sum_term<M>(p[8 * c + 2 * t]) + row_sum_term<M>(p[8 * c + 2 * t + 1]);
     }
-    lane_sum[t] = acc;
+    const float chunk = (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]);
+    tile_sum = c == 0 ? chunk : tile_sum + chunk;
   }
-  s.l += (lane_sum[0] + lane_sum[1]) + (lane_sum[2] + lane_sum[3]);
+  s.l += tile_sum;
   if constexpr (M != Mutant::kNoRescale) {
     if (alpha != 1.0f) {  // x * 1 == x bit for bit: skipping is exact
       for (int32_t c = 0; c < width_v; ++c) O[c] *= alpha;
@@ -179,7 +180,8 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        store_head<M>(call, cols, layout, b, h0 + j, s.state[j], s.o.data() + j * w);
+        store_head<M>(call, cols, layout, b, h0 + j, s.state[j], s.o.data() + j * w,
+                      /*reciprocal=*/true);
       }
     }
   }

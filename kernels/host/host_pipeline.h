@@ -269,16 +269,18 @@ int32_t num_token_tiles(int32_t topk, int32_t tile) {
 }
 
 // Writes out[b][h][0, d_v) = bf16(O / denominator) (0 for an empty row) and lse[b][h]; O is in
-// layout order. kSinkIgnored drops the sink from the denominator (the LSE still follows the
-// convention); kSinkInLse folds it into the LSE; kLseLog2 multiplies the LSE by log2(e);
-// kEmptyRowNaN divides an empty row's O = 0 by its denominator (0 without a sink: NaN);
-// kStorePaddedColumns stores the padded column layout as is, out[c] for c in [0, width_v):
-// zeros over out[nope, padded_nope) and the rope outputs shifted past d_v (into the head's
-// padding, the next head or the guard band; clamped to the buffer). These are the mechanics of
-// the same mutants in kernels/cuda/mma_head_tiled.cuh.
+// layout order. With reciprocal (the MMA kernel), bf16(O * (1 / denominator)) instead: one
+// correctly rounded reciprocal per row and a product per element. kSinkIgnored drops the sink from
+// the denominator (the LSE still follows the convention); kSinkInLse folds it into the LSE;
+// kLseLog2 multiplies the LSE by log2(e); kEmptyRowNaN divides an empty row's O = 0 by its
+// denominator (0 without a sink: NaN); kStorePaddedColumns stores the padded column layout as is,
+// out[c] for c in [0, width_v): zeros over out[nope, padded_nope) and the rope outputs shifted past
+// d_v (into the head's padding, the next head or the guard band; clamped to the buffer). These are
+// the mechanics of the same mutants in kernels/cuda/mma_head_tiled.cuh.
 template <Mutant M>
 void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLayout& layout,
-                int32_t b, int32_t h, const mla::SoftmaxState& s, const float* O) {
+                int32_t b, int32_t h, const mla::SoftmaxState& s, const float* O,
+                bool reciprocal = false) {
   const mla::DecodeParams& p = call.p;
   const float* sink = p.sink;
   if constexpr (M == Mutant::kSinkIgnored) sink = nullptr;
@@ -286,9 +288,12 @@ void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLay
   bool has_tokens = mla::softmax_has_tokens(s);
   if constexpr (M == Mutant::kEmptyRowNaN) has_tokens = true;
   const float denom = mla::softmax_denominator(s, sink, h);
+  const float rden = 1.0f / denom;
   auto value = [&](int32_t c) -> uint16_t {
     // Empty row: out = 0 whatever the sink (SPEC section 3), never 0/0.
-    return has_tokens ? mla::float_to_bf16(O[layout.pos[c]] / denom) : uint16_t{0};
+    if (!has_tokens) return 0;
+    const float o = O[layout.pos[c]];
+    return mla::float_to_bf16(reciprocal ? o * rden : o / denom);
   };
   if constexpr (M == Mutant::kStorePaddedColumns) {
     for (int32_t c = 0; c < cols.width_v && out + c < call.out_end; ++c) out[c] = value(c);

@@ -57,7 +57,8 @@ double gamma(double n, double u) { return n * u / (1 - n * u); }
 // - weight: e_k = |dx_k| + 2u (|x_k - x_max| + R) + 4u (nt + 2) (exp-argument rounding, nt
 //   rescales, CUDA expf within 2 ulps counted as 4);
 //   |dO_d| <= exp(e) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e) |O_d|];
-// - accumulation: gamma(T + nt + 2; u_acc) sum_k w_k |V_kd| + gamma(T + nt + 4) |O_d|;
+// - accumulation: gamma(T + nt + 2; u_acc) sum_k w_k |V_kd| + gamma(T + nt + 5) |O_d| (MMA: 1/d and
+// a product);
 // - MMA: p rounded to bf16 for P*V: u16 sum_k w_k |V_kd|;
 // - bf16 store: u16 (|O_d| + delta) + 2^-133; underflow 2^-126 (T + nt + 4 + sum_k |V_kd|);
 //   a sink more than 80 above every logit may overflow exp (out flushed to 0).
@@ -114,7 +115,7 @@ Bound kernel_bound(const MaterializedCase& m, const OracleResult& ref, bool mma)
           v_abs += std::abs(V(k, d));
         }
         double delta = std::exp(e_max) * soft + gamma(T + nt + 2, u_acc) * wv +
-                       gamma(T + nt + 4, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
+                       gamma(T + nt + 5, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
         if (mma) delta += kU16 * wv;
         if (sink_overflow) delta += std::abs(O) + wv;
         bd.out[bh * dv + d] = delta * (1 + 0x1p-20) + kU16 * (std::abs(O) + delta) + 0x1p-133;

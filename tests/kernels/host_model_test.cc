@@ -35,7 +35,8 @@ double gamma(double n, double u) { return n * u / (1 - n * u); }
 //   + 2u (|x_k - x_max| + R) + 4u (nt + 2)  (exp-argument rounding, nt rescales whose arguments
 //   sum to at most R = x_max - x_min, exp within 4 ulps);
 //   |dO_d| <= exp(e) [sum_k w_k expm1(e_k) |V_kd - O_d| + w_s expm1(e) |O_d|];
-// - accumulation in fp32: gamma(T + nt + 2) sum_k w_k |V_kd| + gamma(T + nt + 4) |O_d|;
+// - accumulation in fp32: gamma(T + nt + 2) sum_k w_k |V_kd| + gamma(T + nt + 5) |O_d| (MMA: 1/d
+// and a product);
 // - MMA: p rounded to bf16 for P*V: u16 sum_k w_k |V_kd|;
 // - bf16 store: u16 (|O_d| + delta) + 2^-133 (bf16 subnormal spacing);
 // - underflow: 2^-126 (T + nt + 4 + sum_k |V_kd|); a sink more than 80 above every logit may
@@ -91,7 +92,7 @@ Bound host_bound(const MaterializedCase& m, const OracleResult& ref, bool mma, i
           v_abs += std::abs(V(k, d));
         }
         double delta = std::exp(e_max) * soft + gamma(T + nt + 2, kU32) * wv +
-                       gamma(T + nt + 4, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
+                       gamma(T + nt + 5, kU32) * std::abs(O) + 0x1p-126 * (T + nt + 4 + v_abs);
         if (mma) delta += kU16 * wv;
         if (sink_overflow) delta += std::abs(O) + wv;
         bd.out[bh * dv + d] = delta * (1 + 0x1p-20) + kU16 * (std::abs(O) + delta) + 0x1p-133;
