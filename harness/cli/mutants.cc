@@ -65,8 +65,9 @@ int mutants_command(const MutantsArgs& a) {
     } else {
       std::cout << fmt::format(
           "  {:<24} killed by {} after {} cases ({:.2f} s); shrunk to "
-          "B={} H={} topk={} valid={}{}\n",
-          r.name, r.property, r.cases, r.seconds, r.batch, r.heads, r.topk, r.valid_tokens,
+          "B={} H={} topk={} valid={}{}{}\n",
+          r.name, r.first_property, r.cases, r.seconds, r.batch, r.heads, r.topk, r.valid_tokens,
+          r.property == r.first_property ? "" : ", which fails " + r.property,
           r.control_passed ? "" : " [SUSPECT: the control fails too]");
     }
     std::cout.flush();

@@ -81,6 +81,17 @@ Case invalidate_entries(Case c, const std::function<bool(const Case&)>& still_fa
   return c;
 }
 
+// Does the unmutated backend pass `property` on c? A failure the control shares is not the
+// mutant's doing (a tolerance-model gap or a bug of the base kernel): it never counts as a kill,
+// and shrinking never drifts into such a case.
+bool control_passes(Backend& control, const Case& c, const std::string& property) {
+  return !evaluate_case(c, {&control}, {property}).failed();
+}
+
+Clock::time_point deadline_after(Clock::time_point t0, double seconds) {
+  return t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
 MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) {
   MutantResult r;
   r.mutant = m;
@@ -91,12 +102,6 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
 
   const std::unique_ptr<Backend> mutant = make_kind_backend(o, r.backend);
   const std::vector<Backend*> backends{mutant.get()};
-  // Does the unmutated backend pass `property` on c? A failure the control shares is not the
-  // mutant's doing (a tolerance-model gap or a bug of the base kernel): it never counts as a
-  // kill, and shrinking never drifts into such a case.
-  const auto control_passes = [&](const Case& c, const std::string& property) {
-    return !evaluate_case(c, {&control}, {property}).failed();
-  };
   const Clock::time_point t0 = Clock::now();
   std::optional<Case> failing;
   PropertyOutcome failure;
@@ -105,7 +110,7 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
     Case c = generate_case(o.seed, index, o.gen, nullptr);
     const CaseEvaluation ev = evaluate_case(c, backends, o.properties);
     for (const PropertyOutcome* f : ev.failures()) {  // worst first
-      if (control_passes(c, f->property)) {
+      if (control_passes(control, c, f->property)) {
         failure = *f;
         failing = std::move(c);
         r.failing_index = index;
@@ -123,36 +128,29 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
     return r;
   }
   r.status = MutantStatus::kKilled;
-  r.property = failure.property;
+  r.first_property = failure.property;
 
-  // Shrink to a minimal case on which the mutant fails the property and the control passes it.
-  const auto mutant_fails = same_failure_predicate(failure, backends);
-  const std::string property_name = failure.property;
-  const auto still_fails = [&](const Case& c) {
-    return mutant_fails(c) && control_passes(c, property_name);
-  };
+  // Shrink to a minimal case on which the mutant fails a property that the control passes.
   const Clock::time_point shrink_start = Clock::now();
-  const ShrinkResult s = shrink_case(*failing, still_fails, o.shrink_seconds);
+  ShrunkKill s = shrink_kill(*failing, failure, *mutant, control, o.properties, o.shrink_seconds);
+  r.shrink_seconds = since(shrink_start);
   r.shrink_steps = s.steps;
   r.shrink_budget_exhausted = s.budget_exhausted;
-  Case minimal =
-      invalidate_entries(with_explicit_indices(s.minimal), still_fails,
-                         shrink_start + std::chrono::duration_cast<Clock::duration>(
-                                            std::chrono::duration<double>(o.shrink_seconds)),
-                         &r.shrink_steps);
-  r.shrink_seconds = since(shrink_start);
+  r.property = s.failure.property;
+  r.detail = format_outcome(s.failure);
+  Case minimal = std::move(s.minimal);
   minimal.name = "mutant-" + r.name;
-  minimal.description = fmt::format("{} fails '{}' (mlafuzz mutants, seed {}, case {})", r.backend,
-                                    r.property, o.seed, r.failing_index);
+  minimal.description = fmt::format(
+      "{} fails '{}' (mlafuzz mutants, seed {}, case {}{})", r.backend, r.property, o.seed,
+      r.failing_index,
+      r.property == r.first_property ? ""
+                                     : fmt::format(", which failed '{}' first", r.first_property));
   r.batch = minimal.batch;
   r.heads = minimal.heads;
   r.topk = minimal.topk;
   r.valid_tokens = count_valid_tokens(minimal);
 
   const std::vector<std::string> property{r.property};
-  const CaseEvaluation again = evaluate_case(minimal, backends, property);
-  r.detail = again.failures().empty() ? format_outcome(failure)
-                                      : format_outcome(*again.failures().front());
   // Control: the unmutated backend must pass the same property on the same case.
   const CaseEvaluation ctl = evaluate_case(minimal, {&control}, property);
   r.control_passed = !ctl.failed();
@@ -180,6 +178,57 @@ const char* status_name(MutantStatus s) {
 }
 
 }  // namespace
+
+ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
+                       Backend& control, const std::vector<std::string>& properties,
+                       double budget_seconds) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<Backend*> backends{&mutant};
+  std::vector<std::string> others;
+  for (const std::string& p : properties.empty() ? all_properties() : properties) {
+    if (p != first.property && p != "run") others.push_back(p);
+  }
+  // The mutant's failure on c that the control does not share, if any: first.property alone,
+  // or (`any`) that first, then "run" (always evaluated: a failed run skips the rest), then the
+  // others, evaluated only when neither fails.
+  const auto kill = [&](const Case& c, bool any) -> std::optional<PropertyOutcome> {
+    const CaseEvaluation ev = evaluate_case(c, backends, {first.property});
+    bool ran = true;
+    for (const PropertyOutcome* f : ev.failures()) {
+      ran = ran && f->property != "run";
+      if ((any || f->property == first.property) && control_passes(control, c, f->property)) {
+        return *f;
+      }
+    }
+    if (!any || !ran) return std::nullopt;
+    const CaseEvaluation more = evaluate_case(c, backends, others);
+    for (const PropertyOutcome* f : more.failures()) {
+      if (control_passes(control, c, f->property)) return *f;
+    }
+    return std::nullopt;
+  };
+  // Two greedy phases under one deadline: the killing property alone (cases it no longer fails
+  // on are never kept while it can still shrink), then any property from where it stopped.
+  const Clock::time_point deadline = deadline_after(start, budget_seconds);
+  ShrunkKill k;
+  k.minimal = with_explicit_indices(failing);
+  k.failure = first;  // on the current minimal case: the last one accepted
+  for (const bool any : {false, true}) {
+    if (any && others.empty()) break;
+    const auto still_fails = [&](const Case& c) {
+      std::optional<PropertyOutcome> f = kill(c, any);
+      if (f) k.failure = std::move(*f);
+      return f.has_value();
+    };
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const ShrinkResult s = shrink_case(k.minimal, still_fails, left);
+    k.steps += s.steps;
+    k.budget_exhausted = k.budget_exhausted || s.budget_exhausted;
+    k.minimal =
+        invalidate_entries(with_explicit_indices(s.minimal), still_fails, deadline, &k.steps);
+  }
+  return k;
+}
 
 std::vector<mla::Mutant> all_mutants() {
   std::vector<mla::Mutant> v;
@@ -273,9 +322,10 @@ std::string format_mutant_table(const std::vector<MutantResult>& results) {
     }
     std::string note;
     if (r.status == MutantStatus::kKilled) {
-      note = r.control_passed ? "" : "SUSPECT: control fails too";
-      if (r.shrink_budget_exhausted)
-        note += note.empty() ? "shrink budget hit" : "; shrink budget hit";
+      const auto add = [&note](const std::string& n) { note += note.empty() ? n : "; " + n; };
+      if (!r.control_passed) add("SUSPECT: control fails too");
+      if (r.property != r.first_property) add("first killed by " + r.first_property);
+      if (r.shrink_budget_exhausted) add("shrink budget hit");
       t += fmt::format("{:<24} {:<9} {:<15} {:>6} {:>8.2f}  {:>2} {:>2} {:>5} {:>5}  {}\n", r.name,
                        status_name(r.status), r.property, r.cases, r.seconds, r.batch, r.heads,
                        r.topk, r.valid_tokens, note);
@@ -330,7 +380,8 @@ nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
       if (r.control_failures > 0) m["control_failure_example"] = r.control_failure_example;
     }
     if (r.status == MutantStatus::kKilled) {
-      m["property"] = r.property;
+      m["property"] = r.property;  // on the shrunk case
+      m["first_property"] = r.first_property;
       m["case_index"] = r.failing_index;
       m["detail"] = r.detail;
       m["shrunk"] = {{"batch", r.batch},

@@ -6,7 +6,10 @@
 // minimal case. A mutant is KILLED when some property fails on it, SURVIVED when the budget runs
 // out first. Each kill is checked against a control: the unmutated backend must pass the same
 // property on the same case: a failure the control shares (a tolerance-model gap or a bug of the
-// base kernel) is reported apart and never counts as a kill, and shrinking keeps both conditions.
+// base kernel) is reported apart and never counts as a kill. Shrinking keeps a smaller case when
+// the mutant fails an enabled property on it that the control passes: the killing property as
+// far as it goes, then any (a race between rows fails determinism only from three rows up, but
+// its stray stores may still show through poison on one row).
 #pragma once
 
 #include <cstdint>
@@ -50,8 +53,10 @@ struct MutantResult {
   MutantStatus status = MutantStatus::kSkipped;
   std::string skip_reason;
 
-  // Killed: the first failure.
-  std::string property;        // the property that killed it
+  // Killed: the first failure and the failure on the shrunk case.
+  std::string property;        // the property the mutant fails on the shrunk case
+  std::string first_property;  // the property it failed on the first failing case (the one
+                               // generated at failing_index); differs when shrinking moved on
   std::string detail;          // format_outcome of the failure on the shrunk case
   uint64_t cases = 0;          // cases run up to and including the first failure (or all, survived)
   double seconds = 0;          // to the first failure (or the whole budget)
@@ -85,6 +90,24 @@ const char* mutant_kind_name(MutantKind k);
 // Throws std::runtime_error when the kind cannot run in this build (GPU without CUDA).
 std::vector<MutantResult> run_mutants(const MutationOptions& o,
                                       const std::function<void(const MutantResult&)>& progress);
+
+// A kill shrunk to a minimal case (run_mutants does it for each killed mutant).
+struct ShrunkKill {
+  Case minimal;             // explicit index lists
+  PropertyOutcome failure;  // the mutant's failure on `minimal`; the control passes its property
+  int steps = 0;            // accepted simplifications
+  bool budget_exhausted = false;
+};
+
+// Shrinks `failing`, on which `mutant` fails `first` and `control` passes first.property, to a
+// minimal case on which the mutant still fails some property of `properties` (empty: all; "run"
+// always) that the control passes on the same case. Two greedy phases (shrink_case's steps,
+// then entries invalidated in place) within `budget_seconds`: first.property alone, then any
+// property from where that stopped. In the second, each candidate is checked with first.property
+// first and with the others only when it does not fail (every evaluation runs the kernels).
+ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
+                       Backend& control, const std::vector<std::string>& properties,
+                       double budget_seconds);
 
 // Valid (index, topk_length, convention) entries over all rows of an explicit-index case.
 int count_valid_tokens(const Case& c);

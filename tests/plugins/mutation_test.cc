@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/campaign/backend_lookup.h"
+#include "tests/harness/test_util.h"
 
 namespace mlafuzz {
 namespace {
@@ -48,6 +49,7 @@ TEST_F(CpuMutants, EveryHostMutantIsKilledAndOnlyTheRaceIsSkipped) {
     EXPECT_TRUE(r.control_passed) << r.name
                                   << ": the unmutated cpu-mma fails too: " << r.control_detail;
     EXPECT_FALSE(r.property.empty()) << r.name;
+    EXPECT_FALSE(r.first_property.empty()) << r.name;
   }
 }
 
@@ -90,10 +92,88 @@ TEST_F(CpuMutants, JsonReportIsComplete) {
   for (const auto& m : j["mutants"]) {
     if (m["status"] == "killed") {
       EXPECT_TRUE(m.contains("property"));
+      EXPECT_TRUE(m.contains("first_property"));
       EXPECT_TRUE(m["shrunk"].contains("case"));
       EXPECT_GE(m["cases"].get<int>(), 1);
     }
   }
+}
+
+// A planted bug that two properties see, as cuda-mma~store-padded-columns on the H200: every
+// run overwrites an output guard element ("poison" fails on any case) and, from three rows up,
+// rows race (every other run flips an output bit: "determinism" fails). The correct cpu-mma
+// computes the rest.
+class RowRaceBackend : public Backend {
+ public:
+  explicit RowRaceBackend(int race_rows = 3) : race_rows_(race_rows) {}
+  std::string name() const override { return "cpu-mma~row-race"; }
+  Precision precision() const override { return inner_->precision(); }
+  RunResult run(const MaterializedCase& m) override {
+    RunResult r = inner_->run(m);
+    r.guard_violations += 1;
+    if (m.batch >= race_rows_ && ++races_ % 2 == 0) r.out_raw.at(OutputBuffers::kGuard) ^= 1;
+    return r;
+  }
+
+ private:
+  const int race_rows_;
+  std::unique_ptr<Backend> inner_ = make_backend("cpu-mma");
+  uint64_t races_ = 0;
+};
+
+// Six rows and three heads, on which the mutant fails determinism first.
+class ShrinkKill : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    big_ = testing::small_case();
+    big_.batch = 6;
+    first_ = find_failure(big_, "determinism");
+  }
+  // The mutant's failure of `property` on c, which the control passes.
+  PropertyOutcome find_failure(const Case& c, const std::string& property) {
+    const CaseEvaluation ev = evaluate_case(c, {&mutant_}, {property});
+    const auto f = ev.failures();
+    EXPECT_EQ(f.size(), 1u) << property;
+    EXPECT_FALSE(evaluate_case(c, {control_.get()}, {property}).failed()) << property;
+    return f.empty() ? PropertyOutcome{} : *f.front();
+  }
+  RowRaceBackend mutant_;
+  std::unique_ptr<Backend> control_ = make_backend("cpu-mma");
+  Case big_;
+  PropertyOutcome first_;
+};
+
+// Killed first by determinism, the bug still shows through poison on one row: the shrinker
+// follows it there (it once stopped at B=3, the smallest race) and reports poison.
+TEST_F(ShrinkKill, FollowsAnotherPropertyBelowTheFirstKillsSize) {
+  ASSERT_EQ(first_.property, "determinism");
+  const ShrunkKill k = shrink_kill(big_, first_, mutant_, *control_, {"determinism", "poison"}, 30);
+  EXPECT_FALSE(k.budget_exhausted);
+  EXPECT_EQ(k.minimal.batch, 1);
+  EXPECT_EQ(k.minimal.heads, 1);
+  EXPECT_EQ(k.failure.property, "poison") << format_outcome(k.failure);
+  EXPECT_TRUE(k.failure.applicable);
+  EXPECT_FALSE(k.failure.passed);
+  // The reported failure is the minimal case's own.
+  EXPECT_EQ(find_failure(k.minimal, "poison").detail, k.failure.detail);
+}
+
+// The first property is kept while it fails, and properties the campaign left out are never
+// used: with determinism alone the smallest case is the smallest race.
+TEST_F(ShrinkKill, KeepsTheFirstPropertyWhileItFailsAndOnlyEnabledOnes) {
+  const ShrunkKill k = shrink_kill(big_, first_, mutant_, *control_, {"determinism"}, 30);
+  EXPECT_EQ(k.minimal.batch, 3);
+  EXPECT_EQ(k.failure.property, "determinism") << format_outcome(k.failure);
+}
+
+// A failure the control shares never counts: with a control that overwrites a guard element too
+// (it fails poison, never determinism) only the race is left.
+TEST_F(ShrinkKill, AFailureTheControlSharesIsNotFollowed) {
+  RowRaceBackend poisoned_control(/*race_rows=*/1 << 30);
+  const ShrunkKill k =
+      shrink_kill(big_, first_, mutant_, poisoned_control, {"determinism", "poison"}, 30);
+  EXPECT_EQ(k.minimal.batch, 3);
+  EXPECT_EQ(k.failure.property, "determinism") << format_outcome(k.failure);
 }
 
 TEST(MutantNames, RoundTrip) {
