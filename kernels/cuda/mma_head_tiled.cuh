@@ -3,13 +3,14 @@
 // One thread block per (batch row, block of BH heads); 4*BH/16 warps (16 for BH = 32 and 64).
 // Warp w works for head group hg = w % G (16 heads: the MMA M dimension) and position
 // q = w / G inside it. Per tile of kMmaTokenTile = 64 selected tokens:
-//   B1  raw bytes of the tile (gathered with cp.async during the previous tile) are ready
+//   B1  raw bytes of the tile (gathered with cp.async during the previous tile) are ready and
+//       the previous tile's P*V is done with Ks (removed by Mutant::kMissingBarrier)
 //   dequant: every thread turns raw bytes into the bf16 K tile Ks[64][576+8] once for all heads
 //            (fp8 * scale exact in fp32, cvt to bf16 exact); masked tokens and padded columns
 //            are written as zeros and their bytes are never loaded. What a lane does with its
 //            8-column units (fp8, rope copy or zeros, and where its scale sits) is worked out
 //            once per launch, not per tile.
-//   B2  (removed by Mutant::kMissingBarrier)
+//   B2  Ks ready for every warp
 //   gather: the next tile's raw bytes are requested (cp.async), overlapping the MMAs below
 //   S:  warp (hg, q) computes S = Q K^T for its 16 heads and tokens [TOK*q, +TOK) with mma.sync
 //       m16n8k16 bf16 (ldmatrix fragments), scales by sm_scale in fp32 AFTER the product (-inf
@@ -225,7 +226,10 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     const int buf = tile & 1;
     if (tile + 1 < n_tiles) next_idx = load_idx(tile + 1);
     cp_async_wait_all();
-    __syncthreads();  // B1: raw tile and s_valid[buf] ready; the previous PV is done with Ks, Ps
+    // B1: the previous tile's P*V is done with Ks (kMissingBarrier drops it: warps that finish
+    // P*V early overwrite K rows that slower warps still read as V). Each warp dequantizes the
+    // rows it gathered itself, so its own cp.async wait covers the raw bytes.
+    if constexpr (M != Mutant::kMissingBarrier) __syncthreads();
 
     // ---- dequantize the tile to bf16 Ks, once for all heads ----
     // Warp w converts rows w + NW*jj. The branches on a unit's kind and on the layout enclose
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
         dequant(std::false_type{});
       }
     }
-    if constexpr (M != Mutant::kMissingBarrier) __syncthreads();  // B2: Ks ready, raw free
+    __syncthreads();  // B2: Ks ready, raw free
 
     if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
 
