@@ -15,10 +15,7 @@
 #include "harness/fileio.h"
 #include "harness/materialize.h"
 #include "kernels/common/tiling.h"
-
-#ifndef MLAFUZZ_GIT_COMMIT
-#define MLAFUZZ_GIT_COMMIT "unknown"
-#endif
+#include "mlafuzz_build_commit.h"  // MLAFUZZ_GIT_COMMIT, generated at build time
 
 namespace mlafuzz {
 namespace {

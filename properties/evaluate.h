@@ -208,7 +208,8 @@ std::vector<std::string> list_corpus(const std::string& dir);
 // "mlafuzz repro PATH --backends NAME" (backends omitted when empty).
 std::string repro_command(const std::string& path, const std::string& backends);
 
-// Build commit baked at configure time (MLAFUZZ_GIT_COMMIT), "unknown" if none.
+// Build commit taken at every build (cmake/build_commit.cmake): 12 hex digits, "-dirty" when
+// tracked files differed from it, "unknown" outside a git checkout.
 const char* build_commit();
 
 }  // namespace mlafuzz

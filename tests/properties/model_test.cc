@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <regex>
 #include <set>
+#include <string>
 
 #include "harness/backend.h"
 #include "harness/materialize.h"
@@ -40,6 +42,13 @@ RunResult rounded_oracle(const OracleResult& ref) {
   for (double v : ref.out) r.out.push_back(mla::round_to_bf16(static_cast<float>(v)));
   for (double v : ref.lse) r.lse.push_back(static_cast<float>(v));
   return r;
+}
+
+// Reports and corpus entries name the code they ran on: the commit is taken at every build.
+TEST(Corpus, BuildCommitIsACommitOrUnknown) {
+  const std::string c = build_commit();
+  if (c == "unknown") GTEST_SKIP() << "built outside a git checkout";
+  EXPECT_TRUE(std::regex_match(c, std::regex("[0-9a-f]{12}(-dirty)?"))) << c;
 }
 
 TEST(Tolerance, Bf16RoundingInterval) {
