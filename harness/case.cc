@@ -299,6 +299,16 @@ Case read_case(const json& j, const std::string& prefix) {
     });
     s.finish();
   });
+  r.optional("q_source", [&](const json& v, const std::string& p) {
+    ObjectReader s(v, p);
+    Case::QSource q;
+    s.required("heads", [&](const json& x, const std::string& w) { q.heads = read_i32(x, w); });
+    s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
+    s.required("head_ids",
+               [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
+    s.finish();
+    c.q_source = std::move(q);
+  });
   r.optional("q_head_pad",
              [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
   r.optional("out_head_pad",
@@ -394,6 +404,15 @@ std::string at(const std::string& base, size_t i) { return base + "[" + std::to_
 double Case::effective_sm_scale() const {
   // FlashMLA's default softmax scale: 1 / sqrt(d_qk).
   return sm_scale ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(d_qk()));
+}
+
+Case::QSource explicit_q_source(const Case& c) {
+  if (c.q_source) return *c.q_source;
+  Case::QSource q;
+  q.heads = c.heads;
+  for (int32_t b = 0; b < c.batch; ++b) q.rows.push_back(b);
+  for (int32_t h = 0; h < c.heads; ++h) q.head_ids.push_back(h);
+  return q;
 }
 
 void validate(const Case& c) {
@@ -499,6 +518,24 @@ void validate(const Case& c) {
       check(!std::isnan((*c.sink)[h]), at("sink", h), "is NaN (only finite values or +-inf)");
     }
   }
+  if (c.q_source) {
+    const Case::QSource& q = *c.q_source;
+    check(q.heads >= 1, "q_source.heads", "must be >= 1");
+    check(q.rows.size() == static_cast<size_t>(c.batch), "q_source.rows",
+          "has " + std::to_string(q.rows.size()) +
+              " entries, expected batch = " + std::to_string(c.batch));
+    for (size_t b = 0; b < q.rows.size(); ++b) {
+      check(q.rows[b] >= 0, at("q_source.rows", b), "must be >= 0");
+    }
+    check(q.head_ids.size() == static_cast<size_t>(c.heads), "q_source.head_ids",
+          "has " + std::to_string(q.head_ids.size()) +
+              " entries, expected heads = " + std::to_string(c.heads));
+    for (size_t h = 0; h < q.head_ids.size(); ++h) {
+      check(q.head_ids[h] >= 0 && q.head_ids[h] < q.heads, at("q_source.head_ids", h),
+            std::to_string(q.head_ids[h]) +
+                " is outside [0, q_source.heads = " + std::to_string(q.heads) + ")");
+    }
+  }
   if (c.sm_scale) {
     const double s = *c.sm_scale;
     check(std::isfinite(s) && std::isfinite(static_cast<float>(s)), "sm_scale",
@@ -553,6 +590,11 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
   j["conventions"] = json{{"invalid_index", enum_name(kInvalidRules, c.conventions.invalid_index)},
                           {"empty_lse", enum_name(kEmptyLse, c.conventions.empty_lse)},
                           {"sink_in_lse", c.conventions.sink_in_lse}};
+  if (c.q_source) {
+    j["q_source"] = json{{"heads", c.q_source->heads},
+                         {"rows", c.q_source->rows},
+                         {"head_ids", c.q_source->head_ids}};
+  }
   j["q_head_pad"] = c.q_head_pad;
   j["out_head_pad"] = c.out_head_pad;
   j["q_values"] = write_value_spec(c.q_values);

@@ -102,6 +102,16 @@ struct Case {
   std::optional<double> sm_scale;                   // default d_qk^-0.5
   mla::Conventions conventions;
 
+  // Where the q values of each row and head are drawn from. q is drawn per (row, head)
+  // position of a case with `heads` heads; shrinking keeps a subset of rows and heads and records
+  // here which ones, so that a kept head keeps its values. Absent: the case's own positions.
+  struct QSource {
+    int32_t heads = 0;              // heads of the case the values are drawn for
+    std::vector<int32_t> rows;      // [batch] its row of each row
+    std::vector<int32_t> head_ids;  // [heads] its head of each head, < heads
+  };
+  std::optional<QSource> q_source;
+
   // Extra elements per head row of q and out (strided buffers), filled per `pad_fill`.
   int32_t q_head_pad = 0;
   int32_t out_head_pad = 0;
@@ -117,6 +127,9 @@ struct Case {
   int32_t d_v() const { return mla::d_v(geom); }
   double effective_sm_scale() const;
 };
+
+// c.q_source, or the identity map of c's own rows and heads when it has none.
+Case::QSource explicit_q_source(const Case& c);
 
 // Throws CaseError naming the first inconsistent field (S0 too small, nope not a multiple of
 // the scale tile, index out of range, wrong list lengths, unknown enum value, ...).

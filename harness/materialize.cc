@@ -277,10 +277,15 @@ float kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
 }
 
 float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d) {
+  uint64_t row = static_cast<uint64_t>(b), head = static_cast<uint64_t>(h);
+  uint64_t heads = static_cast<uint64_t>(c.heads);
+  if (c.q_source) {  // a shrunk case: the values of the row and head it kept
+    row = static_cast<uint64_t>(c.q_source->rows[static_cast<size_t>(b)]);
+    head = static_cast<uint64_t>(c.q_source->head_ids[static_cast<size_t>(h)]);
+    heads = static_cast<uint64_t>(c.q_source->heads);
+  }
   const uint64_t e =
-      (static_cast<uint64_t>(b) * static_cast<uint64_t>(c.heads) + static_cast<uint64_t>(h)) *
-          static_cast<uint64_t>(c.d_qk()) +
-      static_cast<uint64_t>(d);
+      (row * heads + head) * static_cast<uint64_t>(c.d_qk()) + static_cast<uint64_t>(d);
   return static_cast<float>(draw_value(c.q_values, c.data_seed, Stream::kQ, e, kTagQ));
 }
 

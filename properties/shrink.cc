@@ -34,16 +34,23 @@ bool entry_valid(const Case& c, int b, int k) {
                           row_len(c, b), c.conventions);
 }
 
+// Kept rows and heads keep their q values (Case::q_source) as well as their indices, lengths
+// and sinks: the smaller case computes the same rows and heads, not others.
 Case select_rows(const Case& c, const std::vector<int>& rows) {
   Case r = c;
   r.batch = static_cast<int32_t>(rows.size());
   r.indices.clear();
   std::vector<int32_t> len;
+  const Case::QSource from = explicit_q_source(c);
+  Case::QSource q = from;
+  q.rows.clear();
   for (int b : rows) {
     r.indices.push_back(c.indices[static_cast<size_t>(b)]);
     if (c.topk_length) len.push_back((*c.topk_length)[static_cast<size_t>(b)]);
+    q.rows.push_back(from.rows[static_cast<size_t>(b)]);
   }
   if (c.topk_length) r.topk_length = len;
+  r.q_source = std::move(q);
   return r;
 }
 
@@ -55,6 +62,11 @@ Case select_heads(const Case& c, const std::vector<int>& heads) {
     for (int h : heads) s.push_back((*c.sink)[static_cast<size_t>(h)]);
     r.sink = s;
   }
+  const Case::QSource from = explicit_q_source(c);
+  Case::QSource q = from;
+  q.head_ids.clear();
+  for (int h : heads) q.head_ids.push_back(from.head_ids[static_cast<size_t>(h)]);
+  r.q_source = std::move(q);
   return r;
 }
 
@@ -114,6 +126,37 @@ std::vector<Case> fewer_tokens(const Case& c) {
       }
       out.push_back(select_positions(c, keep));
     }
+  }
+  return out;
+}
+
+// Valid entries turned into -1 in place: chunks of the valid entries (of every row) of halving
+// size, down to single entries once at most 64 are left (at most ~128 candidates). Fewer tokens
+// without moving the others: removing list positions (fewer_tokens) shifts the remaining entries
+// across token-tile boundaries, so a bug that needs tokens in two tiles (a softmax rescale
+// forgotten across tiles) vanishes and the case stays at ~100 entries; in place, it keeps one
+// token per tile.
+std::vector<Case> invalidate_in_place(const Case& c) {
+  std::vector<std::pair<int, int>> valid;
+  for (int b = 0; b < c.batch; ++b) {
+    for (int k = 0; k < c.topk; ++k) {
+      if (entry_valid(c, b, k)) valid.emplace_back(b, k);
+    }
+  }
+  const int n = static_cast<int>(valid.size());
+  std::vector<Case> out;
+  if (n == 0) return out;
+  const int smallest = std::max(1, n / 64);
+  for (int chunk = std::max(1, n / 2);; chunk = std::max(smallest, chunk / 2)) {
+    for (int start = 0; start < n; start += chunk) {
+      Case r = c;
+      for (int i = start; i < std::min(n, start + chunk); ++i) {
+        const auto [b, k] = valid[static_cast<size_t>(i)];
+        r.indices[static_cast<size_t>(b)][static_cast<size_t>(k)] = -1;
+      }
+      out.push_back(std::move(r));
+    }
+    if (chunk == smallest) break;
   }
   return out;
 }
@@ -291,6 +334,9 @@ std::vector<ShrinkStep> make_steps() {
                  return one_if(c.pad_fill != Fill::kZero, r);
                }});
   s.push_back({"no head padding", no_padding});
+  // Last: it only runs once nothing else simplifies, and each accepted candidate starts the
+  // other steps again.
+  s.push_back({"fewer valid tokens in place", invalidate_in_place});
   return s;
 }
 

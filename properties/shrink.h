@@ -4,7 +4,9 @@
 //   tokens (halve topk, drop halves of every list, then single entries), topk_length removed,
 //   fewer pages (compact the used pages), identity page order, minimum stride, scales fixed at
 //   127 (scale 1) or the writer's, small-integer values, no sink, default sm_scale and
-//   conventions, zero pad fill, no q/out head padding.
+//   conventions, zero pad fill, no q/out head padding, and last fewer valid tokens in place
+//   (valid entries turned into -1, halving chunks then single ones: the others keep their token
+//   tiles).
 // Passes repeat until none is accepted (a fixed point) or the wall-clock budget is spent.
 #pragma once
 

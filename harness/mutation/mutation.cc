@@ -54,33 +54,6 @@ std::unique_ptr<Backend> make_kind_backend(const MutationOptions& o, const std::
   return std::make_unique<campaign::ProxyBackend>(std::move(slot), o.case_timeout_seconds);
 }
 
-// A shrink step shrink_case lacks (proposed for it): invalidate entries in place (index -1)
-// while `still_fails` holds. Removing list positions, as shrink_case does, shifts the remaining
-// entries across token-tile boundaries; a bug that needs two tiles (no-rescale: a larger max in
-// the second tile) then vanishes and the case stays at ~100 entries. In place, it keeps one
-// token per tile. Greedy, one entry at a time, until a fixed point or the deadline.
-Case invalidate_entries(Case c, const std::function<bool(const Case&)>& still_fails,
-                        Clock::time_point deadline, int* steps) {
-  for (bool changed = true; changed && Clock::now() < deadline;) {
-    changed = false;
-    for (int b = 0; b < c.batch; ++b) {
-      for (int k = 0; k < c.topk && Clock::now() < deadline; ++k) {
-        int32_t& idx = c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)];
-        if (idx == -1) continue;
-        const int32_t keep = idx;
-        idx = -1;
-        if (still_fails(c)) {
-          changed = true;
-          ++*steps;
-        } else {
-          idx = keep;
-        }
-      }
-    }
-  }
-  return c;
-}
-
 // Does the unmutated backend pass `property` on c? A failure the control shares is not the
 // mutant's doing (a tolerance-model gap or a bug of the base kernel): it never counts as a kill,
 // and shrinking never drifts into such a case.
@@ -224,8 +197,7 @@ ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backen
     const ShrinkResult s = shrink_case(k.minimal, still_fails, left);
     k.steps += s.steps;
     k.budget_exhausted = k.budget_exhausted || s.budget_exhausted;
-    k.minimal =
-        invalidate_entries(with_explicit_indices(s.minimal), still_fails, deadline, &k.steps);
+    k.minimal = s.minimal;
   }
   return k;
 }

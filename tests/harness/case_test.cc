@@ -51,6 +51,7 @@ Case everything_case() {
   c.scales = {ScaleMode::kRandom, 100, 140};
   c.pad_fill = Fill::kGarbage;
   c.data_seed = 18446744073709551615ull;  // 2^64 - 1: the full seed range survives JSON
+  c.q_source = Case::QSource{7, {5, 0}, {6, 6, 1, 0}};
   return c;
 }
 
@@ -80,6 +81,10 @@ TEST(CaseJson, RoundTripKeepsEveryField) {
   EXPECT_EQ(back.scales.exp_hi, 140);
   EXPECT_EQ(back.pad_fill, Fill::kGarbage);
   EXPECT_EQ(back.data_seed, c.data_seed);
+  ASSERT_TRUE(back.q_source.has_value());
+  EXPECT_EQ(back.q_source->heads, 7);
+  EXPECT_EQ(back.q_source->rows, (std::vector<int32_t>{5, 0}));
+  EXPECT_EQ(back.q_source->head_ids, (std::vector<int32_t>{6, 6, 1, 0}));
 }
 
 TEST(CaseJson, NonFiniteDoublesAreStrings) {
@@ -224,6 +229,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TopkLengthNegative",
                 [](Case& c) { c.topk_length = std::vector<int32_t>{-1, 0}; }, "topk_length[0]"},
         BadCase{"SinkCount", [](Case& c) { c.sink = std::vector<double>{0, 0}; }, "sink"},
+        BadCase{"QSourceRows", [](Case& c) { c.q_source = Case::QSource{3, {0}, {0, 1, 2}}; },
+                "q_source.rows"},
+        BadCase{"QSourceHeadCount",
+                [](Case& c) { c.q_source = Case::QSource{3, {0, 1}, {0, 1}}; },
+                "q_source.head_ids"},
+        BadCase{"QSourceHeadRange",
+                [](Case& c) { c.q_source = Case::QSource{2, {0, 1}, {0, 1, 2}}; },
+                "q_source.head_ids[2]"},
+        BadCase{"QSourceHeads", [](Case& c) { c.q_source = Case::QSource{0, {0, 1}, {0, 0, 0}}; },
+                "q_source.heads"},
         BadCase{"SinkNaN",
                 [](Case& c) {
                   c.sink = std::vector<double>{0, std::numeric_limits<double>::quiet_NaN(), 0};

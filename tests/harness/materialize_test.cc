@@ -132,6 +132,40 @@ TEST(Materialize, QIsBf16OfTheDrawnValue) {
   }
 }
 
+// A case that keeps row 1 and heads 2, 0 of a larger one (Case::q_source, written by the
+// shrinker) draws exactly their q values.
+TEST(Materialize, QSourceKeepsTheValuesOfTheKeptRowsAndHeads) {
+  const Case c = golden_options();
+  ASSERT_GE(c.batch, 2);
+  ASSERT_GE(c.heads, 3);
+  const MaterializedCase m = materialize(c);
+  Case sub = c;
+  sub.batch = 1;
+  sub.heads = 2;
+  sub.indices = {generate_indices(c)[1]};
+  if (c.topk_length) sub.topk_length = std::vector<int32_t>{(*c.topk_length)[1]};
+  if (c.sink) sub.sink = std::vector<double>{(*c.sink)[2], (*c.sink)[0]};
+  sub.q_source = Case::QSource{c.heads, {1}, {2, 0}};
+  const MaterializedCase s = materialize(sub);
+  const int h_of[2] = {2, 0};
+  for (int h = 0; h < 2; ++h) {
+    for (int d = 0; d < m.d_qk(); ++d) {
+      ASSERT_EQ(s.q[static_cast<size_t>(h * s.q_head_stride + d)],
+                m.q[static_cast<size_t>((1 * m.heads + h_of[h]) * m.q_head_stride + d)])
+          << "head " << h << " d " << d;
+    }
+  }
+  // Without it, the smaller case draws other values for its first head.
+  sub.q_source.reset();
+  const MaterializedCase o = materialize(sub);
+  bool same = true;
+  for (int d = 0; d < m.d_qk(); ++d) {
+    same = same && o.q[static_cast<size_t>(d)] ==
+                       m.q[static_cast<size_t>((1 * m.heads + 2) * m.q_head_stride + d)];
+  }
+  EXPECT_FALSE(same);
+}
+
 TEST(Materialize, InvalidRecipeThrows) {
   Case c = small_case();
   c.geom.nope_dim = 100;

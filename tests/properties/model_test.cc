@@ -14,6 +14,8 @@
 #include "harness/backend.h"
 #include "harness/materialize.h"
 #include "kernels/common/fp_formats.h"
+#include "kernels/common/mla_params.h"
+#include "kernels/common/tiling.h"
 #include "oracle/oracle.h"
 #include "properties/corpus.h"
 #include "properties/evaluate.h"
@@ -231,6 +233,64 @@ TEST(Shrink, SyntheticPredicateShrinksToTheMinimum) {
   EXPECT_EQ(r.minimal.q_head_pad, 0);
   EXPECT_LE(r.minimal.geom.num_pages, 2);
   EXPECT_GT(r.steps, 0);
+}
+
+// A bug that needs valid tokens in two token tiles (a softmax rescale forgotten across tiles):
+// removing list positions moves the later tokens into the first tile, so only turning entries
+// into -1 in place reaches one valid token per tile.
+TEST(Shrink, TwoTileBugKeepsOneValidTokenPerTile) {
+  Case c = with_explicit_indices(small_case());
+  c.batch = 1;
+  c.topk = 160;
+  c.topk_length.reset();
+  c.indices.assign(1, std::vector<int32_t>(160));
+  for (int k = 0; k < c.topk; ++k) c.indices[0][static_cast<size_t>(k)] = k % 8;
+  ASSERT_NO_THROW(validate(c));
+  const auto tiles_with_valid = [](const Case& x) {
+    const Case e = with_explicit_indices(x);
+    std::set<int> tiles;
+    for (int k = 0; k < e.topk; ++k) {
+      const int32_t len = e.topk_length ? (*e.topk_length)[0] : -1;
+      if (mla::index_valid(e.indices[0][static_cast<size_t>(k)], k, len, e.conventions)) {
+        tiles.insert(k / mla::kMmaTokenTile);
+      }
+    }
+    return tiles.size() >= 2;
+  };
+  ASSERT_TRUE(tiles_with_valid(c));
+  const ShrinkResult r = shrink_case(c, tiles_with_valid, 30);
+  EXPECT_FALSE(r.budget_exhausted);
+  EXPECT_TRUE(tiles_with_valid(r.minimal));
+  EXPECT_EQ(case_size(r.minimal).valid_tokens, 2);
+}
+
+// A failure that only one (row, head) shows, through its q values: the shrinker keeps that row
+// and head with their values (Case::q_source), so it ends at B = 1, H = 1. Without q_source the
+// kept head would be renumbered to (0, 0) and draw other values, and the case could not shrink.
+TEST(Shrink, KeptRowsAndHeadsKeepTheirQValues) {
+  const Case c = with_explicit_indices(small_case());  // B = 2, H = 3
+  const MaterializedCase m = materialize(c);
+  const auto q_of = [](const MaterializedCase& x, int b, int h) {
+    const auto at = x.q.begin() + (static_cast<int64_t>(b) * x.heads + h) * x.q_head_stride;
+    return std::vector<uint16_t>(at, at + x.d_qk());
+  };
+  const std::vector<uint16_t> target = q_of(m, 1, 2);
+  const auto shows = [&](const Case& x) {
+    const MaterializedCase mx = materialize(x);
+    for (int b = 0; b < mx.batch; ++b) {
+      for (int h = 0; h < mx.heads; ++h) {
+        if (q_of(mx, b, h) == target) return true;
+      }
+    }
+    return false;
+  };
+  const ShrinkResult r = shrink_case(c, shows, 30);
+  EXPECT_EQ(r.minimal.batch, 1);
+  EXPECT_EQ(r.minimal.heads, 1);
+  ASSERT_TRUE(r.minimal.q_source.has_value());
+  EXPECT_EQ(r.minimal.q_source->rows, std::vector<int32_t>{1});
+  EXPECT_EQ(r.minimal.q_source->head_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(r.minimal.q_source->heads, 3);
 }
 
 TEST(Shrink, ThrowingPredicateRejectsTheCandidate) {
