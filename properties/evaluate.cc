@@ -374,6 +374,9 @@ class Evaluator {
       Bounds bound;
       if (be.precision() == Precision::kCustom) {
         bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
+      } else if (tile_topk == 0 || tile_topk == ctx_.m.topk) {  // the clean run's own bound
+        const Bounds& own = ctx_.pipeline_bounds(be.precision());
+        bound = add_bounds(own, own);
       } else {
         bound =
             add_bounds(ctx_.pipeline_bounds(be.precision()),

@@ -84,9 +84,10 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
     const Eigen::MatrixXd Q = q_matrix(m, b);
     const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
-    const auto V = row.K.leftCols(dv);                                            // [n, dv]
-    const Eigen::MatrixXd Vabs = V.cwiseAbs();
-    Eigen::VectorXd e(n), w(n), c(n), wabs_part(n), under(n);
+    // V = K.leftCols(dv), column-major: column d is row.K.col(d), contiguous over the tokens.
+    Eigen::VectorXd e(n), w(n), c(n), under(n);
+    std::vector<double> wt(static_cast<size_t>(dv)), wv(static_cast<size_t>(dv)),
+        uv(static_cast<size_t>(dv));
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
@@ -149,18 +150,23 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
       }
       const double grow = std::exp(e_max);
       const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
-      const Eigen::RowVectorXd o = Eigen::Map<const Eigen::RowVectorXd>(O, dv);
-      // sum_k c_k |V_kd - O_d|: the weight-error term (step 2), exact in |V - O|.
-      const Eigen::RowVectorXd wt = c.transpose() * (V.rowwise() - o).cwiseAbs();
-      const Eigen::RowVectorXd wv = w.transpose() * Vabs;  // sum_k w_k |V_kd|
-      const Eigen::RowVectorXd uv = under.transpose() * Vabs;
+      // One pass over V per head: sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact
+      // in |V - O|), sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd|.
+      const bool any_under = (under.array() != 0.0).any();
+      for (int32_t d = 0; d < dv; ++d) {
+        const Eigen::Map<const Eigen::ArrayXd> v(row.K.col(d).data(), n);
+        wt[static_cast<size_t>(d)] = (c.array() * (v - O[d]).abs()).sum();
+        wv[static_cast<size_t>(d)] = (w.array() * v.abs()).sum();
+        uv[static_cast<size_t>(d)] = any_under ? (under.array() * v.abs()).sum() : 0.0;
+      }
       for (int32_t d = 0; d < dv; ++d) {
         const double od = std::fabs(O[d]);
-        double first = grow * (wt(d) + w_s * std::expm1(e_s) * od);
-        first += grow * (g_num * wv(d) + g_den * od);
-        if (p.bf16_p) first += grow * kU16 * wv(d);
-        double abs_terms = p.eta * (T + nt + 4) + uv(d);
-        if (sink_overflow) abs_terms += od + wv(d);
+        const double wvd = wv[static_cast<size_t>(d)];
+        double first = grow * (wt[static_cast<size_t>(d)] + w_s * std::expm1(e_s) * od);
+        first += grow * (g_num * wvd + g_den * od);
+        if (p.bf16_p) first += grow * kU16 * wvd;
+        double abs_terms = p.eta * (T + nt + 4) + uv[static_cast<size_t>(d)];
+        if (sink_overflow) abs_terms += od + wvd;
         ob[d] = first * kSecondOrder + abs_terms;
       }
     }
