@@ -406,12 +406,35 @@ double Case::effective_sm_scale() const {
   return sm_scale ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(d_qk()));
 }
 
+namespace {
+
+// c.q_source, or the identity map of c's own rows and heads when it has none.
 Case::QSource explicit_q_source(const Case& c) {
   if (c.q_source) return *c.q_source;
   Case::QSource q;
   q.heads = c.heads;
   for (int32_t b = 0; b < c.batch; ++b) q.rows.push_back(b);
   for (int32_t h = 0; h < c.heads; ++h) q.head_ids.push_back(h);
+  return q;
+}
+
+std::vector<int32_t> pick(const std::vector<int32_t>& from, const std::vector<int>& which) {
+  std::vector<int32_t> v;
+  for (int i : which) v.push_back(from[static_cast<size_t>(i)]);
+  return v;
+}
+
+}  // namespace
+
+Case::QSource q_source_of_rows(const Case& c, const std::vector<int>& rows) {
+  Case::QSource q = explicit_q_source(c);
+  q.rows = pick(q.rows, rows);
+  return q;
+}
+
+Case::QSource q_source_of_heads(const Case& c, const std::vector<int>& heads) {
+  Case::QSource q = explicit_q_source(c);
+  q.head_ids = pick(q.head_ids, heads);
   return q;
 }
 

@@ -128,8 +128,10 @@ struct Case {
   double effective_sm_scale() const;
 };
 
-// c.q_source, or the identity map of c's own rows and heads when it has none.
-Case::QSource explicit_q_source(const Case& c);
+// The q source of a case that keeps rows `rows` (or heads `heads`), in that order, of c: the
+// kept rows and heads draw the q values they had in c.
+Case::QSource q_source_of_rows(const Case& c, const std::vector<int>& rows);
+Case::QSource q_source_of_heads(const Case& c, const std::vector<int>& heads);
 
 // Throws CaseError naming the first inconsistent field (S0 too small, nope not a multiple of
 // the scale tile, index out of range, wrong list lengths, unknown enum value, ...).

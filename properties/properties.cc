@@ -163,9 +163,7 @@ MaterializedCase batch_row_alone(const MaterializedCase& m, int b) {
                    m.indices.begin() + static_cast<int64_t>(b + 1) * m.topk);
   if (!m.topk_length.empty()) r.topk_length = {m.topk_length[static_cast<size_t>(b)]};
   if (r.recipe.topk_length) r.recipe.topk_length = r.topk_length;
-  Case::QSource q = explicit_q_source(m.recipe);  // the recipe draws the same q as the buffer
-  q.rows = {q.rows[static_cast<size_t>(b)]};
-  r.recipe.q_source = std::move(q);
+  r.recipe.q_source = q_source_of_rows(m.recipe, {b});  // the recipe draws the buffer's q
   set_shape(r);
   return r;
 }
@@ -180,9 +178,7 @@ MaterializedCase head_alone(const MaterializedCase& m, int h) {
   }
   if (!m.sink.empty()) r.sink = {m.sink[static_cast<size_t>(h)]};
   if (r.recipe.sink) r.recipe.sink = std::vector<double>{(*m.recipe.sink)[static_cast<size_t>(h)]};
-  Case::QSource q = explicit_q_source(m.recipe);  // the recipe draws the same q as the buffer
-  q.head_ids = {q.head_ids[static_cast<size_t>(h)]};
-  r.recipe.q_source = std::move(q);
+  r.recipe.q_source = q_source_of_heads(m.recipe, {h});  // the recipe draws the buffer's q
   set_shape(r);
   return r;
 }

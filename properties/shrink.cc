@@ -41,16 +41,12 @@ Case select_rows(const Case& c, const std::vector<int>& rows) {
   r.batch = static_cast<int32_t>(rows.size());
   r.indices.clear();
   std::vector<int32_t> len;
-  const Case::QSource from = explicit_q_source(c);
-  Case::QSource q = from;
-  q.rows.clear();
   for (int b : rows) {
     r.indices.push_back(c.indices[static_cast<size_t>(b)]);
     if (c.topk_length) len.push_back((*c.topk_length)[static_cast<size_t>(b)]);
-    q.rows.push_back(from.rows[static_cast<size_t>(b)]);
   }
   if (c.topk_length) r.topk_length = len;
-  r.q_source = std::move(q);
+  r.q_source = q_source_of_rows(c, rows);
   return r;
 }
 
@@ -62,11 +58,7 @@ Case select_heads(const Case& c, const std::vector<int>& heads) {
     for (int h : heads) s.push_back((*c.sink)[static_cast<size_t>(h)]);
     r.sink = s;
   }
-  const Case::QSource from = explicit_q_source(c);
-  Case::QSource q = from;
-  q.head_ids.clear();
-  for (int h : heads) q.head_ids.push_back(from.head_ids[static_cast<size_t>(h)]);
-  r.q_source = std::move(q);
+  r.q_source = q_source_of_heads(c, heads);
   return r;
 }
 

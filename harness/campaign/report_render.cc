@@ -243,14 +243,19 @@ Axis fit_axis(std::vector<double> v, bool log, double p0, double p1) {
 
 constexpr int kW = 520, kH = 300, kL = 60, kR = 12, kT = 28, kB = 42;
 
-void svg_frame(std::ostringstream& s, const std::string& title, const Axis& x, const Axis& y,
-               const std::string& xlabel, const std::string& ylabel) {
+// Opens a chart: the svg element, its title and the plot area's frame.
+void svg_open(std::ostringstream& s, const std::string& title) {
   s << "<svg class=\"chart\" width=\"" << kW << "\" height=\"" << kH << "\" viewBox=\"0 0 " << kW
     << " " << kH << "\" role=\"img\">\n";
   s << "<text x=\"" << kW / 2 << "\" y=\"16\" text-anchor=\"middle\" class=\"t\">" << esc(title)
     << "</text>\n";
   s << "<rect x=\"" << kL << "\" y=\"" << kT << "\" width=\"" << kW - kL - kR << "\" height=\""
     << kH - kT - kB << "\" fill=\"none\" stroke=\"#999\"/>\n";
+}
+
+void svg_frame(std::ostringstream& s, const std::string& title, const Axis& x, const Axis& y,
+               const std::string& xlabel, const std::string& ylabel) {
+  svg_open(s, title);
   for (double t : x.ticks()) {
     const double px = x.map(t);
     s << "<line x1=\"" << px << "\" y1=\"" << kH - kB << "\" x2=\"" << px << "\" y2=\""
@@ -327,12 +332,7 @@ std::string svg_histogram(const std::string& title, const LogHistogram& h) {
   last = std::max(last, std::min(LogHistogram::kBins - 2, one + 2));
   const Axis x{double(first), double(last + 1), false, double(kL), double(kW - kR)};
   const Axis y{0, double(peak), false, double(kH - kB), double(kT)};
-  s << "<svg class=\"chart\" width=\"" << kW << "\" height=\"" << kH << "\" viewBox=\"0 0 " << kW
-    << " " << kH << "\" role=\"img\">\n";
-  s << "<text x=\"" << kW / 2 << "\" y=\"16\" text-anchor=\"middle\" class=\"t\">" << esc(title)
-    << "</text>\n";
-  s << "<rect x=\"" << kL << "\" y=\"" << kT << "\" width=\"" << kW - kL - kR << "\" height=\""
-    << kH - kT - kB << "\" fill=\"none\" stroke=\"#999\"/>\n";
+  svg_open(s, title);
   for (int i = first; i <= last; ++i) {
     const double x0 = x.map(i), x1 = x.map(i + 1);
     const double y0 = y.map(double(h.counts[i]));

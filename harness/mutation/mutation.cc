@@ -13,6 +13,7 @@
 #include "harness/campaign/worker.h"
 #include "harness/fileio.h"
 #include "kernels/host/host_mutants.h"
+#include "properties/shrink.h"
 
 namespace mlafuzz {
 namespace {
@@ -121,7 +122,7 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
   r.batch = minimal.batch;
   r.heads = minimal.heads;
   r.topk = minimal.topk;
-  r.valid_tokens = count_valid_tokens(minimal);
+  r.valid_tokens = case_size(minimal).valid_tokens;
 
   const std::vector<std::string> property{r.property};
   // Control: the unmutated backend must pass the same property on the same case.
@@ -218,19 +219,6 @@ std::optional<mla::Mutant> mutant_from_name(const std::string& name) {
 }
 
 const char* mutant_kind_name(MutantKind k) { return k == MutantKind::kCpu ? "cpu" : "gpu"; }
-
-int count_valid_tokens(const Case& c) {
-  const Case e = with_explicit_indices(c);
-  int n = 0;
-  for (int b = 0; b < e.batch; ++b) {
-    const int32_t len = e.topk_length ? (*e.topk_length)[static_cast<size_t>(b)] : -1;
-    for (int k = 0; k < e.topk; ++k) {
-      const int32_t idx = e.indices[static_cast<size_t>(b)][static_cast<size_t>(k)];
-      if (mla::index_valid(idx, k, len, e.conventions)) ++n;
-    }
-  }
-  return n;
-}
 
 std::vector<MutantResult> run_mutants(const MutationOptions& o,
                                       const std::function<void(const MutantResult&)>& progress) {

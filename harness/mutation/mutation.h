@@ -109,9 +109,6 @@ ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backen
                        Backend& control, const std::vector<std::string>& properties,
                        double budget_seconds);
 
-// Valid (index, topk_length, convention) entries over all rows of an explicit-index case.
-int count_valid_tokens(const Case& c);
-
 // Summary figures: killed/survived/skipped counts and the median cases to the first failure.
 struct MutationSummary {
   int killed = 0, survived = 0, skipped = 0, suspect = 0;

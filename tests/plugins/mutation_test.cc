@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "harness/campaign/backend_lookup.h"
+#include "properties/shrink.h"
 #include "tests/harness/test_util.h"
 
 namespace mlafuzz {
@@ -65,7 +66,7 @@ TEST_F(CpuMutants, KillsAreFastAndShrunkCasesAreSmall) {
     // shrink may stop at three.
     EXPECT_LE(r.valid_tokens, 3) << r.name;
     EXPECT_EQ(r.batch, r.shrunk->batch);
-    EXPECT_EQ(r.valid_tokens, count_valid_tokens(*r.shrunk)) << r.name;
+    EXPECT_EQ(r.valid_tokens, case_size(*r.shrunk).valid_tokens) << r.name;
   }
 }
 

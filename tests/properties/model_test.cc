@@ -23,20 +23,12 @@
 #include "properties/properties.h"
 #include "properties/shrink.h"
 #include "properties/tolerance.h"
+#include "tests/harness/test_util.h"
 
 namespace mlafuzz {
 namespace {
 
-Case small_case() {
-  Case c;
-  c.geom.page_size = 5;
-  c.geom.num_pages = 3;
-  c.batch = 2;
-  c.heads = 3;
-  c.topk = 7;
-  c.data_seed = 42;
-  return c;
-}
+using testing::small_case;
 
 // The oracle's output rounded to bf16 (RNE), as a perfect bf16 kernel would store it.
 RunResult rounded_oracle(const OracleResult& ref) {
