@@ -3,8 +3,8 @@
 #   mlafuzz::core        case model, materialization, canary-guarded outputs, comparison metrics
 #   mlafuzz::oracle      the float64 oracles (Eigen and plain loops)
 #   mlafuzz::plugin_abi  the plugin C ABI header <mlafuzz/plugin.h>, to build a plugin
-# Headers install under include/mlafuzz/ with the source tree's folders (harness/, oracle/,
-# kernels/common/), so includes read the same in and out of this tree. Everything belongs to the
+# Headers install under include/mlafuzz/ with the source tree's folders (harness/core/,
+# oracle/, kernels/common/), so includes read the same in and out of this tree. Everything belongs to the
 # component mlafuzz_dev (besides the executable and plugins, installed by their own rules).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -20,9 +20,10 @@ set_target_properties(mlafuzz_plugin_abi PROPERTIES EXPORT_NAME plugin_abi)
 
 install(TARGETS ${MLAFUZZ_EXPORTED_TARGETS} EXPORT mlafuzzTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT mlafuzz_dev)
-install(FILES harness/backend.h harness/case.h harness/compare.h harness/fileio.h
-              harness/materialize.h harness/npy.h harness/rng.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/harness COMPONENT mlafuzz_dev)
+install(FILES harness/core/backend.h harness/core/case.h harness/core/compare.h
+              harness/core/fileio.h harness/core/materialize.h harness/core/npy.h
+              harness/core/rng.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/harness/core COMPONENT mlafuzz_dev)
 install(FILES oracle/oracle.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/oracle COMPONENT mlafuzz_dev)
 install(DIRECTORY kernels/common/

@@ -17,8 +17,8 @@
 #include <memory>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 
 namespace mlafuzz {
 

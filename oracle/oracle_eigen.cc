@@ -363,6 +363,9 @@ class OracleBackend final : public Backend {
       : name_(std::move(name)), loop_(loop), threads_(threads) {}
   std::string name() const override { return name_; }
   Precision precision() const override { return Precision::kFloat64; }
+  // The Eigen oracle is the campaign's reference; oracle-loop is checked against it like any
+  // backend.
+  bool is_reference() const override { return !loop_; }
   RunResult run(const MaterializedCase& m) override {
     RunResult r;
     const auto t0 = std::chrono::steady_clock::now();

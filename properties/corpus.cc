@@ -12,8 +12,8 @@
 #include <functional>
 #include <map>
 
-#include "harness/fileio.h"
-#include "harness/materialize.h"
+#include "harness/core/fileio.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/tiling.h"
 #include "mlafuzz_build_commit.h"  // MLAFUZZ_GIT_COMMIT, generated at build time
 

@@ -9,8 +9,8 @@
 #include <sstream>
 #include <utility>
 
-#include "harness/compare.h"
-#include "harness/rng.h"
+#include "harness/core/compare.h"
+#include "harness/core/rng.h"
 #include "oracle/oracle.h"
 #include "properties/properties.h"
 #include "properties/tolerance.h"
@@ -28,20 +28,12 @@ bool selected(const std::vector<std::string>& props, const std::string& p) {
   return props.empty() || std::find(props.begin(), props.end(), p) != props.end();
 }
 
-// The SIMT partner of an MMA backend: the name up to "-mma" followed by "-simt"
-// (cpu-mma -> cpu-simt, cuda-mma-h64 -> cuda-simt, cpu-mma~no-rescale -> cpu-simt).
-std::string simt_partner(const std::string& name) {
-  const auto pos = name.find("-mma");
-  if (pos == std::string::npos) return "";
-  return name.substr(0, pos) + "-simt";
-}
-
 // Properties a backend cannot meet by design: switched off for it (applicable = false) with the
 // reason, never loosened.
-std::optional<std::string> off_by_design(const std::string& backend, const std::string& prop) {
+std::optional<std::string> off_by_design(const Backend& backend, const std::string& prop) {
   const bool bitwise = prop == "determinism" || prop == "poison" || prop == "relocate" ||
                        prop == "batch-alone" || prop == "head-alone";
-  if (backend == "oracle" && bitwise) {
+  if (backend.is_reference() && bitwise) {
     // The Eigen oracle is the fast reference, not a kernel: its vectorized products peel and
     // block by buffer alignment and matrix shape, so float64 sums (and their last bit) change
     // order from run to run and with B or H. oracle-loop keeps every bitwise property.
@@ -148,7 +140,7 @@ class Evaluator {
     const std::string name = st.be->name();
     auto want = [&](const char* prop) {
       if (!selected(props_, prop)) return false;
-      if (auto why = off_by_design(name, prop)) {
+      if (auto why = off_by_design(*st.be, prop)) {
         PropertyOutcome o = make(prop, name);
         o.applicable = false;
         o.detail = *why;
@@ -171,7 +163,8 @@ class Evaluator {
     if (!selected(props_, "mma-vs-simt")) return;
     for (auto& a : states) {
       if (!a.ran || a.be->precision() != Precision::kMmaBf16) continue;
-      const std::string partner = simt_partner(a.be->name());
+      const std::string partner = a.be->simt_partner();
+      if (partner.empty()) continue;
       for (auto& b : states) {
         if (!b.ran || b.be->name() != partner || b.be->precision() != Precision::kSimtFp32) {
           continue;
@@ -231,7 +224,7 @@ class Evaluator {
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("tolerance", be.name());
-    if (be.name() == "oracle") {
+    if (be.is_reference()) {
       // The Eigen oracle is the reference itself; oracle-loop checks it.
       o.applicable = false;
       o.detail = "the Eigen oracle is the reference (oracle-loop is checked against it)";

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/case.h"
+#include "harness/core/backend.h"
+#include "harness/core/case.h"
 
 namespace mlafuzz {
 

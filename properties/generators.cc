@@ -8,7 +8,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "harness/rng.h"
+#include "harness/core/rng.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/tiling.h"
 

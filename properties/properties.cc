@@ -7,7 +7,7 @@
 #include <numeric>
 #include <sstream>
 
-#include "harness/rng.h"
+#include "harness/core/rng.h"
 
 namespace mlafuzz {
 namespace {

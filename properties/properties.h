@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 
 namespace mlafuzz {
 

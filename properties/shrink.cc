@@ -6,7 +6,7 @@
 #include <map>
 #include <numeric>
 
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/case.h"
+#include "harness/core/case.h"
 
 namespace mlafuzz {
 

@@ -54,8 +54,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "oracle/oracle.h"
 
 namespace mlafuzz {

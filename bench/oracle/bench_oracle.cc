@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 #include "oracle/oracle.h"
 
 namespace {

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "harness/compare.h"
-#include "harness/materialize.h"
+#include "harness/core/compare.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/mla_params.h"
 #include "oracle/oracle.h"
 

@@ -18,11 +18,11 @@
 #include <stdexcept>
 #include <thread>
 
-#include "harness/campaign/backend_lookup.h"
-#include "harness/campaign/device_query.h"
+#include "harness/backends/device_query.h"
+#include "harness/backends/registry.h"
 #include "harness/campaign/worker.h"
-#include "harness/fileio.h"
-#include "harness/materialize.h"
+#include "harness/core/fileio.h"
+#include "harness/core/materialize.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -56,7 +56,8 @@ bool has_error_figures(const std::string& property) {
 
 // How each selected backend runs.
 struct BackendPlan {
-  std::string name;  // as given (plugin path, mutant name, ...)
+  std::string name;      // as given (plugin path, mutant name, ...)
+  bool foreign = false;  // user code (BackendSpec::foreign): never constructed in this process
   bool isolated = false;
   bool on_device = false;  // one worker per GPU, shared by threads
 };
@@ -198,19 +199,21 @@ void Campaign::plan_backends() {
   for (const auto& name : opts_.backends) {
     BackendPlan p;
     p.name = name;
-    if (name.rfind("plugin:", 0) == 0) {
-      // Never load a plugin in the campaign process: it may crash on load.
+    const BackendSpec spec = resolve_backend(name);
+    p.foreign = spec.foreign;
+    if (spec.foreign) {
+      // Never load foreign code in the campaign process: it may crash on load.
       p.isolated = opts_.isolate != "none";
       p.on_device = false;  // decided below by asking a worker
       if (p.isolated) need_devices = true;
     } else {
-      auto b = make_campaign_backend(name);
+      auto b = spec.make();
       const Availability a = b->availability();
       if (!a.available) {
         throw std::runtime_error("backend '" + name + "' is not available: " + a.reason);
       }
       p.on_device = b->on_device();
-      p.isolated = opts_.isolate == "all" || (opts_.isolate == "device" && p.on_device);
+      p.isolated = opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker());
       need_devices = need_devices || (p.isolated && p.on_device);
     }
     plan_.push_back(p);
@@ -232,7 +235,7 @@ void Campaign::make_slots() {
   // device. Other isolated backends get one worker per thread (made in make_thread_backends).
   for (auto& p : plan_) {
     if (!p.isolated) continue;
-    if (p.name.rfind("plugin:", 0) == 0) {
+    if (p.foreign) {
       WorkerSpec spec{worker_exe_, p.name, devinfo_.count > 0 ? 0 : -1, visible_, worker_log_};
       WorkerProcess probe(spec);
       const WorkerInfo& info = probe.info();
@@ -272,7 +275,7 @@ ThreadBackends Campaign::make_thread_backends(int t) {
   tb.device = devices_.empty() ? -1 : devices_[t % devices_.size()];
   for (const auto& p : plan_) {
     if (!p.isolated) {
-      tb.owned.push_back(make_campaign_backend(p.name));
+      tb.owned.push_back(make_backend(p.name));
     } else {
       std::shared_ptr<WorkerSlot> slot;
       if (p.on_device) {

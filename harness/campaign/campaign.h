@@ -25,7 +25,7 @@
 namespace mlafuzz::campaign {
 
 struct CampaignOptions {
-  std::vector<std::string> backends;    // resolved names (make_campaign_backend)
+  std::vector<std::string> backends;    // resolved names (make_backend)
   std::vector<std::string> properties;  // empty: all_properties()
   uint64_t seed = 1;
   std::optional<uint64_t> max_cases;  // case budget

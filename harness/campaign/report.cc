@@ -8,9 +8,9 @@
 #include <set>
 #include <sstream>
 
-#include "harness/case.h"
-#include "harness/fileio.h"
-#include "harness/rng.h"
+#include "harness/core/case.h"
+#include "harness/core/fileio.h"
+#include "harness/core/rng.h"
 
 namespace mlafuzz::campaign {
 

@@ -13,8 +13,8 @@
 #include <stdexcept>
 #include <thread>
 
-#include "harness/campaign/backend_lookup.h"
-#include "harness/campaign/device_query.h"
+#include "harness/backends/device_query.h"
+#include "harness/backends/registry.h"
 
 extern char** environ;
 
@@ -72,7 +72,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
   std::unique_ptr<Backend> backend;
   std::string make_error;
   try {
-    backend = make_campaign_backend(backend_name);
+    backend = make_backend(backend_name);
   } catch (const std::exception& e) {
     make_error = e.what();
   }
@@ -102,6 +102,9 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
         i.abs_tol = backend->abs_tol();
         i.rel_tol = backend->rel_tol();
         i.on_device = backend->on_device();
+        i.needs_worker = backend->needs_worker();
+        i.is_reference = backend->is_reference();
+        i.simt_partner = backend->simt_partner();
         i.pid = static_cast<int32_t>(::getpid());
         if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(i))) return 3;
       } else if (type == MsgType::kUnsupported) {

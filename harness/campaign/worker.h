@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
 #include "harness/campaign/worker_protocol.h"
+#include "harness/core/backend.h"
 
 namespace mlafuzz::campaign {
 
@@ -103,6 +103,9 @@ class ProxyBackend final : public Backend {
   double abs_tol() const override { return info_.abs_tol; }
   double rel_tol() const override { return info_.rel_tol; }
   bool on_device() const override { return info_.on_device; }
+  bool needs_worker() const override { return info_.needs_worker; }
+  bool is_reference() const override { return info_.is_reference; }
+  std::string simt_partner() const override { return info_.simt_partner; }
   RunResult run(const MaterializedCase& m) override;
 
   std::vector<FaultRecord> take_faults();

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "harness/case.h"
+#include "harness/core/case.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -167,6 +167,9 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod(i.abs_tol);
   w.pod(i.rel_tol);
   w.pod<uint8_t>(i.on_device);
+  w.pod<uint8_t>(i.needs_worker);
+  w.pod<uint8_t>(i.is_reference);
+  w.str(i.simt_partner);
   w.pod(i.pid);
   return w.take();
 }
@@ -181,6 +184,9 @@ WorkerInfo decode_info(std::string_view bytes) {
   i.abs_tol = r.pod<double>();
   i.rel_tol = r.pod<double>();
   i.on_device = r.pod<uint8_t>() != 0;
+  i.needs_worker = r.pod<uint8_t>() != 0;
+  i.is_reference = r.pod<uint8_t>() != 0;
+  i.simt_partner = r.str();
   i.pid = r.pod<int32_t>();
   r.end();
   return i;

@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 
 namespace mlafuzz::campaign {
 
@@ -32,6 +32,9 @@ struct WorkerInfo {
   std::string reason;
   double abs_tol = 0, rel_tol = 0;
   bool on_device = false;
+  bool needs_worker = false;
+  bool is_reference = false;
+  std::string simt_partner;
   int32_t pid = 0;
 };
 

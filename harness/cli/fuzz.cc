@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "harness/campaign/backend_lookup.h"
+#include "harness/backends/registry.h"
 #include "harness/campaign/campaign.h"
 #include "harness/campaign/options.h"
 #include "harness/cli/commands.h"
@@ -73,7 +73,7 @@ std::string default_report_dir(const campaign::ShardSpec& shard) {
 int fuzz_command(const FuzzOptions& f) {
   campaign::CampaignOptions o;
   try {
-    o.backends = campaign::parse_campaign_backends(f.backends);
+    o.backends = parse_backend_list(f.backends);
     o.properties = split(f.properties);
     o.seed = f.seed;
     o.max_cases = f.cases;

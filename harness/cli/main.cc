@@ -2,8 +2,8 @@
 #include <exception>
 #include <iostream>
 
-#include "harness/case.h"
 #include "harness/cli/commands.h"
+#include "harness/core/case.h"
 
 int main(int argc, char** argv) {
   using namespace mlafuzz::cli;

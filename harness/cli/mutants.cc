@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/case.h"
 #include "harness/cli/commands.h"
-#include "harness/fileio.h"
+#include "harness/core/case.h"
+#include "harness/core/fileio.h"
 #include "harness/mutation/mutation.h"
 
 namespace mlafuzz::cli {

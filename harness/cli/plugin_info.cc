@@ -2,8 +2,8 @@
 #include <iostream>
 #include <string>
 
+#include "harness/backends/plugin_backend.h"
 #include "harness/cli/commands.h"
-#include "harness/plugin_backend.h"
 
 namespace mlafuzz::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "harness/cli/commands.h"
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 
 namespace mlafuzz::cli {
 namespace {

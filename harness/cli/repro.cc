@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/campaign/backend_lookup.h"
+#include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
+#include "harness/core/backend.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::cli {
@@ -48,11 +48,11 @@ int run_repro(const ReproOptions& opt) {
   // Backends: the option, else the finding's (a|b for pairs), else every available one.
   std::vector<std::string> names;
   if (!opt.backends.empty()) {
-    names = campaign::parse_campaign_backends(opt.backends);
+    names = parse_backend_list(opt.backends);
   } else if (finding && !e.f.backend.empty()) {
     names = split_list(e.f.backend, '|');
   } else {
-    names = campaign::parse_campaign_backends("available");
+    names = parse_backend_list("available");
   }
   std::vector<std::string> props;
   if (!opt.properties.empty()) {
@@ -60,22 +60,20 @@ int run_repro(const ReproOptions& opt) {
   } else if (finding && !e.f.property.empty()) {
     props = {e.f.property};
   }
-  // mma-vs-simt needs the SIMT partner of every MMA backend listed.
-  const bool pairs =
-      props.empty() || std::find(props.begin(), props.end(), "mma-vs-simt") != props.end();
-  if (pairs) {
-    const std::vector<std::string> listed = names;
-    for (const auto& n : listed) {
-      const auto pos = n.find("-mma");
-      if (pos == std::string::npos) continue;
-      const std::string partner = n.substr(0, pos) + "-simt";
-      if (std::find(names.begin(), names.end(), partner) == names.end()) names.push_back(partner);
-    }
-  }
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> backends;
   for (const auto& n : names) {
-    owned.push_back(campaign::make_campaign_backend(n));
+    owned.push_back(make_backend(n));
+    backends.push_back(owned.back().get());
+  }
+  // mma-vs-simt needs the SIMT partner of every MMA backend listed.
+  const bool pairs =
+      props.empty() || std::find(props.begin(), props.end(), "mma-vs-simt") != props.end();
+  for (size_t i = 0, listed = owned.size(); pairs && i < listed; ++i) {
+    const std::string partner = owned[i]->simt_partner();
+    if (partner.empty() || std::find(names.begin(), names.end(), partner) != names.end()) continue;
+    names.push_back(partner);
+    owned.push_back(make_backend(partner));
     backends.push_back(owned.back().get());
   }
 

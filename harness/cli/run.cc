@@ -12,13 +12,14 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/case.h"
+#include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
-#include "harness/compare.h"
-#include "harness/fileio.h"
-#include "harness/materialize.h"
-#include "harness/npy.h"
+#include "harness/core/backend.h"
+#include "harness/core/case.h"
+#include "harness/core/compare.h"
+#include "harness/core/fileio.h"
+#include "harness/core/materialize.h"
+#include "harness/core/npy.h"
 #include "properties/tolerance.h"
 
 namespace mlafuzz::cli {
@@ -242,16 +243,12 @@ int run_command(const RunOptions& o) {
   }
   // The original test's view: the new MMA kernel against the old SIMT one. Informational: the
   // pass/fail contract is against the oracle.
-  const std::pair<const char*, const char*> pairs[] = {
-      {"cuda-mma", "cuda-simt"}, {"cuda-mma-h64", "cuda-simt"}, {"cpu-mma", "cpu-simt"}};
-  for (const auto& [mma, simt] : pairs) {
-    const Ran *a = nullptr, *b = nullptr;
-    for (const Ran& r : runs) {
-      if (r.name == mma && r.result.ok()) a = &r;
-      if (r.name == simt && r.result.ok()) b = &r;
-    }
-    if (a && b) {
-      print(compare_results(a->result, b->result, m.batch, m.heads, m.d_v(), mma, simt),
+  for (const Ran& a : runs) {
+    const std::string partner = a.backend->simt_partner();
+    if (partner.empty() || !a.result.ok()) continue;
+    for (const Ran& b : runs) {
+      if (b.name != partner || !b.result.ok()) continue;
+      print(compare_results(a.result, b.result, m.batch, m.heads, m.d_v(), a.name, b.name),
             " (informational)");
     }
   }
@@ -269,7 +266,7 @@ int run_command(const RunOptions& o) {
 }
 
 int list_backends_command() {
-  for (const BackendInfo& info : builtin_backends()) {
+  for (const BackendSpec& info : builtin_backends()) {
     std::string precision = "?", state;
     try {
       const auto b = info.make();

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "harness/campaign/device_query.h"
+#include "harness/backends/device_query.h"
 #include "harness/cli/commands.h"
 
 namespace mlafuzz::cli {

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "harness/campaign/backend_lookup.h"
+#include "harness/backends/registry.h"
 #include "harness/campaign/worker.h"
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 #include "kernels/host/host_mutants.h"
 #include "properties/shrink.h"
 
@@ -47,7 +47,7 @@ std::string mutant_backend_name(MutantKind kind, mla::Mutant m) {
 // A backend of this kind: CPU backends in process; GPU backends in a worker process, so that a
 // device fault or a hang is a kill (RunStatus::kFault) and the next mutant gets a fresh context.
 std::unique_ptr<Backend> make_kind_backend(const MutationOptions& o, const std::string& name) {
-  if (o.kind == MutantKind::kCpu) return campaign::make_campaign_backend(name);
+  if (o.kind == MutantKind::kCpu) return make_backend(name);
   campaign::WorkerSpec spec;
   spec.exe = o.worker_exe.empty() ? campaign::self_executable() : o.worker_exe;
   spec.backend = name;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/case.h"
+#include "harness/core/case.h"
 #include "kernels/common/mutants.h"
 #include "properties/evaluate.h"
 

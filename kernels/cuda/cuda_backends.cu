@@ -31,10 +31,11 @@ RunResult failure(cudaError_t e, const std::string& what) {
 
 class CudaKernelBackend final : public Backend {
  public:
-  CudaKernelBackend(std::string name, Precision precision, UnsupportedFn unsupported,
-                    LaunchFn launch)
+  CudaKernelBackend(std::string name, Precision precision, std::string simt_partner,
+                    UnsupportedFn unsupported, LaunchFn launch)
       : name_(std::move(name)),
         precision_(precision),
+        simt_partner_(std::move(simt_partner)),
         unsupported_(std::move(unsupported)),
         launch_(std::move(launch)) {}
 
@@ -42,6 +43,7 @@ class CudaKernelBackend final : public Backend {
   Precision precision() const override { return precision_; }
   Availability availability() const override { return device_availability(); }
   bool on_device() const override { return true; }
+  std::string simt_partner() const override { return simt_partner_; }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     mla::DecodeParams p = m.host_params();
@@ -146,9 +148,10 @@ Availability device_availability() {
 }
 
 std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
-                                             UnsupportedFn unsupported, LaunchFn launch) {
-  return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(unsupported),
-                                             std::move(launch));
+                                             std::string simt_partner, UnsupportedFn unsupported,
+                                             LaunchFn launch) {
+  return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
+                                             std::move(unsupported), std::move(launch));
 }
 
 }  // namespace mlafuzz::cuda_detail
@@ -157,7 +160,7 @@ namespace mlafuzz {
 
 std::unique_ptr<Backend> make_cuda_simt_backend() {
   return cuda_detail::make_kernel_backend(
-      "cuda-simt", Precision::kSimtFp32,
+      "cuda-simt", Precision::kSimtFp32, "",
       [](const mla::DecodeParams& p) { return mla::cuda::simt_unsupported(p); },
       [](const mla::DecodeParams& p) { return mla::cuda::launch_simt_per_head(p, nullptr); });
 }
@@ -167,7 +170,7 @@ std::unique_ptr<Backend> make_cuda_mma_backend(int block_h) {
       block_h == 64   ? "cuda-mma-h64"
       : block_h == 32 ? "cuda-mma"
                       : "cuda-mma-h" + std::to_string(block_h),
-      Precision::kMmaBf16,
+      Precision::kMmaBf16, "cuda-simt",
       [block_h](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, block_h); },
       [block_h](const mla::DecodeParams& p) {
         return mla::cuda::launch_mma_head_tiled(p, block_h, nullptr);

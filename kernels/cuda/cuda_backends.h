@@ -9,7 +9,7 @@
 
 #include <memory>
 
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 
 namespace mlafuzz {
 

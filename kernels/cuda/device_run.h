@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 
 namespace mlafuzz::cuda_detail {
 
@@ -18,8 +18,10 @@ using UnsupportedFn = std::function<std::optional<std::string>(const mla::Decode
 // Whether a CUDA device exists (reason otherwise), probed once per process.
 Availability device_availability();
 
-// A Backend that runs `launch` on device copies of a case's buffers.
+// A Backend that runs `launch` on device copies of a case's buffers; `simt_partner` names the
+// backend mma-vs-simt compares it with ("" for none).
 std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
-                                             UnsupportedFn unsupported, LaunchFn launch);
+                                             std::string simt_partner, UnsupportedFn unsupported,
+                                             LaunchFn launch);
 
 }  // namespace mlafuzz::cuda_detail

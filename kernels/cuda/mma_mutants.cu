@@ -33,7 +33,7 @@ namespace mlafuzz {
 
 std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m) {
   return cuda_detail::make_kernel_backend(
-      std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16,
+      std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16, "cuda-simt",
       [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); },
       [m](const mla::DecodeParams& p) {
         return mla::cuda::launch_mma_head_tiled_mutant(p, m, nullptr);

@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 #include "kernels/common/mutants.h"
 
 namespace mlafuzz {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/mutants.h"

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "harness/campaign/report.h"
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 #include "properties/evaluate.h"
 #include "tests/campaign/cli_helpers.h"
 

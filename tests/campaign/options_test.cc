@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "harness/campaign/campaign.h"
-#include "harness/case.h"
+#include "harness/core/case.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "harness/campaign/campaign.h"
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 #include "tests/campaign/cli_helpers.h"
 
 namespace mlafuzz::campaign {

@@ -9,9 +9,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "harness/backend.h"
+#include "harness/backends/registry.h"
 #include "harness/campaign/worker_protocol.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {

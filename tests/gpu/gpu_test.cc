@@ -16,10 +16,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/case.h"
-#include "harness/compare.h"
-#include "harness/materialize.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/case.h"
+#include "harness/core/compare.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/tiling.h"
 #include "kernels/cuda/cuda_backends.h"

@@ -1,5 +1,5 @@
 // Canary-guarded output buffers: out-of-bounds and gap writes are counted, results collected.
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 
 #include <gtest/gtest.h>
 

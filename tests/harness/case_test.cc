@@ -1,5 +1,5 @@
 // Case JSON: round trips, strictness, validation errors naming their field, atomic saving.
-#include "harness/case.h"
+#include "harness/core/case.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 #include "tests/harness/test_util.h"
 
 namespace mlafuzz {

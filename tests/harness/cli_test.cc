@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "harness/case.h"
-#include "harness/fileio.h"
+#include "harness/core/case.h"
+#include "harness/core/fileio.h"
 #include "tests/harness/test_util.h"
 
 namespace mlafuzz {

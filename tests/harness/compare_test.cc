@@ -1,5 +1,5 @@
 // Comparison metrics on hand-made arrays with known answers.
-#include "harness/compare.h"
+#include "harness/core/compare.h"
 
 #include <gtest/gtest.h>
 

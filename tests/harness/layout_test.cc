@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 #include "tests/harness/test_util.h"
 
 namespace mlafuzz {

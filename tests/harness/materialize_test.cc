@@ -1,6 +1,6 @@
 // Materialization: determinism, golden hashes, index rules, logical-to-physical mapping,
 // pad fills.
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 
 #include <gtest/gtest.h>
 

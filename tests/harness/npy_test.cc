@@ -1,11 +1,11 @@
 // .npy encoding: header layout per the NumPy format specification, version 1.0.
-#include "harness/npy.h"
+#include "harness/core/npy.h"
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 #include "tests/harness/test_util.h"
 
 namespace mlafuzz {

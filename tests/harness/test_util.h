@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "harness/case.h"
+#include "harness/core/case.h"
 
 namespace mlafuzz::testing {
 

@@ -8,8 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_pipeline.h"

@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/mutants.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_mutants.h"

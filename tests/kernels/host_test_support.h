@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/case.h"
-#include "harness/materialize.h"
-#include "harness/rng.h"
+#include "harness/core/backend.h"
+#include "harness/core/case.h"
+#include "harness/core/materialize.h"
+#include "harness/core/rng.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz::testing {

@@ -24,7 +24,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 #include "oracle/oracle.h"
 
 namespace mlafuzz::testing {

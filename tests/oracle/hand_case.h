@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/materialize.h"
-#include "harness/rng.h"
+#include "harness/core/materialize.h"
+#include "harness/core/rng.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/mla_params.h"
 

@@ -6,9 +6,10 @@
 #include <cstdlib>
 #include <string>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
-#include "harness/plugin_backend.h"
+#include "harness/backends/plugin_backend.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -9,7 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "harness/campaign/backend_lookup.h"
+#include "harness/backends/registry.h"
 #include "properties/shrink.h"
 #include "tests/harness/test_util.h"
 
@@ -73,7 +73,7 @@ TEST_F(CpuMutants, KillsAreFastAndShrunkCasesAreSmall) {
 TEST_F(CpuMutants, KillsReplayFromTheReportAlone) {
   for (const MutantResult& r : *results_) {
     if (r.status != MutantStatus::kKilled) continue;
-    const auto mutant = campaign::make_campaign_backend(r.backend);
+    const auto mutant = make_backend(r.backend);
     const std::vector<std::string> property{r.property};
     // The shrunk case, through its JSON form, still kills the mutant.
     const Case shrunk = case_from_json_value(case_to_json_value(*r.shrunk));

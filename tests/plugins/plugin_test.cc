@@ -6,10 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/compare.h"
-#include "harness/materialize.h"
-#include "harness/plugin_backend.h"
+#include "harness/backends/plugin_backend.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/compare.h"
+#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {
@@ -55,8 +56,10 @@ TEST(PluginLoad, CpuPluginDeclaresItself) {
   const auto b = load_plugin_backend(kCpuPlugin);
   EXPECT_EQ(b->name(), "plugin:cpu-fp32-example");
   EXPECT_TRUE(b->availability().available);
-  // Foreign code: the campaign must isolate it in a worker process.
-  EXPECT_TRUE(b->on_device());
+  // A host plugin says so, and as foreign code it still asks for a worker process.
+  EXPECT_FALSE(b->on_device());
+  EXPECT_TRUE(b->needs_worker());
+  EXPECT_TRUE(resolve_backend(std::string("plugin:") + kCpuPlugin).foreign);
 }
 
 TEST(PluginLoad, RegistryResolvesPathAndLoadedName) {

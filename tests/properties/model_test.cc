@@ -11,8 +11,9 @@
 #include <set>
 #include <string>
 
-#include "harness/backend.h"
-#include "harness/materialize.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/materialize.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/tiling.h"

@@ -10,7 +10,8 @@
 #include <memory>
 #include <string>
 
-#include "harness/backend.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -1,13 +1,13 @@
 // Recipe -> exact host buffers. Every random draw goes through CounterRng with a named stream
 // and an element counter, so each buffer's contents depend only on the seed and the element's
 // logical coordinates: changing one buffer's shape or the page order never moves another value.
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 
 #include <algorithm>
 #include <cmath>
 #include <unordered_set>
 
-#include "harness/rng.h"
+#include "harness/core/rng.h"
 
 namespace mlafuzz {
 namespace {

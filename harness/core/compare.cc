@@ -1,4 +1,4 @@
-#include "harness/compare.h"
+#include "harness/core/compare.h"
 
 #include <fmt/format.h>
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 
 namespace mlafuzz {
 

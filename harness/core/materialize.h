@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/case.h"
+#include "harness/core/case.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz {

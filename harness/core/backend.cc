@@ -1,6 +1,6 @@
 // Backend helpers shared by every bf16 backend: canary-guarded output buffers and their
 // conversion into a RunResult.
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 
 namespace mlafuzz {
 

@@ -1,9 +1,9 @@
-#include "harness/npy.h"
+#include "harness/core/npy.h"
 
 #include <bit>
 #include <stdexcept>
 
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 
 namespace mlafuzz {
 

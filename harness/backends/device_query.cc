@@ -1,4 +1,4 @@
-#include "harness/campaign/device_query.h"
+#include "harness/backends/device_query.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,5 +1,5 @@
 // Plugin loading and the plugin Backend (see plugin_backend.h and include/mlafuzz/plugin.h).
-#include "harness/plugin_backend.h"
+#include "harness/backends/plugin_backend.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -178,9 +178,10 @@ class PluginBackend final : public Backend {
   Precision precision() const override { return p_.desc.precision; }
   double abs_tol() const override { return p_.desc.abs_tol; }
   double rel_tol() const override { return p_.desc.rel_tol; }
-  // Foreign code that can crash or hang: `mlafuzz fuzz` isolates it like a GPU backend,
-  // whether it runs on the host or on the device.
-  bool on_device() const override { return true; }
+  bool on_device() const override { return p_.desc.runs_on_device; }
+  // Foreign code that can crash or hang: isolated in a worker whether it runs on the host or on
+  // the device.
+  bool needs_worker() const override { return true; }
 
   Availability availability() const override {
     if (!p_.desc.runs_on_device) return {};
@@ -258,7 +259,7 @@ class PluginBackend final : public Backend {
     // stream. The plugin's own error message replaces the CUDA error name.
     std::string plugin_error;
     const auto staged = cuda_detail::make_kernel_backend(
-        name(), precision(), [](const mla::DecodeParams&) { return std::nullopt; },
+        name(), precision(), "", [](const mla::DecodeParams&) { return std::nullopt; },
         [&](const mla::DecodeParams& p) {
           const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, nullptr);
           std::array<char, kMessageLen> err{};

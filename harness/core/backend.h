@@ -6,13 +6,12 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "harness/materialize.h"
+#include "harness/core/materialize.h"
 
 namespace mlafuzz {
 
@@ -37,7 +36,7 @@ enum class RunStatus {
 // [B, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
 struct OutputBuffers {
   static constexpr int64_t kGuard = 64;
-  static constexpr uint16_t kCanaryBits = 0x7fa5;   // a bf16 NaN with a recognisable payload
+  static constexpr uint16_t kCanaryBits = 0x7fa5;  // a bf16 NaN with a recognisable payload
   static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
   std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
   std::vector<float> lse;     // kGuard + B*H + kGuard
@@ -86,26 +85,19 @@ class Backend {
   virtual double rel_tol() const { return 0; }
   // Whether the backend runs on a GPU (the campaign isolates those in worker processes).
   virtual bool on_device() const { return false; }
+  // Whether the backend must run in a worker process by default: device kernels (a fault
+  // poisons the CUDA context) and foreign code (plugins, Python kernels: may crash or hang).
+  virtual bool needs_worker() const { return on_device(); }
+  // Whether this backend is the float64 reference the others are checked against (the Eigen
+  // oracle): its own tolerance is not checked, and bitwise invariants are off for it by design.
+  virtual bool is_reference() const { return false; }
+  // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
+  // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
+  virtual std::string simt_partner() const { return ""; }
   virtual RunResult run(const MaterializedCase& m) = 0;
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers.
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
-
-// ---- Registry ----
-struct BackendInfo {
-  std::string name;
-  std::string summary;
-  std::function<std::unique_ptr<Backend>()> make;
-};
-
-// Every built-in backend (oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma),
-// available or not, in a stable order.
-const std::vector<BackendInfo>& builtin_backends();
-// Creates a backend by name ("plugin:/path/lib.so" loads a plugin). Throws std::runtime_error
-// naming the unknown backend and listing the known ones.
-std::unique_ptr<Backend> make_backend(const std::string& name);
-// Splits "a,b,c"; "all" or "available" expands to every available built-in backend.
-std::vector<std::string> parse_backend_list(const std::string& list);
 
 }  // namespace mlafuzz

@@ -2,7 +2,7 @@
 //
 // The parser is strict on purpose: a typo in a field name would otherwise silently fall back to
 // a default and test something other than what the author meant.
-#include "harness/case.h"
+#include "harness/core/case.h"
 
 #include <cmath>
 #include <limits>
@@ -10,7 +10,7 @@
 #include <set>
 #include <utility>
 
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 
 namespace mlafuzz {
 namespace {

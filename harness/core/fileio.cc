@@ -1,4 +1,4 @@
-#include "harness/fileio.h"
+#include "harness/core/fileio.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

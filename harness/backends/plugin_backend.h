@@ -15,7 +15,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "harness/backend.h"
+#include "harness/core/backend.h"
 #include "mlafuzz/plugin.h"
 
 namespace mlafuzz {

@@ -1,0 +1,190 @@
+// The backend registry: the only translation unit that knows every backend. CUDA backends come
+// from factories declared in plain C++ headers, so no CUDA header is included here.
+#include "harness/backends/registry.h"
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "harness/backends/plugin_backend.h"
+#include "kernels/common/mutants.h"
+#include "kernels/host/host_models.h"
+#include "oracle/oracle.h"
+#if MLAFUZZ_HAVE_CUDA
+#include "kernels/cuda/cuda_backends.h"
+#endif
+#if MLAFUZZ_HAVE_HOST_MUTANTS
+#include "kernels/host/host_mutants.h"
+#endif
+#if MLAFUZZ_HAVE_CUDA_MUTANTS
+#include "kernels/cuda/cuda_mutants.h"
+#endif
+
+namespace mlafuzz {
+namespace {
+
+#if !MLAFUZZ_HAVE_CUDA
+// Stands in for a backend that this build cannot provide, so list-backends can say why.
+class UnavailableBackend final : public Backend {
+ public:
+  UnavailableBackend(std::string name, Precision p, std::string partner, std::string reason)
+      : name_(std::move(name)),
+        precision_(p),
+        partner_(std::move(partner)),
+        reason_(std::move(reason)) {}
+  std::string name() const override { return name_; }
+  Precision precision() const override { return precision_; }
+  Availability availability() const override { return {false, reason_}; }
+  bool on_device() const override { return true; }
+  std::string simt_partner() const override { return partner_; }
+  RunResult run(const MaterializedCase&) override {
+    RunResult r;
+    r.status = RunStatus::kError;
+    r.message = name_ + " is not available: " + reason_;
+    return r;
+  }
+
+ private:
+  std::string name_;
+  Precision precision_;
+  std::string partner_, reason_;
+};
+#endif
+
+std::vector<BackendSpec> make_table() {
+  std::vector<BackendSpec> t;
+  t.push_back({"oracle", "CPU float64 oracle (Eigen: gathered K, all heads as one product)", false,
+               [] { return make_oracle_backend(); }});
+  t.push_back({"oracle-loop", "CPU float64 oracle written as plain loops from the formulas", false,
+               [] { return make_oracle_loop_backend(); }});
+  t.push_back({"cpu-simt", "host model of the SIMT kernel's fp32 pipeline", false,
+               [] { return make_cpu_simt_backend(); }});
+  t.push_back({"cpu-mma", "host model of the MMA kernel's bf16/fp32 pipeline (BLOCK_H 32)", false,
+               [] { return make_cpu_mma_backend(); }});
+  const std::string simt = "CUDA SIMT per-head kernel (fp32)";
+  const std::string mma = "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32)";
+  const std::string h64 = "CUDA tensor-core head-tiled kernel, BLOCK_H 64";
+#if MLAFUZZ_HAVE_CUDA
+  t.push_back({"cuda-simt", simt, false, [] { return make_cuda_simt_backend(); }});
+  t.push_back({"cuda-mma", mma, false, [] { return make_cuda_mma_backend(32); }});
+  t.push_back({"cuda-mma-h64", h64, false, [] { return make_cuda_mma_backend(64); }});
+#else
+  const auto unavailable = [](const char* name, Precision p, const char* partner) {
+    return [=] {
+      return std::make_unique<UnavailableBackend>(name, p, partner,
+                                                  "built without nvcc (CUDA kernels not compiled)");
+    };
+  };
+  t.push_back({"cuda-simt", simt, false, unavailable("cuda-simt", Precision::kSimtFp32, "")});
+  t.push_back({"cuda-mma", mma, false, unavailable("cuda-mma", Precision::kMmaBf16, "cuda-simt")});
+  t.push_back(
+      {"cuda-mma-h64", h64, false, unavailable("cuda-mma-h64", Precision::kMmaBf16, "cuda-simt")});
+#endif
+  return t;
+}
+
+std::string known_names() {
+  std::string s;
+  for (const auto& spec : builtin_backends()) s += " " + spec.name;
+  s += " plugin:<path or name>";
+  for (const auto& n : mutant_backend_names(true)) s += " " + n;
+  return s;
+}
+
+// "<base>~<mutant>": the planted-bug variants of the MMA host model and CUDA kernel.
+BackendSpec resolve_mutant(const std::string& name, const std::string& base,
+                           const std::string& mutant_text) {
+  mla::Mutant mutant = mla::Mutant::kNone;
+  for (int i = 1; i < static_cast<int>(mla::Mutant::kCount); ++i) {
+    const auto m = static_cast<mla::Mutant>(i);
+    if (mutant_text == mla::mutant_name(m)) mutant = m;
+  }
+  const std::vector<std::string> known = mutant_backend_names(true);
+  if (mutant == mla::Mutant::kNone || std::find(known.begin(), known.end(), name) == known.end()) {
+    std::string list;
+    for (const auto& n : known) list += " " + n;
+    if (base != "cpu-mma" && base != "cuda-mma") {
+      throw std::runtime_error("backend '" + name +
+                               "': planted-bug variants exist only for cpu-mma and cuda-mma");
+    }
+    if (known.empty()) {
+      throw std::runtime_error("backend '" + name +
+                               "': this build has no planted-bug variants (configure with "
+                               "-DMLAFUZZ_MUTANTS=ON)");
+    }
+    throw std::runtime_error("unknown mutant in backend '" + name + "'; known:" + list);
+  }
+  BackendSpec spec{name, std::string("planted bug '") + mutant_text + "' in " + base, false, {}};
+#if MLAFUZZ_HAVE_CUDA_MUTANTS
+  if (base == "cuda-mma") spec.make = [mutant] { return make_cuda_mma_mutant_backend(mutant); };
+#endif
+#if MLAFUZZ_HAVE_HOST_MUTANTS
+  if (base == "cpu-mma") spec.make = [mutant] { return make_cpu_mma_mutant_backend(mutant); };
+#endif
+  return spec;
+}
+
+}  // namespace
+
+const std::vector<BackendSpec>& builtin_backends() {
+  static const std::vector<BackendSpec> table = make_table();
+  return table;
+}
+
+std::vector<std::string> mutant_backend_names(bool gpu) {
+  std::vector<std::string> out;
+  for (int i = 1; i < static_cast<int>(mla::Mutant::kCount); ++i) {
+    const auto m = static_cast<mla::Mutant>(i);
+#if MLAFUZZ_HAVE_HOST_MUTANTS
+    if (host_mutant_supported(m)) out.push_back(std::string("cpu-mma~") + mla::mutant_name(m));
+#endif
+#if MLAFUZZ_HAVE_CUDA_MUTANTS
+    if (gpu) out.push_back(std::string("cuda-mma~") + mla::mutant_name(m));
+#endif
+    (void)m;
+  }
+  (void)gpu;
+  return out;
+}
+
+BackendSpec resolve_backend(const std::string& name) {
+  if (name.rfind(kPluginPrefix, 0) == 0) {
+    // "plugin:/path/lib.so", or "plugin:<name>" (plugin_backend.h, resolve_plugin). Resolving
+    // finds the library; only make() loads it.
+    const std::string path = resolve_plugin(name.substr(std::strlen(kPluginPrefix)));
+    return {name, "plugin " + path, true, [path] { return load_plugin_backend(path); }};
+  }
+  if (const auto tilde = name.find('~'); tilde != std::string::npos) {
+    return resolve_mutant(name, name.substr(0, tilde), name.substr(tilde + 1));
+  }
+  for (const auto& spec : builtin_backends()) {
+    if (spec.name == name) return spec;
+  }
+  throw std::runtime_error("unknown backend '" + name + "'; known backends:" + known_names());
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  return resolve_backend(name).make();
+}
+
+std::vector<std::string> parse_backend_list(const std::string& list) {
+  std::vector<std::string> names;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    if (item == "all" || item == "available") {
+      for (const auto& spec : builtin_backends()) {
+        if (spec.make()->availability().available) names.push_back(spec.name);
+      }
+    } else {
+      (void)resolve_backend(item);  // throws for unknown names before anything runs
+      names.push_back(item);
+    }
+  }
+  if (names.empty()) throw std::runtime_error("empty backend list '" + list + "'");
+  return names;
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,48 @@
+// The one backend registry: every backend name mlafuzz accepts resolves here.
+//   built-ins      oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma, cuda-mma-h64
+//   plugins        "plugin:/path/libk.so" or "plugin:<declared name>" (plugin_backend.h)
+//   mutants        "<base>~<mutant>": cpu-mma~<mutant> (host models), cuda-mma~<mutant> (CUDA),
+//                  in builds with MLAFUZZ_MUTANTS (kernels/common/mutants.h lists them)
+// A backend then says what it is itself (Backend::is_reference, simt_partner, on_device,
+// needs_worker); nothing above this layer recognises a backend by its name.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/core/backend.h"
+
+namespace mlafuzz {
+
+// A resolved backend name: what it is before anything is constructed.
+struct BackendSpec {
+  std::string name;
+  std::string summary;
+  // Foreign code (plugins): loading it may already crash, so campaigns, `run` and `repro`
+  // construct it only inside a worker process (unless asked to keep it in process).
+  bool foreign = false;
+  std::function<std::unique_ptr<Backend>()> make;
+};
+
+// Every built-in backend (oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma,
+// cuda-mma-h64), available or not, in a stable order.
+const std::vector<BackendSpec>& builtin_backends();
+
+// Resolves any backend name without constructing it (a plugin's library is found, not loaded).
+// Throws std::runtime_error naming the unknown backend or mutant and listing the known ones.
+BackendSpec resolve_backend(const std::string& name);
+
+// resolve_backend(name).make().
+std::unique_ptr<Backend> make_backend(const std::string& name);
+
+// Splits "a,b,c" and resolves every name; "all" or "available" expands to every available
+// built-in backend. Throws std::runtime_error for an empty list or an unknown name.
+std::vector<std::string> parse_backend_list(const std::string& list);
+
+// Names of the planted-bug variants this build can make ("cpu-mma~...", and "cuda-mma~..." in
+// CUDA builds when `gpu`); empty without MLAFUZZ_MUTANTS.
+std::vector<std::string> mutant_backend_names(bool gpu = false);
+
+}  // namespace mlafuzz

@@ -1,0 +1,2 @@
+#pragma once
+#include "properties/evaluate.h"  // points up: must be reported
