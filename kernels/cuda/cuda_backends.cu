@@ -129,6 +129,7 @@ class CudaKernelBackend final : public Backend {
 
   std::string name_;
   Precision precision_;
+  std::string simt_partner_;
   UnsupportedFn unsupported_;
   LaunchFn launch_;
 };
