@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "harness/backends/plugin_backend.h"
+#include "harness/python/python_backend.h"
 #include "kernels/common/mutants.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
@@ -154,6 +155,10 @@ BackendSpec resolve_backend(const std::string& name) {
     // finds the library; only make() loads it.
     const std::string path = resolve_plugin(name.substr(std::strlen(kPluginPrefix)));
     return {name, "plugin " + path, true, [path] { return load_plugin_backend(path); }};
+  }
+  if (name.rfind(kPythonPrefix, 0) == 0) {
+    // Isolated already: the kernel runs in its own Python worker process (harness/python).
+    return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); }};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {
     return resolve_mutant(name, name.substr(0, tilde), name.substr(tilde + 1));

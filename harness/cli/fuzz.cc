@@ -92,6 +92,9 @@ int fuzz_command(const FuzzOptions& f) {
                           ? 0  // "0", "0s": no shrinking
                           : campaign::parse_duration(f.shrink_time);
     o.case_timeout_s = campaign::parse_duration(f.case_timeout);
+    // python: backends time their own worker out a little later, so that the campaign's
+    // timeout fires first and the hang becomes the usual fault finding.
+    ::setenv("MLAFUZZ_PYTHON_TIMEOUT", std::to_string(o.case_timeout_s + 5).c_str(), 1);
     o.report_interval_s = campaign::parse_duration(f.report_interval);
     o.profile = f.profile;
     (void)campaign::gen_config_for_profile(f.profile);

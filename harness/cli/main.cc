@@ -1,4 +1,5 @@
 // mlafuzz: differential testing and fuzzing of sparse MLA decode kernels.
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 
@@ -12,6 +13,11 @@ int main(int argc, char** argv) {
       "cache, top-k indices) against a float64 oracle"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mlafuzz 0.1.0");
+  // python: backends (harness/python): the interpreter, given before or after the subcommand.
+  app.fallthrough();
+  app.add_option_function<std::string>(
+      "--python", [](const std::string& path) { ::setenv("MLAFUZZ_PYTHON", path.c_str(), 1); },
+      "Python interpreter for python: backends (default: MLAFUZZ_PYTHON, else python3 on PATH)");
   CommandTable table;
   register_run(app, table);
   register_repro(app, table);

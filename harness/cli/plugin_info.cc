@@ -4,11 +4,36 @@
 
 #include "harness/backends/plugin_backend.h"
 #include "harness/cli/commands.h"
+#include "harness/python/python_backend.h"
 
 namespace mlafuzz::cli {
 namespace {
 
+// `mlafuzz plugin-info python:FILE.py:FUNC`: what a Python kernel declares.
+int python_info(const std::string& name) {
+  const PythonDescription d = describe_python_backend(name);  // PythonBackendError: exit 2
+  std::cout << "python kernel " << name << '\n'
+            << "  backend:     " << d.backend << '\n'
+            << "  name:        " << d.name << '\n'
+            << "  description: " << d.description << '\n'
+            << "  device:      " << d.device << '\n'
+            << "  precision:   " << precision_name(d.precision) << '\n';
+  if (d.precision == Precision::kCustom) {
+    std::cout << "  tolerances:  abs " << d.abs_tol << ", rel " << d.rel_tol << '\n';
+  }
+  std::cout << "  supports():  "
+            << (d.has_supports ? "defined (cases outside it are reported as not applicable)"
+                               : "not defined (every case is run)")
+            << '\n'
+            << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
+            << d.numpy_version << ")\n"
+            << "  available:   " << (d.available ? "yes" : "no: " + d.reason) << '\n'
+            << "use it as: mlafuzz fuzz --backends " << d.backend << '\n';
+  return kExitOk;
+}
+
 int plugin_info(const std::string& path) {
+  if (path.rfind(kPythonPrefix, 0) == 0) return python_info(path);
   const PluginDescription d = describe_plugin(path);  // PluginError: exit 2 via main
   const auto backend = load_plugin_backend(path);
   const Availability a = backend->availability();
@@ -37,7 +62,7 @@ void register_plugin_info(CLI::App& app, CommandTable& table) {
   auto* cmd = app.add_subcommand(
       "plugin-info", "Load a kernel plugin (include/mlafuzz/plugin.h) and print what it declares");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("path", *path, "the plugin's shared library")->required();
+  cmd->add_option("path", *path, "the plugin's shared library, or python:FILE.py:FUNC")->required();
   table.push_back({cmd, [path] { return plugin_info(*path); }});
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
 #include "harness/core/npy.h"
+#include "harness/python/python_backend.h"
 #include "properties/tolerance.h"
 
 namespace mlafuzz::cli {
@@ -265,23 +267,39 @@ int run_command(const RunOptions& o) {
   return failed ? kExitFailed : kExitOk;
 }
 
-int list_backends_command() {
-  for (const BackendSpec& info : builtin_backends()) {
-    std::string precision = "?", state;
-    try {
-      const auto b = info.make();
-      precision = precision_name(b->precision());
-      const Availability av = b->availability();
-      state = av.available ? "available" : "unavailable: " + av.reason;
-    } catch (const std::exception& e) {
-      state = std::string("unavailable: ") + e.what();
+void print_backend_row(const std::string& name, const std::string& summary,
+                       const std::function<std::unique_ptr<Backend>()>& make) {
+  std::string precision = "?", state;
+  try {
+    const auto b = make();
+    precision = precision_name(b->precision());
+    const Availability av = b->availability();
+    state = av.available ? "available" : "unavailable: " + av.reason;
+  } catch (const std::exception& e) {
+    state = std::string("unavailable: ") + e.what();
+  }
+  std::cout << fmt::format("{:<14} {:<10} {:<13} {}\n", name, precision,
+                           state.rfind("available", 0) == 0 ? "available" : "unavailable", summary);
+  if (state.rfind("unavailable", 0) == 0) std::cout << fmt::format("{:<14} {}\n", "", state);
+}
+
+// Every built-in backend, or the ones named (python: and plugin: backends are described by
+// what they declare).
+int list_backends_command(const std::string& names) {
+  if (names.empty()) {
+    for (const BackendSpec& info : builtin_backends()) {
+      print_backend_row(info.name, info.summary, info.make);
     }
-    std::cout << fmt::format("{:<14} {:<10} {:<13} {}\n", info.name, precision,
-                             state.rfind("available", 0) == 0 ? "available" : "unavailable",
-                             info.summary);
-    if (state.rfind("unavailable", 0) == 0) {
-      std::cout << fmt::format("{:<14} {}\n", "", state);
+    return kExitOk;
+  }
+  for (const std::string& name : parse_backend_list(names)) {
+    std::string summary;
+    if (name.rfind(kPythonPrefix, 0) == 0) {
+      const PythonDescription d = describe_python_backend(name);  // throws: exit 2
+      summary = "Python kernel '" + d.name + "' on " + d.device +
+                (d.description.empty() ? "" : ": " + d.description);
     }
+    print_backend_row(name, summary, [&name] { return make_backend(name); });
   }
   return kExitOk;
 }
@@ -312,7 +330,10 @@ void register_list_backends(CLI::App& app, CommandTable& table) {
       app.add_subcommand("list-backends",
                          "List every built-in backend, its precision pipeline, and whether it is "
                          "available in this build (and why not).");
-  table.push_back({sub, [] { return list_backends_command(); }});
+  auto names = std::make_shared<std::string>();
+  sub->add_option("--backends", *names,
+                  "describe these backends instead (e.g. python:kernel.py:decode, plugin:lib.so)");
+  table.push_back({sub, [names] { return list_backends_command(*names); }});
 }
 
 }  // namespace mlafuzz::cli

@@ -1,0 +1,131 @@
+"""Sparse MLA decode in plain numpy: the fp32 (SIMT) pipeline of SPEC.md, as a python: backend.
+
+    mlafuzz fuzz --backends python:examples/python/numpy_decode.py:decode --time 60s
+    mlafuzz fuzz --backends python:examples/python/numpy_decode.py:decode_planted_bug --time 60s
+
+``decode`` passes every property. ``decode_planted_bug`` is the same kernel with the bug SPEC.md
+section 1 warns about: the last nope tile is scaled with its neighbour's scale; mlafuzz finds
+it and shrinks it to one row and one head.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+import mlafuzz
+
+
+def _e4m3_table() -> np.ndarray:
+    """float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)."""
+    b = np.arange(256)
+    sign = np.where(b >> 7, -1.0, 1.0)
+    exp, man = (b >> 3) & 0xF, b & 0x7
+    value = np.where(exp == 0, man * 2.0**-9, (8 + man) * np.exp2(exp - 10.0))
+    value = np.where((exp == 15) & (man == 7), np.nan, value)
+    return (sign * value).astype(np.float32)
+
+
+E4M3 = _e4m3_table()
+
+
+def dequantize(call: mlafuzz.DecodeCall, slots: np.ndarray, bug: bool = False) -> np.ndarray:
+    """K for the given global slots.
+
+    Args:
+        call: the decode call (numpy arrays).
+        slots: int64 ``[n]`` valid global slots (page = slot // page_size).
+        bug: scale the last nope tile with the previous tile's scale (the planted bug).
+    Returns:
+        float32 ``[n, d_qk]``: nope dims dequantized (e4m3 * scale), then the bf16 rope dims.
+    """
+    cache = call.kv_cache
+    page = (slots // call.page_size)[:, None]
+    j = (slots % call.page_size)[:, None]
+    nope, rope, tile = call.nope_dim, call.rope_dim, call.scale_tile
+    tiles = nope // tile
+    if call.layout == "model1":
+        data_bytes = nope + 2 * rope
+        base = j * data_bytes
+        nope_bytes = cache[page, base + np.arange(nope)]
+        rope_bytes = cache[page, base + nope + np.arange(2 * rope)]
+        scale_row = (tiles + 7) // 8 * 8
+        exps = cache[page, call.page_size * data_bytes + j * scale_row + np.arange(tiles)]
+        scales = np.ldexp(np.float32(1), exps.astype(np.int32) - 127).astype(np.float32)
+    else:  # v32: [nope e4m3][tiles x float32 scale][rope bf16] per token
+        base = j * call.token_bytes
+        nope_bytes = cache[page, base + np.arange(nope)]
+        scale_bytes = np.ascontiguousarray(cache[page, base + nope + np.arange(4 * tiles)])
+        scales = scale_bytes.view("<f4").astype(np.float32)
+        rope_bytes = cache[page, base + nope + 4 * tiles + np.arange(2 * rope)]
+    if bug and tiles > 1:
+        scales = scales.copy()
+        scales[:, -1] = scales[:, -2]
+    k_nope = E4M3[nope_bytes] * np.repeat(scales, tile, axis=1)
+    rope_bits = rope_bytes[:, 0::2].astype(np.uint16) | (rope_bytes[:, 1::2].astype(np.uint16) << 8)
+    return np.concatenate([k_nope, mlafuzz.bf16_to_float32(rope_bits)], axis=1)
+
+
+def valid_positions(call: mlafuzz.DecodeCall, b: int) -> np.ndarray:
+    """int64 ``[n]``: the top-k positions of row b that count (SPEC.md section 3)."""
+    idx = call.indices[b]
+    k = np.arange(call.topk)
+    ok = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
+    if call.topk_length is not None:
+        ok &= k < call.topk_length[b]
+    return k[ok]
+
+
+def attend(call: mlafuzz.DecodeCall, bug: bool = False) -> None:
+    """fp32 pipeline: q * sm_scale, fp32 logits, softmax and P*V, bf16 store."""
+    sm_scale = np.float32(call.sm_scale)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for b in range(call.batch):
+            pos = valid_positions(call, b)
+            if pos.size == 0:
+                call.out[b] = 0
+                call.lse[b] = np.inf if call.empty_row_lse == "+inf" else -np.inf
+                continue
+            keys = dequantize(call, call.indices[b][pos].astype(np.int64), bug)  # [n, d_qk]
+            qs = mlafuzz.bf16_to_float32(call.q[b]) * sm_scale  # [H, d_qk]
+            x = qs @ keys.T  # [H, n] fp32
+            m = x.max(axis=1)
+            p = np.exp(x - m[:, None])
+            l = p.sum(axis=1, dtype=np.float32)
+            acc = p @ keys[:, : call.d_v]  # [H, d_v]
+            denom = l
+            if call.sink is not None:
+                denom = l + np.exp(call.sink - m)
+            call.out[b] = mlafuzz.float32_to_bf16(acc / denom[:, None])
+            lse = m + np.log(l)
+            if call.sink is not None and call.sink_in_lse:
+                s = call.sink
+                big = np.maximum(s, m)
+                folded = big + np.log(l * np.exp(m - big) + np.exp(s - big))
+                lse = np.where(s == np.inf, np.float32(np.inf), folded)
+            call.lse[b] = lse
+
+
+def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
+    """Sizes only (the arrays are None here)."""
+    if call.nope_dim % call.scale_tile != 0:
+        return "nope_dim must be a multiple of scale_tile"
+    return None
+
+
+@mlafuzz.kernel(name="numpy-fp32", precision="fp32_simt", device="cpu")
+def decode(call: mlafuzz.DecodeCall) -> None:
+    """numpy fp32 pipeline (SPEC.md), the example Python kernel."""
+    attend(call)
+
+
+@mlafuzz.kernel(name="numpy-fp32-planted-bug", precision="fp32_simt", device="cpu")
+def decode_planted_bug(call: mlafuzz.DecodeCall) -> None:
+    """numpy fp32 pipeline with a planted bug: the last nope tile takes its neighbour's scale."""
+    attend(call, bug=True)
+
+
+@mlafuzz.kernel(name="numpy-noop", precision="fp32_simt", device="cpu")
+def decode_noop(call: mlafuzz.DecodeCall) -> None:
+    """Returns at once (bench/python: the bridge's own cost)."""

@@ -1,0 +1,362 @@
+// The python: backend (see python_backend.h and docs/WORKER_PROTOCOL.md).
+#include "harness/python/python_backend.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "harness/backends/plugin_backend.h"
+#include "harness/ipc/channel.h"
+
+namespace mlafuzz {
+namespace {
+
+using json = nlohmann::json;
+
+// docs/WORKER_PROTOCOL.md: the Python worker's version and message types.
+constexpr int kProtocolVersion = 1;
+constexpr uint32_t kMsgInfo = 1, kMsgSupports = 2, kMsgRun = 3, kMsgQuit = 4, kMsgError = 5;
+constexpr double kStartTimeoutS = 120;  // importing torch and initializing CUDA is slow
+
+bool executable_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+// The folder holding the mlafuzz Python package of this source tree, when it exists.
+std::string package_dir() {
+  if (const char* e = std::getenv("MLAFUZZ_PYTHON_PACKAGE_DIR"); e != nullptr && *e) return e;
+#ifdef MLAFUZZ_PYTHON_SOURCE_DIR
+  struct stat st {};
+  const std::string dir = MLAFUZZ_PYTHON_SOURCE_DIR;
+  if (stat((dir + "/mlafuzz/_worker.py").c_str(), &st) == 0) return dir;
+#endif
+  return "";
+}
+
+Precision precision_from(const std::string& s, const std::string& who) {
+  if (s == "bf16_mma") return Precision::kMmaBf16;
+  if (s == "fp32_simt") return Precision::kSimtFp32;
+  if (s == "custom") return Precision::kCustom;
+  throw PythonBackendError(who + ": the worker declares unknown precision '" + s + "'");
+}
+
+const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
+
+// The call's scalar fields, under MlafuzzDecodeCall's names (strings for enumerations).
+json scalars(const MaterializedCase& m, int64_t out_head_stride, int64_t out_batch_stride) {
+  mla::DecodeParams p = m.host_params();
+  p.out_head_stride = out_head_stride;
+  p.out_batch_stride = out_batch_stride;
+  const MlafuzzDecodeCall c = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
+  return json{
+      {"layout", layout_str(c.layout)},
+      {"nope_dim", c.nope_dim},
+      {"rope_dim", c.rope_dim},
+      {"scale_tile", c.scale_tile},
+      {"page_size", c.page_size},
+      {"num_pages", c.num_pages},
+      {"page_stride", c.page_stride},
+      {"kv_cache_bytes", c.kv_cache_bytes},
+      {"token_bytes", c.token_bytes},
+      {"d_qk", c.d_qk},
+      {"d_v", c.d_v},
+      {"invalid_index_rule",
+       c.invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY ? "minus_one_only" : "any_negative"},
+      {"empty_row_lse", c.empty_row_lse == MLAFUZZ_EMPTY_LSE_POS_INF ? "+inf" : "-inf"},
+      {"sink_in_lse", c.sink_in_lse != 0},
+      {"batch", c.batch},
+      {"heads", c.heads},
+      {"topk", c.topk},
+      {"sm_scale", static_cast<double>(c.sm_scale)},  // exact: a float widened
+      {"q_head_stride", c.q_head_stride},
+      {"q_batch_stride", c.q_batch_stride},
+      {"indices_batch_stride", c.indices_batch_stride},
+      {"out_head_stride", c.out_head_stride},
+      {"out_batch_stride", c.out_batch_stride},
+      {"lse_batch_stride", c.lse_batch_stride},
+      {"has_topk_length", c.topk_length != nullptr},
+      {"has_sink", c.sink != nullptr},
+  };
+}
+
+// Places buffers in the shared memory, 64-byte aligned, and describes them for numpy:
+// [offset, shape, strides in bytes, dtype].
+class ShmLayout {
+ public:
+  template <typename T>
+  int64_t add(const std::vector<T>& v) {
+    const int64_t off = next_;
+    parts_.push_back({off, v.data(), v.size() * sizeof(T)});
+    next_ = (off + static_cast<int64_t>(v.size() * sizeof(T)) + 63) / 64 * 64;
+    return off;
+  }
+  size_t bytes() const { return static_cast<size_t>(next_); }
+  void copy_in(uint8_t* base) const {
+    for (const auto& p : parts_) {
+      if (p.bytes > 0) std::memcpy(base + p.offset, p.src, p.bytes);
+    }
+  }
+
+ private:
+  struct Part {
+    int64_t offset;
+    const void* src;
+    size_t bytes;
+  };
+  std::vector<Part> parts_;
+  int64_t next_ = 0;
+};
+
+json desc(int64_t offset, std::vector<int64_t> shape, std::vector<int64_t> strides,
+          const char* dtype) {
+  return json::array({offset, shape, strides, dtype});
+}
+
+class PythonBackend final : public Backend {
+ public:
+  explicit PythonBackend(std::string backend_name)
+      : backend_(std::move(backend_name)), spec_(backend_.substr(std::strlen(kPythonPrefix))) {
+    const std::string error = start();
+    if (!error.empty()) throw PythonBackendError(error);
+  }
+  ~PythonBackend() override { child_.stop(kMsgQuit); }
+
+  std::string name() const override { return backend_; }
+  Precision precision() const override { return desc_.precision; }
+  double abs_tol() const override { return desc_.abs_tol; }
+  double rel_tol() const override { return desc_.rel_tol; }
+  Availability availability() const override { return {desc_.available, desc_.reason}; }
+  // Foreign code that can crash or hang: `mlafuzz fuzz` isolates it like a plugin.
+  bool on_device() const override { return true; }
+  const PythonDescription& description() const { return desc_; }
+
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    if (!desc_.has_supports) return std::nullopt;
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
+    json req = scalars(m, m.out_head_stride, m.out_head_stride * m.heads);
+    const ipc::Child::Reply r = child_.call(kMsgSupports, req.dump(), python_call_timeout());
+    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;
+    const json j = json::parse(r.payload, nullptr, false);
+    if (!j.is_object() || !j.contains("reason") || j["reason"].is_null()) return std::nullopt;
+    return backend_ + ": " + j["reason"].get<std::string>();
+  }
+
+  RunResult run(const MaterializedCase& m) override {
+    if (const auto why = unsupported(m)) {
+      RunResult r;
+      r.status = RunStatus::kUnsupported;
+      r.message = *why;
+      return r;
+    }
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (!child_.running()) {
+      if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
+    }
+    OutputBuffers bufs(m);
+    ShmLayout layout;
+    const int64_t q_off = layout.add(m.q), kv_off = layout.add(m.cache);
+    const int64_t idx_off = layout.add(m.indices);
+    const int64_t len_off = m.topk_length.empty() ? -1 : layout.add(m.topk_length);
+    const int64_t sink_off = m.sink.empty() ? -1 : layout.add(m.sink);
+    const int64_t out_off = layout.add(bufs.out), lse_off = layout.add(bufs.lse);
+    try {
+      shm_->reserve(layout.bytes());
+    } catch (const std::exception& e) {
+      RunResult r;
+      r.status = RunStatus::kError;
+      r.message = backend_ + ": " + e.what();
+      return r;
+    }
+    layout.copy_in(shm_->data());
+
+    const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
+    const int64_t qhs = m.q_head_stride, ohs = bufs.out_head_stride, obs = bufs.out_batch_stride;
+    json req = scalars(m, ohs, obs);
+    json arrays = {
+        {"q", desc(q_off, {B, H, m.d_qk()}, {2 * H * qhs, 2 * qhs, 2}, "u2")},
+        {"q_raw", desc(q_off, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
+        {"kv_cache",
+         desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
+        {"indices", desc(idx_off, {B, m.topk}, {4 * int64_t{m.topk}, 4}, "i4")},
+        {"out", desc(out_off + 2 * G, {B, H, m.d_v()}, {2 * obs, 2 * ohs, 2}, "u2")},
+        {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
+        {"lse", desc(lse_off + 4 * G, {B, H}, {4 * H, 4}, "f4")},
+        {"lse_raw", desc(lse_off, {static_cast<int64_t>(bufs.lse.size())}, {4}, "f4")},
+    };
+    if (len_off >= 0) arrays["topk_length"] = desc(len_off, {B}, {4}, "i4");
+    if (sink_off >= 0) arrays["sink"] = desc(sink_off, {H}, {4}, "f4");
+    req["arrays"] = std::move(arrays);
+    req["shm_size"] = shm_->size();
+    req["out_guard"] = G;
+    req["lse_guard"] = G;
+
+    const ipc::Child::Reply reply = child_.call(kMsgRun, req.dump(), python_call_timeout());
+    if (!reply.fault.empty()) return fault(reply.fault);
+    const json j = json::parse(reply.payload, nullptr, false);
+    if (reply.type != kMsgRun || !j.is_object() || !j.contains("status")) {
+      return fault(child_.kill_and_describe(
+          "sent an unexpected reply: " +
+          (reply.type == kMsgError ? reply.payload : reply.payload.substr(0, 200))));
+    }
+    const std::string status = j["status"].get<std::string>();
+    const std::string message = j.value("message", "");
+    const double seconds = j.value("seconds", 0.0);
+    if (status == "fault") {
+      // A CUDA error: the worker exits (its context is poisoned); reap it.
+      return fault(child_.kill_and_describe("reported a device fault") + ": " + message);
+    }
+    if (status != "ok") {
+      RunResult r;
+      r.status = RunStatus::kError;
+      r.message = backend_ + ": the kernel raised an exception:\n" + message;
+      r.seconds = seconds;
+      return r;
+    }
+    std::memcpy(bufs.out.data(), shm_->data() + out_off, bufs.out.size() * sizeof(uint16_t));
+    std::memcpy(bufs.lse.data(), shm_->data() + lse_off, bufs.lse.size() * sizeof(float));
+    RunResult r = collect_outputs(m, bufs);
+    r.seconds = seconds;  // the kernel's own time, measured in the worker
+    return r;
+  }
+
+ private:
+  RunResult fault(const std::string& message) const {
+    RunResult r;
+    r.status = RunStatus::kFault;
+    r.message = message;
+    return r;
+  }
+
+  // Starts the worker and checks what it serves; returns "" or what went wrong.
+  std::string start() const {
+    std::string interpreter;
+    try {
+      interpreter = python_interpreter();
+      if (!shm_) shm_ = std::make_unique<ipc::SharedMemory>("mlafuzz-python");
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    ipc::ChildSpec spec;
+    spec.argv = {interpreter,
+                 "-m",
+                 "mlafuzz._worker",
+                 "--backend",
+                 spec_,
+                 "--shm-fd",
+                 std::to_string(ipc::kChildShmFd),
+                 "--protocol",
+                 std::to_string(kProtocolVersion)};
+    spec.shm_fd = shm_->fd();
+    spec.label = "python worker for " + backend_;
+    spec.env.push_back("PYTHONUNBUFFERED=1");
+    if (const std::string dir = package_dir(); !dir.empty()) {
+      std::string path = "PYTHONPATH=" + dir;
+      if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old) {
+        path.append(1, ':').append(old);
+      }
+      spec.env.push_back(path);
+    }
+    try {
+      child_.start(spec);
+    } catch (const std::exception& e) {
+      return spec.label + ": " + e.what();
+    }
+    const json hello = {{"protocol", kProtocolVersion}};
+    const ipc::Child::Reply r = child_.call(kMsgInfo, hello.dump(), kStartTimeoutS);
+    const std::string how = interpreter + " -m mlafuzz._worker";
+    if (!r.fault.empty()) {
+      return r.fault + "; " + how +
+             " did not answer: can that interpreter import the mlafuzz package and numpy? "
+             "(pip install ./python, or set PYTHONPATH; choose another interpreter with "
+             "--python PATH or MLAFUZZ_PYTHON; its stderr above says more)";
+    }
+    if (r.type == kMsgError) {
+      child_.stop(0);
+      return r.payload;
+    }
+    const json j = json::parse(r.payload, nullptr, false);
+    if (r.type != kMsgInfo || !j.is_object() || j.value("protocol", 0) != kProtocolVersion) {
+      child_.stop(0);
+      return spec.label + ": the worker speaks another protocol version (this mlafuzz speaks " +
+             std::to_string(kProtocolVersion) +
+             "); install the matching package: pip install "
+             "./python";
+    }
+    try {
+      PythonDescription d;
+      d.backend = backend_;
+      d.name = j.at("name").get<std::string>();
+      d.description = j.value("description", "");
+      d.precision = precision_from(j.at("precision").get<std::string>(), backend_);
+      d.abs_tol = j.value("abs_tol", 0.0);
+      d.rel_tol = j.value("rel_tol", 0.0);
+      d.device = j.value("device", "cpu");
+      d.has_supports = j.value("has_supports", false);
+      d.available = j.value("available", true);
+      d.reason = j.value("reason", "");
+      d.python = j.value("python", interpreter);
+      d.python_version = j.value("python_version", "");
+      d.numpy_version = j.value("numpy", "");
+      desc_ = d;
+    } catch (const std::exception& e) {
+      child_.stop(0);
+      return backend_ + ": malformed info from the worker: " + e.what();
+    }
+    return "";
+  }
+
+  std::string backend_, spec_;
+  // Mutable: unsupported() is const in Backend but talks to (and may restart) the worker.
+  mutable std::mutex mu_;
+  mutable ipc::Child child_;
+  mutable std::unique_ptr<ipc::SharedMemory> shm_;
+  mutable PythonDescription desc_;
+};
+
+}  // namespace
+
+std::string python_interpreter() {
+  const char* env = std::getenv("MLAFUZZ_PYTHON");
+  const std::string name = env != nullptr && *env ? env : "python3";
+  const std::string how = "choose one with --python PATH or MLAFUZZ_PYTHON";
+  if (name.find('/') != std::string::npos) {
+    if (executable_file(name)) return name;
+    throw PythonBackendError("python interpreter " + name + " is not an executable file; " + how);
+  }
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
+    if (executable_file(candidate)) return candidate;
+  }
+  throw PythonBackendError("python interpreter '" + name + "' not found on PATH; " + how);
+}
+
+double python_call_timeout() {
+  if (const char* e = std::getenv("MLAFUZZ_PYTHON_TIMEOUT"); e != nullptr && *e) {
+    const double s = std::atof(e);
+    if (s > 0) return s;
+  }
+  return 60;
+}
+
+std::unique_ptr<Backend> make_python_backend(const std::string& backend_name) {
+  return std::make_unique<PythonBackend>(backend_name);
+}
+
+PythonDescription describe_python_backend(const std::string& backend_name) {
+  const PythonBackend b(backend_name);
+  return b.description();
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,63 @@
+// Kernels written in Python (numpy, PyTorch, Triton, CuPy) as backends: "python:FILE.py:FUNC"
+// or "python:package.module:FUNC", a function decorated with @mlafuzz.kernel (python/mlafuzz).
+//
+// Every python: backend runs in its own worker process, a Python interpreter running
+// `python -m mlafuzz._worker` (interpreter: --python PATH, else MLAFUZZ_PYTHON, else python3 on
+// PATH), spoken to through harness/ipc (framed JSON requests over pipes, the case's buffers in
+// shared memory; docs/WORKER_PROTOCOL.md). Creating the backend starts the worker and checks
+// the kernel (interpreter, module, function, decorator) and throws PythonBackendError naming
+// what is wrong and how to fix it. After that the backend never throws: an exception in the
+// kernel is a kError result carrying the traceback; a crash, os._exit, a hang past the timeout
+// or a CUDA error is a kFault result, and the next call starts a fresh worker.
+//
+// on_device() is true, as for plugins: `mlafuzz fuzz` also runs it inside its isolated worker,
+// so that its --case-timeout and fault findings apply unchanged.
+#pragma once
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "harness/core/backend.h"
+
+namespace mlafuzz {
+
+// The backend-name prefix that selects a Python kernel.
+inline constexpr const char* kPythonPrefix = "python:";
+
+class PythonBackendError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What the kernel declares (mlafuzz plugin-info and list-backends print it).
+struct PythonDescription {
+  std::string backend;      // "python:..." as given
+  std::string name;         // @mlafuzz.kernel(name=...)
+  std::string description;  // description= or the docstring's first line
+  Precision precision = Precision::kSimtFp32;
+  double abs_tol = 0, rel_tol = 0;  // kCustom only
+  std::string device;               // "cpu" or "cuda"
+  bool has_supports = false;        // the module defines supports(call)
+  bool available = true;
+  std::string reason;  // why not available (device="cuda" without torch or GPU)
+  std::string python;  // the interpreter, and versions it reports
+  std::string python_version, numpy_version;
+};
+
+// "python:..." -> a backend backed by a fresh worker. Throws PythonBackendError.
+std::unique_ptr<Backend> make_python_backend(const std::string& backend_name);
+
+// Starts a worker, asks what the kernel declares, stops it. Throws PythonBackendError.
+PythonDescription describe_python_backend(const std::string& backend_name);
+
+// The interpreter python: backends run: MLAFUZZ_PYTHON (set by --python), else python3, looked
+// up on PATH. Throws PythonBackendError when it is not an executable file.
+std::string python_interpreter();
+
+// Seconds a call may take before the worker counts as hung: MLAFUZZ_PYTHON_TIMEOUT (`mlafuzz
+// fuzz` sets it a little above --case-timeout, so the campaign's own timeout fires first),
+// else 60.
+double python_call_timeout();
+
+}  // namespace mlafuzz

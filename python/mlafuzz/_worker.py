@@ -1,0 +1,390 @@
+"""The worker process the ``mlafuzz`` executable starts for a ``python:`` backend.
+
+    python -m mlafuzz._worker --backend SPEC --shm-fd FD [--protocol 1]
+
+It loads the kernel named by SPEC (``path/to/file.py:func`` or ``package.module:func``), then
+serves requests framed on stdin and answers on stdout (docs/WORKER_PROTOCOL.md); the arrays of
+each call live in the shared memory passed as FD. Anything the kernel prints goes to stderr.
+People do not start it; ``mlafuzz`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import mmap
+import os
+import struct
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import numpy as np
+
+import mlafuzz
+
+FRAME_MAGIC = 0x57414C4D  # "MLAW", as the C++ worker protocol
+HEADER = struct.Struct("<IIQ")
+MSG_INFO, MSG_SUPPORTS, MSG_RUN, MSG_QUIT, MSG_ERROR = 1, 2, 3, 4, 5
+
+_DTYPES = {"u1": np.uint8, "u2": np.uint16, "i4": np.int32, "f4": np.float32}
+
+
+class LoadError(Exception):
+    """The backend cannot be served; the message says what to fix."""
+
+
+def load_kernel(spec: str) -> Tuple[Callable[..., None], "mlafuzz.KernelInfo", Optional[Callable]]:
+    """Resolves ``path/to/file.py:func`` or ``package.module:func``.
+
+    Returns:
+        (function, its KernelInfo, the module's ``supports`` or None).
+    Raises:
+        LoadError: no such file or module, no such function, or not decorated.
+    """
+    target, sep, func_name = spec.rpartition(":")
+    if not sep or not target or not func_name:
+        raise LoadError(
+            f"python:{spec}: name the function after a colon: python:path/to/file.py:decode "
+            "or python:package.module:decode"
+        )
+    try:
+        if target.endswith(".py") or os.sep in target:
+            path = os.path.abspath(target)
+            if not os.path.isfile(path):
+                raise LoadError(f"python:{spec}: no such file {path}")
+            folder = os.path.dirname(path)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)  # so that the kernel's own helpers import
+            mod_name = "_mlafuzz_kernel_" + os.path.splitext(os.path.basename(path))[0]
+            mod_spec = importlib.util.spec_from_file_location(mod_name, path)
+            if mod_spec is None or mod_spec.loader is None:
+                raise LoadError(f"python:{spec}: cannot load {path} as a Python module")
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[mod_name] = module
+            mod_spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(target)
+    except LoadError:
+        raise
+    except ModuleNotFoundError as e:
+        raise LoadError(
+            f"python:{spec}: cannot import {target}: {e} (interpreter {sys.executable}; install "
+            "the module, set PYTHONPATH, or name a file: python:path/to/file.py:func)"
+        ) from e
+    except BaseException as e:  # noqa: BLE001 - the module's import failed: tell why
+        raise LoadError(
+            f"python:{spec}: importing {target} failed:\n{traceback.format_exc()}"
+        ) from e
+    func = getattr(module, func_name, None)
+    if func is None:
+        names = sorted(
+            n for n, v in vars(module).items() if hasattr(v, "__mlafuzz_kernel__")
+        )
+        raise LoadError(
+            f"python:{spec}: {target} has no function {func_name!r}"
+            + (f"; its kernels: {', '.join(names)}" if names else "")
+        )
+    info = getattr(func, "__mlafuzz_kernel__", None)
+    if not isinstance(info, mlafuzz.KernelInfo):
+        raise LoadError(
+            f"python:{spec}: {func_name} is not an mlafuzz kernel; decorate it with "
+            '@mlafuzz.kernel(name="...", precision="fp32_simt", device="cpu")'
+        )
+    supports = getattr(module, "supports", None)
+    if supports is not None and not callable(supports):
+        supports = None
+    return func, info, supports
+
+
+# ---- Frames ----
+
+
+def _read_exact(fd: int, n: int) -> Optional[bytes]:
+    chunks = []
+    while n > 0:
+        b = os.read(fd, min(n, 1 << 20))
+        if not b:
+            return None
+        chunks.append(b)
+        n -= len(b)
+    return b"".join(chunks)
+
+
+def read_frame(fd: int) -> Optional[Tuple[int, bytes]]:
+    """Returns (type, payload), or None at EOF."""
+    h = _read_exact(fd, HEADER.size)
+    if h is None:
+        return None
+    magic, kind, length = HEADER.unpack(h)
+    if magic != FRAME_MAGIC:
+        raise RuntimeError("bad frame magic from mlafuzz")
+    payload = _read_exact(fd, length) if length else b""
+    if payload is None:
+        return None
+    return kind, payload
+
+
+def write_frame(fd: int, kind: int, payload: bytes) -> None:
+    data = HEADER.pack(FRAME_MAGIC, kind, len(payload)) + payload
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _send_json(fd: int, kind: int, obj: Dict[str, Any]) -> None:
+    write_frame(fd, kind, json.dumps(obj).encode())
+
+
+# ---- Calls ----
+
+_SCALARS = (
+    "layout", "nope_dim", "rope_dim", "scale_tile", "page_size", "num_pages", "page_stride",
+    "kv_cache_bytes", "token_bytes", "d_qk", "d_v", "invalid_index_rule", "empty_row_lse",
+    "sink_in_lse", "batch", "heads", "topk", "sm_scale", "q_head_stride", "q_batch_stride",
+    "indices_batch_stride", "out_head_stride", "out_batch_stride", "lse_batch_stride",
+    "has_topk_length", "has_sink",
+)
+
+
+def scalars_call(req: Dict[str, Any], memory: str) -> mlafuzz.DecodeCall:
+    """The call with its scalar fields from the request and every array None."""
+    fields = {k: req[k] for k in _SCALARS}
+    fields["sm_scale"] = float(np.float32(fields["sm_scale"]))
+    fields["sink_in_lse"] = bool(fields["sink_in_lse"])
+    return mlafuzz.DecodeCall(memory=memory, **fields)
+
+
+class SharedMemory:
+    """The mapping of the shared-memory file mlafuzz passes; remapped when it grows."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.map: Optional[mmap.mmap] = None
+        self.size = 0
+
+    def ensure(self, size: int) -> mmap.mmap:
+        if self.map is None or size > self.size:
+            old = self.map
+            self.size = os.fstat(self.fd).st_size
+            if size > self.size:
+                raise RuntimeError(f"shared memory is {self.size} bytes, request needs {size}")
+            self.map = mmap.mmap(self.fd, self.size)
+            if old is not None:
+                try:
+                    old.close()
+                except BufferError:
+                    pass  # a kernel kept a view: leave the old mapping to the garbage collector
+        return self.map
+
+    def array(self, desc: Any) -> np.ndarray:
+        """desc = [offset, shape, strides in bytes, dtype]."""
+        offset, shape, strides, dtype = desc
+        assert self.map is not None
+        return np.ndarray(
+            tuple(shape), dtype=_DTYPES[dtype], buffer=self.map, offset=offset,
+            strides=tuple(strides),
+        )
+
+
+class Server:
+    def __init__(self, spec: str, shm_fd: int, reply_fd: int) -> None:
+        self.spec = spec
+        self.reply_fd = reply_fd
+        self.shm = SharedMemory(shm_fd) if shm_fd >= 0 else None
+        self.func, self.info, self.supports = load_kernel(spec)
+        self.torch: Any = None
+        self.reason = ""
+        if self.info.device == "cuda":
+            self.reason = self._init_cuda()
+
+    def _init_cuda(self) -> str:
+        try:
+            import torch  # noqa: PLC0415 - only kernels on cuda need torch
+        except ImportError as e:
+            return f"device='cuda' needs torch in {sys.executable} ({e}); pip install torch"
+        if not torch.cuda.is_available():
+            return "device='cuda' but torch sees no CUDA device"
+        self.torch = torch
+        torch.cuda.init()
+        return ""
+
+    def info_reply(self) -> Dict[str, Any]:
+        i = self.info
+        return {
+            "protocol": mlafuzz.PROTOCOL_VERSION,
+            "name": i.name,
+            "description": i.description,
+            "precision": i.precision,
+            "abs_tol": i.abs_tol,
+            "rel_tol": i.rel_tol,
+            "device": i.device,
+            "has_supports": self.supports is not None,
+            "available": not self.reason,
+            "reason": self.reason,
+            "pid": os.getpid(),
+            "python": sys.executable,
+            "python_version": sys.version.split()[0],
+            "numpy": np.__version__,
+        }
+
+    def supports_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        if self.supports is None:
+            return {"reason": None}
+        try:
+            why = self.supports(scalars_call(req, "host"))
+        except Exception:  # noqa: BLE001 - a broken supports() is the kernel's error
+            return {"reason": None, "error": traceback.format_exc()}
+        return {"reason": None if why is None else str(why) or "unsupported (no reason given)"}
+
+    def run_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        assert self.shm is not None
+        self.shm.ensure(int(req["shm_size"]))
+        call = scalars_call(req, "host" if self.info.device == "cpu" else "device")
+        arrays = {name: self.shm.array(desc) for name, desc in req["arrays"].items()}
+        if self.info.device == "cpu":
+            return self._run_cpu(call, arrays)
+        return self._run_cuda(call, arrays, req)
+
+    def _call_kernel(self, call: mlafuzz.DecodeCall) -> Tuple[Optional[str], float]:
+        t0 = time.perf_counter()
+        try:
+            self.func(call)
+        except Exception:  # noqa: BLE001 - the kernel's exception is the finding's detail
+            return traceback.format_exc(), time.perf_counter() - t0
+        return None, time.perf_counter() - t0
+
+    def _run_cpu(self, call: mlafuzz.DecodeCall, a: Dict[str, np.ndarray]) -> Dict[str, Any]:
+        call.q, call.kv_cache, call.indices = a["q"], a["kv_cache"], a["indices"]
+        call.topk_length, call.sink = a.get("topk_length"), a.get("sink")
+        call.out, call.lse = a["out"], a["lse"]
+        err, seconds = self._call_kernel(call)
+        del call, a
+        if err is not None:
+            return {"status": "error", "message": err, "seconds": seconds}
+        return {"status": "ok", "message": "", "seconds": seconds}
+
+    def _run_cuda(
+        self, call: mlafuzz.DecodeCall, a: Dict[str, np.ndarray], req: Dict[str, Any]
+    ) -> Dict[str, Any]:
+        torch = self.torch
+        if torch is None:
+            return {"status": "error", "message": self.reason, "seconds": 0.0}
+        dev = torch.device("cuda", torch.cuda.current_device())
+
+        def upload(x: Optional[np.ndarray]) -> Any:
+            return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+
+        try:
+            # Whole raw buffers (pads and guard bands included), then strided views of them,
+            # so that the device sees the same layout and the canaries come back.
+            q_raw = upload(a["q_raw"].view(np.int16)).view(torch.bfloat16)
+            out_raw = upload(a["out_raw"].view(np.int16)).view(torch.bfloat16)
+            lse_raw = upload(a["lse_raw"])
+            b, h = call.batch, call.heads
+            call.q = q_raw.as_strided((b, h, call.d_qk), (call.q_batch_stride, call.q_head_stride, 1))
+            call.out = out_raw.as_strided(
+                (b, h, call.d_v), (call.out_batch_stride, call.out_head_stride, 1),
+                int(req["out_guard"]),
+            )
+            call.lse = lse_raw.as_strided((b, h), (call.lse_batch_stride, 1), int(req["lse_guard"]))
+            call.kv_cache = upload(a["kv_cache"])
+            call.indices = upload(a["indices"])
+            call.topk_length = upload(a.get("topk_length"))
+            call.sink = upload(a.get("sink"))
+            call.stream = torch.cuda.current_stream(dev)
+            torch.cuda.synchronize(dev)
+        except Exception:  # noqa: BLE001 - the staging itself failed: a device problem
+            return {"status": "fault", "message": "CUDA staging failed:\n" + traceback.format_exc(),
+                    "seconds": 0.0}
+        err, seconds = self._call_kernel(call)
+        try:
+            torch.cuda.synchronize(dev)
+            seconds_sync = seconds
+            a["out_raw"].view(np.int16)[...] = out_raw.view(torch.int16).cpu().numpy()
+            a["lse_raw"][...] = lse_raw.cpu().numpy()
+        except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
+            return {"status": "fault",
+                    "message": "CUDA error after the kernel:\n" + traceback.format_exc()
+                    + (f"\nthe kernel raised first:\n{err}" if err else ""),
+                    "seconds": seconds}
+        if err is not None:
+            return {"status": "error", "message": err, "seconds": seconds_sync}
+        return {"status": "ok", "message": "", "seconds": seconds_sync}
+
+
+def _watch_parent(parent: int) -> None:
+    """Leaves when mlafuzz is gone, even while a kernel hangs (the pipe tells only a reader)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(0.25)
+            if os.getppid() != parent:
+                os._exit(5)
+
+    threading.Thread(target=loop, name="mlafuzz-parent-watch", daemon=True).start()
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mlafuzz._worker", description=__doc__)
+    parser.add_argument("--backend", required=True, help="path/to/file.py:func or module:func")
+    parser.add_argument("--shm-fd", type=int, default=-1, help="shared-memory file descriptor")
+    parser.add_argument("--protocol", type=int, default=mlafuzz.PROTOCOL_VERSION)
+    args = parser.parse_args(argv)
+
+    # Keep the protocol channel private: whatever the kernel prints goes to stderr.
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    in_fd = 0
+    parent = os.environ.get("MLAFUZZ_WORKER_PARENT")
+    if parent:
+        if os.getppid() != int(parent):
+            return 5
+        _watch_parent(int(parent))
+
+    if args.protocol != mlafuzz.PROTOCOL_VERSION:
+        write_frame(reply_fd, MSG_ERROR, (
+            f"mlafuzz speaks worker protocol {args.protocol}, this mlafuzz Python package "
+            f"({os.path.dirname(mlafuzz.__file__)}) speaks {mlafuzz.PROTOCOL_VERSION}: install "
+            "the package of the same mlafuzz version (pip install ./python)").encode())
+        return 3
+    try:
+        server: Optional[Server] = Server(args.backend, args.shm_fd, reply_fd)
+        load_error = ""
+    except LoadError as e:
+        server, load_error = None, str(e)
+
+    while True:
+        frame = read_frame(in_fd)
+        if frame is None:
+            return 0
+        kind, payload = frame
+        if kind == MSG_QUIT:
+            return 0
+        if server is None:
+            write_frame(reply_fd, MSG_ERROR, load_error.encode())
+            return 3
+        req = json.loads(payload) if payload else {}
+        if kind == MSG_INFO:
+            _send_json(reply_fd, MSG_INFO, server.info_reply())
+        elif kind == MSG_SUPPORTS:
+            _send_json(reply_fd, MSG_SUPPORTS, server.supports_reply(req))
+        elif kind == MSG_RUN:
+            reply = server.run_reply(req)
+            _send_json(reply_fd, MSG_RUN, reply)
+            if reply["status"] == "fault":
+                return 4  # the CUDA context is poisoned: a fresh worker follows
+        else:
+            write_frame(reply_fd, MSG_ERROR, f"unknown request type {kind}".encode())
+            return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

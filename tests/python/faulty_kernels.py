@@ -1,0 +1,57 @@
+"""Broken Python kernels, one per way a kernel can misbehave (tests/python/test_python_backend.py).
+
+Each is correct (numpy_decode's fp32 pipeline) on cases with fewer than two heads, so that
+mlafuzz has a passing neighbour to shrink towards, and misbehaves from two heads on.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+
+import mlafuzz
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
+import numpy_decode  # noqa: E402
+
+
+@mlafuzz.kernel(name="raises", precision="fp32_simt")
+def decode_raises(call: mlafuzz.DecodeCall) -> None:
+    """Raises an exception from two heads on."""
+    if call.heads >= 2:
+        raise ValueError(f"planted exception at heads={call.heads}")
+    numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="hangs", precision="fp32_simt")
+def decode_hangs(call: mlafuzz.DecodeCall) -> None:
+    """Never returns from two heads on."""
+    while call.heads >= 2:
+        time.sleep(0.05)
+    numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="exits", precision="fp32_simt")
+def decode_exits(call: mlafuzz.DecodeCall) -> None:
+    """Calls os._exit(3) from two heads on."""
+    if call.heads >= 2:
+        os._exit(3)
+    numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="writes-between-heads", precision="fp32_simt")
+def decode_writes_between_heads(call: mlafuzz.DecodeCall) -> None:
+    """Writes d_v + 1 elements per head (an off-by-one into the padding or the guard)."""
+    numpy_decode.attend(call)
+    out = call.out
+    wide = np.lib.stride_tricks.as_strided(
+        out, shape=(call.batch, call.heads, call.d_v + 1), strides=out.strides
+    )
+    wide[:, :, call.d_v] = 0x3F80  # bf16 1.0 where no output belongs
+
+
+def not_decorated(call: mlafuzz.DecodeCall) -> None:
+    """A plain function: mlafuzz must refuse it."""
