@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 
 packages=(cmake ninja-build g++ git librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev
-          nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy)
+          nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

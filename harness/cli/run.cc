@@ -4,6 +4,7 @@
 // oracle (the reference, run even when not listed) -> optional .npy dump for independent checks.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -158,7 +159,8 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   for (const Ran& r : runs) {
     if (!r.result.ok()) continue;
     const std::vector<int64_t> out_shape{m.batch, m.heads, m.d_v()}, lse_shape{m.batch, m.heads};
-    const std::string suffix = r.name == kReference ? "" : "_" + r.name;
+    std::string suffix = r.name == kReference ? "" : "_" + r.name;
+    std::replace(suffix.begin(), suffix.end(), '/', '_');  // python:dir/file.py:func
     write_npy(path("out" + suffix + ".npy"), to_float(r.result.out), out_shape);
     write_npy(path("lse" + suffix + ".npy"), to_float(r.result.lse), lse_shape);
     if (r.name == kReference) {

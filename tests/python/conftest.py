@@ -1,0 +1,40 @@
+"""Shared fixtures of the python: backend tests (run from ctest: tests/python/CMakeLists.txt).
+
+Environment: MLAFUZZ_BIN (the mlafuzz under test), MLAFUZZ_PYTHON (the workers' interpreter),
+PYTHONPATH containing python/ (this source tree's package).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import List
+
+import pytest
+
+import mlafuzz.testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NUMPY_KERNEL = "python:examples/python/numpy_decode.py"
+FAULTY = "python:tests/python/faulty_kernels.py"
+SMALL_CASE = os.path.join(ROOT, "tests", "plugins", "data", "small_case.json")  # B=2, H=3
+
+
+@pytest.fixture(autouse=True)
+def _in_source_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend names are relative to the source root."""
+    monkeypatch.chdir(ROOT)
+
+
+def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
+    """Runs the mlafuzz under test; stdout and stderr together in .stdout."""
+    return subprocess.run([mlafuzz.testing.find_mlafuzz(), *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}; output:\n{proc.stdout}\ncommand: {' '.join(proc.args)}"
+
+
+def lines_with(text: str, word: str) -> List[str]:
+    return [line for line in text.splitlines() if word in line]

@@ -1,0 +1,48 @@
+"""Describing python: backends, and clear errors (exit 2) for every way loading can fail."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import FAULTY, NUMPY_KERNEL, SMALL_CASE, describe, mlafuzz_cmd
+
+
+def test_plugin_info_describes_the_kernel() -> None:
+    proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 0, describe(proc)
+    for want in ("name:        numpy-fp32", "device:      cpu", "precision:   simt-fp32",
+                 "supports():  defined", "available:   yes"):
+        assert want in proc.stdout, describe(proc)
+
+
+def test_list_backends_describes_named_backends() -> None:
+    proc = mlafuzz_cmd("list-backends", "--backends", f"{NUMPY_KERNEL}:decode,oracle")
+    assert proc.returncode == 0, describe(proc)
+    row = [line for line in proc.stdout.splitlines() if line.startswith(NUMPY_KERNEL)]
+    assert row and "available" in row[0] and "numpy-fp32" in row[0], describe(proc)
+
+
+@pytest.mark.parametrize("backend, message", [
+    ("python:examples/python/no_such_file.py:decode", "no such file"),
+    (f"{NUMPY_KERNEL}:no_such_function", "has no function 'no_such_function'; its kernels: "),
+    (f"{FAULTY}:not_decorated", "is not an mlafuzz kernel; decorate it with @mlafuzz.kernel"),
+    ("python:no_such_module_xyz:decode", "cannot import no_such_module_xyz"),
+    (f"{NUMPY_KERNEL}", "name the function after a colon"),
+], ids=["file", "function", "decorator", "module", "no-function"])
+def test_bad_backend_is_a_clear_error(backend: str, message: str) -> None:
+    for args in (["run", "--case", SMALL_CASE, "--backends", backend],
+                 ["fuzz", "--backends", backend, "--cases", "1", "--report", os.devnull + "x"],
+                 ["plugin-info", backend]):
+        proc = mlafuzz_cmd(*args)
+        assert proc.returncode == 2, describe(proc)
+        assert message in proc.stdout, describe(proc)
+
+
+def test_missing_interpreter_is_a_clear_error() -> None:
+    proc = mlafuzz_cmd("--python", "/nonexistent/python3", "run", "--case", SMALL_CASE,
+                       "--backends", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 2, describe(proc)
+    assert "python interpreter /nonexistent/python3 is not an executable file" in proc.stdout
+    assert "--python PATH or MLAFUZZ_PYTHON" in proc.stdout, describe(proc)

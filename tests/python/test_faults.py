@@ -1,0 +1,56 @@
+"""Kernels that raise, exit, hang or write between heads: each handled as issue 12 says."""
+
+from __future__ import annotations
+
+import pytest
+
+import mlafuzz.testing
+from conftest import FAULTY, SMALL_CASE, describe, mlafuzz_cmd
+
+
+def _fuzz_failure(func: str, **kw) -> str:
+    with pytest.raises(AssertionError) as failure:
+        mlafuzz.testing.fuzz(f"{FAULTY}:{func}", time="100s", seed=4, jobs=1, **kw)
+    return str(failure.value)
+
+
+def test_exception_is_a_run_failure_with_the_traceback() -> None:
+    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{FAULTY}:decode_raises")
+    assert proc.returncode == 1, describe(proc)
+    assert "the kernel raised an exception" in proc.stdout, describe(proc)
+    assert "ValueError: planted exception at heads=3" in proc.stdout, describe(proc)
+    assert 'faulty_kernels.py", line' in proc.stdout, describe(proc)
+
+
+def test_exception_in_a_campaign_is_a_run_finding() -> None:
+    message = _fuzz_failure("decode_raises", cases=4, shrink_time="10s")
+    assert "- run on python:tests/python/faulty_kernels.py:decode_raises" in message, message
+    assert "shrunk to B=1 H=2" in message, message
+
+
+def test_os_exit_is_a_fault_and_the_campaign_goes_on() -> None:
+    message = _fuzz_failure("decode_exits", cases=3, shrink_time="0")
+    assert "- fault on python:tests/python/faulty_kernels.py:decode_exits" in message, message
+    assert "exited with status 3" in message, message
+
+
+def test_hang_is_a_fault_after_the_case_timeout() -> None:
+    message = _fuzz_failure("decode_hangs", cases=2, shrink_time="0", case_timeout="2s")
+    assert "- fault on python:tests/python/faulty_kernels.py:decode_hangs" in message, message
+    assert "no reply within the case timeout (hang)" in message, message
+
+
+def test_hang_in_run_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLAFUZZ_PYTHON_TIMEOUT", "2")
+    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{FAULTY}:decode_hangs")
+    assert proc.returncode == 1, describe(proc)
+    assert "FAULT" in proc.stdout and "no reply within the case timeout" in proc.stdout, \
+        describe(proc)
+
+
+def test_write_between_heads_trips_the_canaries() -> None:
+    message = _fuzz_failure("decode_writes_between_heads", cases=4, shrink_time="10s",
+                            properties=["poison"])
+    assert "- poison on python:tests/python/faulty_kernels.py:decode_writes_between_heads" \
+        in message, message
+    assert "guard elements overwritten" in message, message
