@@ -129,3 +129,10 @@ def decode_planted_bug(call: mlafuzz.DecodeCall) -> None:
 @mlafuzz.kernel(name="numpy-noop", precision="fp32_simt", device="cpu")
 def decode_noop(call: mlafuzz.DecodeCall) -> None:
     """Returns at once (bench/python: the bridge's own cost)."""
+
+
+@mlafuzz.kernel(name="numpy-zeros", precision="fp32_simt", device="cpu")
+def decode_zeros(call: mlafuzz.DecodeCall) -> None:
+    """Writes zeros (a wrong kernel doing no work: bench/python compares the harness's cost)."""
+    call.out[...] = 0
+    call.lse[...] = 0

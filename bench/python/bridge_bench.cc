@@ -1,0 +1,105 @@
+// Per-call cost of the python: bridge on the original shapes (SPEC.md section 1: H = 64, MODEL1;
+// topk 128 with P = 256 and topk 512 with P = 64; B in {1, 4, 16, 32}), with a kernel that
+// returns at once, so that every microsecond is the bridge's. Prints, per shape, the mean time of
+// Backend::run() and where it goes: copying the inputs into shared memory, the round trip
+// (JSON request, pipe, the worker building numpy views, reply), and collecting the outputs
+// (what every bf16 backend pays, in-process ones too).
+//
+//   bridge_bench [BACKEND] [CALLS]
+//   default BACKEND python:examples/python/numpy_decode.py:decode_noop (run from the source
+//   root); on the GPU machine: python:examples/python/torch_decode.py:decode_noop
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "harness/backend.h"
+#include "harness/case.h"
+#include "harness/materialize.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string case_json(int batch, int topk, int page_size) {
+  const int pages = (2 * batch * topk + page_size - 1) / page_size;
+  char buf[2048];
+  std::snprintf(buf, sizeof buf, R"({
+  "format": "mlafuzz-case", "version": 1, "name": "bench",
+  "geometry": {"layout": "model1", "nope_dim": 448, "rope_dim": 64, "scale_tile": 64,
+               "page_size": %d, "page_stride": 0, "num_pages": %d},
+  "batch": %d, "heads": 64, "topk": %d,
+  "index_spec": {"rule": "random", "invalid_fraction": 0.0, "duplicate_fraction": 0.0},
+  "conventions": {"invalid_index": "minus_one_only", "empty_lse": "+inf", "sink_in_lse": false},
+  "q_head_pad": 0, "out_head_pad": 0,
+  "q_values": {"dist": "normal", "magnitude": 1.0, "special_fraction": 0.0},
+  "kv_values": {"dist": "normal", "magnitude": 1.0, "special_fraction": 0.0},
+  "rope_values": {"dist": "normal", "magnitude": 1.0, "special_fraction": 0.0},
+  "scales": {"mode": "writer", "exp_lo": 127, "exp_hi": 127},
+  "pad_fill": "zero", "data_seed": 5})",
+                page_size, pages, batch, topk);
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string backend =
+      argc > 1 ? argv[1] : "python:examples/python/numpy_decode.py:decode_noop";
+  const int calls = argc > 2 ? std::atoi(argv[2]) : 50;
+  auto b = mlafuzz::make_backend(backend);
+  std::printf("backend %s, %d calls per shape (mean per call, ms)\n", backend.c_str(), calls);
+  std::printf("%-22s %9s %9s | %9s %9s %9s %9s\n", "shape", "inputs MB", "run()", "copy in",
+              "round trip", "collect", "kernel");
+  for (const int topk : {128, 512}) {
+    for (const int batch : {1, 4, 16, 32}) {
+      const int page_size = topk == 128 ? 256 : 64;
+      const mlafuzz::MaterializedCase m =
+          mlafuzz::materialize(mlafuzz::case_from_json(case_json(batch, topk, page_size)));
+      const size_t in_bytes = m.q.size() * 2 + m.cache.size() + m.indices.size() * 4;
+      for (int i = 0; i < 3; ++i) (void)b->run(m);  // warm: worker started, memory mapped
+      double run_s = 0, kernel_s = 0;
+      for (int i = 0; i < calls; ++i) {
+        const auto t0 = Clock::now();
+        const mlafuzz::RunResult r = b->run(m);
+        run_s += since(t0);
+        kernel_s += r.seconds;
+        if (r.status == mlafuzz::RunStatus::kError || r.status == mlafuzz::RunStatus::kFault) {
+          std::fprintf(stderr, "run failed: %s\n", r.message.c_str());
+          return 1;
+        }
+      }
+      // The parts measured alone: the copy into (already mapped) memory, and the collection.
+      std::vector<uint8_t> dst(in_bytes + 4096);
+      double copy_s = 0, collect_s = 0;
+      for (int i = 0; i < calls; ++i) {
+        auto t0 = Clock::now();
+        size_t off = 0;
+        std::memcpy(dst.data() + off, m.q.data(), m.q.size() * 2);
+        off += m.q.size() * 2;
+        std::memcpy(dst.data() + off, m.cache.data(), m.cache.size());
+        off += m.cache.size();
+        std::memcpy(dst.data() + off, m.indices.data(), m.indices.size() * 4);
+        copy_s += since(t0);
+        t0 = Clock::now();
+        const mlafuzz::OutputBuffers bufs(m);
+        const mlafuzz::RunResult r = mlafuzz::collect_outputs(m, bufs);
+        collect_s += since(t0);
+        if (r.out.empty()) return 1;
+      }
+      const double n = calls;
+      const double round_trip = (run_s - copy_s - collect_s - kernel_s) / n;
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "B=%d H=64 topk=%d P=%d", batch, topk, page_size);
+      std::printf("%-22s %9.2f %9.3f | %9.3f %9.3f %9.3f %9.3f\n", shape, in_bytes / 1e6,
+                  1e3 * run_s / n, 1e3 * copy_s / n, 1e3 * round_trip, 1e3 * collect_s / n,
+                  1e3 * kernel_s / n);
+    }
+  }
+  return 0;
+}
