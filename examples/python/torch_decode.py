@@ -1,0 +1,124 @@
+"""Sparse MLA decode in PyTorch on the GPU: the MMA (bf16) pipeline of SPEC.md section 4.
+
+    mlafuzz fuzz --backends python:examples/python/torch_decode.py:decode --time 5m
+
+Gather the selected tokens, dequantize them to bf16 (exact with power-of-two scales), then two
+matmuls with bf16 inputs and fp32 accumulation: logits = q K^T (scaled in fp32 afterwards), and
+P V with p rounded to bf16 while the row sum uses the fp32 p. Run on the GPU machine
+(scripts/gpu_python.sh); it needs torch with CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+import mlafuzz
+
+
+def _e4m3_table() -> np.ndarray:
+    """float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)."""
+    b = np.arange(256)
+    sign = np.where(b >> 7, -1.0, 1.0)
+    exp, man = (b >> 3) & 0xF, b & 0x7
+    value = np.where(exp == 0, man * 2.0**-9, (8 + man) * np.exp2(exp - 10.0))
+    value = np.where((exp == 15) & (man == 7), np.nan, value)
+    return (sign * value).astype(np.float32)
+
+
+_LUT: dict = {}
+
+
+def _lut(torch: Any, device: Any) -> Any:
+    if device not in _LUT:
+        _LUT[device] = torch.from_numpy(_e4m3_table()).to(device)
+    return _LUT[device]
+
+
+def gather_keys(call: mlafuzz.DecodeCall, slots: Any) -> Any:
+    """K of the given slots, in bf16.
+
+    Args:
+        call: the decode call (torch tensors on the GPU).
+        slots: int64 ``[B, topk]`` global slots (invalid entries replaced by 0 beforehand).
+    Returns:
+        torch.bfloat16 ``[B, topk, d_qk]``: dequantized nope dims, then the rope dims.
+    """
+    import torch  # noqa: PLC0415 - device="cuda" kernels only
+
+    cache = call.kv_cache  # uint8 [num_pages, page_stride]
+    dev = cache.device
+    page = (slots // call.page_size).unsqueeze(-1)
+    j = (slots % call.page_size).unsqueeze(-1)
+    nope, rope, tile = call.nope_dim, call.rope_dim, call.scale_tile
+    tiles = nope // tile
+    ar = lambda n: torch.arange(n, device=dev)  # noqa: E731
+    if call.layout == "model1":
+        data_bytes = nope + 2 * rope
+        base = j * data_bytes
+        nope_bytes = cache[page, base + ar(nope)]
+        rope_bytes = cache[page, base + nope + ar(2 * rope)]
+        scale_row = (tiles + 7) // 8 * 8
+        exps = cache[page, call.page_size * data_bytes + j * scale_row + ar(tiles)]
+        scales = torch.exp2(exps.float() - 127.0)
+    else:  # v32: [nope e4m3][tiles x float32 scale][rope bf16] per token
+        base = j * call.token_bytes
+        nope_bytes = cache[page, base + ar(nope)]
+        scales = cache[page, base + nope + ar(4 * tiles)].contiguous().view(torch.float32)
+        rope_bytes = cache[page, base + nope + 4 * tiles + ar(2 * rope)]
+    k_nope = _lut(torch, dev)[nope_bytes.long()] * scales.repeat_interleave(tile, dim=-1)
+    k_rope = rope_bytes.contiguous().view(torch.bfloat16)  # little-endian pairs
+    return torch.cat([k_nope.to(torch.bfloat16), k_rope], dim=-1)
+
+
+def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
+    """Sizes only (the arrays are None here)."""
+    if call.nope_dim % call.scale_tile != 0:
+        return "nope_dim must be a multiple of scale_tile"
+    return None
+
+
+@mlafuzz.kernel(name="torch-bf16-mma", precision="bf16_mma", device="cuda")
+def decode(call: mlafuzz.DecodeCall) -> None:
+    """PyTorch gather + dequantize + two bf16 matmuls with fp32 accumulation."""
+    import torch  # noqa: PLC0415 - device="cuda" kernels only
+
+    dev = call.q.device
+    idx = call.indices.long()  # [B, topk]
+    valid = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
+    if call.topk_length is not None:
+        k = torch.arange(call.topk, device=dev)
+        valid &= k.unsqueeze(0) < call.topk_length.long().unsqueeze(1)
+    keys = gather_keys(call, torch.where(valid, idx, torch.zeros_like(idx)))
+    # Masked tokens must not reach the products: a poisoned slot holds NaNs, and 0 * NaN = NaN.
+    keys = torch.where(valid.unsqueeze(-1), keys, torch.zeros_like(keys))
+    kf = keys.float()  # bf16 values, exact in fp32: fp32 products and accumulation as the MMA
+    x = torch.matmul(call.q.float(), kf.transpose(1, 2)) * call.sm_scale  # [B, H, topk] fp32
+    x = x.masked_fill(~valid.unsqueeze(1), float("-inf"))
+    m = x.amax(dim=-1)  # [B, H]; -inf on empty rows
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    p = torch.exp(x - m_safe.unsqueeze(-1))
+    l = p.sum(dim=-1)
+    pv = torch.matmul(p.to(torch.bfloat16).float(), kf[:, :, : call.d_v])  # bf16 p, fp32 acc
+    denom = l
+    if call.sink is not None:
+        denom = l + torch.exp(call.sink.unsqueeze(0) - m_safe)
+    out = pv / denom.unsqueeze(-1)
+    empty = ~valid.any(dim=-1)  # [B]
+    out = torch.where(empty.view(-1, 1, 1), torch.zeros_like(out), out)
+    lse = m_safe + torch.log(l)
+    if call.sink is not None and call.sink_in_lse:
+        s = call.sink.unsqueeze(0).expand_as(m_safe)
+        big = torch.maximum(s, m_safe)
+        folded = big + torch.log(l * torch.exp(m_safe - big) + torch.exp(s - big))
+        lse = torch.where(s == float("inf"), s, folded)
+    empty_lse = float("inf") if call.empty_row_lse == "+inf" else float("-inf")
+    lse = torch.where(empty.view(-1, 1), torch.full_like(lse, empty_lse), lse)
+    call.out.copy_(out.to(torch.bfloat16))
+    call.lse.copy_(lse)
+
+
+@mlafuzz.kernel(name="torch-noop", precision="bf16_mma", device="cuda")
+def decode_noop(call: mlafuzz.DecodeCall) -> None:
+    """Returns at once (bench/python: the bridge's own cost on the GPU)."""
