@@ -14,9 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/backend.h"
-#include "harness/case.h"
-#include "harness/materialize.h"
+#include "harness/backends/registry.h"
+#include "harness/core/backend.h"
+#include "harness/core/case.h"
+#include "harness/core/materialize.h"
 
 namespace {
 

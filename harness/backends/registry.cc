@@ -8,7 +8,7 @@
 #include <stdexcept>
 
 #include "harness/backends/plugin_backend.h"
-#include "harness/python/python_backend.h"
+#include "harness/backends/python_backend.h"
 #include "kernels/common/mutants.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
@@ -157,7 +157,8 @@ BackendSpec resolve_backend(const std::string& name) {
     return {name, "plugin " + path, true, [path] { return load_plugin_backend(path); }};
   }
   if (name.rfind(kPythonPrefix, 0) == 0) {
-    // Isolated already: the kernel runs in its own Python worker process (harness/python).
+    // Isolated already: the kernel runs in its own Python worker process
+    // (harness/backends/python_backend.h).
     return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); }};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {

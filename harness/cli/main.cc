@@ -13,7 +13,8 @@ int main(int argc, char** argv) {
       "cache, top-k indices) against a float64 oracle"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mlafuzz 0.1.0");
-  // python: backends (harness/python): the interpreter, given before or after the subcommand.
+  // python: backends (harness/backends/python_backend.h): the interpreter, given before or after
+  // the subcommand.
   app.fallthrough();
   app.add_option_function<std::string>(
       "--python", [](const std::string& path) { ::setenv("MLAFUZZ_PYTHON", path.c_str(), 1); },

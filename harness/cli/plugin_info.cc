@@ -3,8 +3,8 @@
 #include <string>
 
 #include "harness/backends/plugin_backend.h"
+#include "harness/backends/python_backend.h"
 #include "harness/cli/commands.h"
-#include "harness/python/python_backend.h"
 
 namespace mlafuzz::cli {
 namespace {

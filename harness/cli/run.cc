@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
 #include "harness/core/backend.h"
@@ -22,7 +23,6 @@
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
 #include "harness/core/npy.h"
-#include "harness/python/python_backend.h"
 #include "properties/tolerance.h"
 
 namespace mlafuzz::cli {

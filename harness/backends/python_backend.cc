@@ -1,5 +1,5 @@
 // The python: backend (see python_backend.h and docs/WORKER_PROTOCOL.md).
-#include "harness/python/python_backend.h"
+#include "harness/backends/python_backend.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,8 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
-#include "harness/ipc/channel.h"
 
 namespace mlafuzz {
 namespace {

@@ -3,7 +3,7 @@
 //
 // Every python: backend runs in its own worker process, a Python interpreter running
 // `python -m mlafuzz._worker` (interpreter: --python PATH, else MLAFUZZ_PYTHON, else python3 on
-// PATH), spoken to through harness/ipc (framed JSON requests over pipes, the case's buffers in
+// PATH), spoken to through ipc_channel.h (framed JSON requests over pipes, the case's buffers in
 // shared memory; docs/WORKER_PROTOCOL.md). Creating the backend starts the worker and checks
 // the kernel (interpreter, module, function, decorator) and throws PythonBackendError naming
 // what is wrong and how to fix it. After that the backend never throws: an exception in the

@@ -1,4 +1,4 @@
-#include "harness/ipc/channel.h"
+#include "harness/backends/ipc_channel.h"
 
 #include <fcntl.h>
 #include <poll.h>
