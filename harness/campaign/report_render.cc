@@ -158,7 +158,7 @@ std::string render_junit(const Report& r) {
         for (const auto& f : r.findings) {
           if (f.backend == s->backend && f.property == s->property) {
             body << "finding " << f.signature << " seen " << f.count << "x\n"
-                 << f.detail << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
+                 << f.summary << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
                  << "\n\n";
           }
         }
@@ -444,7 +444,7 @@ std::string render_html(const Report& r) {
     for (const auto& f : r.findings) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
         << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
-        << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.detail)
+        << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.summary)
         << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
         << esc(f.repro) << "</code></td></tr>\n";
     }
@@ -572,7 +572,7 @@ std::string render_summary(const Report& r) {
   }
   os << r.findings.size() << " finding signature(s)\n";
   for (const auto& f : r.findings) {
-    os << "  [" << f.count << "x] " << f.signature << "\n      " << f.detail
+    os << "  [" << f.count << "x] " << f.signature << "\n      " << f.summary
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
   return os.str();
