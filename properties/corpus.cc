@@ -9,8 +9,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <functional>
-#include <map>
 
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
@@ -53,60 +51,64 @@ const char* bucket(int v, std::initializer_list<std::pair<int, const char*>> upp
 
 const char* build_commit() { return MLAFUZZ_GIT_COMMIT; }
 
+const fields::Table<Finding>& finding_fields() {
+  using fields::field;
+  constexpr unsigned kCorpus = kFindingInCorpus, kReport = kFindingInReport;
+  constexpr unsigned kBoth = kCorpus | kReport;
+  // Each document keeps the key order it always had, so a member both hold is listed twice, once
+  // per document.
+  static const fields::Table<Finding> table = {
+      field("signature", &Finding::signature, kReport),
+      field("property", &Finding::property, kBoth),
+      field("backend", &Finding::backend, kBoth),
+      field("shape_class", &Finding::shape_class, kReport),
+      field("count", &Finding::count, kReport),
+      field("seed", &Finding::seed, kReport),
+      field("case_index", &Finding::case_index, kReport),
+      field("tightness", &Finding::tightness, kReport),
+      field("shrunk", &Finding::shrunk, kReport),
+      field("detail", &Finding::summary, kReport),
+      field("corpus", &Finding::corpus_path, kReport),
+      field("corpus_entries", &Finding::corpus_entries, kReport),
+      field("repro", &Finding::repro, kReport),
+      field("expect", &Finding::expect, kCorpus),
+      field("detail", &Finding::detail, kCorpus),
+      field("signature", &Finding::signature, kCorpus),
+      field("error", &Finding::error, kCorpus),
+      field("bound", &Finding::bound, kCorpus),
+      field("tightness", &Finding::tightness, kCorpus),
+      field("commit", &Finding::commit, kCorpus),
+      field("gpu_name", &Finding::gpu_name, kCorpus),
+      field("driver_version", &Finding::driver_version, kCorpus),
+      field("cuda_version", &Finding::cuda_version, kCorpus),
+      field("host", &Finding::host, kCorpus),
+      field("found_at", &Finding::found_at, kCorpus),
+      field("seed", &Finding::seed, kCorpus),
+      field("case_index", &Finding::case_index, kCorpus),
+      field("count", &Finding::count, kCorpus),
+  };
+  return table;
+}
+
 json finding_to_json(const Finding& f) {
-  json j;
-  j["property"] = f.property;
-  j["backend"] = f.backend;
-  j["expect"] = f.expect;
-  j["detail"] = f.detail;
-  j["signature"] = f.signature;
-  j["error"] = f.error;
-  j["bound"] = f.bound;
+  json j = fields::write(f, finding_fields(), kFindingInCorpus);
   // Non-finite tightness (a bound of 0, a non-finite mismatch) is stored as a large number:
   // JSON has no infinity.
   j["tightness"] = std::isfinite(f.tightness) ? f.tightness : 1e300;
-  j["commit"] = f.commit;
-  j["gpu_name"] = f.gpu_name;
-  j["driver_version"] = f.driver_version;
-  j["cuda_version"] = f.cuda_version;
-  j["host"] = f.host;
-  j["found_at"] = f.found_at;
-  j["seed"] = f.seed;
-  j["case_index"] = f.case_index;
-  j["count"] = f.count;
   return j;
 }
 
 Finding finding_from_json(const json& j) {
   if (!j.is_object()) throw CaseError("finding", "must be an object");
   Finding f;
-  const std::map<std::string, std::function<void(const json&)>> fields = {
-      {"property", [&](const json& v) { f.property = v.get<std::string>(); }},
-      {"backend", [&](const json& v) { f.backend = v.get<std::string>(); }},
-      {"expect", [&](const json& v) { f.expect = v.get<std::string>(); }},
-      {"detail", [&](const json& v) { f.detail = v.get<std::string>(); }},
-      {"signature", [&](const json& v) { f.signature = v.get<std::string>(); }},
-      {"error", [&](const json& v) { f.error = v.get<double>(); }},
-      {"bound", [&](const json& v) { f.bound = v.get<double>(); }},
-      {"tightness", [&](const json& v) { f.tightness = v.get<double>(); }},
-      {"commit", [&](const json& v) { f.commit = v.get<std::string>(); }},
-      {"gpu_name", [&](const json& v) { f.gpu_name = v.get<std::string>(); }},
-      {"driver_version", [&](const json& v) { f.driver_version = v.get<std::string>(); }},
-      {"cuda_version", [&](const json& v) { f.cuda_version = v.get<std::string>(); }},
-      {"host", [&](const json& v) { f.host = v.get<std::string>(); }},
-      {"found_at", [&](const json& v) { f.found_at = v.get<std::string>(); }},
-      {"seed", [&](const json& v) { f.seed = v.get<uint64_t>(); }},
-      {"case_index", [&](const json& v) { f.case_index = v.get<uint64_t>(); }},
-      {"count", [&](const json& v) { f.count = v.get<int>(); }},
-  };
-  for (const auto& [key, value] : j.items()) {
-    auto it = fields.find(key);
-    if (it == fields.end()) throw CaseError("finding." + key, "unknown field");
-    try {
-      it->second(value);
-    } catch (const json::exception& e) {
-      throw CaseError("finding." + key, std::string("wrong type: ") + e.what());
-    }
+  try {
+    fields::read(j, f, finding_fields(),
+                 {.path = "finding",
+                  .view = kFindingInCorpus,
+                  .missing_is_error = false,
+                  .unknown_is_error = true});
+  } catch (const fields::FieldError& e) {
+    throw CaseError(e.path(), e.reason());
   }
   if (f.expect != "pass" && f.expect != "fail") {
     throw CaseError("finding.expect", "must be \"pass\" or \"fail\", not \"" + f.expect + "\"");

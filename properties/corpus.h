@@ -20,9 +20,18 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "harness/core/json_fields.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {
+
+// The documents a Finding is written to (views of finding_fields()).
+inline constexpr unsigned kFindingInCorpus = 1;  // the "finding" object of a corpus entry
+inline constexpr unsigned kFindingInReport = 2;  // an element of report.json's "findings"
+
+// Every field of a Finding, with the documents that hold it: the one list both documents are
+// written and read from.
+const fields::Table<Finding>& finding_fields();
 
 nlohmann::ordered_json finding_to_json(const Finding& f);
 // Strict: unknown fields and wrong types throw CaseError naming "finding.<field>".

@@ -162,16 +162,28 @@ std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& f
 
 inline constexpr int kCorpusFormatVersion = 1;
 
+// One finding: the corpus entry's record and the report's, one struct for both (the field table
+// in properties/corpus.cc says which document holds which field).
 struct Finding {
-  std::string property, backend, detail, signature;
-  double error = 0, bound = 0, tightness = 0;
+  // Both documents.
+  std::string property, backend, signature;
+  uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
+  double tightness = 0;
+  int64_t count = 1;  // times seen (deduplicated by signature)
+  // The corpus entry.
+  std::string detail;  // the outcome's worst element (PropertyOutcome::detail)
+  double error = 0, bound = 0;
   std::string commit;                                  // MLAFUZZ_GIT_COMMIT baked at build time
   std::string gpu_name, driver_version, cuda_version;  // empty when not found on a GPU
   std::string host, found_at;                          // hostname; ISO 8601 UTC time
-  uint64_t seed = 0, case_index = 0;
-  int count = 1;                // times seen (deduplicated by signature)
   std::string expect = "pass";  // "pass": every property must pass (regression entries);
                                 // "fail": the finding is expected to persist (known bug)
+  // The report (filled by the campaign).
+  std::string shape_class;
+  bool shrunk = false;
+  std::string summary;  // format_outcome of the minimal case ("detail" in report.json)
+  std::string corpus_path, repro;
+  std::vector<std::string> corpus_entries;  // every shard's entry for this signature
 };
 
 // Fills property/backend/detail/error figures from an outcome, commit/host/time from this

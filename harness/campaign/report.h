@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "properties/evaluate.h"
+
 namespace mlafuzz::campaign {
 
 inline constexpr const char* kReportFormat = "mlafuzz-report";
@@ -93,17 +95,6 @@ struct PropertyStats {
   void merge(const PropertyStats& o);
 };
 
-// One deduplicated finding: a signature, how often it was seen, and where its case is saved.
-struct FindingRecord {
-  std::string signature, property, backend, shape_class;
-  int64_t count = 0;
-  uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
-  double tightness = 0;
-  bool shrunk = false;
-  std::string detail, corpus_path, repro;
-  std::vector<std::string> corpus_entries;  // every shard's entry for this signature
-};
-
 // What one shard (one `mlafuzz fuzz` process) ran.
 struct ShardRun {
   int32_t index = 0, count = 1;
@@ -137,8 +128,8 @@ struct Report {
   std::vector<ShardRun> shards;
   std::vector<DeviceCount> devices;
   std::map<std::string, int64_t> tags;
-  std::vector<PropertyStats> results;   // sorted by (backend, property)
-  std::vector<FindingRecord> findings;  // sorted by signature
+  std::vector<PropertyStats> results;  // sorted by (backend, property)
+  std::vector<Finding> findings;       // deduplicated, sorted by signature
 
   PropertyStats& stats(const std::string& backend, const std::string& property);
   const PropertyStats* find_stats(const std::string& backend, const std::string& property) const;

@@ -158,7 +158,7 @@ std::string render_junit(const Report& r) {
         for (const auto& f : r.findings) {
           if (f.backend == s->backend && f.property == s->property) {
             body << "finding " << f.signature << " seen " << f.count << "x\n"
-                 << f.detail << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
+                 << f.summary << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
                  << "\n\n";
           }
         }
@@ -394,10 +394,8 @@ bool has_error_figures(const PropertyStats& s) {
   return s.property == "tolerance" || s.property == "mma-vs-simt";
 }
 
-}  // namespace
-
-std::string render_html(const Report& r) {
-  std::ostringstream h;
+// The page head and the campaign table: what ran, where, how long.
+void html_campaign(std::ostream& h, const Report& r) {
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
     << "<title>mlafuzz report: seed " << r.seed << ", " << r.cases << " cases</title>\n"
     << "<style>body{font-family:sans-serif;margin:1.5em;color:#222}"
@@ -432,8 +430,10 @@ std::string render_html(const Report& r) {
       << " cases; ";
   }
   h << "</td></tr></table>\n";
+}
 
-  // Findings.
+// Findings, one row per signature.
+void html_findings(std::ostream& h, const Report& r) {
   h << "<h2>Findings (" << r.findings.size() << " signatures)</h2>\n";
   if (r.findings.empty()) {
     h << "<p>None.</p>\n";
@@ -444,14 +444,16 @@ std::string render_html(const Report& r) {
     for (const auto& f : r.findings) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
         << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
-        << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.detail)
+        << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.summary)
         << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
         << esc(f.repro) << "</code></td></tr>\n";
     }
     h << "</table>\n";
   }
+}
 
-  // Summary table.
+// Summary table: one row per backend and property.
+void html_results(std::ostream& h, const Report& r) {
   h << "<h2>Per backend and property</h2>\n<table><tr><th class=\"l\">backend</th>"
        "<th class=\"l\">property</th><th>cases</th><th>n/a</th><th>failures</th><th>max abs</th>"
        "<th>mean abs</th><th>max rel</th><th>cos diff</th><th>lse max abs</th>"
@@ -468,8 +470,11 @@ std::string render_html(const Report& r) {
       << "</td><td>" << s.flashmla_failures << "</td></tr>\n";
   }
   h << "</table>\n";
+}
 
-  // Tightness histograms, one per backend for every property with error figures.
+// Tightness histograms, one per backend for every property with error figures, and scatter
+// plots from the sampled points of the tolerance property.
+void html_charts(std::ostream& h, const Report& r) {
   h << "<h2>Tightness histograms</h2>\n<div class=\"grid\">\n";
   for (const auto& s : r.results) {
     if (!has_error_figures(s)) continue;
@@ -499,8 +504,10 @@ std::string render_html(const Report& r) {
   h << svg_scatter("tightness vs topk", topk, series, true, true, "topk", "tightness");
   h << svg_scatter("tightness vs page size", page, series, true, true, "page size", "tightness");
   h << "</div>\n";
+}
 
-  // Distribution of generated cases.
+// Distribution of generated cases.
+void html_tags(std::ostream& h, const Report& r) {
   std::vector<std::pair<std::string, int64_t>> tags(r.tags.begin(), r.tags.end());
   h << "<h2>Generated cases</h2>\n";
   if (tags.empty()) {
@@ -508,8 +515,10 @@ std::string render_html(const Report& r) {
   } else {
     h << svg_bars("case tags (" + std::to_string(r.cases) + " cases)", tags);
   }
+}
 
-  // Worst cases.
+// Worst cases of every backend and property.
+void html_worst(std::ostream& h, const Report& r) {
   h << "<h2>Worst cases</h2>\n<table><tr><th class=\"l\">backend / property</th><th>case</th>"
        "<th>tightness</th><th>max abs</th><th class=\"l\">shape</th><th class=\"l\">detail</th>"
        "<th class=\"l\">reproduce</th></tr>\n";
@@ -523,6 +532,18 @@ std::string render_html(const Report& r) {
         << esc(w.repro) << "</code></td></tr>\n";
     }
   }
+}
+
+}  // namespace
+
+std::string render_html(const Report& r) {
+  std::ostringstream h;
+  html_campaign(h, r);
+  html_findings(h, r);
+  html_results(h, r);
+  html_charts(h, r);
+  html_tags(h, r);
+  html_worst(h, r);
   h << "</table>\n</body></html>\n";
   return h.str();
 }
@@ -572,7 +593,7 @@ std::string render_summary(const Report& r) {
   }
   os << r.findings.size() << " finding signature(s)\n";
   for (const auto& f : r.findings) {
-    os << "  [" << f.count << "x] " << f.signature << "\n      " << f.detail
+    os << "  [" << f.count << "x] " << f.signature << "\n      " << f.summary
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
   return os.str();

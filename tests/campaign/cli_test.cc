@@ -51,7 +51,7 @@ TEST(FuzzCli, WorkerCrashIsAFindingAndTheCampaignGoesOn) {
   int64_t faults = 0;
   for (const auto& f : rep.findings) {
     EXPECT_EQ(f.property, "fault");
-    EXPECT_NE(f.detail.find("signal 11"), std::string::npos) << f.detail;
+    EXPECT_NE(f.summary.find("signal 11"), std::string::npos) << f.summary;
     faults += f.count;
   }
   const PropertyStats* run = rep.find_stats("cpu-simt", "run");
@@ -72,7 +72,7 @@ TEST(FuzzCli, WorkerHangIsAFindingAndTheCampaignGoesOn) {
   ASSERT_FALSE(rep.findings.empty()) << r.output;
   for (const auto& f : rep.findings) {
     EXPECT_EQ(f.property, "fault");
-    EXPECT_NE(f.detail.find("hang"), std::string::npos) << f.detail;
+    EXPECT_NE(f.summary.find("hang"), std::string::npos) << f.summary;
   }
 }
 
@@ -214,7 +214,7 @@ TEST(ReportCli, MergeCompareHtml) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // A night with a new finding: regression.
   Report worse = load_report(a);
-  FindingRecord f;
+  Finding f;
   f.signature = "poison|cpu-simt|model1 B1 H1 T1-2";
   f.property = "poison";
   f.backend = "cpu-simt";

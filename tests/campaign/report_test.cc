@@ -109,7 +109,7 @@ Report some_report(double t, bool with_finding) {
   r.stats("cpu-simt", "tolerance") = some_stats("cpu-simt", "tolerance", 0.1);
   r.stats("cpu-mma", "poison") = some_stats("cpu-mma", "poison", 0);
   if (with_finding) {
-    FindingRecord f;
+    Finding f;
     f.signature = "tolerance|cpu-mma|model1 B1 H1 T1-2";
     f.property = "tolerance";
     f.backend = "cpu-mma";
@@ -118,7 +118,7 @@ Report some_report(double t, bool with_finding) {
     f.seed = 3;
     f.case_index = 0;
     f.tightness = t;
-    f.detail = "out[0,0,447] error 3 > bound 0.01 <bad>";
+    f.summary = "out[0,0,447] error 3 > bound 0.01 <bad>";
     f.corpus_path = "corpus/findings/x.json";
     f.repro = "mlafuzz repro corpus/findings/x.json --backends cpu-mma";
     r.findings = {f};

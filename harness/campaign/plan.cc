@@ -1,0 +1,172 @@
+#include "harness/campaign/plan.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
+
+#include "harness/backends/registry.h"
+#include "harness/core/fileio.h"
+
+namespace mlafuzz::campaign {
+
+Faults ThreadBackends::take_faults() {
+  Faults faults;
+  for (auto* p : proxies) {
+    for (auto& f : p->take_faults()) faults.emplace(f.backend, f.message);
+  }
+  return faults;
+}
+
+BackendPool::BackendPool(const CampaignOptions& opts) : opts_(opts) {
+  worker_exe_ = opts_.worker_exe.empty() ? self_executable() : opts_.worker_exe;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible_ = v;
+  plan_backends();
+  if (!opts_.report_dir.empty()) {
+    // The workers' log goes beside the report.
+    make_dirs(opts_.report_dir);
+    worker_log_ = (std::filesystem::path(opts_.report_dir) / "workers.log").string();
+  }
+  probe_foreign();
+  start_device_workers();
+}
+
+void BackendPool::plan_backends() {
+  bool need_devices = false;
+  for (const auto& name : opts_.backends) {
+    BackendPlan p;
+    p.name = name;
+    const BackendSpec spec = resolve_backend(name);
+    p.foreign = spec.foreign;
+    if (spec.foreign) {
+      // Never load foreign code in the campaign process: it may crash on load.
+      p.isolated = opts_.isolate != "none";
+      p.on_device = false;  // decided by probe_foreign, by asking a worker
+      if (p.isolated) need_devices = true;
+    } else {
+      auto b = spec.make();
+      const Availability a = b->availability();
+      if (!a.available) {
+        throw std::runtime_error("backend '" + name + "' is not available: " + a.reason);
+      }
+      p.on_device = b->on_device();
+      p.isolated = opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker());
+      need_devices = need_devices || (p.isolated && p.on_device);
+    }
+    plan_.push_back(p);
+  }
+  if (!need_devices) return;
+  const auto text = run_capture({worker_exe_, "worker", "--device-info"}, 120);
+  if (!text) return;
+  try {
+    devinfo_ = device_info_from_json(*text);
+    devinfo_queried_ = true;
+  } catch (const std::exception&) {
+  }
+}
+
+// Plugins: ask a probe worker whether they run on a device.
+void BackendPool::probe_foreign() {
+  for (auto& p : plan_) {
+    if (!p.isolated || !p.foreign) continue;
+    WorkerSpec spec{worker_exe_, p.name, devinfo_.count > 0 ? 0 : -1, visible_, worker_log_};
+    WorkerProcess probe(spec);
+    const WorkerInfo& info = probe.info();
+    if (!info.available) {
+      throw std::runtime_error("backend '" + p.name + "' is not available: " + info.reason);
+    }
+    p.on_device = info.on_device;
+  }
+}
+
+bool BackendPool::any_device_worker() const {
+  for (const auto& p : plan_) {
+    if (p.isolated && p.on_device) return true;
+  }
+  return false;
+}
+
+// Device workers: one per (backend, GPU). Other isolated backends get one worker per thread
+// (made in for_thread).
+void BackendPool::start_device_workers() {
+  if (!any_device_worker()) return;
+  if (devinfo_.count > 0) {
+    devices_ = parse_devices(opts_.devices, devinfo_.count);
+    if (devices_.empty()) throw std::invalid_argument("--devices selects no GPU");
+  } else {
+    devices_ = {-1};  // no GPU found: the worker decides (its backend may be unavailable)
+  }
+  for (const auto& p : plan_) {
+    if (!(p.isolated && p.on_device)) continue;
+    for (int d : devices_) {
+      WorkerSpec spec{worker_exe_, p.name, d, visible_, worker_log_};
+      auto slot = std::make_shared<WorkerSlot>(spec);
+      const WorkerInfo& info = slot->proc.info();
+      if (!info.available) {
+        throw std::runtime_error("backend '" + p.name + "' is not available on " + device_label(d) +
+                                 ": " + info.reason);
+      }
+      slots_[{p.name, d}] = slot;
+    }
+  }
+}
+
+ThreadBackends BackendPool::for_thread(int t) const {
+  ThreadBackends tb;
+  tb.device = devices_.empty() ? -1 : devices_[t % devices_.size()];
+  for (const auto& p : plan_) {
+    if (!p.isolated) {
+      tb.owned.push_back(make_backend(p.name));
+    } else {
+      std::shared_ptr<WorkerSlot> slot;
+      if (p.on_device) {
+        slot = slots_.at({p.name, tb.device});
+      } else {
+        slot = std::make_shared<WorkerSlot>(WorkerSpec{worker_exe_, p.name, -1, "", worker_log_});
+      }
+      auto proxy = std::make_unique<ProxyBackend>(slot, opts_.case_timeout_s);
+      tb.proxies.push_back(proxy.get());
+      tb.owned.push_back(std::move(proxy));
+    }
+    tb.ptrs.push_back(tb.owned.back().get());
+  }
+  if (!any_device_worker()) tb.device = -1;
+  return tb;
+}
+
+std::unique_ptr<ProxyBackend> BackendPool::fresh_worker(const std::string& backend,
+                                                        const ThreadBackends& tb) const {
+  int dev = -1;
+  std::string spec_name = backend;
+  for (size_t i = 0; i < tb.ptrs.size(); ++i) {
+    if (tb.ptrs[i]->name() == backend) spec_name = plan_[i].name;
+  }
+  for (auto* p : tb.proxies) {
+    if (p->name() == backend) dev = p->device();
+  }
+  auto slot =
+      std::make_shared<WorkerSlot>(WorkerSpec{worker_exe_, spec_name, dev, visible_, worker_log_});
+  return std::make_unique<ProxyBackend>(slot, opts_.case_timeout_s);
+}
+
+void BackendPool::fill_gpu(Finding& f, const std::string& backend, const ThreadBackends& tb) const {
+  if (backend.find('|') != std::string::npos) return;  // a pair: no single GPU
+  for (auto* p : tb.proxies) {
+    if (p->name() == backend && p->on_device() && tb.device >= 0) {
+      f.gpu_name = device_name(tb.device);
+      f.driver_version = devinfo_.driver;
+      f.cuda_version = devinfo_.runtime;
+    }
+  }
+}
+
+std::string BackendPool::device_name(int d) const {
+  return d >= 0 && d < static_cast<int>(devinfo_.names.size()) ? devinfo_.names[d] : "";
+}
+
+std::string BackendPool::names_as_given() const {
+  std::string b;
+  for (const auto& p : plan_) b += (b.empty() ? "" : ",") + p.name;
+  return b;
+}
+
+}  // namespace mlafuzz::campaign
