@@ -42,7 +42,8 @@ if want sanitize; then
       filter='*CudaKernel.RandomRecipes*:*CudaKernel.Poison*'
       n=3
     fi
-    MLAFUZZ_GPU_CASES=$n timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+    # Exact device allocations: memcheck then sees a read one byte past any buffer.
+    MLAFUZZ_CUDA_EXACT_ALLOC=1 MLAFUZZ_GPU_CASES=$n timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 \
       "$TESTS" --gtest_brief=1 "--gtest_filter=$filter" >"$OUT/$tool.log" 2>&1 &
     pids+=("$!:$tool")
   done

@@ -182,6 +182,7 @@ Report Campaign::snapshot(bool complete) {
   Report r;
   ShardRun sr;
   stats_.fill(r, sr);
+  r.time_breakdown = pool_.time_breakdown();
   r.complete = complete;
   r.seed = opts_.seed;
   r.profile = opts_.profile;
@@ -253,7 +254,10 @@ void Campaign::print_banner() {
   const auto& plan = pool_.plan();
   for (size_t i = 0; i < plan.size(); ++i) {
     log << " " << backend_names_[i]
-        << (plan[i].isolated ? (plan[i].on_device ? " [worker per GPU]" : " [worker]") : "");
+        << (!plan[i].isolated ? ""
+            : plan[i].on_device
+                ? " [" + std::to_string(pool_.workers_per_device()) + " worker(s) per GPU]"
+                : " [worker]");
   }
   const auto& devices = pool_.devices();
   if (!devices.empty() && devices.front() >= 0) {

@@ -24,6 +24,8 @@
 
 namespace mlafuzz::campaign {
 
+inline constexpr int kDefaultWorkersPerDevice = 4;
+
 struct CampaignOptions {
   std::vector<std::string> backends;    // resolved names (make_backend)
   std::vector<std::string> properties;  // empty: all_properties()
@@ -33,6 +35,9 @@ struct CampaignOptions {
   ShardSpec shard;
   std::string devices = "all";  // GPUs for device backends: all | N | list | none
   int jobs = 0;                 // evaluation threads; 0: hardware_concurrency
+  // Worker processes per (device backend, GPU), shared round robin by the threads; 0: the
+  // default (kDefaultWorkersPerDevice), never more than threads per GPU.
+  int workers_per_device = 0;
   std::string corpus_dir = "corpus/findings";
   std::string report_dir;           // "" : no report files (tests, replay)
   double shrink_time_s = 30;        // per new finding; 0: no shrinking

@@ -95,17 +95,28 @@ void BackendPool::start_device_workers() {
   } else {
     devices_ = {-1};  // no GPU found: the worker decides (its backend may be unavailable)
   }
+  // Several workers per GPU: a call's host work (encoding, the transport, copies, the
+  // synchronization) then overlaps other workers' kernels. Threads share them round robin.
+  const int jobs = opts_.jobs > 0
+                       ? opts_.jobs
+                       : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int per_device = std::max<int>(1, jobs / static_cast<int>(devices_.size()));
+  workers_per_device_ =
+      std::min(opts_.workers_per_device > 0 ? opts_.workers_per_device : kDefaultWorkersPerDevice,
+               per_device);
   for (const auto& p : plan_) {
     if (!(p.isolated && p.on_device)) continue;
     for (int d : devices_) {
-      WorkerSpec spec{worker_exe_, p.name, d, visible_, worker_log_};
-      auto slot = std::make_shared<WorkerSlot>(spec);
-      const WorkerInfo& info = slot->proc.info();
-      if (!info.available) {
-        throw std::runtime_error("backend '" + p.name + "' is not available on " + device_label(d) +
-                                 ": " + info.reason);
+      for (int k = 0; k < workers_per_device_; ++k) {
+        WorkerSpec spec{worker_exe_, p.name, d, visible_, worker_log_};
+        auto slot = std::make_shared<WorkerSlot>(spec);
+        const WorkerInfo& info = slot->proc.info();
+        if (!info.available) {
+          throw std::runtime_error("backend '" + p.name + "' is not available on " +
+                                   device_label(d) + ": " + info.reason);
+        }
+        slots_[{p.name, d, k}] = slot;
       }
-      slots_[{p.name, d}] = slot;
     }
   }
 }
@@ -119,11 +130,16 @@ ThreadBackends BackendPool::for_thread(int t) const {
     } else {
       std::shared_ptr<WorkerSlot> slot;
       if (p.on_device) {
-        slot = slots_.at({p.name, tb.device});
+        const int k = (t / static_cast<int>(devices_.size())) % workers_per_device_;
+        slot = slots_.at({p.name, tb.device, k});
       } else {
         slot = std::make_shared<WorkerSlot>(WorkerSpec{worker_exe_, p.name, -1, "", worker_log_});
       }
       auto proxy = std::make_unique<ProxyBackend>(slot, opts_.case_timeout_s);
+      {
+        std::lock_guard<std::mutex> lock(totals_mu_);
+        call_totals_.emplace_back(proxy->name(), proxy->totals());
+      }
       tb.proxies.push_back(proxy.get());
       tb.owned.push_back(std::move(proxy));
     }
@@ -167,6 +183,17 @@ std::string BackendPool::names_as_given() const {
   std::string b;
   for (const auto& p : plan_) b += (b.empty() ? "" : ",") + p.name;
   return b;
+}
+
+TimeBreakdown BackendPool::time_breakdown() const {
+  std::lock_guard<std::mutex> lock(totals_mu_);
+  TimeBreakdown t;
+  for (const auto& [backend, totals] : call_totals_) {
+    const auto [calls, phases] = totals->get();
+    t[backend].calls += calls;
+    t[backend].phases += phases;
+  }
+  return t;
 }
 
 }  // namespace mlafuzz::campaign

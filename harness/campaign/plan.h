@@ -4,12 +4,15 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "harness/backends/device_query.h"
 #include "harness/campaign/campaign.h"
+#include "harness/campaign/time_breakdown.h"
 #include "harness/campaign/worker.h"
 
 namespace mlafuzz::campaign {
@@ -22,7 +25,7 @@ struct BackendPlan {
   std::string name;      // as given (plugin path, mutant name, ...)
   bool foreign = false;  // user code (BackendSpec::foreign): never constructed in this process
   bool isolated = false;
-  bool on_device = false;  // one worker per GPU, shared by threads
+  bool on_device = false;  // workers_per_device() workers per GPU, shared by threads
 };
 
 // The backends of one evaluation thread.
@@ -58,6 +61,9 @@ class BackendPool {
   std::string device_label(int d) const { return d < 0 ? "cpu" : "cuda:" + std::to_string(d); }
   std::string device_name(int d) const;
   std::string names_as_given() const;  // comma-separated, for replay commands
+  int workers_per_device() const { return workers_per_device_; }
+  // Every proxy's calls so far and where their time went, by backend.
+  TimeBreakdown time_breakdown() const;
 
  private:
   void plan_backends();
@@ -71,7 +77,11 @@ class BackendPool {
   DeviceInfo devinfo_;
   bool devinfo_queried_ = false;
   std::vector<int> devices_;  // GPU ordinals for device backends
-  std::map<std::pair<std::string, int>, std::shared_ptr<WorkerSlot>> slots_;
+  // Device workers: workers_per_device_ per (backend, GPU), keyed (backend, GPU, k).
+  std::map<std::tuple<std::string, int, int>, std::shared_ptr<WorkerSlot>> slots_;
+  int workers_per_device_ = 1;
+  mutable std::mutex totals_mu_;
+  mutable std::vector<std::pair<std::string, std::shared_ptr<const CallTotals>>> call_totals_;
 };
 
 }  // namespace mlafuzz::campaign

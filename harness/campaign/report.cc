@@ -293,6 +293,7 @@ void merge_campaign(Report& m, MergeSets& sets, const Report& r, bool many_hosts
   m.cases_per_s += r.cases_per_s;  // shards run side by side: throughputs add
   m.eval_seconds += r.eval_seconds;
   m.oracle_seconds += r.oracle_seconds;
+  merge_time_breakdown(m.time_breakdown, r.time_breakdown);
   for (const auto& s : r.shards) m.shards.push_back(s);
   for (const auto& d : r.devices) {
     const std::string key = many_hosts ? r.host + "/" + d.label : d.label;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/campaign/time_breakdown.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {
@@ -125,6 +126,7 @@ struct Report {
   int64_t cases = 0;
   double cases_per_s = 0;
   double eval_seconds = 0, oracle_seconds = 0;  // summed over cases (CPU time of evaluation)
+  TimeBreakdown time_breakdown;  // worker calls per backend and where their time went
   std::vector<ShardRun> shards;
   std::vector<DeviceCount> devices;
   std::map<std::string, int64_t> tags;

@@ -323,6 +323,16 @@ const Table<Report>& campaign_fields() {
       field("cases_per_s", &Report::cases_per_s),
       field("eval_seconds", &Report::eval_seconds),
       field("oracle_seconds", &Report::oracle_seconds),
+      {"time_breakdown", fields::kAllViews,
+       [](const Report& r, const WriteStyle&) { return time_breakdown_to_json(r.time_breakdown); },
+       [](Report& r, const Json& v, const std::string& path) {
+         try {
+           r.time_breakdown = time_breakdown_from_json(v, path);
+         } catch (const std::runtime_error& e) {
+           throw FieldError(path, e.what());
+         }
+       },
+       /*optional=*/true},
       shards_field(),
       fields::array_of("devices", &Report::devices, device_fields),
   };

@@ -573,6 +573,7 @@ std::string render_summary(const Report& r) {
     for (const auto& d : r.devices) os << " " << d.label << "=" << d.cases;
     os << "\n";
   }
+  os << render_time_breakdown(r.time_breakdown);
   if (!r.tags.empty()) {
     // The distribution of generated cases, most frequent first.
     std::vector<std::pair<std::string, int64_t>> tags(r.tags.begin(), r.tags.end());

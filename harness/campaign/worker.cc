@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -114,7 +115,9 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
         if (why) reply += *why;
         if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
       } else if (type == MsgType::kRun) {
+        const auto t_decode = Clock::now();
         const MaterializedCase m = decode_case(payload);
+        const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
         if (!tf.kind.empty() && m.heads >= tf.min_heads) {
           if (tf.kind == "crash") {
             ::signal(SIGSEGV, SIG_DFL);
@@ -128,6 +131,8 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
         const auto t0 = Clock::now();
         RunResult r = backend->run(m);
         r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        r.phases[Phase::kDecode] = decode_s;
+        r.phases[Phase::kRun] = r.seconds;
         std::optional<std::string> sticky;
         if (tf.kind == "sticky" && m.heads >= tf.min_heads) {
           sticky = "cudaErrorIllegalAddress: an illegal memory access was encountered (test hook)";
@@ -491,7 +496,10 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
       return res;
     }
   }
-  const Reply r = call(MsgType::kRun, encode_case(m), timeout_s);
+  const auto t_encode = Clock::now();
+  const std::string request = encode_case(m);
+  const double encode_s = std::chrono::duration<double>(Clock::now() - t_encode).count();
+  const Reply r = call(MsgType::kRun, request, timeout_s);
   if (!r.fault.empty()) {
     res.status = RunStatus::kFault;
     res.message = r.fault;
@@ -514,6 +522,7 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
     // The worker reported a sticky device error and exits: reap it.
     res.message = kill_and_describe(res.message);
   }
+  res.phases[Phase::kEncode] = encode_s;
   return res;
 }
 
@@ -549,11 +558,19 @@ std::optional<std::string> ProxyBackend::unsupported(const MaterializedCase& m) 
 
 RunResult ProxyBackend::run(const MaterializedCase& m) {
   RunResult r;
+  const auto t_wait = Clock::now();
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
+    const auto t_call = Clock::now();
     r = slot_->proc.run(m, timeout_s_);
+    const double call_s = std::chrono::duration<double>(Clock::now() - t_call).count();
     if (r.status == RunStatus::kFault) ++slot_->faults;
+    r.phases[Phase::kQueue] = std::chrono::duration<double>(t_call - t_wait).count();
+    // The rest of the call is the proxy's encoding, the transport and the worker's decode+run.
+    r.phases[Phase::kTransport] = std::max(
+        0.0, call_s - r.phases[Phase::kEncode] - r.phases[Phase::kDecode] - r.phases[Phase::kRun]);
   }
+  totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     std::lock_guard<std::mutex> lock(faults_mu_);
     faults_.push_back({info_.name, r.message});

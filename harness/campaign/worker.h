@@ -86,6 +86,25 @@ struct WorkerSlot {
   int64_t faults = 0;
 };
 
+// Calls of one backend and where their time went (Phase), summed; thread-safe.
+class CallTotals {
+ public:
+  void add(const CallPhases& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++calls_;
+    phases_ += p;
+  }
+  std::pair<int64_t, CallPhases> get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {calls_, phases_};
+  }
+
+ private:
+  mutable std::mutex mu_;
+  int64_t calls_ = 0;
+  CallPhases phases_;
+};
+
 // A fault seen by a proxy during the current case.
 struct FaultRecord {
   std::string backend, message;
@@ -110,6 +129,9 @@ class ProxyBackend final : public Backend {
 
   std::vector<FaultRecord> take_faults();
   int device() const { return slot_->proc.spec().device; }
+  // Calls made through this proxy and where their time went (the campaign's time breakdown);
+  // shared so that the campaign reads them while (and after) the proxy's thread runs.
+  std::shared_ptr<const CallTotals> totals() const { return totals_; }
 
  private:
   std::shared_ptr<WorkerSlot> slot_;
@@ -117,6 +139,7 @@ class ProxyBackend final : public Backend {
   WorkerInfo info_;
   mutable std::mutex faults_mu_;
   mutable std::vector<FaultRecord> faults_;
+  std::shared_ptr<CallTotals> totals_ = std::make_shared<CallTotals>();
 };
 
 // Runs `exe args...` and returns its stdout (stderr inherited), or nullopt when it fails, exits

@@ -136,6 +136,7 @@ std::string encode_result(const RunResult& x) {
   w.vec(x.lse_raw);
   w.pod(x.guard_violations);
   w.pod(x.seconds);
+  for (double s : x.phases.seconds) w.pod(s);
   return w.take();
 }
 
@@ -154,6 +155,7 @@ RunResult decode_result(std::string_view bytes) {
   x.lse_raw = r.vec<float>();
   x.guard_violations = r.pod<int64_t>();
   x.seconds = r.pod<double>();
+  for (double& s : x.phases.seconds) s = r.pod<double>();
   r.end();
   return x;
 }

@@ -31,6 +31,7 @@ struct FuzzOptions {
   std::string shard;
   std::string devices = "all";
   int jobs = 0;
+  int workers_per_gpu = 0;
   std::string corpus = "corpus/findings";
   std::string report;
   std::string properties;
@@ -86,6 +87,8 @@ int fuzz_command(const FuzzOptions& f) {
     o.devices = f.devices;
     if (f.jobs < 0) throw std::invalid_argument("--jobs must be >= 0");
     o.jobs = f.jobs;
+    if (f.workers_per_gpu < 0) throw std::invalid_argument("--workers-per-gpu must be >= 0");
+    o.workers_per_device = f.workers_per_gpu;
     o.corpus_dir = f.corpus;
     o.shrink_time_s = f.shrink_time.find_first_not_of("0smhd.") == std::string::npos &&
                               f.shrink_time.find_first_of("123456789") == std::string::npos
@@ -148,6 +151,9 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
                   "GPUs for device backends, one worker per GPU: all, a count, or a list 0,2")
       ->capture_default_str();
   sub->add_option("--jobs", f->jobs, "evaluation threads (default: every core)");
+  sub->add_option("--workers-per-gpu", f->workers_per_gpu,
+                  "worker processes per GPU backend and GPU, shared by the threads (default 4, "
+                  "at most the threads per GPU)");
   sub->add_option("--corpus", f->corpus, "folder for findings")->capture_default_str();
   sub->add_option("--report", f->report, "report folder (default reports/<UTC time>)");
   sub->add_option("--properties", f->properties, "comma-separated properties (default all)");

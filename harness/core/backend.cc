@@ -4,6 +4,13 @@
 
 namespace mlafuzz {
 
+const char* phase_name(Phase p) {
+  static constexpr const char* kNames[kPhaseCount] = {
+      "queue", "encode", "transport", "decode", "run", "alloc", "upload", "kernel", "download"};
+  const int i = static_cast<int>(p);
+  return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
+}
+
 const char* precision_name(Precision p) {
   switch (p) {
     case Precision::kFloat64:

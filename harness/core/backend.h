@@ -5,6 +5,7 @@
 // no CUDA header; CUDA backends are created through factory functions declared in plain headers.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -49,6 +50,36 @@ struct OutputBuffers {
   int64_t guard_violations(const MaterializedCase& m) const;
 };
 
+// Where the time of one backend call went, in seconds, filled by each layer the call passes
+// through: the worker proxy (waiting for a free worker, encoding the case, the round trip through
+// the transport less the worker's own time), the worker (decoding the case), and the CUDA staging
+// (device allocation, copies to and from the device, the kernel with its synchronization). What a
+// backend does not measure stays 0; `run` is the backend's whole run() as the worker saw it.
+enum class Phase : int {
+  kQueue,      // waiting for a free worker (another thread's call in flight)
+  kEncode,     // case -> frame (proxy side)
+  kTransport,  // request and reply through the transport, less the worker's decode and run
+  kDecode,     // frame -> case (worker side)
+  kRun,        // the backend's run() inside the worker: alloc + upload + kernel + download + rest
+  kAlloc,      // device allocation (cudaMalloc) inside kRun
+  kUpload,     // host -> device copies inside kRun
+  kKernel,     // launch and synchronize inside kRun
+  kDownload,   // device -> host copies inside kRun
+  kCount,
+};
+inline constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
+const char* phase_name(Phase p);
+
+struct CallPhases {
+  std::array<double, kPhaseCount> seconds{};
+  double& operator[](Phase p) { return seconds[static_cast<int>(p)]; }
+  double operator[](Phase p) const { return seconds[static_cast<int>(p)]; }
+  CallPhases& operator+=(const CallPhases& o) {
+    for (int i = 0; i < kPhaseCount; ++i) seconds[i] += o.seconds[i];
+    return *this;
+  }
+};
+
 struct RunResult {
   RunStatus status = RunStatus::kOk;
   std::string message;
@@ -60,6 +91,7 @@ struct RunResult {
   std::vector<float> lse_raw;
   int64_t guard_violations = 0;
   double seconds = 0;  // wall time of the call, for reports
+  CallPhases phases;   // where `seconds` went, as far as the layers measured it
 
   bool ok() const { return status == RunStatus::kOk; }
 };

@@ -58,6 +58,8 @@ struct Field {
   std::function<Json(const T&, const WriteStyle&)> write;
   // Null for a field that is written only (a figure derived from others).
   std::function<void(T&, const Json&, const std::string& path)> read;
+  // Absent from documents written before the field existed: missing keeps the default.
+  bool optional = false;
 };
 
 template <class T>
@@ -166,7 +168,9 @@ void read(const Json& j, T& t, const Table<T>& table, const ReadRules& rules = {
     if (!(f.views & rules.view) || !f.read) continue;
     auto it = j.find(f.key);
     if (it == j.end()) {
-      if (rules.missing_is_error) throw FieldError(child(rules.path, f.key), "missing");
+      if (rules.missing_is_error && !f.optional) {
+        throw FieldError(child(rules.path, f.key), "missing");
+      }
       continue;
     }
     f.read(t, *it, child(rules.path, f.key));

@@ -1,5 +1,7 @@
 // CUDA backends: device buffers around one kernel launch, errors turned into RunResults.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -11,16 +13,46 @@
 namespace mlafuzz::cuda_detail {
 namespace {
 
-// Owns one device allocation; freed on scope exit (errors of cudaFree after a fault ignored).
+// One device buffer of a backend, kept between calls and grown when a case needs more: a
+// campaign makes thousands of calls per second, and cudaMalloc/cudaFree (which synchronizes the
+// device) cost more than the kernels. With MLAFUZZ_CUDA_EXACT_ALLOC=1 every call allocates its
+// buffers at their exact sizes and frees them afterwards, so that compute-sanitizer's memcheck
+// sees a read one byte past a buffer (scripts/gpu_check.sh sets it).
 struct DevMem {
   void* ptr = nullptr;
+  size_t capacity = 0;
   DevMem() = default;
   DevMem(const DevMem&) = delete;
   DevMem& operator=(const DevMem&) = delete;
-  ~DevMem() {
-    if (ptr != nullptr) (void)cudaFree(ptr);
+  ~DevMem() { release(); }
+  void release() {
+    if (ptr != nullptr) (void)cudaFree(ptr);  // errors after a fault ignored
+    ptr = nullptr;
+    capacity = 0;
+  }
+  // At least `bytes` (1 for empty buffers); exact sizes when `exact`.
+  cudaError_t reserve(size_t bytes, bool exact) {
+    bytes = std::max<size_t>(bytes, 1);
+    if (ptr != nullptr && (exact ? capacity == bytes : capacity >= bytes)) return cudaSuccess;
+    release();
+    const size_t want = exact ? bytes : std::max<size_t>(bytes + bytes / 4, 4096);
+    const cudaError_t e = cudaMalloc(&ptr, want);
+    if (e == cudaSuccess) capacity = want;
+    return e;
   }
 };
+
+bool exact_allocations() {
+  static const bool exact = [] {
+    const char* v = std::getenv("MLAFUZZ_CUDA_EXACT_ALLOC");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return exact;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 RunResult failure(cudaError_t e, const std::string& what) {
   RunResult r;
@@ -74,41 +106,50 @@ class CudaKernelBackend final : public Backend {
       return r;
     }
     OutputBuffers bufs(m);
-    DevMem d_q, d_cache, d_idx, d_len, d_sink, d_out, d_lse;
-    // Copies a host vector to a fresh device buffer (1 byte allocated for empty vectors).
-    auto upload = [](DevMem& d, const void* src, size_t bytes) -> cudaError_t {
-      cudaError_t e = cudaMalloc(&d.ptr, bytes > 0 ? bytes : 1);
-      if (e != cudaSuccess) return e;
-      if (bytes == 0) return cudaSuccess;
-      return cudaMemcpy(d.ptr, src, bytes, cudaMemcpyHostToDevice);
+    const bool exact = exact_allocations();
+    struct Upload {
+      DevMem& d;
+      const void* src;
+      size_t bytes;
+      const char* what;
     };
+    const Upload uploads[] = {
+        {d_q_, m.q.data(), m.q.size() * 2, "q"},
+        {d_cache_, m.cache.data(), m.cache.size(), "kv cache"},
+        {d_idx_, m.indices.data(), m.indices.size() * 4, "indices"},
+        {d_len_, m.topk_length.data(), m.topk_length.size() * 4, "topk_length"},
+        {d_sink_, m.sink.data(), m.sink.size() * 4, "sink"},
+        {d_out_, bufs.out.data(), bufs.out.size() * 2, "out"},
+        {d_lse_, bufs.lse.data(), bufs.lse.size() * 4, "lse"},
+    };
+    RunResult timing;
+    auto t0 = std::chrono::steady_clock::now();
     cudaError_t e;
-    if ((e = upload(d_q, m.q.data(), m.q.size() * 2)) != cudaSuccess) return failure(e, "q");
-    if ((e = upload(d_cache, m.cache.data(), m.cache.size())) != cudaSuccess)
-      return failure(e, "kv cache");
-    if ((e = upload(d_idx, m.indices.data(), m.indices.size() * 4)) != cudaSuccess)
-      return failure(e, "indices");
-    if (!m.topk_length.empty() &&
-        (e = upload(d_len, m.topk_length.data(), m.topk_length.size() * 4)) != cudaSuccess)
-      return failure(e, "topk_length");
-    if (!m.sink.empty() && (e = upload(d_sink, m.sink.data(), m.sink.size() * 4)) != cudaSuccess)
-      return failure(e, "sink");
-    if ((e = upload(d_out, bufs.out.data(), bufs.out.size() * 2)) != cudaSuccess)
-      return failure(e, "out");
-    if ((e = upload(d_lse, bufs.lse.data(), bufs.lse.size() * 4)) != cudaSuccess)
-      return failure(e, "lse");
+    for (const Upload& u : uploads) {
+      if ((e = u.d.reserve(u.bytes, exact)) != cudaSuccess) return failure(e, u.what);
+    }
+    timing.phases[Phase::kAlloc] = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    for (const Upload& u : uploads) {
+      if (u.bytes == 0) continue;
+      if ((e = cudaMemcpy(u.d.ptr, u.src, u.bytes, cudaMemcpyHostToDevice)) != cudaSuccess) {
+        return failure(e, u.what);
+      }
+    }
+    timing.phases[Phase::kUpload] = seconds_since(t0);
 
     mla::DecodeParams p = m.host_params();
-    p.q = static_cast<const uint16_t*>(d_q.ptr);
-    p.kv_cache = static_cast<const uint8_t*>(d_cache.ptr);
-    p.indices = static_cast<const int32_t*>(d_idx.ptr);
-    p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(d_len.ptr);
-    p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(d_sink.ptr);
-    p.out = static_cast<uint16_t*>(d_out.ptr) + OutputBuffers::kGuard;
+    p.q = static_cast<const uint16_t*>(d_q_.ptr);
+    p.kv_cache = static_cast<const uint8_t*>(d_cache_.ptr);
+    p.indices = static_cast<const int32_t*>(d_idx_.ptr);
+    p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(d_len_.ptr);
+    p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(d_sink_.ptr);
+    p.out = static_cast<uint16_t*>(d_out_.ptr) + OutputBuffers::kGuard;
     p.out_head_stride = bufs.out_head_stride;
     p.out_batch_stride = bufs.out_batch_stride;
-    p.lse = static_cast<float*>(d_lse.ptr) + OutputBuffers::kGuard;
+    p.lse = static_cast<float*>(d_lse_.ptr) + OutputBuffers::kGuard;
 
+    t0 = std::chrono::steady_clock::now();
     const int rc = launch_(p);
     if (rc == mla::cuda::kErrUnsupported) {
       RunResult r;
@@ -118,13 +159,21 @@ class CudaKernelBackend final : public Backend {
     }
     if (rc != 0) return failure(static_cast<cudaError_t>(rc), name_ + " launch");
     if ((e = cudaDeviceSynchronize()) != cudaSuccess) return failure(e, name_ + " kernel");
-    if ((e = cudaMemcpy(bufs.out.data(), d_out.ptr, bufs.out.size() * 2, cudaMemcpyDeviceToHost)) !=
-        cudaSuccess)
+    timing.phases[Phase::kKernel] = seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    if ((e = cudaMemcpy(bufs.out.data(), d_out_.ptr, bufs.out.size() * 2,
+                        cudaMemcpyDeviceToHost)) != cudaSuccess)
       return failure(e, "copy out back");
-    if ((e = cudaMemcpy(bufs.lse.data(), d_lse.ptr, bufs.lse.size() * 4, cudaMemcpyDeviceToHost)) !=
-        cudaSuccess)
+    if ((e = cudaMemcpy(bufs.lse.data(), d_lse_.ptr, bufs.lse.size() * 4,
+                        cudaMemcpyDeviceToHost)) != cudaSuccess)
       return failure(e, "copy lse back");
-    return collect_outputs(m, bufs);
+    timing.phases[Phase::kDownload] = seconds_since(t0);
+    if (exact) {
+      for (const Upload& u : uploads) u.d.release();
+    }
+    RunResult r = collect_outputs(m, bufs);
+    r.phases = timing.phases;
+    return r;
   }
 
   std::string name_;
@@ -132,6 +181,8 @@ class CudaKernelBackend final : public Backend {
   std::string simt_partner_;
   UnsupportedFn unsupported_;
   LaunchFn launch_;
+  // Device buffers kept between calls (DevMem); one backend object serves one thread.
+  DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_out_, d_lse_;
 };
 
 }  // namespace
