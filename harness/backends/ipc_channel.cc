@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,17 +142,40 @@ void SharedMemory::reserve(size_t bytes) {
   size_ = want;
 }
 
+// ---- SharedMemoryView ----
+
+SharedMemoryView::~SharedMemoryView() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+void SharedMemoryView::refresh() {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail("fstat of shared memory");
+  const size_t want = static_cast<size_t>(st.st_size);
+  if (want == size_ && map_ != nullptr) return;
+  if (map_ != nullptr) ::munmap(map_, size_);
+  map_ = nullptr;
+  size_ = 0;
+  if (want == 0) return;
+  void* m = ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (m == MAP_FAILED) fail("mmap of shared memory");
+  map_ = m;
+  size_ = want;
+}
+
 // ---- Child ----
 
-void Child::start(const ChildSpec& spec) {
-  stop(0);
-  spec_ = spec;
+namespace {
+
+// fork + exec with stdin from `stdin_fd` (-1: /dev/null) and stdout to `stdout_fd`; stderr to
+// spec.log_path when set; the shared memory as kChildShmFd. Everything the child needs is
+// prepared before fork: the child only makes async-signal-safe calls (the campaign is
+// multi-threaded). Throws std::runtime_error when fork fails.
+pid_t spawn(const ChildSpec& spec, int stdin_fd, int stdout_fd) {
   std::vector<std::string> extra = spec.env;
   extra.push_back("MLAFUZZ_WORKER_PARENT=" + std::to_string(::getpid()));
   static std::once_flag ignore_sigpipe;
   std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
-  // Everything the child needs is prepared before fork: the child only makes
-  // async-signal-safe calls (the campaign is multi-threaded).
   std::vector<char*> args;
   for (const auto& a : spec.argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -166,28 +190,19 @@ void Child::start(const ChildSpec& spec) {
   std::vector<char*> envp;
   for (auto& e : env_store) envp.push_back(e.data());
   envp.push_back(nullptr);
-
-  int in_pipe[2], out_pipe[2];
-  if (::pipe2(in_pipe, O_CLOEXEC) != 0) fail("pipe");
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
-    const int err = errno;
-    ::close(in_pipe[0]);
-    ::close(in_pipe[1]);
-    errno = err;
-    fail("pipe");
-  }
   const int log_fd =
       spec.log_path.empty()
           ? -1
           : ::open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  const int null_fd = stdin_fd < 0 ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid == 0) {
     // Own process group: a terminal's Ctrl-C reaches the parent, which stops its children.
     ::setpgid(0, 0);
     if (::getppid() != parent) ::_exit(127);
-    ::dup2(in_pipe[0], STDIN_FILENO);
-    ::dup2(out_pipe[1], STDOUT_FILENO);
+    ::dup2(stdin_fd >= 0 ? stdin_fd : null_fd, STDIN_FILENO);
+    ::dup2(stdout_fd, STDOUT_FILENO);
     if (log_fd >= 0) ::dup2(log_fd, STDERR_FILENO);
     if (spec.shm_fd >= 0) {
       // dup2 clears close-on-exec on the copy; a descriptor already numbered 3 needs it off.
@@ -204,14 +219,37 @@ void Child::start(const ChildSpec& spec) {
   }
   const int fork_errno = errno;
   if (log_fd >= 0) ::close(log_fd);
-  ::close(in_pipe[0]);
-  ::close(out_pipe[1]);
+  if (null_fd >= 0) ::close(null_fd);
   if (pid < 0) {
-    ::close(in_pipe[1]);
-    ::close(out_pipe[0]);
     errno = fork_errno;
     fail("fork");
   }
+  return pid;
+}
+
+}  // namespace
+
+void Child::start(const ChildSpec& spec) {
+  stop(0);
+  spec_ = spec;
+  int in_pipe[2], out_pipe[2];
+  if (::pipe2(in_pipe, O_CLOEXEC) != 0) fail("pipe");
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
+    const int err = errno;
+    ::close(in_pipe[0]);
+    ::close(in_pipe[1]);
+    errno = err;
+    fail("pipe");
+  }
+  pid_t pid = -1;
+  try {
+    pid = spawn(spec, in_pipe[0], out_pipe[1]);
+  } catch (...) {
+    for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1]}) ::close(fd);
+    throw;
+  }
+  ::close(in_pipe[0]);
+  ::close(out_pipe[1]);
   pid_ = pid;
   to_fd_ = in_pipe[1];
   from_fd_ = out_pipe[0];
@@ -292,6 +330,46 @@ Child::Reply Child::call(uint32_t type, std::string_view payload, double timeout
   io = read_all(from_fd_, reply.payload.data(), len, deadline);
   if (io != Io::kOk) reply.fault = kill_and_describe(io_name(io));
   return reply;
+}
+
+std::optional<std::string> run_capture(const std::vector<std::string>& argv, double timeout_s) {
+  int out_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return std::nullopt;
+  ChildSpec spec;
+  spec.argv = argv;
+  pid_t pid = -1;
+  try {
+    pid = spawn(spec, -1, out_pipe[1]);
+  } catch (const std::exception&) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return std::nullopt;
+  }
+  ::close(out_pipe[1]);
+  const int from = out_pipe[0];
+  ::fcntl(from, F_SETFL, ::fcntl(from, F_GETFL) | O_NONBLOCK);
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  std::string out;
+  char buf[4096];
+  bool ok = true;
+  while (true) {
+    const ssize_t k = ::read(from, buf, sizeof buf);
+    if (k > 0) {
+      out.append(buf, static_cast<size_t>(k));
+    } else if (k == 0) {
+      break;
+    } else if (errno != EINTR && !(errno == EAGAIN && wait_fd(from, POLLIN, deadline) == Io::kOk)) {
+      ok = false;
+      break;
+    }
+  }
+  ::close(from);
+  int st = 0;
+  if (!ok) ::kill(pid, SIGKILL);
+  ::waitpid(pid, &st, 0);
+  if (!ok || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
+  return out;
 }
 
 }  // namespace mlafuzz::ipc

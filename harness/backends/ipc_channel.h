@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,25 @@ class SharedMemory {
 
  private:
   int fd_ = -1;
+  void* map_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The child's view of a SharedMemory it inherited: maps the descriptor and remaps when the
+// parent has grown the file since (refresh(), before reading a request).
+class SharedMemoryView {
+ public:
+  explicit SharedMemoryView(int fd) : fd_(fd) {}
+  ~SharedMemoryView();
+  SharedMemoryView(const SharedMemoryView&) = delete;
+  SharedMemoryView& operator=(const SharedMemoryView&) = delete;
+  // Maps the file's current size; throws std::runtime_error when the descriptor cannot be mapped.
+  void refresh();
+  uint8_t* data() { return static_cast<uint8_t*>(map_); }
+  size_t size() const { return size_; }
+
+ private:
+  int fd_;
   void* map_ = nullptr;
   size_t size_ = 0;
 };
@@ -92,5 +112,9 @@ class Child {
 
 // 16-byte frame header.
 std::string frame_header(uint32_t type, uint64_t length);
+
+// Runs `argv` (stdin /dev/null, stderr inherited) and returns its stdout, or nullopt when it
+// cannot start, fails, exits nonzero or runs past the timeout (then it is killed).
+std::optional<std::string> run_capture(const std::vector<std::string>& argv, double timeout_s);
 
 }  // namespace mlafuzz::ipc

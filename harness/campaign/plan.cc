@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
+#include <thread>
 
 #include "harness/backends/registry.h"
 #include "harness/core/fileio.h"
@@ -55,7 +56,7 @@ void BackendPool::plan_backends() {
     plan_.push_back(p);
   }
   if (!need_devices) return;
-  const auto text = run_capture({worker_exe_, "worker", "--device-info"}, 120);
+  const auto text = ipc::run_capture({worker_exe_, "worker", "--device-info"}, 120);
   if (!text) return;
   try {
     devinfo_ = device_info_from_json(*text);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "harness/backends/device_query.h"
+#include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
 
 extern char** environ;
@@ -47,7 +48,7 @@ TestFault test_fault_from_env() {
 
 }  // namespace
 
-int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
+int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd) {
   // Keep the protocol channel private: anything a backend prints to stdout goes to stderr.
   const int reply_fd = ::dup(out_fd);
   if (reply_fd < 0) return 3;
@@ -78,6 +79,9 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
     make_error = e.what();
   }
 
+  // The parent's shared memory, when it gave one: large vectors of requests and replies.
+  std::unique_ptr<ipc::SharedMemoryView> shm;
+  if (shm_fd >= 0) shm = std::make_unique<ipc::SharedMemoryView>(shm_fd);
   MsgType type;
   std::string payload;
   while (true) {
@@ -92,7 +96,12 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
       write_frame_blocking(reply_fd, MsgType::kError, make_error);
       return 3;
     }
+    BulkArea bulk;
     try {
+      if (shm && (type == MsgType::kRun || type == MsgType::kUnsupported)) {
+        shm->refresh();  // the parent may have grown it for this case
+        bulk = BulkArea{shm->data(), shm->size(), 0};
+      }
       if (type == MsgType::kInfo) {
         WorkerInfo i;
         i.name = backend->name();
@@ -109,14 +118,14 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
         i.pid = static_cast<int32_t>(::getpid());
         if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(i))) return 3;
       } else if (type == MsgType::kUnsupported) {
-        const MaterializedCase m = decode_case(payload);
+        const MaterializedCase m = decode_case(payload, &bulk);
         const auto why = backend->unsupported(m);
         std::string reply(1, why ? '\1' : '\0');
         if (why) reply += *why;
         if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
       } else if (type == MsgType::kRun) {
         const auto t_decode = Clock::now();
-        const MaterializedCase m = decode_case(payload);
+        const MaterializedCase m = decode_case(payload, &bulk);
         const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
         if (!tf.kind.empty() && m.heads >= tf.min_heads) {
           if (tf.kind == "crash") {
@@ -148,7 +157,8 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd) {
           write_frame_blocking(reply_fd, MsgType::kRun, encode_result(f));
           return 4;
         }
-        if (!write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r))) return 3;
+        // The case was copied out of the shared memory: the reply's vectors reuse it.
+        if (!write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r, &bulk))) return 3;
       } else {
         write_frame_blocking(reply_fd, MsgType::kError, "unknown request type");
         return 3;
@@ -172,189 +182,12 @@ std::string self_executable() {
 // Parent side
 // ---------------------------------------------------------------------------------------------
 
-namespace {
-
-struct Spawned {
-  pid_t pid = -1;
-  int to = -1, from = -1;
-};
-
-std::string describe_status(int st) {
-  if (WIFEXITED(st)) return "exited with status " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st)) {
-    const int s = WTERMSIG(st);
-    const char* name = ::strsignal(s);
-    return "killed by signal " + std::to_string(s) + " (" + (name ? name : "?") + ")";
-  }
-  return "stopped";
-}
-
-// fork + exec with stdin/stdout on pipes. Everything the child needs is prepared before fork,
-// so that the child only makes async-signal-safe calls (the campaign is multi-threaded).
-Spawned spawn(const std::vector<std::string>& argv, std::vector<std::string> extra_env,
-              const std::string& log_path, bool pipe_stdin) {
-  extra_env.push_back("MLAFUZZ_WORKER_PARENT=" + std::to_string(::getpid()));
-  static std::once_flag ignore_sigpipe;
-  std::call_once(ignore_sigpipe, [] { ::signal(SIGPIPE, SIG_IGN); });
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  std::vector<std::string> env_store;
-  for (char** e = environ; *e; ++e) {
-    bool replaced = false;
-    for (const auto& x : extra_env) {
-      const auto eq = x.find('=');
-      if (std::strncmp(*e, x.c_str(), eq + 1) == 0) replaced = true;
-    }
-    if (!replaced) env_store.emplace_back(*e);
-  }
-  for (const auto& x : extra_env) env_store.push_back(x);
-  std::vector<char*> envp;
-  for (auto& e : env_store) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  int in_pipe[2] = {-1, -1}, out_pipe[2] = {-1, -1};
-  if (pipe_stdin && ::pipe2(in_pipe, O_CLOEXEC) != 0) {
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
-  }
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
-    const int err = errno;
-    if (pipe_stdin) {
-      ::close(in_pipe[0]);
-      ::close(in_pipe[1]);
-    }
-    throw std::runtime_error(std::string("pipe: ") + std::strerror(err));
-  }
-  int log_fd = -1;
-  if (!log_path.empty()) {
-    log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  }
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Child: own process group (a terminal's Ctrl-C goes to the campaign only), stdin/stdout
-    // on the pipes, stderr to the log. (Not PR_SET_PDEATHSIG: it fires when the forking
-    // *thread* ends, and evaluation threads end before the campaign does; the worker watches
-    // its parent instead, see run_worker.)
-    ::setpgid(0, 0);
-    if (::getppid() != parent) ::_exit(127);
-    if (pipe_stdin) {
-      ::dup2(in_pipe[0], STDIN_FILENO);
-    } else {
-      const int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, STDIN_FILENO);
-    }
-    ::dup2(out_pipe[1], STDOUT_FILENO);
-    if (log_fd >= 0) ::dup2(log_fd, STDERR_FILENO);
-    ::signal(SIGPIPE, SIG_DFL);
-    ::execve(args[0], args.data(), envp.data());
-    ::_exit(127);
-  }
-  const int fork_errno = errno;
-  if (log_fd >= 0) ::close(log_fd);
-  if (pipe_stdin) ::close(in_pipe[0]);
-  ::close(out_pipe[1]);
-  if (pid < 0) {
-    if (pipe_stdin) ::close(in_pipe[1]);
-    ::close(out_pipe[0]);
-    throw std::runtime_error(std::string("fork: ") + std::strerror(fork_errno));
-  }
-  Spawned s;
-  s.pid = pid;
-  s.to = pipe_stdin ? in_pipe[1] : -1;
-  s.from = out_pipe[0];
-  if (s.to >= 0) {
-    ::fcntl(s.to, F_SETFL, ::fcntl(s.to, F_GETFL) | O_NONBLOCK);
-    ::fcntl(s.to, F_SETPIPE_SZ, 1 << 20);
-  }
-  ::fcntl(s.from, F_SETFL, ::fcntl(s.from, F_GETFL) | O_NONBLOCK);
-  ::fcntl(s.from, F_SETPIPE_SZ, 1 << 20);
-  return s;
-}
-
-// Result of a deadline-bounded transfer.
-enum class Io { kOk, kEof, kTimeout, kError };
-
-double remaining(Clock::time_point deadline) {
-  return std::chrono::duration<double>(deadline - Clock::now()).count();
-}
-
-Io wait_fd(int fd, short events, Clock::time_point deadline) {
-  while (true) {
-    const double left = remaining(deadline);
-    if (left <= 0) return Io::kTimeout;
-    pollfd p{fd, events, 0};
-    const int ms = static_cast<int>(std::min(left * 1000.0 + 1, 1000.0));
-    const int k = ::poll(&p, 1, ms);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return Io::kError;
-    }
-    if (k > 0) return Io::kOk;
-  }
-}
-
-Io write_all(int fd, const char* p, size_t n, Clock::time_point deadline) {
-  while (n > 0) {
-    const ssize_t k = ::write(fd, p, n);
-    if (k > 0) {
-      p += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k < 0 && errno == EINTR) continue;
-    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const Io w = wait_fd(fd, POLLOUT, deadline);
-      if (w != Io::kOk) return w;
-      continue;
-    }
-    return errno == EPIPE ? Io::kEof : Io::kError;
-  }
-  return Io::kOk;
-}
-
-Io read_all(int fd, char* p, size_t n, Clock::time_point deadline) {
-  while (n > 0) {
-    const ssize_t k = ::read(fd, p, n);
-    if (k > 0) {
-      p += k;
-      n -= static_cast<size_t>(k);
-      continue;
-    }
-    if (k == 0) return Io::kEof;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      const Io w = wait_fd(fd, POLLIN, deadline);
-      if (w != Io::kOk) return w;
-      continue;
-    }
-    return Io::kError;
-  }
-  return Io::kOk;
-}
-
-const char* io_name(Io io) {
-  switch (io) {
-    case Io::kOk:
-      return "ok";
-    case Io::kEof:
-      return "closed its pipe";
-    case Io::kTimeout:
-      return "timeout";
-    case Io::kError:
-      return "pipe error";
-  }
-  return "?";
-}
-
-}  // namespace
-
 WorkerProcess::WorkerProcess(WorkerSpec spec) : spec_(std::move(spec)) {}
 
 WorkerProcess::~WorkerProcess() { stop(); }
 
 void WorkerProcess::start() {
-  std::vector<std::string> env;
+  ipc::ChildSpec c;
   if (spec_.device >= 0) {
     // Map through the parent's own CUDA_VISIBLE_DEVICES list when it has one.
     std::string dev = std::to_string(spec_.device);
@@ -362,117 +195,48 @@ void WorkerProcess::start() {
       std::vector<std::string> items;
       size_t pos = 0;
       while (pos <= spec_.visible_list.size()) {
-        const size_t c = spec_.visible_list.find(',', pos);
-        items.push_back(spec_.visible_list.substr(pos, c == std::string::npos ? c : c - pos));
-        if (c == std::string::npos) break;
-        pos = c + 1;
+        const size_t comma = spec_.visible_list.find(',', pos);
+        items.push_back(
+            spec_.visible_list.substr(pos, comma == std::string::npos ? comma : comma - pos));
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
       }
       if (spec_.device < static_cast<int>(items.size())) dev = items[spec_.device];
     }
-    env.push_back("CUDA_VISIBLE_DEVICES=" + dev);
+    c.env.push_back("CUDA_VISIBLE_DEVICES=" + dev);
   }
-  const Spawned s =
-      spawn({spec_.exe, "worker", "--backend", spec_.backend}, env, spec_.log_path, true);
-  pid_ = s.pid;
-  to_fd_ = s.to;
-  from_fd_ = s.from;
+  if (!shm_) shm_ = std::make_unique<ipc::SharedMemory>("mlafuzz-worker");
+  c.argv = {spec_.exe,     "worker",   "--backend",
+            spec_.backend, "--shm-fd", std::to_string(ipc::kChildShmFd)};
+  c.shm_fd = shm_->fd();
+  c.log_path = spec_.log_path;
+  c.label = "worker for " + spec_.backend;
+  if (spec_.device >= 0) c.label += " on GPU " + std::to_string(spec_.device);
+  child_.start(c);
   ++starts_;
 }
 
-void WorkerProcess::stop() {
-  if (pid_ < 0) return;
-  // Polite first (the worker exits on kQuit or EOF), then SIGKILL.
-  const std::string h = frame_header(MsgType::kQuit, 0);
-  (void)write_all(to_fd_, h.data(), h.size(), Clock::now() + std::chrono::milliseconds(100));
-  ::close(to_fd_);
-  ::close(from_fd_);
-  int st = 0;
-  bool reaped = false;
-  for (int i = 0; i < 50 && !reaped; ++i) {
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      reaped = true;
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
-  if (!reaped) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, &st, 0);
-  }
-  pid_ = -1;
-  to_fd_ = from_fd_ = -1;
-}
+void WorkerProcess::stop() { child_.stop(static_cast<uint32_t>(MsgType::kQuit)); }
 
 std::string WorkerProcess::kill_and_describe(const std::string& why) {
-  std::string desc = "worker for " + spec_.backend;
-  if (spec_.device >= 0) desc += " on GPU " + std::to_string(spec_.device);
-  if (pid_ < 0) return desc + ": " + why;
-  desc += " (pid " + std::to_string(pid_) + ")";
-  int st = 0;
-  bool reaped = false;
-  if (why != "timeout") {
-    // It closed its pipe: it is probably dying; give it a moment to report how.
-    for (int i = 0; i < 200 && !reaped; ++i) {
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        reaped = true;
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    }
-  }
-  if (!reaped) {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, &st, 0);
-  }
-  if (why == "timeout") {
-    desc += ": no reply within the case timeout (hang); killed";
-  } else {
-    desc.append(" ").append(describe_status(st)).append(" (").append(why).append(")");
-  }
-  if (!spec_.log_path.empty()) desc.append("; its stderr is in ").append(spec_.log_path);
-  ::close(to_fd_);
-  ::close(from_fd_);
-  pid_ = -1;
-  to_fd_ = from_fd_ = -1;
-  return desc;
+  return child_.kill_and_describe(why);
 }
 
 WorkerProcess::Reply WorkerProcess::call(MsgType type, const std::string& payload,
                                          double timeout_s) {
-  Reply reply;
-  if (pid_ < 0) start();
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
-  const std::string h = frame_header(type, payload.size());
-  Io io = write_all(to_fd_, h.data(), h.size(), deadline);
-  if (io == Io::kOk) io = write_all(to_fd_, payload.data(), payload.size(), deadline);
-  char hdr[16];
-  if (io == Io::kOk) io = read_all(from_fd_, hdr, sizeof hdr, deadline);
-  if (io != Io::kOk) {
-    reply.fault = kill_and_describe(io_name(io));
-    return reply;
-  }
-  uint32_t magic, t;
-  uint64_t len;
-  std::memcpy(&magic, hdr, 4);
-  std::memcpy(&t, hdr + 4, 4);
-  std::memcpy(&len, hdr + 8, 8);
-  if (magic != kFrameMagic || len > (uint64_t{1} << 36)) {
-    reply.fault = kill_and_describe("sent a malformed reply");
-    return reply;
-  }
-  reply.type = static_cast<MsgType>(t);
-  reply.payload.resize(len);
-  io = read_all(from_fd_, reply.payload.data(), len, deadline);
-  if (io != Io::kOk) {
-    reply.fault = kill_and_describe(io_name(io));
-    return reply;
-  }
-  return reply;
+  if (!child_.running()) start();
+  ipc::Child::Reply r = child_.call(static_cast<uint32_t>(type), payload, timeout_s);
+  return Reply{static_cast<MsgType>(r.type), std::move(r.payload), std::move(r.fault)};
+}
+
+BulkArea WorkerProcess::bulk_for(const MaterializedCase& m) {
+  if (!child_.running()) start();
+  shm_->reserve(bulk_bytes_needed(m));
+  return BulkArea{shm_->data(), shm_->size(), 0};
 }
 
 const WorkerInfo& WorkerProcess::info() {
-  if (info_ && pid_ >= 0) return *info_;
+  if (info_ && child_.running()) return *info_;
   const Reply r = call(MsgType::kInfo, "", spec_.start_timeout_s);
   if (!r.fault.empty()) throw std::runtime_error(r.fault);
   if (r.type == MsgType::kError) {
@@ -487,7 +251,7 @@ const WorkerInfo& WorkerProcess::info() {
 
 RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
   RunResult res;
-  if (pid_ < 0) {
+  if (!child_.running()) {
     try {
       info();  // a fresh worker: start it (device init) outside the case's timeout
     } catch (const std::exception& e) {
@@ -497,7 +261,8 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
     }
   }
   const auto t_encode = Clock::now();
-  const std::string request = encode_case(m);
+  BulkArea bulk = bulk_for(m);
+  const std::string request = encode_case(m, &bulk);
   const double encode_s = std::chrono::duration<double>(Clock::now() - t_encode).count();
   const Reply r = call(MsgType::kRun, request, timeout_s);
   if (!r.fault.empty()) {
@@ -511,7 +276,7 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
     return res;
   }
   try {
-    res = decode_result(r.payload);
+    res = decode_result(r.payload, &bulk);
   } catch (const std::exception& e) {
     res = RunResult{};
     res.status = RunStatus::kFault;
@@ -527,8 +292,9 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
 }
 
 std::optional<std::string> WorkerProcess::unsupported(const MaterializedCase& m, double timeout_s) {
-  if (pid_ < 0) info();
-  const Reply r = call(MsgType::kUnsupported, encode_case(m), timeout_s);
+  if (!child_.running()) info();
+  BulkArea bulk = bulk_for(m);
+  const Reply r = call(MsgType::kUnsupported, encode_case(m, &bulk), timeout_s);
   // A worker that cannot answer will fault on run() too, where the fault is recorded.
   if (!r.fault.empty() || r.type != MsgType::kUnsupported || r.payload.empty()) {
     return std::nullopt;
@@ -582,40 +348,6 @@ std::vector<FaultRecord> ProxyBackend::take_faults() {
   std::lock_guard<std::mutex> lock(faults_mu_);
   std::vector<FaultRecord> out;
   out.swap(faults_);
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-std::optional<std::string> run_capture(const std::vector<std::string>& argv, double timeout_s) {
-  Spawned s;
-  try {
-    s = spawn(argv, {}, "", false);
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
-  std::string out;
-  char buf[4096];
-  bool ok = true;
-  while (true) {
-    const ssize_t k = ::read(s.from, buf, sizeof buf);
-    if (k > 0) {
-      out.append(buf, static_cast<size_t>(k));
-      continue;
-    }
-    if (k == 0) break;
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN && wait_fd(s.from, POLLIN, deadline) == Io::kOk) continue;
-    ok = false;
-    break;
-  }
-  ::close(s.from);
-  int st = 0;
-  if (!ok) ::kill(s.pid, SIGKILL);
-  ::waitpid(s.pid, &st, 0);
-  if (!ok || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return std::nullopt;
   return out;
 }
 

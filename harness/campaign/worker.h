@@ -20,14 +20,16 @@
 #include <string>
 #include <vector>
 
+#include "harness/backends/ipc_channel.h"
 #include "harness/campaign/worker_protocol.h"
 #include "harness/core/backend.h"
 
 namespace mlafuzz::campaign {
 
 // The worker's main loop: serves requests on in_fd, replies on out_fd, until kQuit or EOF.
-// Returns the process exit code. (harness/cli/worker.cc calls it.)
-int run_worker(const std::string& backend_name, int in_fd, int out_fd);
+// shm_fd (-1: none) is the parent's shared memory for large vectors (worker_protocol.h,
+// BulkArea). Returns the process exit code. (harness/cli/worker.cc calls it.)
+int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd = -1);
 
 // Path of the running executable (/proc/self/exe), or MLAFUZZ_WORKER_EXE when set.
 std::string self_executable();
@@ -69,10 +71,12 @@ class WorkerProcess {
  private:
   void start();
   std::string kill_and_describe(const std::string& why);
+  // The shared memory grown for `m`'s request and reply (starts the worker if needed).
+  BulkArea bulk_for(const MaterializedCase& m);
 
   WorkerSpec spec_;
-  pid_t pid_ = -1;
-  int to_fd_ = -1, from_fd_ = -1;
+  ipc::Child child_;
+  std::unique_ptr<ipc::SharedMemory> shm_;  // inherited by every worker this object starts
   std::optional<WorkerInfo> info_;
   int starts_ = 0;
 };
@@ -141,9 +145,5 @@ class ProxyBackend final : public Backend {
   mutable std::vector<FaultRecord> faults_;
   std::shared_ptr<CallTotals> totals_ = std::make_shared<CallTotals>();
 };
-
-// Runs `exe args...` and returns its stdout (stderr inherited), or nullopt when it fails, exits
-// nonzero or runs past the timeout (then it is killed).
-std::optional<std::string> run_capture(const std::vector<std::string>& argv, double timeout_s);
 
 }  // namespace mlafuzz::campaign

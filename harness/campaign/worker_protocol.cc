@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <type_traits>
@@ -11,8 +12,16 @@
 namespace mlafuzz::campaign {
 namespace {
 
+// Vectors of at least this many bytes travel out of line when a frame has a bulk area.
+constexpr size_t kBulkThreshold = 4096;
+constexpr size_t kBulkAlign = 64;
+
+size_t align_up(size_t n) { return (n + kBulkAlign - 1) / kBulkAlign * kBulkAlign; }
+
 class Writer {
  public:
+  // Large vectors go to `bulk` (from bulk->used on) when it is given and has room.
+  explicit Writer(BulkArea* bulk = nullptr) : bulk_(bulk) {}
   template <typename T>
   void pod(const T& v) {
     static_assert(std::is_trivially_copyable_v<T>);
@@ -26,17 +35,28 @@ class Writer {
   void vec(const std::vector<T>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     pod<uint64_t>(v.size());
-    out_.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+    const size_t bytes = v.size() * sizeof(T);
+    const size_t at = bulk_ != nullptr ? align_up(bulk_->used) : 0;
+    if (bulk_ != nullptr && bytes >= kBulkThreshold && at + bytes <= bulk_->size) {
+      pod<uint8_t>(1);
+      pod<uint64_t>(at);
+      std::memcpy(bulk_->data + at, v.data(), bytes);
+      bulk_->used = at + bytes;
+      return;
+    }
+    pod<uint8_t>(0);
+    if (bytes > 0) out_.append(reinterpret_cast<const char*>(v.data()), bytes);
   }
   std::string take() { return std::move(out_); }
 
  private:
+  BulkArea* bulk_;
   std::string out_;
 };
 
 class Reader {
  public:
-  explicit Reader(std::string_view b) : b_(b) {}
+  explicit Reader(std::string_view b, const BulkArea* bulk = nullptr) : b_(b), bulk_(bulk) {}
   template <typename T>
   T pod() {
     T v;
@@ -55,9 +75,19 @@ class Reader {
   template <typename T>
   std::vector<T> vec() {
     const uint64_t n = pod<uint64_t>();
+    if (pod<uint8_t>() != 0) {
+      const uint64_t at = pod<uint64_t>();
+      if (bulk_ == nullptr || at > bulk_->size || n > (bulk_->size - at) / sizeof(T)) {
+        throw ProtocolError("vector outside the bulk area");
+      }
+      std::vector<T> v(n);
+      std::memcpy(v.data(), bulk_->data + at, n * sizeof(T));
+      return v;
+    }
     if (n > (b_.size() - pos_) / sizeof(T)) throw ProtocolError("truncated vector in frame");
     std::vector<T> v(n);
-    std::memcpy(v.data(), b_.data() + pos_, n * sizeof(T));
+    // memcpy needs valid pointers even for 0 bytes: an empty vector's data() may be null.
+    if (n > 0) std::memcpy(v.data(), b_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
     return v;
   }
@@ -70,13 +100,14 @@ class Reader {
     if (n > b_.size() - pos_) throw ProtocolError("truncated frame");
   }
   std::string_view b_;
+  const BulkArea* bulk_;
   size_t pos_ = 0;
 };
 
 }  // namespace
 
-std::string encode_case(const MaterializedCase& m) {
-  Writer w;
+std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
+  Writer w(bulk);
   w.str(to_json(m.recipe));
   w.pod(m.geom);
   w.pod(m.batch);
@@ -95,8 +126,8 @@ std::string encode_case(const MaterializedCase& m) {
   return w.take();
 }
 
-MaterializedCase decode_case(std::string_view bytes) {
-  Reader r(bytes);
+MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
   MaterializedCase m;
   const std::string recipe = r.str();
   m.geom = r.pod<mla::CacheGeometry>();
@@ -126,8 +157,8 @@ MaterializedCase decode_case(std::string_view bytes) {
   return m;
 }
 
-std::string encode_result(const RunResult& x) {
-  Writer w;
+std::string encode_result(const RunResult& x, BulkArea* bulk) {
+  Writer w(bulk);
   w.pod(static_cast<int32_t>(x.status));
   w.str(x.message);
   w.vec(x.out);
@@ -140,8 +171,8 @@ std::string encode_result(const RunResult& x) {
   return w.take();
 }
 
-RunResult decode_result(std::string_view bytes) {
-  Reader r(bytes);
+RunResult decode_result(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
   RunResult x;
   const int32_t status = r.pod<int32_t>();
   if (status < 0 || status > static_cast<int32_t>(RunStatus::kFault)) {
@@ -192,6 +223,28 @@ WorkerInfo decode_info(std::string_view bytes) {
   i.pid = r.pod<int32_t>();
   r.end();
   return i;
+}
+
+size_t bulk_bytes_needed(const MaterializedCase& m) {
+  // Every vector of the case, then every vector of its result (out and lse as float64 and raw,
+  // guard bands included), each aligned.
+  const size_t heads = static_cast<size_t>(m.batch) * m.heads;
+  const size_t out = heads * m.d_v();
+  const size_t out_raw =
+      2 * OutputBuffers::kGuard + heads * std::max<size_t>(m.out_head_stride, m.d_v());
+  const size_t lse_raw = 2 * OutputBuffers::kGuard + heads;
+  const size_t sizes[] = {m.q.size() * 2,
+                          m.cache.size(),
+                          m.indices.size() * 4,
+                          m.topk_length.size() * 4,
+                          m.sink.size() * 4,
+                          out * 8,
+                          heads * 8,
+                          out_raw * 2,
+                          lse_raw * 4};
+  size_t total = 0;
+  for (size_t s : sizes) total += align_up(s);
+  return total;
 }
 
 std::string frame_header(MsgType type, uint64_t length) {

@@ -44,10 +44,21 @@ class ProtocolError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string encode_case(const MaterializedCase& m);
-MaterializedCase decode_case(std::string_view bytes);
-std::string encode_result(const RunResult& r);
-RunResult decode_result(std::string_view bytes);
+// Shared memory both ends map (the worker inherits it): vectors of 4 KiB and more travel there
+// instead of through the pipe, from `used` on (the request's vectors first, then the reply's).
+// Without one (or when it is full) they travel inline in the frame.
+struct BulkArea {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+  size_t used = 0;
+};
+
+std::string encode_case(const MaterializedCase& m, BulkArea* bulk = nullptr);
+MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk = nullptr);
+std::string encode_result(const RunResult& r, BulkArea* bulk = nullptr);
+RunResult decode_result(std::string_view bytes, const BulkArea* bulk = nullptr);
+// Bulk bytes a request for `m` and its reply take at most (what the parent reserves).
+size_t bulk_bytes_needed(const MaterializedCase& m);
 std::string encode_info(const WorkerInfo& w);
 WorkerInfo decode_info(std::string_view bytes);
 

@@ -34,6 +34,34 @@ MaterializedCase small_case(int heads) {
   }
 }
 
+// Large vectors travel through the shared memory (the bulk area), small and empty ones inline;
+// the frame alone then holds no cache bytes, and a reader without the area refuses it.
+TEST(WorkerProtocol, LargeVectorsTravelThroughTheBulkArea) {
+  const MaterializedCase m = small_case(3);
+  ASSERT_GE(m.cache.size(), 4096u);
+  std::vector<uint8_t> area(bulk_bytes_needed(m));
+  BulkArea bulk{area.data(), area.size(), 0};
+  const std::string frame = encode_case(m, &bulk);
+  EXPECT_GE(bulk.used, m.cache.size());
+  EXPECT_LT(frame.size(), m.cache.size());
+  const MaterializedCase back = decode_case(frame, &bulk);
+  EXPECT_EQ(back.q, m.q);
+  EXPECT_EQ(back.cache, m.cache);
+  EXPECT_EQ(back.indices, m.indices);
+  EXPECT_THROW(decode_case(frame), ProtocolError);
+  RunResult r;
+  r.out.assign(static_cast<size_t>(m.batch) * m.heads * m.d_v(), 0.25);  // out of line
+  r.lse = {};                                                             // empty, inline
+  BulkArea reply{area.data(), area.size(), 0};
+  const RunResult rb = decode_result(encode_result(r, &reply), &reply);
+  EXPECT_EQ(rb.out, r.out);
+  EXPECT_TRUE(rb.lse.empty());
+  // An area too small for a vector: it goes inline instead.
+  BulkArea tiny{area.data(), 16, 0};
+  const MaterializedCase inline_back = decode_case(encode_case(m, &tiny), &tiny);
+  EXPECT_EQ(inline_back.cache, m.cache);
+}
+
 TEST(WorkerProtocol, CaseAndResultRoundTrip) {
   const MaterializedCase m = small_case(3);
   const MaterializedCase back = decode_case(encode_case(m));
@@ -144,7 +172,7 @@ TEST(Worker, MutantNamesResolveInWorkers) {
 }
 
 TEST(Worker, DeviceInfoAnswers) {
-  const auto text = run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
+  const auto text = ipc::run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
   ASSERT_TRUE(text.has_value());
   EXPECT_NE(text->find("\"count\""), std::string::npos) << *text;
 }
