@@ -136,20 +136,41 @@ std::string format_outcome(const PropertyOutcome& o);
 // Shrinking
 // ---------------------------------------------------------------------------------------------
 
+// How long a shrink may go on. The count of evaluations decides where a shrink stops, so a
+// failure shrinks to the same case on any machine and under any load; the wall-clock cap is a
+// safety net against a slow predicate (a production-size case, a hanging worker), and a shrink
+// it stops depends on the machine's speed.
+// (The CLI's caps, `fuzz --shrink-time` and `mutants --shrink-budget`, default to 30 s.)
+struct ShrinkLimits {
+  int max_evaluations = 1000;  // calls of still_fails; the CPU mutants of seeds 1-5 need <= 88
+  double max_seconds = 300;    // safety net
+};
+
+// Why a shrink stopped.
+enum class ShrinkStop {
+  kFixedPoint,   // no step simplifies the case any further: the result is minimal
+  kEvaluations,  // ShrinkLimits::max_evaluations spent (deterministic)
+  kSeconds,      // ShrinkLimits::max_seconds spent (depends on the machine's speed)
+};
+// "fixed point", "evaluations" or "seconds".
+const char* shrink_stop_name(ShrinkStop s);
+
 struct ShrinkResult {
   Case minimal;         // explicit index lists; still fails `still_fails`
   int steps = 0;        // accepted simplifications
   int evaluations = 0;  // calls of still_fails
   double seconds = 0;
-  bool budget_exhausted = false;  // stopped by the budget, not at a fixed point
+  ShrinkStop stopped_by = ShrinkStop::kFixedPoint;
+  bool budget_exhausted() const { return stopped_by != ShrinkStop::kFixedPoint; }
 };
 
-// Greedy recipe shrinking under a wall-clock budget: fewer rows (keeping a failing one), fewer
-// heads, fewer tokens, fewer pages, identity page order, minimum stride, scale 1, small integer
-// values, no sink, zero pad fill, no head padding, no topk_length. Each step is kept only if
-// `still_fails` says the candidate still fails. A candidate that throws CaseError is rejected.
+// Greedy recipe shrinking within `limits`: fewer rows (keeping a failing one), fewer heads,
+// fewer tokens, fewer pages, identity page order, minimum stride, scale 1, small integer values,
+// no sink, zero pad fill, no head padding, no topk_length (properties/shrink.h lists the steps in
+// their fixed order). Each step is kept only if `still_fails` says the candidate still fails. A
+// candidate that throws CaseError is rejected without an evaluation.
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         double budget_seconds);
+                         const ShrinkLimits& limits);
 
 // The predicate the campaign usually wants: evaluates only `property` on the named backend (and
 // its SIMT partner for mma-vs-simt, found in `backends`) and says whether it still fails.

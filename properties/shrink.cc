@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "harness/core/materialize.h"
 #include "properties/evaluate.h"
@@ -352,23 +353,38 @@ CaseSize case_size(const Case& c) {
   return s;
 }
 
+const char* shrink_stop_name(ShrinkStop s) {
+  switch (s) {
+    case ShrinkStop::kFixedPoint:
+      return "fixed point";
+    case ShrinkStop::kEvaluations:
+      return "evaluations";
+    case ShrinkStop::kSeconds:
+      return "seconds";
+  }
+  return "?";
+}
+
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         double budget_seconds) {
+                         const ShrinkLimits& limits) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   ShrinkResult res;
+  // Checked before each evaluation: the count first, so that a shrink both limits would stop
+  // names the deterministic one.
+  auto limit_reached = [&]() -> std::optional<ShrinkStop> {
+    if (res.evaluations >= limits.max_evaluations) return ShrinkStop::kEvaluations;
+    if (elapsed() > limits.max_seconds) return ShrinkStop::kSeconds;
+    return std::nullopt;
+  };
   Case cur = with_explicit_indices(failing);
   std::string cur_json = to_json(cur);
   bool progress = true;
-  while (progress && !res.budget_exhausted) {
+  while (progress && !res.budget_exhausted()) {
     progress = false;
     for (const auto& step : shrink_steps()) {
       for (Case& cand : step.candidates(cur)) {
-        if (elapsed() > budget_seconds) {
-          res.budget_exhausted = true;
-          break;
-        }
         std::string js;
         try {
           validate(cand);
@@ -377,6 +393,10 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           continue;  // a step made an invalid recipe (e.g. a constraint it does not know)
         }
         if (js == cur_json) continue;
+        if (const auto stop = limit_reached()) {
+          res.stopped_by = *stop;
+          break;
+        }
         ++res.evaluations;
         bool fails = false;
         try {
@@ -392,7 +412,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           break;
         }
       }
-      if (res.budget_exhausted) break;
+      if (res.budget_exhausted()) break;
     }
   }
   res.minimal = cur;

@@ -7,7 +7,10 @@
 //   conventions, zero pad fill, no q/out head padding, and last fewer valid tokens in place
 //   (valid entries turned into -1, halving chunks then single ones: the others keep their token
 //   tiles).
-// Passes repeat until none is accepted (a fixed point) or the wall-clock budget is spent.
+// Passes repeat until none is accepted (a fixed point) or a limit is reached (ShrinkLimits in
+// evaluate.h: a count of evaluations, which makes the result independent of the machine's speed,
+// and a wall-clock cap as a safety net). The order is fixed, so a shrink is deterministic when
+// its predicate is.
 #pragma once
 
 #include <functional>

@@ -58,6 +58,7 @@ const CampaignOptions& checked(const CampaignOptions& o) {
   }
   if (!(o.case_timeout_s > 0)) throw std::invalid_argument("--case-timeout must be > 0");
   if (o.shrink_time_s < 0) throw std::invalid_argument("--shrink-time must be >= 0");
+  if (o.shrink_evals < 0) throw std::invalid_argument("--shrink-evals must be >= 0");
   return o;
 }
 

@@ -40,7 +40,9 @@ struct CampaignOptions {
   int workers_per_device = 0;
   std::string corpus_dir = "corpus/findings";
   std::string report_dir;           // "" : no report files (tests, replay)
-  double shrink_time_s = 30;        // per new finding; 0: no shrinking
+  int shrink_evals = 1000;          // per new finding: evaluations, where shrinking stops
+  double shrink_time_s = 30;        // per new finding: wall-clock cap (a safety net); 0 for
+                                    // either: no shrinking
   double case_timeout_s = 60;       // per worker call; a call past it is a hang (fault)
   std::string profile = "default";  // "default" or one generator family (e.g. "production")
   std::string isolate = "device";   // device: GPU backends and plugins in workers; all; none

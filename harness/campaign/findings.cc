@@ -47,7 +47,7 @@ bool FindingStore::claim(const std::string& pre_key) {
 FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const Case& c,
                                           ThreadBackends& tb, const std::string& pre_key) {
   Shrunk r{c, false, failure};
-  if (!(opts_.shrink_time_s > 0) || stopping_()) return r;
+  if (!(opts_.shrink_time_s > 0) || opts_.shrink_evals <= 0 || stopping_()) return r;
   const bool fault = failure.property == "fault";
   try {
     FaultProbe probe;
@@ -59,7 +59,12 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
       still_fails = [this, same](const Case& k) { return !stopping_() && same(k); };
     }
     if (!still_fails) return r;  // a fault that does not reproduce alone: keep the case
-    const ShrinkResult sr = shrink_case(c, still_fails, opts_.shrink_time_s);
+    const ShrinkResult sr = shrink_case(c, still_fails, {opts_.shrink_evals, opts_.shrink_time_s});
+    if (sr.stopped_by == ShrinkStop::kSeconds) {
+      console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
+                       std::to_string(sr.evaluations) +
+                       " evaluations (a result that depends on this machine's speed)\n");
+    }
     r.minimal = sr.minimal;
     r.shrunk = sr.steps > 0;
     if (fault) {

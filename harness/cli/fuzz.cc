@@ -36,6 +36,7 @@ struct FuzzOptions {
   std::string report;
   std::string properties;
   std::string shrink_time = "30s";
+  int shrink_evals = campaign::CampaignOptions{}.shrink_evals;
   std::string case_timeout = "60s";
   std::string profile = "default";
   std::string isolate = "device";
@@ -94,6 +95,8 @@ int fuzz_command(const FuzzOptions& f) {
                               f.shrink_time.find_first_of("123456789") == std::string::npos
                           ? 0  // "0", "0s": no shrinking
                           : campaign::parse_duration(f.shrink_time);
+    if (f.shrink_evals < 0) throw std::invalid_argument("--shrink-evals must be >= 0");
+    o.shrink_evals = f.shrink_evals;
     o.case_timeout_s = campaign::parse_duration(f.case_timeout);
     // python: backends time their own worker out a little later, so that the campaign's
     // timeout fires first and the hang becomes the usual fault finding.
@@ -157,7 +160,12 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
   sub->add_option("--corpus", f->corpus, "folder for findings")->capture_default_str();
   sub->add_option("--report", f->report, "report folder (default reports/<UTC time>)");
   sub->add_option("--properties", f->properties, "comma-separated properties (default all)");
-  sub->add_option("--shrink-time", f->shrink_time, "shrink budget per new finding (0: none)")
+  sub->add_option("--shrink-evals", f->shrink_evals,
+                  "evaluations of shrinking per new finding: where a shrink stops, the same on "
+                  "any machine (0: no shrinking)")
+      ->capture_default_str();
+  sub->add_option("--shrink-time", f->shrink_time,
+                  "wall-clock cap on shrinking per new finding, a safety net (0: no shrinking)")
       ->capture_default_str();
   sub->add_option("--case-timeout", f->case_timeout,
                   "a worker call longer than this is a hang (a fault finding)")

@@ -20,7 +20,8 @@ namespace {
 struct MutantsArgs {
   double budget = 60;
   uint64_t max_cases = 100000;
-  double shrink = 30;
+  int shrink_evals = MutationOptions{}.shrink.max_evaluations;
+  double shrink = MutationOptions{}.shrink.max_seconds;
   std::string kind = "cpu";
   uint64_t seed = 1;
   std::string json;
@@ -38,7 +39,8 @@ int mutants_command(const MutantsArgs& a) {
   o.seed = a.seed;
   o.budget_seconds = a.budget;
   o.max_cases = a.max_cases;
-  o.shrink_seconds = a.shrink;
+  if (a.shrink_evals < 0) throw std::invalid_argument("--shrink-evals must be >= 0");
+  o.shrink = {a.shrink_evals, a.shrink};
   o.save_dir = a.save_dir;
   o.case_timeout_seconds = a.case_timeout;
   for (const std::string& name : a.only) {
@@ -53,9 +55,9 @@ int mutants_command(const MutantsArgs& a) {
 
   std::cout << fmt::format(
       "mlafuzz mutants: {} mutants of {}-mma, seed {}, budget {:g} s / {} cases per mutant, "
-      "shrink {:g} s\n",
+      "shrink {} evaluations (at most {:g} s)\n",
       o.only.empty() ? all_mutants().size() : o.only.size(), a.kind == "cpu" ? "cpu" : "cuda",
-      o.seed, o.budget_seconds, o.max_cases, o.shrink_seconds);
+      o.seed, o.budget_seconds, o.max_cases, o.shrink.max_evaluations, o.shrink.max_seconds);
   const auto results = run_mutants(o, [](const MutantResult& r) {
     if (r.status == MutantStatus::kSkipped) {
       std::cout << fmt::format("  {:<24} skipped: {}\n", r.name, r.skip_reason);
@@ -106,7 +108,13 @@ void register_mutants(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   cmd->add_option("--max-cases", a->max_cases, "cases per mutant to the first failure")
       ->capture_default_str();
-  cmd->add_option("--shrink-budget", a->shrink, "seconds of shrinking per killed mutant")
+  cmd->add_option("--shrink-evals", a->shrink_evals,
+                  "evaluations of shrinking per killed mutant: where a shrink stops, the same on "
+                  "any machine")
+      ->capture_default_str();
+  cmd->add_option("--shrink-budget", a->shrink,
+                  "seconds of shrinking per killed mutant at most (a safety net; a shrink it "
+                  "stops depends on the machine's speed)")
       ->capture_default_str();
   cmd->add_option("--backend-kind", a->kind,
                   "cpu: variants of the cpu-mma host model, in process; gpu: variants of the "

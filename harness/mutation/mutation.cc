@@ -62,10 +62,6 @@ bool control_passes(Backend& control, const Case& c, const std::string& property
   return !evaluate_case(c, {&control}, {property}).failed();
 }
 
-Clock::time_point deadline_after(Clock::time_point t0, double seconds) {
-  return t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-}
-
 MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) {
   MutantResult r;
   r.mutant = m;
@@ -106,10 +102,11 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
 
   // Shrink to a minimal case on which the mutant fails a property that the control passes.
   const Clock::time_point shrink_start = Clock::now();
-  ShrunkKill s = shrink_kill(*failing, failure, *mutant, control, o.properties, o.shrink_seconds);
+  ShrunkKill s = shrink_kill(*failing, failure, *mutant, control, o.properties, o.shrink);
   r.shrink_seconds = since(shrink_start);
   r.shrink_steps = s.steps;
-  r.shrink_budget_exhausted = s.budget_exhausted;
+  r.shrink_evaluations = s.evaluations;
+  r.shrink_stopped_by = s.stopped_by;
   r.property = s.failure.property;
   r.detail = format_outcome(s.failure);
   Case minimal = std::move(s.minimal);
@@ -155,7 +152,7 @@ const char* status_name(MutantStatus s) {
 
 ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
                        Backend& control, const std::vector<std::string>& properties,
-                       double budget_seconds) {
+                       const ShrinkLimits& limits) {
   const Clock::time_point start = Clock::now();
   const std::vector<Backend*> backends{&mutant};
   std::vector<std::string> others;
@@ -181,9 +178,8 @@ ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backen
     }
     return std::nullopt;
   };
-  // Two greedy phases under one deadline: the killing property alone (cases it no longer fails
-  // on are never kept while it can still shrink), then any property from where it stopped.
-  const Clock::time_point deadline = deadline_after(start, budget_seconds);
+  // Two greedy phases within one set of limits: the killing property alone (cases it no longer
+  // fails on are never kept while it can still shrink), then any property from where it stopped.
   ShrunkKill k;
   k.minimal = with_explicit_indices(failing);
   k.failure = first;  // on the current minimal case: the last one accepted
@@ -194,11 +190,16 @@ ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backen
       if (f) k.failure = std::move(*f);
       return f.has_value();
     };
-    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    const ShrinkLimits left{limits.max_evaluations - k.evaluations,
+                            limits.max_seconds - since(start)};
     const ShrinkResult s = shrink_case(k.minimal, still_fails, left);
     k.steps += s.steps;
-    k.budget_exhausted = k.budget_exhausted || s.budget_exhausted;
+    k.evaluations += s.evaluations;
     k.minimal = s.minimal;
+    if (s.budget_exhausted()) {
+      k.stopped_by = s.stopped_by;
+      break;  // nothing left for the second phase
+    }
   }
   return k;
 }
@@ -285,7 +286,9 @@ std::string format_mutant_table(const std::vector<MutantResult>& results) {
       const auto add = [&note](const std::string& n) { note += note.empty() ? n : "; " + n; };
       if (!r.control_passed) add("SUSPECT: control fails too");
       if (r.property != r.first_property) add("first killed by " + r.first_property);
-      if (r.shrink_budget_exhausted) add("shrink budget hit");
+      if (r.shrink_stopped_by != ShrinkStop::kFixedPoint) {
+        add(fmt::format("shrink stopped by its {} limit", shrink_stop_name(r.shrink_stopped_by)));
+      }
       t += fmt::format("{:<24} {:<9} {:<15} {:>6} {:>8.2f}  {:>2} {:>2} {:>5} {:>5}  {}\n", r.name,
                        status_name(r.status), r.property, r.cases, r.seconds, r.batch, r.heads,
                        r.topk, r.valid_tokens, note);
@@ -313,7 +316,8 @@ nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
   j["seed"] = o.seed;
   j["budget_seconds"] = o.budget_seconds;
   j["max_cases"] = o.max_cases;
-  j["shrink_seconds"] = o.shrink_seconds;
+  j["shrink_evaluations"] = o.shrink.max_evaluations;
+  j["shrink_seconds"] = o.shrink.max_seconds;
   const MutationSummary s = summarize(results);
   j["summary"] = {{"killed", s.killed},
                   {"survived", s.survived},
@@ -349,8 +353,10 @@ nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
                      {"topk", r.topk},
                      {"valid_tokens", r.valid_tokens},
                      {"steps", r.shrink_steps},
+                     {"evaluations", r.shrink_evaluations},
                      {"seconds", r.shrink_seconds},
-                     {"budget_exhausted", r.shrink_budget_exhausted}};
+                     {"budget_exhausted", r.shrink_stopped_by != ShrinkStop::kFixedPoint},
+                     {"stopped_by", shrink_stop_name(r.shrink_stopped_by)}};
       if (!r.saved_path.empty()) m["shrunk"]["path"] = r.saved_path;
       if (r.shrunk) m["shrunk"]["case"] = case_to_json_value(*r.shrunk);
       m["control_passed"] = r.control_passed;

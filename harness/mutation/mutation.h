@@ -35,7 +35,7 @@ struct MutationOptions {
   uint64_t seed = 1;
   double budget_seconds = 60;           // per mutant: wall time to the first failure
   uint64_t max_cases = 100000;          // per mutant: cases to the first failure
-  double shrink_seconds = 30;           // per killed mutant
+  ShrinkLimits shrink{1000, 30};        // per killed mutant (both phases of shrink_kill)
   std::vector<mla::Mutant> only;        // empty: the whole catalogue
   GenConfig gen;                        // the generator's default distribution unless changed
   std::vector<std::string> properties;  // empty: all
@@ -66,8 +66,9 @@ struct MutantResult {
   std::optional<Case> shrunk;
   int batch = 0, heads = 0, topk = 0, valid_tokens = 0;  // valid: over all rows
   int shrink_steps = 0;
+  int shrink_evaluations = 0;
   double shrink_seconds = 0;
-  bool shrink_budget_exhausted = false;
+  ShrinkStop shrink_stopped_by = ShrinkStop::kFixedPoint;  // which limit, if any, stopped it
   std::string saved_path;  // where the shrunk case was saved, if save_dir was set
 
   // Control: the unmutated backend on the shrunk case, same property. Kills and shrinking
@@ -96,18 +97,19 @@ struct ShrunkKill {
   Case minimal;             // explicit index lists
   PropertyOutcome failure;  // the mutant's failure on `minimal`; the control passes its property
   int steps = 0;            // accepted simplifications
-  bool budget_exhausted = false;
+  int evaluations = 0;      // calls of the shrink predicate, both phases
+  ShrinkStop stopped_by = ShrinkStop::kFixedPoint;
 };
 
 // Shrinks `failing`, on which `mutant` fails `first` and `control` passes first.property, to a
 // minimal case on which the mutant still fails some property of `properties` (empty: all; "run"
 // always) that the control passes on the same case. Two greedy phases (shrink_case's steps,
-// then entries invalidated in place) within `budget_seconds`: first.property alone, then any
+// then entries invalidated in place) within one `limits` for both: first.property alone, then any
 // property from where that stopped. In the second, each candidate is checked with first.property
 // first and with the others only when it does not fail (every evaluation runs the kernels).
 ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
                        Backend& control, const std::vector<std::string>& properties,
-                       double budget_seconds);
+                       const ShrinkLimits& limits);
 
 // Summary figures: killed/survived/skipped counts and the median cases to the first failure.
 struct MutationSummary {

@@ -98,7 +98,8 @@ def fuzz(
         properties: property names (default: every property).
         cases: case budget (stops at whichever budget ends first).
         jobs: evaluation threads (default: mlafuzz's, every core).
-        shrink_time: shrink budget per new finding.
+        shrink_time: wall-clock cap on shrinking per new finding, a safety net (the count of
+            evaluations, `--shrink-evals` in extra_args, decides where a shrink stops).
         case_timeout: per-call timeout before a kernel counts as hung.
         corpus: folder for findings (default: a temporary folder, kept when something fails).
         report: report folder (default: inside the corpus folder's parent temporary folder).

@@ -39,21 +39,23 @@ pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::str
   return pid;
 }
 
-CliRun wait_cli(pid_t pid, const std::string& output_path, double timeout_s) {
-  CliRun r;
+bool wait_for(const std::function<bool()>& happened, double timeout_s) {
   const auto deadline = std::chrono::steady_clock::now() +
                         std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (!happened()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // between polls
+  }
+  return true;
+}
+
+CliRun wait_cli(pid_t pid, const std::string& output_path, double timeout_s) {
+  CliRun r;
   int st = 0;
-  while (true) {
-    const pid_t w = ::waitpid(pid, &st, WNOHANG);
-    if (w == pid) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      ADD_FAILURE() << "mlafuzz did not finish within " << timeout_s << " s";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (!wait_for([&] { return ::waitpid(pid, &st, WNOHANG) == pid; }, timeout_s)) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &st, 0);
+    ADD_FAILURE() << "mlafuzz did not finish within " << timeout_s << " s";
   }
   if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
   if (WIFSIGNALED(st)) r.signal = WTERMSIG(st);

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,10 @@ struct CliRun {
 pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::string>& env,
                 const std::string& output_path);
 CliRun wait_cli(pid_t pid, const std::string& output_path, double timeout_s);
+
+// Polls `happened` until it returns true (then true) or `timeout_s` passes (then false). The
+// timeout only guards against a hang: a test waits for an event, never for a length of time.
+bool wait_for(const std::function<bool()>& happened, double timeout_s);
 CliRun run_cli(const std::vector<std::string>& args, const std::vector<std::string>& env = {},
                double timeout_s = 240);
 

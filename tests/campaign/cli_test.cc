@@ -6,10 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <set>
-#include <thread>
 
 #include "harness/campaign/report.h"
 #include "harness/core/fileio.h"
@@ -78,9 +77,10 @@ TEST(FuzzCli, WorkerHangIsAFindingAndTheCampaignGoesOn) {
 
 TEST(FuzzCli, FaultFindingsAreShrunkThroughAFreshWorker) {
   const std::string dir = test::fresh_dir("shrink-fault");
-  const auto r = run_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--cases",
-                                         "3", "--shrink-time", "20s", "--jobs", "1"}),
-                         {"MLAFUZZ_TEST_FAULT=crash:3"});
+  const auto r =
+      run_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--cases", "3",
+                              "--shrink-evals", "40", "--shrink-time", "10m", "--jobs", "1"}),
+              {"MLAFUZZ_TEST_FAULT=crash:3"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
   ASSERT_FALSE(rep.findings.empty()) << r.output;
@@ -96,14 +96,31 @@ TEST(FuzzCli, FaultFindingsAreShrunkThroughAFreshWorker) {
   }
 }
 
+// A snapshot report.json that loads and satisfies `enough`. The campaign writes it atomically
+// every --report-interval while it runs.
+bool snapshot_shows(const std::string& path, const std::function<bool(const Report&)>& enough) {
+  try {
+    return fs::exists(path) && enough(load_report(path));
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 TEST(FuzzCli, SigtermStopsCleanlyWithReportAndCorpus) {
   const std::string dir = test::fresh_dir("sigterm");
   const std::string log = dir + "/log.txt";
   const pid_t pid =
       test::start_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--time", "5m",
-                                      "--shrink-time", "1s", "--report-interval", "1s"}),
+                                      "--shrink-evals", "20", "--report-interval", "0.2s"}),
                       {"MLAFUZZ_TEST_FAULT=crash:6"}, log);
-  std::this_thread::sleep_for(std::chrono::seconds(4));
+  // Stopped once a snapshot shows a finding: the corpus then has something to keep consistent.
+  const bool found = test::wait_for(
+      [&] {
+        return snapshot_shows(dir + "/report/report.json",
+                              [](const Report& r) { return r.cases > 0 && !r.findings.empty(); });
+      },
+      240);
+  EXPECT_TRUE(found) << "no snapshot with a finding";
   ASSERT_EQ(::kill(pid, SIGTERM), 0);
   const auto r = test::wait_cli(pid, log, 120);
   EXPECT_TRUE(r.exit_code == 0 || r.exit_code == 1) << r.output;
@@ -121,10 +138,17 @@ TEST(FuzzCli, SigkillLeavesThePreviousReportLoadable) {
   const std::string log = dir + "/log.txt";
   const pid_t pid =
       test::start_cli(fuzz_args(dir, {"--backends", "cpu-simt,cpu-mma", "--time", "5m",
-                                      "--shrink-time", "1s", "--report-interval", "0.2s"}),
+                                      "--shrink-evals", "20", "--report-interval", "0.2s"}),
                       {}, log);
-  // Kill it at several moments of its life; each time the report and corpus must load.
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // Killed once a snapshot with cases in it is on disk, while the campaign goes on rewriting it:
+  // the report and corpus must load.
+  EXPECT_TRUE(test::wait_for(
+      [&] {
+        return snapshot_shows(dir + "/report/report.json",
+                              [](const Report& r) { return r.cases > 0; });
+      },
+      240))
+      << "no snapshot with cases";
   ASSERT_EQ(::kill(pid, SIGKILL), 0);
   test::wait_cli(pid, log, 60);
   const Report rep = load_report(dir + "/report/report.json");
@@ -143,9 +167,9 @@ TEST(FuzzCli, SigkillLeavesThePreviousReportLoadable) {
 
 TEST(FuzzCli, MutantGivesOneFindingPerSignature) {
   const std::string dir = test::fresh_dir("mutant");
-  const auto r = run_cli(
-      fuzz_args(dir, {"--backends", "cpu-mma~unmasked-pad-columns", "--properties", "tolerance",
-                      "--cases", "40", "--shrink-time", "5s", "--profile", "default"}));
+  const auto r = run_cli(fuzz_args(
+      dir, {"--backends", "cpu-mma~unmasked-pad-columns", "--properties", "tolerance", "--cases",
+            "40", "--shrink-evals", "1000", "--shrink-time", "10m", "--profile", "default"}));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
   ASSERT_FALSE(rep.findings.empty()) << r.output;

@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <string>
 #include <vector>
 
@@ -397,48 +396,6 @@ TEST(HostModels, SinkInfinitiesAndEmptyRows) {
     const RunResult r2 = make_backend(name)->run(no_sink);
     EXPECT_EQ(testing::head_out_bits(m, r, 0, 1), testing::head_out_bits(m, r2, 0, 1));
     EXPECT_EQ(testing::head_lse_bits(m, r, 0, 1), testing::head_lse_bits(m, r2, 0, 1));
-  }
-}
-
-// ---- Speed on the original test's shapes (figures for the README) ----
-
-TEST(HostModelSpeed, ProductionShapes) {
-  // CPU time of this thread (the machine may be shared: wall time would measure the neighbours).
-  auto cpu_seconds = [] {
-    timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  };
-  struct Shape {
-    int32_t batch, topk;
-  };
-  for (const Shape s :
-       {Shape{1, 128}, Shape{4, 512}, Shape{16, 512}, Shape{32, 128}, Shape{32, 512}}) {
-    Case c;
-    c.geom.page_size = 256;
-    c.geom.num_pages = 32;
-    c.batch = s.batch;
-    c.heads = 64;
-    c.topk = s.topk;
-    c.data_seed = 7;
-    const MaterializedCase m = materialize(c);
-    for (const std::string name : {"cpu-simt", "cpu-mma"}) {
-      auto backend = make_backend(name);
-      int runs = 0;
-      const double start = cpu_seconds();
-      double elapsed = 0;
-      while (runs < 2 || elapsed < 0.3) {
-        const RunResult r = backend->run(m);
-        ASSERT_TRUE(r.ok());
-        ASSERT_TRUE(std::isfinite(r.out[0]) && std::isfinite(r.lse[0]));
-        ++runs;
-        elapsed = cpu_seconds() - start;
-      }
-      std::printf(
-          "[speed] %-8s H=64 MODEL1 P=256 B=%-2d topk=%-3d %8.2f ms/case %8.1f cases/s"
-          " (CPU time, one thread)\n",
-          name.c_str(), s.batch, s.topk, 1e3 * elapsed / runs, runs / elapsed);
-    }
   }
 }
 

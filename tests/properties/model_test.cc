@@ -212,8 +212,8 @@ TEST(Shrink, SyntheticPredicateShrinksToTheMinimum) {
   // Find a generated case that fails the predicate.
   uint64_t i = 0;
   while (!pred(big)) big = with_explicit_indices(generate_case(7, ++i, cfg, nullptr));
-  const ShrinkResult r = shrink_case(big, pred, 30);
-  EXPECT_FALSE(r.budget_exhausted);
+  const ShrinkResult r = shrink_case(big, pred, ShrinkLimits{});
+  EXPECT_EQ(r.stopped_by, ShrinkStop::kFixedPoint);
   EXPECT_TRUE(pred(r.minimal));
   EXPECT_EQ(r.minimal.batch, 1);
   EXPECT_EQ(r.minimal.heads, 1);
@@ -251,8 +251,8 @@ TEST(Shrink, TwoTileBugKeepsOneValidTokenPerTile) {
     return tiles.size() >= 2;
   };
   ASSERT_TRUE(tiles_with_valid(c));
-  const ShrinkResult r = shrink_case(c, tiles_with_valid, 30);
-  EXPECT_FALSE(r.budget_exhausted);
+  const ShrinkResult r = shrink_case(c, tiles_with_valid, ShrinkLimits{});
+  EXPECT_EQ(r.stopped_by, ShrinkStop::kFixedPoint);
   EXPECT_TRUE(tiles_with_valid(r.minimal));
   EXPECT_EQ(case_size(r.minimal).valid_tokens, 2);
 }
@@ -277,7 +277,7 @@ TEST(Shrink, KeptRowsAndHeadsKeepTheirQValues) {
     }
     return false;
   };
-  const ShrinkResult r = shrink_case(c, shows, 30);
+  const ShrinkResult r = shrink_case(c, shows, ShrinkLimits{});
   EXPECT_EQ(r.minimal.batch, 1);
   EXPECT_EQ(r.minimal.heads, 1);
   ASSERT_TRUE(r.minimal.q_source.has_value());
@@ -289,9 +289,53 @@ TEST(Shrink, KeptRowsAndHeadsKeepTheirQValues) {
 TEST(Shrink, ThrowingPredicateRejectsTheCandidate) {
   const Case c = with_explicit_indices(small_case());
   const ShrinkResult r = shrink_case(
-      c, [](const Case&) -> bool { throw std::runtime_error("cannot evaluate"); }, 5);
+      c, [](const Case&) -> bool { throw std::runtime_error("cannot evaluate"); }, ShrinkLimits{});
   EXPECT_EQ(to_json(r.minimal), to_json(c));
   EXPECT_EQ(r.steps, 0);
+}
+
+// The count of evaluations decides where a shrink stops: a limit of exactly what the shrink
+// needs reaches the same fixed point, one less stops one evaluation short and says so, and a
+// limited shrink gives the same case every time.
+TEST(Shrink, TheEvaluationLimitDecidesWhereItStops) {
+  const Case c = with_explicit_indices(small_case());  // B = 2, H = 3
+  const auto two_rows = [](const Case& x) { return x.batch >= 2; };
+  const ShrinkResult full = shrink_case(c, two_rows, ShrinkLimits{});
+  ASSERT_EQ(full.stopped_by, ShrinkStop::kFixedPoint);
+  EXPECT_EQ(full.minimal.batch, 2);
+  EXPECT_EQ(full.minimal.heads, 1);
+  ASSERT_GT(full.evaluations, 2);
+
+  const ShrinkResult exact = shrink_case(c, two_rows, {full.evaluations, 1e9});
+  EXPECT_EQ(exact.stopped_by, ShrinkStop::kFixedPoint);
+  EXPECT_EQ(exact.evaluations, full.evaluations);
+  EXPECT_EQ(to_json(exact.minimal), to_json(full.minimal));
+
+  const ShrinkLimits short_limits{full.evaluations / 2, 1e9};
+  const ShrinkResult a = shrink_case(c, two_rows, short_limits);
+  const ShrinkResult b = shrink_case(c, two_rows, short_limits);
+  EXPECT_EQ(a.stopped_by, ShrinkStop::kEvaluations);
+  EXPECT_STREQ(shrink_stop_name(a.stopped_by), "evaluations");
+  EXPECT_TRUE(a.budget_exhausted());
+  EXPECT_EQ(a.evaluations, short_limits.max_evaluations);
+  EXPECT_EQ(to_json(a.minimal), to_json(b.minimal));
+  EXPECT_EQ(a.steps, b.steps);
+
+  const ShrinkResult none = shrink_case(c, two_rows, {0, 1e9});
+  EXPECT_EQ(none.stopped_by, ShrinkStop::kEvaluations);
+  EXPECT_EQ(none.evaluations, 0);
+  EXPECT_EQ(to_json(none.minimal), to_json(c));
+}
+
+// The wall-clock cap is a safety net; a spent one (here: a negative cap, spent before the first
+// evaluation, so the test does not depend on time) is reported as such.
+TEST(Shrink, ASpentWallClockCapIsReported) {
+  const Case c = with_explicit_indices(small_case());
+  const ShrinkResult r = shrink_case(c, [](const Case&) { return true; }, {1000, -1});
+  EXPECT_EQ(r.stopped_by, ShrinkStop::kSeconds);
+  EXPECT_STREQ(shrink_stop_name(r.stopped_by), "seconds");
+  EXPECT_EQ(r.evaluations, 0);
+  EXPECT_EQ(to_json(r.minimal), to_json(c));
 }
 
 TEST(Generators, SameSeedAndIndexGiveTheSameCase) {

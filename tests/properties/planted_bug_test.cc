@@ -49,7 +49,9 @@ TEST(PlantedBug, UnmaskedPadColumnsFoundShrunkSavedAndReproduced) {
                             << " generated cases of seed " << kSeed;
   std::cout << "found at case " << index - 1 << ": " << format_outcome(*found) << "\n";
 
-  const ShrinkResult sr = shrink_case(failing, same_failure_predicate(*found, backends), 120);
+  const ShrinkResult sr =
+      shrink_case(failing, same_failure_predicate(*found, backends), ShrinkLimits{});
+  EXPECT_EQ(sr.stopped_by, ShrinkStop::kFixedPoint);
   const CaseSize size = case_size(sr.minimal);
   std::cout << "shrunk in " << sr.steps << " steps, " << sr.evaluations << " evaluations, "
             << sr.seconds << " s: B=" << size.rows << " H=" << size.heads << " topk=" << size.topk

@@ -23,7 +23,7 @@ def test_exception_is_a_run_failure_with_the_traceback() -> None:
 
 
 def test_exception_in_a_campaign_is_a_run_finding() -> None:
-    message = _fuzz_failure("decode_raises", cases=4, shrink_time="10s")
+    message = _fuzz_failure("decode_raises", cases=4, shrink_time="10m")
     assert "- run on python:tests/python/faulty_kernels.py:decode_raises" in message, message
     assert "shrunk to B=1 H=2" in message, message
 
@@ -49,7 +49,7 @@ def test_hang_in_run_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_write_between_heads_trips_the_canaries() -> None:
-    message = _fuzz_failure("decode_writes_between_heads", cases=4, shrink_time="10s",
+    message = _fuzz_failure("decode_writes_between_heads", cases=4, shrink_time="10m",
                             properties=["poison"])
     assert "- poison on python:tests/python/faulty_kernels.py:decode_writes_between_heads" \
         in message, message
