@@ -134,8 +134,10 @@ class PythonBackend final : public Backend {
   double abs_tol() const override { return desc_.abs_tol; }
   double rel_tol() const override { return desc_.rel_tol; }
   Availability availability() const override { return {desc_.available, desc_.reason}; }
-  // Foreign code that can crash or hang: `mlafuzz fuzz` isolates it like a plugin.
-  bool on_device() const override { return true; }
+  bool on_device() const override { return desc_.device == "cuda"; }
+  // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
+  // the host or on the device.
+  bool needs_worker() const override { return true; }
   const PythonDescription& description() const { return desc_; }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {

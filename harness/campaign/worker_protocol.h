@@ -1,9 +1,11 @@
 // Wire format between the campaign and `mlafuzz worker` processes (fault isolation).
 //
-// Frames over a pair of pipes: u32 magic "MLAW", u32 message type, u64 payload length, payload.
-// Integers are little-endian host order (both ends are the same binary on the same machine).
-// Requests carry whole MaterializedCases, because properties transform the buffers (poison,
-// relocation, single rows) after materialization; replies carry RunResults.
+// Frames over a pair of pipes (harness/backends/ipc_channel.h): u32 magic "MLAW", u32 message
+// type, u64 payload length, payload. Integers are little-endian host order (both ends are the
+// same binary on the same machine). Requests carry the buffers of MaterializedCases (not their
+// recipes), because properties transform the buffers (poison, relocation, single rows) after
+// materialization; replies carry RunResults. Vectors of 4 KiB and more travel through the
+// worker's shared memory (BulkArea) when it has one.
 #pragma once
 
 #include <cstdint>

@@ -73,7 +73,9 @@ TEST(WorkerProtocol, CaseAndResultRoundTrip) {
   EXPECT_EQ(back.heads, 3);
   EXPECT_EQ(back.geom.page_stride, m.geom.page_stride);
   EXPECT_EQ(back.sm_scale, m.sm_scale);
-  EXPECT_EQ(to_json(back.recipe), to_json(m.recipe));
+  // The recipe stays with the campaign; what describes the buffers travels.
+  EXPECT_EQ(back.recipe.geom.page_stride, m.geom.page_stride);
+  EXPECT_EQ(back.recipe.heads, 3);
   RunResult r;
   r.status = RunStatus::kError;
   r.message = "launch failed";
