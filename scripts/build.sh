@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs what is missing on Debian 12 (apt), then configures and builds mlafuzz.
-# Usage: scripts/build.sh [BUILD_DIR]   (default: build). Shared by .ci/run and quickstart.sh.
+# Usage: scripts/build.sh [BUILD_DIR [CMAKE_ARGS...]]   (default: build). Shared by .ci/run,
+# quickstart.sh and sanitize.sh (which passes its options as CMAKE_ARGS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build_dir=${1:-build}
+shift $(($# > 0))
 
 packages=(cmake ninja-build g++ git librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy python3-pytest)
@@ -25,6 +27,6 @@ if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi
 
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release "$@"
 # -j2: the reference machines have two cores, and the CUDA kernels take a lot of memory.
 cmake --build "$build_dir" -j"${MLAFUZZ_JOBS:-2}"

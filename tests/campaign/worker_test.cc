@@ -95,6 +95,37 @@ TEST(WorkerProtocol, CaseAndResultRoundTrip) {
   EXPECT_THROW(decode_result(truncated), ProtocolError);
 }
 
+// Every vector of a frame empty (a result with no output, a case stripped of its buffers): the
+// decoder must not hand a null data() to memcpy (caught by the sanitized build, see README).
+TEST(WorkerProtocol, EmptyVectorsRoundTrip) {
+  MaterializedCase m = small_case(2);
+  m.q.clear();
+  m.cache.clear();
+  m.indices.clear();
+  m.topk_length.clear();
+  m.sink.clear();
+  const MaterializedCase back = decode_case(encode_case(m));
+  EXPECT_TRUE(back.q.empty());
+  EXPECT_TRUE(back.cache.empty());
+  EXPECT_TRUE(back.indices.empty());
+  EXPECT_TRUE(back.topk_length.empty());
+  EXPECT_TRUE(back.sink.empty());
+  EXPECT_EQ(back.heads, 2);
+  EXPECT_EQ(back.q_head_stride, m.q_head_stride);
+  EXPECT_EQ(back.out_head_stride, m.out_head_stride);
+
+  RunResult r;  // as a backend that failed before writing anything replies
+  r.status = RunStatus::kFault;
+  r.message = "no output";
+  const RunResult rb = decode_result(encode_result(r));
+  EXPECT_EQ(rb.status, RunStatus::kFault);
+  EXPECT_EQ(rb.message, "no output");
+  EXPECT_TRUE(rb.out.empty());
+  EXPECT_TRUE(rb.lse.empty());
+  EXPECT_TRUE(rb.out_raw.empty());
+  EXPECT_TRUE(rb.lse_raw.empty());
+}
+
 WorkerSpec spec(const std::string& backend) {
   WorkerSpec s;
   s.exe = MLAFUZZ_BINARY;

@@ -63,6 +63,15 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_supports(const MlafuzzDecodeCall* call,
   return 1;
 }
 
+#if FAULT == FAULT_CRASH
+/* A real SIGSEGV, as a broken plugin gives. In a sanitized build (MLAFUZZ_SANITIZE) UBSan's null
+ * check would report the store and exit before it faults: the store stays unchecked. */
+__attribute__((no_sanitize("undefined"))) static void crash(void) {
+  volatile int* nowhere = NULL;
+  *nowhere = 1;
+}
+#endif
+
 #if FAULT != FAULT_MISSING_RUN
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* call, char* err,
                                              size_t err_len) {
@@ -71,8 +80,7 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* call, char
   snprintf(err, err_len, "simulated launch failure");
   return 7;
 #elif FAULT == FAULT_CRASH
-  volatile int* nowhere = NULL;
-  *nowhere = 1;
+  crash();
 #elif FAULT == FAULT_HANG
   for (;;) pause();
 #endif
