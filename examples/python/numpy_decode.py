@@ -89,11 +89,15 @@ def attend(call: mlafuzz.DecodeCall, bug: bool = False) -> None:
                 continue
             keys = dequantize(call, call.indices[b][pos].astype(np.int64), bug)  # [n, d_qk]
             qs = mlafuzz.bf16_to_float32(call.q[b]) * sm_scale  # [H, d_qk]
-            x = qs @ keys.T  # [H, n] fp32
+            # One matrix-vector product per head: a product of all heads at once lets BLAS pick
+            # another kernel (another summation order) for another head count, and head-alone
+            # (bitwise) caught exactly that with numpy 2.5's BLAS on the GPU machine.
+            x = np.stack([keys @ qs[h] for h in range(call.heads)])  # [H, n] fp32
             m = x.max(axis=1)
             p = np.exp(x - m[:, None])
             l = p.sum(axis=1, dtype=np.float32)
-            acc = p @ keys[:, : call.d_v]  # [H, d_v]
+            values = np.ascontiguousarray(keys[:, : call.d_v])
+            acc = np.stack([p[h] @ values for h in range(call.heads)])  # [H, d_v]
             denom = l
             if call.sink is not None:
                 denom = l + np.exp(call.sink - m)

@@ -3,8 +3,9 @@
     mlafuzz fuzz --backends python:examples/python/torch_decode.py:decode --time 5m
 
 Gather the selected tokens, dequantize them to bf16 (exact with power-of-two scales), then two
-matmuls with bf16 inputs and fp32 accumulation: logits = q K^T (scaled in fp32 afterwards), and
-P V with p rounded to bf16 while the row sum uses the fp32 p. Run on the GPU machine
+products with bf16 inputs and fp32 accumulation, one matrix-vector product per row and head (so
+that a row or head computed alone gives the same bits): logits = q K^T (scaled in fp32
+afterwards), and P V with p rounded to bf16 while the row sum uses the fp32 p. Run on the GPU machine
 (scripts/gpu_python.sh); it needs torch with CUDA.
 """
 
@@ -81,7 +82,7 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
 
 @mlafuzz.kernel(name="torch-bf16-mma", precision="bf16_mma", device="cuda")
 def decode(call: mlafuzz.DecodeCall) -> None:
-    """PyTorch gather + dequantize + two bf16 matmuls with fp32 accumulation."""
+    """PyTorch gather + dequantize + bf16 products with fp32 accumulation, per row and head."""
     import torch  # noqa: PLC0415 - device="cuda" kernels only
 
     dev = call.q.device
@@ -94,13 +95,21 @@ def decode(call: mlafuzz.DecodeCall) -> None:
     # Masked tokens must not reach the products: a poisoned slot holds NaNs, and 0 * NaN = NaN.
     keys = torch.where(valid.unsqueeze(-1), keys, torch.zeros_like(keys))
     kf = keys.float()  # bf16 values, exact in fp32: fp32 products and accumulation as the MMA
-    x = torch.matmul(call.q.float(), kf.transpose(1, 2)) * call.sm_scale  # [B, H, topk] fp32
+    qf = call.q.float()
+    vf = kf[:, :, : call.d_v].contiguous()
+    # One matrix-vector product per (row, head): cuBLAS picks its algorithm (and so the summation
+    # order) by shape, so products over all rows or heads at once differ in the last bits when a
+    # row or head is computed alone, which batch-alone and head-alone (bitwise) catch.
+    x = torch.stack([torch.stack([torch.mv(kf[b], qf[b, h]) for h in range(call.heads)])
+                     for b in range(call.batch)]) * call.sm_scale  # [B, H, topk] fp32
     x = x.masked_fill(~valid.unsqueeze(1), float("-inf"))
     m = x.amax(dim=-1)  # [B, H]; -inf on empty rows
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(x - m_safe.unsqueeze(-1))
     l = p.sum(dim=-1)
-    pv = torch.matmul(p.to(torch.bfloat16).float(), kf[:, :, : call.d_v])  # bf16 p, fp32 acc
+    pb = p.to(torch.bfloat16).float()  # bf16 p for P*V, fp32 accumulation
+    pv = torch.stack([torch.stack([torch.mv(vf[b].t(), pb[b, h]) for h in range(call.heads)])
+                      for b in range(call.batch)])  # [B, H, d_v]
     denom = l
     if call.sink is not None:
         denom = l + torch.exp(call.sink.unsqueeze(0) - m_safe)
