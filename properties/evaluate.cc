@@ -455,6 +455,30 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   return ev;
 }
 
+std::vector<PropertyOutcome> judge_runs(
+    const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
+    const EvalOptions& options) {
+  CaseEvaluation ev;
+  CaseContext ctx;
+  ctx.m = m;
+  const std::vector<std::string> props{"run", "tolerance"};
+  Evaluator e(ctx, props, options, ev);
+  std::vector<BackendState> states(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    states[i].be = runs[i].first;
+    states[i].clean = *runs[i].second;
+    PropertyOutcome run;
+    run.property = "run";
+    run.backend = runs[i].first->name();
+    run.seconds = runs[i].second->seconds;
+    e.record_clean(states[i], run);
+  }
+  ctx.ref = run_oracle_eigen(ctx.m, 1);
+  ctx.b64 = compute_bounds(ctx.m, ctx.ref, pipeline_for(Precision::kFloat64));
+  for (auto& st : states) e.properties(st);
+  return ev.outcomes;
+}
+
 std::string format_outcome(const PropertyOutcome& o) {
   std::ostringstream os;
   os << o.property << " on " << o.backend << ": ";

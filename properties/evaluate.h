@@ -131,6 +131,15 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
                              const std::vector<std::string>& properties,
                              const EvalOptions& options);
 
+// The verdict of clean runs already made (`mlafuzz run`): for each (backend, its run of
+// materialize(c)), the "run" outcome and, when the run succeeded, the "tolerance" outcome, each
+// computed by the same code as in evaluate_case (the oracle run here once, its own error added
+// to every bound, the bf16 rounding rule of the backend's precision). One verdict for a case,
+// whichever command judges it.
+std::vector<PropertyOutcome> judge_runs(
+    const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
+    const EvalOptions& options = {});
+
 // One-paragraph human-readable form of an outcome: property, backend, worst element with its
 // coordinates and error/bound (no repro command: the caller knows the path).
 std::string format_outcome(const PropertyOutcome& o);

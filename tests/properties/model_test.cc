@@ -552,5 +552,27 @@ TEST(Evaluate, NonfiniteMismatchIsFlaggedAndRankedFirst) {
   EXPECT_TRUE(failure_worse(bitwise, *tol));
 }
 
+// `mlafuzz run`'s verdict is the tolerance property: judge_runs gives the outcomes
+// evaluate_case gives for the same clean runs.
+TEST(Evaluate, JudgeRunsMatchesEvaluateCase) {
+  auto simt = make_backend("cpu-simt"), mma = make_backend("cpu-mma");
+  auto loop = make_backend("oracle-loop");
+  const Case c = small_case();
+  const MaterializedCase m = materialize(c);
+  const RunResult rs = simt->run(m), rm = mma->run(m), rl = loop->run(m);
+  const std::vector<PropertyOutcome> judged =
+      judge_runs(m, {{simt.get(), &rs}, {mma.get(), &rm}, {loop.get(), &rl}});
+  const CaseEvaluation ev =
+      evaluate_case(c, {simt.get(), mma.get(), loop.get()}, {"run", "tolerance"});
+  ASSERT_EQ(judged.size(), ev.outcomes.size());
+  for (size_t i = 0; i < judged.size(); ++i) {
+    EXPECT_EQ(judged[i].property, ev.outcomes[i].property);
+    EXPECT_EQ(judged[i].backend, ev.outcomes[i].backend);
+    EXPECT_EQ(judged[i].passed, ev.outcomes[i].passed);
+    EXPECT_EQ(judged[i].tightness, ev.outcomes[i].tightness) << judged[i].backend;
+    EXPECT_EQ(judged[i].detail, ev.outcomes[i].detail);
+  }
+}
+
 }  // namespace
 }  // namespace mlafuzz
