@@ -415,9 +415,10 @@ std::vector<const PropertyOutcome*> CaseEvaluation::failures() const {
 }
 
 bool failure_worse(const PropertyOutcome& a, const PropertyOutcome& b) {
-  // 2: no figures to compare (a failed run, a bitwise difference); 1: a non-finite mismatch.
+  // 2: exact failures, nothing to compare (a failed run, a bitwise difference, an excess over a
+  // bound of 0: a value that must be exact); 1: a non-finite mismatch; 0: by tightness.
   auto tier = [](const PropertyOutcome& o) {
-    if (o.run_failed || !has_error_figures(o.property)) return 2;
+    if (o.run_failed || !has_error_figures(o.property) || std::isinf(o.tightness)) return 2;
     return o.nonfinite_mismatch ? 1 : 0;
   };
   if (tier(a) != tier(b)) return tier(a) > tier(b);

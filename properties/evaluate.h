@@ -109,8 +109,9 @@ struct CaseEvaluation {
   std::vector<const PropertyOutcome*> failures() const;
 };
 
-// Order of failed outcomes, worst first: run failures and failures of properties without error
-// figures (bitwise), then non-finite mismatches, then by tightness.
+// Order of failed outcomes, worst first: exact failures (failed runs, properties without error
+// figures such as the bitwise ones, an excess over a bound of 0), then non-finite mismatches,
+// then by tightness; ties keep evaluation order.
 bool failure_worse(const PropertyOutcome& a, const PropertyOutcome& b);
 
 struct EvalOptions {

@@ -550,6 +550,12 @@ TEST(Evaluate, NonfiniteMismatchIsFlaggedAndRankedFirst) {
   EXPECT_TRUE(failure_worse(*tol, finite));
   EXPECT_FALSE(failure_worse(finite, *tol));
   EXPECT_TRUE(failure_worse(bitwise, *tol));
+  // An excess over a bound of 0 (a value that must be exact) ranks with the bitwise failures.
+  PropertyOutcome zero_bound = finite;
+  zero_bound.tightness = HUGE_VAL;
+  EXPECT_TRUE(failure_worse(zero_bound, *tol));
+  EXPECT_FALSE(failure_worse(bitwise, zero_bound));
+  EXPECT_FALSE(failure_worse(zero_bound, bitwise));
 }
 
 // `mlafuzz run`'s verdict is the tolerance property: judge_runs gives the outcomes
