@@ -18,6 +18,9 @@
 namespace mlafuzz {
 namespace {
 
+// Before nonfinite_mismatch was a field, the tightness 1e300 stood for it.
+constexpr double kLegacyNonfiniteTightness = 1e300;
+
 using json = nlohmann::ordered_json;
 constexpr const char* kFormat = "mlafuzz-corpus";
 
@@ -66,6 +69,7 @@ const fields::Table<Finding>& finding_fields() {
       field("seed", &Finding::seed, kReport),
       field("case_index", &Finding::case_index, kReport),
       field("tightness", &Finding::tightness, kReport),
+      field("nonfinite_mismatch", &Finding::nonfinite_mismatch, kReport),
       field("shrunk", &Finding::shrunk, kReport),
       field("detail", &Finding::summary, kReport),
       field("corpus", &Finding::corpus_path, kReport),
@@ -77,6 +81,7 @@ const fields::Table<Finding>& finding_fields() {
       field("error", &Finding::error, kCorpus),
       field("bound", &Finding::bound, kCorpus),
       field("tightness", &Finding::tightness, kCorpus),
+      field("nonfinite_mismatch", &Finding::nonfinite_mismatch, kCorpus),
       field("commit", &Finding::commit, kCorpus),
       field("gpu_name", &Finding::gpu_name, kCorpus),
       field("driver_version", &Finding::driver_version, kCorpus),
@@ -92,9 +97,8 @@ const fields::Table<Finding>& finding_fields() {
 
 json finding_to_json(const Finding& f) {
   json j = fields::write(f, finding_fields(), kFindingInCorpus);
-  // Non-finite tightness (a bound of 0, a non-finite mismatch) is stored as a large number:
-  // JSON has no infinity.
-  j["tightness"] = std::isfinite(f.tightness) ? f.tightness : 1e300;
+  // JSON has no infinity: an infinite tightness (an excess over a bound of 0) is "inf".
+  j["tightness"] = fields::number(f.tightness, {.nonfinite_as_string = true});
   return j;
 }
 
@@ -109,6 +113,12 @@ Finding finding_from_json(const json& j) {
                   .unknown_is_error = true});
   } catch (const fields::FieldError& e) {
     throw CaseError(e.path(), e.reason());
+  }
+  // Entries written before the flag existed scored a non-finite mismatch (and an infinite
+  // tightness) as tightness 1e300.
+  if (!j.contains("nonfinite_mismatch") && f.tightness >= kLegacyNonfiniteTightness) {
+    f.nonfinite_mismatch = true;
+    f.tightness = 0;
   }
   if (f.expect != "pass" && f.expect != "fail") {
     throw CaseError("finding.expect", "must be \"pass\" or \"fail\", not \"" + f.expect + "\"");
@@ -158,6 +168,7 @@ Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t see
   f.error = o.error;
   f.bound = o.bound;
   f.tightness = o.tightness;
+  f.nonfinite_mismatch = o.nonfinite_mismatch;
   f.signature = finding_signature(o.property, o.backend, minimal);
   f.commit = build_commit();
   f.host = host_name();

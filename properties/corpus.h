@@ -3,7 +3,8 @@
 //   {"format": "mlafuzz-corpus", "version": 1,
 //    "case": {...the case format of harness/case.h...},
 //    "finding": {"property": "tolerance", "backend": "cpu-mma", "expect": "pass", "detail": ...,
-//                "signature": ..., "error": ..., "bound": ..., "tightness": ..., "commit": ...,
+//                "signature": ..., "error": ..., "bound": ..., "tightness": ... (or "inf"),
+//                "nonfinite_mismatch": false, "commit": ...,
 //                "gpu_name": ..., "driver_version": ..., "cuda_version": ..., "host": ...,
 //                "found_at": "2026-11-29T08:00:00Z", "seed": ..., "case_index": ..., "count": 1}}
 //

@@ -13,6 +13,7 @@
 #include "harness/core/rng.h"
 #include "oracle/oracle.h"
 #include "properties/properties.h"
+#include "properties/property_table.h"
 #include "properties/tolerance.h"
 
 namespace mlafuzz {
@@ -28,21 +29,6 @@ bool selected(const std::vector<std::string>& props, const std::string& p) {
   return props.empty() || std::find(props.begin(), props.end(), p) != props.end();
 }
 
-// Properties a backend cannot meet by design: switched off for it (applicable = false) with the
-// reason, never loosened.
-std::optional<std::string> off_by_design(const Backend& backend, const std::string& prop) {
-  const bool bitwise = prop == "determinism" || prop == "poison" || prop == "relocate" ||
-                       prop == "batch-alone" || prop == "head-alone";
-  if (backend.is_reference() && bitwise) {
-    // The Eigen oracle is the fast reference, not a kernel: its vectorized products peel and
-    // block by buffer alignment and matrix shape, so float64 sums (and their last bit) change
-    // order from run to run and with B or H. oracle-loop keeps every bitwise property.
-    return "Eigen's products order float64 sums by buffer alignment and shape (last-bit "
-           "differences); oracle-loop holds this property";
-  }
-  return std::nullopt;
-}
-
 // Where the outcome's figures come from, for tolerance-style checks.
 void fill_from_check(PropertyOutcome& o, const BoundCheck& bc) {
   o.passed = bc.passed;
@@ -56,7 +42,8 @@ void fill_from_check(PropertyOutcome& o, const BoundCheck& bc) {
   o.mean_abs = bc.mean_abs;
   o.max_rel = bc.max_rel;
   o.lse_max_abs = bc.lse_max_abs;
-  o.tightness = bc.nonfinite_match ? bc.tightness : std::max(bc.tightness, 1e300);
+  o.tightness = bc.tightness;
+  o.nonfinite_mismatch = !bc.nonfinite_match;
   o.out_max_ref = bc.out_max_ref;
 }
 
@@ -118,13 +105,19 @@ class Evaluator {
     const auto t0 = Clock::now();
     st.clean = be.run(ctx_.m);
     run.seconds = since(t0);
+    record_clean(st, run);
+  }
+
+  // The "run" outcome of a clean run made (st.clean): ok, unsupported or failed.
+  void record_clean(BackendState& st, PropertyOutcome run) {
+    const std::string name = st.be->name();
     if (st.clean.status == RunStatus::kUnsupported) {
       not_applicable_all(name, "backend reported unsupported: " + st.clean.message);
       return;
     }
     if (!st.clean.ok()) {
       run.passed = false;
-      run.tightness = 1e300;
+      run.run_failed = true;
       run.detail = std::string(st.clean.status == RunStatus::kFault ? "fault: " : "error: ") +
                    st.clean.message;
       ev_.outcomes.push_back(run);
@@ -138,10 +131,11 @@ class Evaluator {
   void properties(BackendState& st) {
     if (!st.ran) return;
     const std::string name = st.be->name();
-    auto want = [&](const char* prop) {
-      if (!selected(props_, prop)) return false;
-      if (auto why = off_by_design(*st.be, prop)) {
-        PropertyOutcome o = make(prop, name);
+    auto want = [&](PropertyId id) {
+      const PropertyInfo& prop = property_info(id);
+      if (!selected(props_, prop.name)) return false;
+      if (auto why = off_by_design(prop, *st.be)) {
+        PropertyOutcome o = make(prop.name, name);
         o.applicable = false;
         o.detail = *why;
         ev_.outcomes.push_back(o);
@@ -149,18 +143,19 @@ class Evaluator {
       }
       return true;
     };
-    if (want("tolerance")) tolerance(st);
-    if (want("determinism")) determinism(st);
-    if (want("poison")) poison(st);
-    if (want("relocate")) relocate(st);
-    if (want("batch-alone")) batch_alone(st);
-    if (want("head-alone")) head_alone_prop(st);
-    if (want("permute")) permute(st);
-    if (want("insert-invalid")) insert(st);
+    if (want(PropertyId::kTolerance)) tolerance(st);
+    if (want(PropertyId::kDeterminism)) determinism(st);
+    if (want(PropertyId::kPoison)) poison(st);
+    if (want(PropertyId::kRelocate)) relocate(st);
+    if (want(PropertyId::kBatchAlone)) batch_alone(st);
+    if (want(PropertyId::kHeadAlone)) head_alone_prop(st);
+    if (want(PropertyId::kPermute)) permute(st);
+    if (want(PropertyId::kInsertInvalid)) insert(st);
   }
 
   void mma_vs_simt(std::vector<BackendState>& states) {
-    if (!selected(props_, "mma-vs-simt")) return;
+    const PropertyInfo& prop = property_info(PropertyId::kMmaVsSimt);
+    if (!selected(props_, prop.name)) return;
     for (auto& a : states) {
       if (!a.ran || a.be->precision() != Precision::kMmaBf16) continue;
       const std::string partner = a.be->simt_partner();
@@ -169,7 +164,7 @@ class Evaluator {
         if (!b.ran || b.be->name() != partner || b.be->precision() != Precision::kSimtFp32) {
           continue;
         }
-        PropertyOutcome o = make("mma-vs-simt", a.be->name() + "|" + b.be->name());
+        PropertyOutcome o = make(prop.name, a.be->name() + "|" + b.be->name());
         const Bounds bound = add_bounds(ctx_.backend_bounds(*a.be), ctx_.backend_bounds(*b.be));
         const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
                                            ctx_.m.batch, ctx_.m.heads, ctx_.m.d_v());
@@ -188,9 +183,11 @@ class Evaluator {
   }
 
   void not_applicable_all(const std::string& name, const std::string& why) {
-    for (const auto& p : all_properties()) {
-      if (p == "mma-vs-simt" || (p != "run" && !selected(props_, p))) continue;
-      PropertyOutcome o = make(p, name);
+    for (const PropertyInfo& p : property_table()) {
+      if (p.needs_simt_partner || (p.id != PropertyId::kRun && !selected(props_, p.name))) {
+        continue;
+      }
+      PropertyOutcome o = make(p.name, name);
       o.applicable = false;
       o.detail = why;
       ev_.outcomes.push_back(o);
@@ -214,7 +211,7 @@ class Evaluator {
     }
     if (!r.ok()) {
       o.passed = false;
-      o.tightness = 1e300;
+      o.run_failed = true;
       o.detail = "run of the transformed case failed: " + r.message;
       return false;
     }
@@ -224,13 +221,6 @@ class Evaluator {
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("tolerance", be.name());
-    if (be.is_reference()) {
-      // The Eigen oracle is the reference itself; oracle-loop checks it.
-      o.applicable = false;
-      o.detail = "the Eigen oracle is the reference (oracle-loop is checked against it)";
-      ev_.outcomes.push_back(o);
-      return;
-    }
     const Bounds bound = add_bounds(ctx_.backend_bounds(be), ctx_.b64);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
     const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound, ctx_.m.batch,
@@ -408,11 +398,6 @@ class Evaluator {
 
 }  // namespace
 
-std::vector<std::string> all_properties() {
-  return {"run",        "tolerance",   "poison",  "relocate",       "batch-alone",
-          "head-alone", "determinism", "permute", "insert-invalid", "mma-vs-simt"};
-}
-
 bool CaseEvaluation::failed() const {
   return std::any_of(outcomes.begin(), outcomes.end(),
                      [](const PropertyOutcome& o) { return o.applicable && !o.passed; });
@@ -423,16 +408,21 @@ std::vector<const PropertyOutcome*> CaseEvaluation::failures() const {
   for (const auto& o : outcomes) {
     if (o.applicable && !o.passed) f.push_back(&o);
   }
-  auto key = [](const PropertyOutcome* o) {
-    // Bitwise and run failures carry tightness 0 or 1e300; rank them first.
-    const bool exact = o->property != "tolerance" && o->property != "permute" &&
-                       o->property != "insert-invalid" && o->property != "mma-vs-simt";
-    return exact ? 1e308 : o->tightness;
-  };
-  std::stable_sort(f.begin(), f.end(), [&](const PropertyOutcome* a, const PropertyOutcome* b) {
-    return key(a) > key(b);
+  std::stable_sort(f.begin(), f.end(), [](const PropertyOutcome* a, const PropertyOutcome* b) {
+    return failure_worse(*a, *b);
   });
   return f;
+}
+
+bool failure_worse(const PropertyOutcome& a, const PropertyOutcome& b) {
+  // 2: exact failures, nothing to compare (a failed run, a bitwise difference, an excess over a
+  // bound of 0: a value that must be exact); 1: a non-finite mismatch; 0: by tightness.
+  auto tier = [](const PropertyOutcome& o) {
+    if (o.run_failed || !has_error_figures(o.property) || std::isinf(o.tightness)) return 2;
+    return o.nonfinite_mismatch ? 1 : 0;
+  };
+  if (tier(a) != tier(b)) return tier(a) > tier(b);
+  return tier(a) == 0 && a.tightness > b.tightness;
 }
 
 CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
@@ -444,12 +434,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
                              const std::vector<std::string>& properties,
                              const EvalOptions& options) {
   const auto t0 = Clock::now();
-  for (const auto& p : properties) {
-    const auto all = all_properties();
-    if (std::find(all.begin(), all.end(), p) == all.end()) {
-      throw std::invalid_argument("unknown property '" + p + "'");
-    }
-  }
+  check_property_names(properties);
   CaseEvaluation ev;
   CaseContext ctx;
   ctx.m = materialize(c);
@@ -471,6 +456,30 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   return ev;
 }
 
+std::vector<PropertyOutcome> judge_runs(
+    const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
+    const EvalOptions& options) {
+  CaseEvaluation ev;
+  CaseContext ctx;
+  ctx.m = m;
+  const std::vector<std::string> props{"run", "tolerance"};
+  Evaluator e(ctx, props, options, ev);
+  std::vector<BackendState> states(runs.size());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    states[i].be = runs[i].first;
+    states[i].clean = *runs[i].second;
+    PropertyOutcome run;
+    run.property = "run";
+    run.backend = runs[i].first->name();
+    run.seconds = runs[i].second->seconds;
+    e.record_clean(states[i], run);
+  }
+  ctx.ref = run_oracle_eigen(ctx.m, 1);
+  ctx.b64 = compute_bounds(ctx.m, ctx.ref, pipeline_for(Precision::kFloat64));
+  for (auto& st : states) e.properties(st);
+  return ev.outcomes;
+}
+
 std::string format_outcome(const PropertyOutcome& o) {
   std::ostringstream os;
   os << o.property << " on " << o.backend << ": ";
@@ -479,10 +488,11 @@ std::string format_outcome(const PropertyOutcome& o) {
   } else {
     os << (o.passed ? "pass" : "FAIL");
     if (!o.detail.empty()) os << ": " << o.detail;
-    if (o.property == "tolerance" || o.property == "mma-vs-simt") {
+    if (has_error_figures(o.property) && !o.run_failed) {
       os.precision(3);
       os << " [max|d| " << o.max_abs << ", mean " << o.mean_abs << ", rel " << o.max_rel
-         << ", lse max|d| " << o.lse_max_abs << ", tightness " << o.tightness << "]";
+         << ", lse max|d| " << o.lse_max_abs << ", tightness " << o.tightness
+         << (o.nonfinite_mismatch ? ", non-finite mismatch" : "") << "]";
     }
   }
   return os.str();

@@ -15,6 +15,7 @@
 
 #include "harness/core/backend.h"
 #include "harness/core/case.h"
+#include "properties/property_table.h"
 
 namespace mlafuzz {
 
@@ -63,23 +64,15 @@ Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
 // Evaluation
 // ---------------------------------------------------------------------------------------------
 
-// Property names, in evaluation order:
-//   "run"            the backend returned kOk (kError/kFault fail it; kUnsupported: applicable
-//                    = false). Always evaluated; a failed run skips the backend's other
-//                    properties for this case.
-//   "tolerance"      every out/lse element within its per-element bound against the float64
-//                    oracle (properties/tolerance.h); +inf/-inf/NaN positions identical.
-//   "poison"         bytes a correct kernel must not read replaced by NaN/inf/garbage: every
-//                    output bit identical to the clean run, guard bands untouched.
-//   "relocate"       pages in another physical order and stride: bitwise identical.
-//   "batch-alone"    each batch row computed alone: bitwise identical to its row in the batch.
-//   "head-alone"     a head computed alone: bitwise identical to the head in its head block.
-//   "determinism"    two runs bitwise identical.
-//   "permute"        index list permuted: within the tolerance bound (summation order changes).
-//   "insert-invalid" -1 entries inserted into the index lists: within the tolerance bound.
-//   "mma-vs-simt"    an MMA backend against its SIMT partner (name with "-mma" -> "-simt",
-//                    e.g. cpu-mma|cpu-simt, cuda-mma|cuda-simt) within the sum of both bounds.
-std::vector<std::string> all_properties();
+// The properties (what each checks, its kind, where it applies) are the table in
+// properties/property_table.h: all_properties(), property_info(), has_error_figures().
+//   "run" is always evaluated; a failed run skips the backend's other properties for this case.
+//   "tolerance" compares against the float64 oracle (properties/tolerance.h), +inf/-inf/NaN
+//   positions identical; "permute" and "insert-invalid" compare a transformed run with the clean
+//   one within the tolerance model (summation order changes); "mma-vs-simt" an MMA backend with
+//   its SIMT partner (Backend::simt_partner(), e.g. cpu-mma|cpu-simt) within the sum of both
+//   bounds; the bitwise ones (poison, relocate, batch-alone, head-alone, determinism) compare
+//   bit for bit.
 
 struct PropertyOutcome {
   std::string property;    // one of all_properties()
@@ -92,7 +85,13 @@ struct PropertyOutcome {
   int worst_b = -1, worst_h = -1, worst_d = -1;
   double error = 0, bound = 0;  // of the worst element (error/bound = tightness)
   double max_abs = 0, mean_abs = 0, max_rel = 0, cos_diff = 0, lse_max_abs = 0;
-  double tightness = 0;    // max over elements of error / bound (out and lse); 0 for bitwise
+  double tightness = 0;  // max over finite elements of error / bound (out and lse); 0 for bitwise
+  // +inf/-inf/NaN at a position where the reference has another class (or a finite value):
+  // failed whatever the finite elements' tightness; ranked above every finite excess.
+  bool nonfinite_mismatch = false;
+  // The run itself (the clean run, or the run of a transformed case) failed: error or fault.
+  // No figures; ranked with the bitwise failures.
+  bool run_failed = false;
   double out_max_ref = 0;  // max |reference out|, for error-vs-magnitude plots
   // Reported, never asserted (tolerance only): FlashMLA's check_is_allclose verdict for out and
   // lse with its published tolerances, and the original test's figures are max_abs, mean_abs,
@@ -106,9 +105,14 @@ struct CaseEvaluation {
   double seconds = 0;         // wall time of the whole evaluation
   double oracle_seconds = 0;  // of which the oracle (run once per case and reused)
   bool failed() const;        // any applicable outcome that did not pass
-  // The failed outcomes, worst first (by tightness; bitwise/run failures first of all).
+  // The failed outcomes, worst first (failure_worse).
   std::vector<const PropertyOutcome*> failures() const;
 };
+
+// Order of failed outcomes, worst first: exact failures (failed runs, properties without error
+// figures such as the bitwise ones, an excess over a bound of 0), then non-finite mismatches,
+// then by tightness; ties keep evaluation order.
+bool failure_worse(const PropertyOutcome& a, const PropertyOutcome& b);
 
 struct EvalOptions {
   // Poison variants per case (each one a different fill: NaN encodings, infinities, garbage).
@@ -127,6 +131,15 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
 CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backends,
                              const std::vector<std::string>& properties,
                              const EvalOptions& options);
+
+// The verdict of clean runs already made (`mlafuzz run`): for each (backend, its run of
+// materialize(c)), the "run" outcome and, when the run succeeded, the "tolerance" outcome, each
+// computed by the same code as in evaluate_case (the oracle run here once, its own error added
+// to every bound, the bf16 rounding rule of the backend's precision). One verdict for a case,
+// whichever command judges it.
+std::vector<PropertyOutcome> judge_runs(
+    const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
+    const EvalOptions& options = {});
 
 // One-paragraph human-readable form of an outcome: property, backend, worst element with its
 // coordinates and error/bound (no repro command: the caller knows the path).
@@ -189,8 +202,9 @@ struct Finding {
   // Both documents.
   std::string property, backend, signature;
   uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
-  double tightness = 0;
-  int64_t count = 1;  // times seen (deduplicated by signature)
+  double tightness = 0;               // of the finite elements
+  bool nonfinite_mismatch = false;    // PropertyOutcome::nonfinite_mismatch
+  int64_t count = 1;                  // times seen (deduplicated by signature)
   // The corpus entry.
   std::string detail;  // the outcome's worst element (PropertyOutcome::detail)
   double error = 0, bound = 0;

@@ -39,15 +39,8 @@ namespace {
 
 // The selected properties (all when none is named); throws for an unknown name.
 std::vector<std::string> selected_properties(const std::vector<std::string>& names) {
-  const auto all = all_properties();
-  for (const auto& p : names) {
-    if (std::find(all.begin(), all.end(), p) == all.end()) {
-      std::string known;
-      for (const auto& a : all) known += " " + a;
-      throw std::invalid_argument("unknown property '" + p + "'; known:" + known);
-    }
-  }
-  return names.empty() ? all : names;
+  check_property_names(names);
+  return names.empty() ? all_properties() : names;
 }
 
 // Options the parts rely on; throws std::invalid_argument for a bad one.
@@ -241,6 +234,7 @@ void Campaign::progress_line(bool final_line) {
   p.failures = t.failing_outcomes;
   p.findings = findings_.size();
   p.worst_tightness = t.worst_tightness;
+  p.nonfinite_mismatch = t.nonfinite_mismatch;
   p.elapsed_s = scheduler_.elapsed();
   p.time_s = opts_.time_s;
   p.max_cases = opts_.max_cases;
@@ -337,6 +331,7 @@ int Campaign::replay(uint64_t index, const std::string& save_path) {
     log << "  " << verdict << "  " << o.backend << " / " << o.property;
     if (o.applicable && has_error_figures(o.property)) {
       log << "  tightness " << fmt_g(o.tightness) << ", max abs " << fmt_g(o.max_abs);
+      if (o.nonfinite_mismatch) log << ", non-finite mismatch";
     }
     log << "\n";
     if (!o.applicable || o.passed) continue;

@@ -45,11 +45,8 @@ std::string progress_text(const ProgressFigures& p) {
   const double t = p.elapsed_s;
   std::ostringstream os;
   os << "mlafuzz: " << p.cases << " cases, " << fmt_g(t > 0 ? p.cases / t : 0) << " cases/s, "
-     << p.failures << " failures (" << p.findings
-     << " findings), worst tightness "
-     // The property layer scores a non-finite position mismatch as 1e300.
-     << (p.worst_tightness >= 1e300 ? std::string("non-finite mismatch")
-                                    : fmt_g(p.worst_tightness));
+     << p.failures << " failures (" << p.findings << " findings), worst tightness "
+     << (p.nonfinite_mismatch ? std::string("non-finite mismatch") : fmt_g(p.worst_tightness));
   if (p.time_s) {
     os << ", " << fmt_duration(*p.time_s - t) << " left";
   } else if (p.max_cases) {

@@ -34,7 +34,8 @@ class Console {
 
 struct ProgressFigures {
   int64_t cases = 0, failures = 0, findings = 0;
-  double worst_tightness = 0;  // over the properties with error figures
+  double worst_tightness = 0;       // over the properties with error figures
+  bool nonfinite_mismatch = false;  // printed instead of the worst tightness
   double elapsed_s = 0;
   std::optional<double> time_s;       // the time budget
   std::optional<uint64_t> max_cases;  // the case budget

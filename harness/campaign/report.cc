@@ -67,9 +67,11 @@ double LogHistogram::quantile(double q) const {
 
 namespace {
 
-// Total order of worst cases: failed first, larger tightness, larger error, smaller seed/index.
+// Total order of worst cases: failed first, non-finite mismatches, larger tightness, larger
+// error, smaller seed/index.
 bool worse(const WorstCase& a, const WorstCase& b) {
   if (a.failed != b.failed) return a.failed;
+  if (a.nonfinite_mismatch != b.nonfinite_mismatch) return a.nonfinite_mismatch;
   if (a.tightness != b.tightness) return a.tightness > b.tightness;
   if (a.max_abs != b.max_abs) return a.max_abs > b.max_abs;
   if (a.seed != b.seed) return a.seed < b.seed;
@@ -123,6 +125,7 @@ void PropertyStats::merge(const PropertyStats& o) {
   max_cos_diff = max_of(max_cos_diff, o.max_cos_diff);
   lse_max_abs = max_of(lse_max_abs, o.lse_max_abs);
   max_tightness = max_of(max_tightness, o.max_tightness);
+  nonfinite_mismatches += o.nonfinite_mismatches;
   tightness.merge(o.tightness);
   for (const auto& w : o.worst) add_worst(w);
   for (const auto& s : o.samples) add_sample(s);
@@ -252,6 +255,7 @@ void merge_finding(std::map<std::string, Finding>& findings, const Finding& f) {
     e.seed = f.seed;
     e.case_index = f.case_index;
     e.tightness = f.tightness;
+    e.nonfinite_mismatch = f.nonfinite_mismatch;
     e.shrunk = f.shrunk;
     e.summary = f.summary;
     e.corpus_path = f.corpus_path;
@@ -372,7 +376,8 @@ std::string statistics_difference(const Report& a, const Report& b) {
              y.backend + "/" + y.property;
     }
     if (x.cases != y.cases || x.not_applicable != y.not_applicable || x.failures != y.failures ||
-        x.flashmla_failures != y.flashmla_failures) {
+        x.flashmla_failures != y.flashmla_failures ||
+        x.nonfinite_mismatches != y.nonfinite_mismatches) {
       return who + "counts differ";
     }
     if (!(x.max_abs == y.max_abs || (std::isnan(x.max_abs) && std::isnan(y.max_abs))) ||
@@ -385,7 +390,8 @@ std::string statistics_difference(const Report& a, const Report& b) {
     if (x.worst.size() != y.worst.size()) return who + "worst lists differ in length";
     for (size_t k = 0; k < x.worst.size(); ++k) {
       if (x.worst[k].case_index != y.worst[k].case_index || x.worst[k].seed != y.worst[k].seed ||
-          x.worst[k].tightness != y.worst[k].tightness) {
+          x.worst[k].tightness != y.worst[k].tightness ||
+          x.worst[k].nonfinite_mismatch != y.worst[k].nonfinite_mismatch) {
         return who + "worst[" + std::to_string(k) + "] differs (case " +
                std::to_string(x.worst[k].case_index) + " vs " +
                std::to_string(y.worst[k].case_index) + ")";

@@ -56,6 +56,7 @@ struct LogHistogram {
 struct WorstCase {
   uint64_t seed = 0, case_index = 0;
   bool failed = false;
+  bool nonfinite_mismatch = false;  // ranked above every finite tightness
   double tightness = 0, max_abs = 0;
   std::string detail, shape, repro;
   bool operator==(const WorstCase&) const = default;
@@ -81,14 +82,16 @@ struct PropertyStats {
   int64_t failures = 0;           // applicable outcomes that failed
   int64_t flashmla_failures = 0;  // FlashMLA's fixed-tolerance check failed (reported only)
   double max_abs = 0, sum_mean_abs = 0, max_rel = 0, max_cos_diff = 0, lse_max_abs = 0;
-  double max_tightness = 0;
-  LogHistogram tightness;  // applicable outcomes only
+  double max_tightness = 0;          // over finite elements
+  int64_t nonfinite_mismatches = 0;  // outcomes with a non-finite position mismatch
+  LogHistogram tightness;            // applicable outcomes only
   std::vector<WorstCase> worst;
   std::vector<Sample> samples;
 
   int64_t applicable() const { return cases - not_applicable; }
   double mean_abs() const { return applicable() > 0 ? sum_mean_abs / applicable() : 0; }
-  // Inserts keeping the kWorst worst (failed first, then tightness, then smaller index).
+  // Inserts keeping the kWorst worst (failed first, then non-finite mismatches, then tightness,
+  // then smaller index).
   void add_worst(const WorstCase& w);
   // Whether add_worst would keep w (judged on failed, tightness, max_abs, seed, case_index).
   bool would_keep(const WorstCase& w) const;

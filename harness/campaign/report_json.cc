@@ -20,15 +20,23 @@ using fields::Table;
 using fields::WriteStyle;
 
 // JSON has no infinities or NaN: the report writes them as strings.
+// Before the non-finite flag existed, the tightness 1e300 stood for it.
+constexpr double kLegacyNonfiniteTightness = 1e300;
+
 constexpr WriteStyle kStyle{.nonfinite_as_string = true};
 
 const Table<WorstCase>& worst_fields() {
   using fields::field;
   static const Table<WorstCase> t = {
-      field("seed", &WorstCase::seed),       field("case_index", &WorstCase::case_index),
-      field("failed", &WorstCase::failed),   field("tightness", &WorstCase::tightness),
-      field("max_abs", &WorstCase::max_abs), field("shape", &WorstCase::shape),
-      field("detail", &WorstCase::detail),   field("repro", &WorstCase::repro),
+      field("seed", &WorstCase::seed),
+      field("case_index", &WorstCase::case_index),
+      field("failed", &WorstCase::failed),
+      field("nonfinite_mismatch", &WorstCase::nonfinite_mismatch),
+      field("tightness", &WorstCase::tightness),
+      field("max_abs", &WorstCase::max_abs),
+      field("shape", &WorstCase::shape),
+      field("detail", &WorstCase::detail),
+      field("repro", &WorstCase::repro),
   };
   return t;
 }
@@ -131,6 +139,7 @@ const Json& array_at(const Json& v, const std::string& path) {
 Json tightness_json(const PropertyStats& s) {
   Json t;
   t["max"] = fields::number(s.max_tightness, kStyle);
+  t["nonfinite_mismatches"] = s.nonfinite_mismatches;
   t["p50"] = fields::number(s.tightness.quantile(0.50), kStyle);
   t["p90"] = fields::number(s.tightness.quantile(0.90), kStyle);
   t["p99"] = fields::number(s.tightness.quantile(0.99), kStyle);
@@ -142,6 +151,13 @@ void tightness_from(PropertyStats& s, const Json& t, const std::string& path) {
   if (!t.is_object()) throw FieldError(path, "expected an object");
   if (!t.contains("max")) throw FieldError(path + ".max", "missing");
   s.max_tightness = fields::read_double(t.at("max"), path + ".max");
+  if (t.contains("nonfinite_mismatches")) {
+    fields::read_value(s.nonfinite_mismatches, t.at("nonfinite_mismatches"),
+                       path + ".nonfinite_mismatches");
+  } else if (s.max_tightness >= kLegacyNonfiniteTightness) {
+    s.nonfinite_mismatches = 1;  // at least one: older reports did not count them
+    s.max_tightness = 0;
+  }
   if (!t.contains("histogram")) throw FieldError(path + ".histogram", "missing");
   s.tightness = hist_from(t.at("histogram"), path + ".histogram");
 }
@@ -393,6 +409,29 @@ const Table<Report>& report_fields() {
   return t;
 }
 
+// Reports written before the non-finite flag existed scored a non-finite mismatch as tightness
+// 1e300 and have no "nonfinite_mismatch" field in worst cases and findings: give them the flag.
+Json with_nonfinite_flags(Json j) {
+  auto upgrade = [](Json& e) {
+    if (!e.is_object() || e.contains("nonfinite_mismatch") || !e.contains("tightness")) return;
+    const bool legacy =
+        e["tightness"].is_number() && e["tightness"].get<double>() >= kLegacyNonfiniteTightness;
+    e["nonfinite_mismatch"] = legacy;
+    if (legacy) e["tightness"] = 0.0;
+  };
+  if (j.contains("results") && j["results"].is_array()) {
+    for (auto& s : j["results"]) {
+      if (s.is_object() && s.contains("worst") && s["worst"].is_array()) {
+        for (auto& w : s["worst"]) upgrade(w);
+      }
+    }
+  }
+  if (j.contains("findings") && j["findings"].is_array()) {
+    for (auto& f : j["findings"]) upgrade(f);
+  }
+  return j;
+}
+
 void check_format(const Json& j) {
   if (!j.is_object()) throw ReportError("expected a JSON object");
   std::string format;
@@ -422,7 +461,7 @@ Report report_from_json(const Json& j, const std::string& source) {
   try {
     check_format(j);
     Report r;
-    fields::read(j, r, report_fields());
+    fields::read(with_nonfinite_flags(j), r, report_fields());
     std::sort(r.findings.begin(), r.findings.end(),
               [](const Finding& a, const Finding& b) { return a.signature < b.signature; });
     return r;

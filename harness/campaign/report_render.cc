@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "harness/campaign/report.h"
+#include "properties/property_table.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -18,6 +19,15 @@ std::string fmt_g(double x, int digits = 3) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*g", digits, x);
   return buf;
+}
+
+// A tightness figure, or "non-finite mismatch" (which outranks every finite tightness).
+std::string tightness_text(double t, bool nonfinite, const char* mismatch = "non-finite mismatch") {
+  return nonfinite ? mismatch : fmt_g(t);
+}
+std::string max_tightness_text(const PropertyStats& s,
+                               const char* mismatch = "non-finite mismatch") {
+  return tightness_text(s.max_tightness, s.nonfinite_mismatches > 0, mismatch);
 }
 
 // Escapes text for XML and HTML content and attribute values.
@@ -91,9 +101,15 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
       continue;
     }
     const double a = os_->max_tightness, b = ns.max_tightness;
-    const bool worse =
-        (std::isnan(b) && !std::isnan(a)) || (b >= opt.min_tightness && b > opt.factor * a);
-    if (worse) {
+    const bool new_nonfinite = ns.nonfinite_mismatches > 0 && os_->nonfinite_mismatches == 0;
+    const bool worse = new_nonfinite || (std::isnan(b) && !std::isnan(a)) ||
+                       (b >= opt.min_tightness && b > opt.factor * a);
+    if (new_nonfinite) {
+      c.regression = true;
+      os << "REGRESSION " << who << ": " << ns.nonfinite_mismatches << " non-finite mismatch(es)";
+      if (!ns.worst.empty()) os << "\n    reproduce: " << ns.worst.front().repro;
+      os << "\n";
+    } else if (worse) {
       c.regression = true;
       os << "REGRESSION worst tightness " << who << ": " << fmt_g(a) << " -> " << fmt_g(b)
          << " (more than " << fmt_g(opt.factor) << "x)";
@@ -151,7 +167,7 @@ std::string render_junit(const Report& r) {
       x << "      <system-out>" << s->cases << " cases, " << s->not_applicable
         << " not applicable, " << s->failures << " failures; max_abs " << fmt_g(s->max_abs)
         << ", mean_abs " << fmt_g(s->mean_abs()) << ", lse_max_abs " << fmt_g(s->lse_max_abs)
-        << ", tightness max " << fmt_g(s->max_tightness) << " p99 "
+        << ", tightness max " << max_tightness_text(*s) << " p99 "
         << fmt_g(s->tightness.quantile(0.99)) << "</system-out>\n";
       if (s->failures > 0) {
         std::ostringstream body;
@@ -168,7 +184,7 @@ std::string render_junit(const Report& r) {
                << "\nreproduce: " << w.repro << "\n";
         }
         x << "      <failure message=\"" << s->failures << " of " << s->applicable()
-          << " cases failed; worst tightness " << fmt_g(s->max_tightness) << "\" type=\""
+          << " cases failed; worst tightness " << max_tightness_text(*s) << "\" type=\""
           << esc(s->property) << "\">" << esc(body.str()) << "</failure>\n";
       } else if (s->applicable() == 0) {
         x << "      <skipped message=\"not applicable to this backend\"/>\n";
@@ -389,11 +405,6 @@ std::string svg_bars(const std::string& title,
   return s.str();
 }
 
-// The property whose error figures are plotted: the tolerance property when present.
-bool has_error_figures(const PropertyStats& s) {
-  return s.property == "tolerance" || s.property == "mma-vs-simt";
-}
-
 // The page head and the campaign table: what ran, where, how long.
 void html_campaign(std::ostream& h, const Report& r) {
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -444,9 +455,9 @@ void html_findings(std::ostream& h, const Report& r) {
     for (const auto& f : r.findings) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
         << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
-        << "</td><td>" << fmt_g(f.tightness) << "</td><td class=\"l\">" << esc(f.summary)
-        << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
-        << esc(f.repro) << "</code></td></tr>\n";
+        << "</td><td>" << tightness_text(f.tightness, f.nonfinite_mismatch)
+        << "</td><td class=\"l\">" << esc(f.summary) << "</td><td class=\"l\"><code>"
+        << esc(f.corpus_path) << "</code><br><code>" << esc(f.repro) << "</code></td></tr>\n";
     }
     h << "</table>\n";
   }
@@ -466,7 +477,7 @@ void html_results(std::ostream& h, const Report& r) {
       << "</td><td>" << fmt_g(s.mean_abs()) << "</td><td>" << fmt_g(s.max_rel) << "</td><td>"
       << fmt_g(s.max_cos_diff) << "</td><td>" << fmt_g(s.lse_max_abs) << "</td><td>"
       << fmt_g(s.tightness.quantile(0.5)) << "</td><td>" << fmt_g(s.tightness.quantile(0.9))
-      << "</td><td>" << fmt_g(s.tightness.quantile(0.99)) << "</td><td>" << fmt_g(s.max_tightness)
+      << "</td><td>" << fmt_g(s.tightness.quantile(0.99)) << "</td><td>" << max_tightness_text(s)
       << "</td><td>" << s.flashmla_failures << "</td></tr>\n";
   }
   h << "</table>\n";
@@ -477,7 +488,7 @@ void html_results(std::ostream& h, const Report& r) {
 void html_charts(std::ostream& h, const Report& r) {
   h << "<h2>Tightness histograms</h2>\n<div class=\"grid\">\n";
   for (const auto& s : r.results) {
-    if (!has_error_figures(s)) continue;
+    if (!has_error_figures(s.property)) continue;
     h << svg_histogram(s.backend + ": " + s.property, s.tightness);
   }
   h << "</div>\n";
@@ -524,12 +535,12 @@ void html_worst(std::ostream& h, const Report& r) {
        "<th class=\"l\">reproduce</th></tr>\n";
   for (const auto& s : r.results) {
     for (const auto& w : s.worst) {
-      if (w.tightness <= 0 && !w.failed) continue;
+      if (w.tightness <= 0 && !w.failed && !w.nonfinite_mismatch) continue;
       h << "<tr" << (w.failed ? " class=\"fail\"" : "") << "><td class=\"l\">"
         << esc(pair_key(s.backend, s.property)) << "</td><td>" << w.case_index << "</td><td>"
-        << fmt_g(w.tightness) << "</td><td>" << fmt_g(w.max_abs) << "</td><td class=\"l\">"
-        << esc(w.shape) << "</td><td class=\"l\">" << esc(w.detail) << "</td><td class=\"l\"><code>"
-        << esc(w.repro) << "</code></td></tr>\n";
+        << tightness_text(w.tightness, w.nonfinite_mismatch) << "</td><td>" << fmt_g(w.max_abs)
+        << "</td><td class=\"l\">" << esc(w.shape) << "</td><td class=\"l\">" << esc(w.detail)
+        << "</td><td class=\"l\"><code>" << esc(w.repro) << "</code></td></tr>\n";
     }
   }
 }
@@ -565,7 +576,7 @@ std::string render_summary(const Report& r) {
                   s.backend.c_str(), s.property.c_str(), static_cast<long long>(s.cases),
                   static_cast<long long>(s.not_applicable), static_cast<long long>(s.failures),
                   fmt_g(s.max_abs).c_str(), fmt_g(s.tightness.quantile(0.99)).c_str(),
-                  fmt_g(s.max_tightness).c_str());
+                  max_tightness_text(s, "non-finite").c_str());
     os << line;
   }
   if (!r.devices.empty()) {

@@ -5,11 +5,6 @@
 
 namespace mlafuzz::campaign {
 
-bool has_error_figures(const std::string& property) {
-  return property == "tolerance" || property == "mma-vs-simt" || property == "permute" ||
-         property == "insert-invalid";
-}
-
 void CampaignStats::mark_done(uint64_t case_number) {
   ++done_;
   if (case_number == done_prefix_) {
@@ -57,10 +52,12 @@ void CampaignStats::add_outcome(const PropertyOutcome& o, uint64_t index, const 
   s.lse_max_abs = std::isnan(o.lse_max_abs) ? INFINITY : std::max(s.lse_max_abs, o.lse_max_abs);
   s.max_tightness = std::isnan(o.tightness) ? INFINITY : std::max(s.max_tightness, o.tightness);
   s.tightness.add(o.tightness);
+  if (o.nonfinite_mismatch) ++s.nonfinite_mismatches;
   WorstCase w;
   w.seed = seed_;
   w.case_index = index;
   w.failed = failed;
+  w.nonfinite_mismatch = o.nonfinite_mismatch;
   w.tightness = o.tightness;
   w.max_abs = o.max_abs;
   if (s.would_keep(w)) {
@@ -94,8 +91,9 @@ CampaignStats::Totals CampaignStats::totals() const {
   std::lock_guard<std::mutex> lock(mu_);
   Totals t{.cases = done_, .failing_outcomes = failing_outcomes_, .case_errors = case_errors_};
   for (const auto& s : acc_.results) {
-    if (has_error_figures(s.property))
-      t.worst_tightness = std::max(t.worst_tightness, s.max_tightness);
+    if (!has_error_figures(s.property)) continue;
+    t.worst_tightness = std::max(t.worst_tightness, s.max_tightness);
+    t.nonfinite_mismatch = t.nonfinite_mismatch || s.nonfinite_mismatches > 0;
   }
   return t;
 }

@@ -15,10 +15,6 @@
 
 namespace mlafuzz::campaign {
 
-// Properties that measure an error against a bound (tightness, max_abs): sampled for plots and
-// counted in the progress line's worst tightness.
-bool has_error_figures(const std::string& property);
-
 class CampaignStats {
  public:
   CampaignStats(uint64_t seed, std::string profile) : seed_(seed), profile_(std::move(profile)) {}
@@ -32,7 +28,8 @@ class CampaignStats {
 
   struct Totals {
     int64_t cases = 0, failing_outcomes = 0, case_errors = 0;
-    double worst_tightness = 0;  // over the properties with error figures
+    double worst_tightness = 0;       // over the properties with error figures
+    bool nonfinite_mismatch = false;  // any of them had a non-finite position mismatch
   };
   Totals totals() const;
 

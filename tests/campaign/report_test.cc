@@ -146,6 +146,43 @@ TEST(ReportJson, RoundTrips) {
   EXPECT_TRUE(std::isinf(inf_back.find_stats("cpu-mma", "tolerance")->max_tightness));
 }
 
+// A non-finite mismatch is a flag of worst cases, findings and statistics; reports written before
+// the flag existed (tightness 1e300, no field) load with it set.
+TEST(ReportJson, NonfiniteMismatchFlagAndOldReports) {
+  Report r = some_report(0.5, true);
+  PropertyStats& s = r.stats("cpu-mma", "tolerance");
+  ASSERT_FALSE(s.worst.empty());
+  ASSERT_FALSE(r.findings.empty());
+  s.nonfinite_mismatches = 2;
+  WorstCase w = s.worst.front();
+  w.case_index = 999;
+  w.nonfinite_mismatch = true;
+  w.tightness = 0;
+  s.add_worst(w);
+  EXPECT_EQ(s.worst.front().case_index, 999u) << "ranked above every finite tightness";
+  r.findings[0].nonfinite_mismatch = true;
+  const Report back = report_from_json(report_to_json(r), "mem");
+  EXPECT_EQ(back.find_stats("cpu-mma", "tolerance")->nonfinite_mismatches, 2);
+  EXPECT_TRUE(back.find_stats("cpu-mma", "tolerance")->worst.front().nonfinite_mismatch);
+  EXPECT_TRUE(back.findings[0].nonfinite_mismatch);
+  EXPECT_NE(render_summary(back).find("non-finite"), std::string::npos);
+
+  Json old = report_to_json(some_report(0.5, true));
+  Json& t = old["results"][0]["tightness"];
+  t.erase("nonfinite_mismatches");
+  t["max"] = 1e300;
+  old["results"][0]["worst"][0].erase("nonfinite_mismatch");
+  old["results"][0]["worst"][0]["tightness"] = 1e300;
+  old["findings"][0].erase("nonfinite_mismatch");
+  old["findings"][0]["tightness"] = 1e300;
+  const Report legacy = report_from_json(old, "old.json");
+  EXPECT_EQ(legacy.results[0].nonfinite_mismatches, 1);
+  EXPECT_EQ(legacy.results[0].max_tightness, 0);
+  EXPECT_TRUE(legacy.results[0].worst[0].nonfinite_mismatch);
+  EXPECT_TRUE(legacy.findings[0].nonfinite_mismatch);
+  EXPECT_EQ(legacy.findings[0].tightness, 0);
+}
+
 TEST(ReportJson, StrictLoadingNamesTheField) {
   Json j = report_to_json(some_report(0.5, false));
   auto expect_error = [](const Json& bad, const std::string& needle) {

@@ -26,8 +26,8 @@
 #include "kernels/cuda/cuda_backends.h"
 #include "kernels/cuda/launch.h"
 #include "oracle/oracle.h"
+#include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"
-#include "tests/kernels/pipeline_bound.h"
 
 namespace mlafuzz {
 namespace {
@@ -36,8 +36,6 @@ namespace fs = std::filesystem;
 using testing::random_recipe;
 
 constexpr uint64_t kSeed = 0x6a7e5eedull;
-using testing::kU16;
-using testing::kU32;
 
 #define SKIP_WITHOUT_DEVICE()                                          \
   do {                                                                 \
@@ -50,69 +48,27 @@ int random_cases(int dflt) {
   return env != nullptr ? std::max(1, std::atoi(env)) : dflt;
 }
 
-using testing::Bound;
-
-// A kernel against the oracle: the host-model tests' bound (tests/kernels/pipeline_bound.h) with
-// the accumulation unit u_acc = 2u for the MMA kernel (tensor cores may truncate, not round, when
-// they accumulate).
-Bound kernel_bound(const MaterializedCase& m, const OracleResult& ref, bool mma) {
-  return testing::pipeline_bound(m, ref, mma, mma ? mla::kMmaTokenTile : mla::kSimtTokenTile,
-                                 mma ? 2 * kU32 : kU32);
+// A kernel against the oracle: the tolerance model's bound for the kernel's pipeline
+// (properties/tolerance.h: MMA with u_acc = 2u, tensor cores may truncate when they accumulate).
+Bounds kernel_bound(const MaterializedCase& m, const OracleResult& ref, bool mma) {
+  return compute_bounds(m, ref, pipeline_for(mma ? Precision::kMmaBf16 : Precision::kSimtFp32));
 }
 
 struct Tightness {
   double out = 0, lse = 0;
 };
 
-// Checks r against reference values under the bound (scaled by `factor`); returns the tightness.
+// Checks r (bf16 outputs) against reference values under the bound: every element within its
+// bound (rounding intervals; `ref_bf16`: the reference is a bf16 output too), +inf/-inf/NaN
+// positions identical, rows without a valid token exact. Returns the tightness.
 Tightness check_within(const MaterializedCase& m, const RunResult& r,
                        const std::vector<double>& ref_out, const std::vector<double>& ref_lse,
-                       const Bound& bd, double factor, const std::string& what) {
-  Tightness t;
+                       const Bounds& bd, bool ref_bf16, const std::string& what) {
   EXPECT_EQ(r.guard_violations, 0) << what;
-  const int32_t dv = m.d_v();
-  for (size_t i = 0; i < ref_out.size(); ++i) {
-    const double a = r.out[i], o = ref_out[i];
-    const auto at = [&] {
-      return what + " out[" + std::to_string(i / dv / m.heads) + "," +
-             std::to_string(i / dv % m.heads) + "," + std::to_string(i % dv) + "]";
-    };
-    if (bd.out[i] == 0) {  // empty row: exactly 0
-      EXPECT_EQ(a, o) << at();
-      if (a != o) return t;
-      continue;
-    }
-    if (!std::isfinite(a)) {
-      ADD_FAILURE() << at() << " = " << a << ", reference " << o;
-      return t;
-    }
-    const double err = std::abs(a - o), lim = factor * bd.out[i];
-    t.out = std::max(t.out, err / lim);
-    if (err > lim) {
-      ADD_FAILURE() << at() << " = " << a << ", reference " << o << ", bound " << lim;
-      return t;
-    }
-  }
-  for (size_t i = 0; i < ref_lse.size(); ++i) {
-    const double a = r.lse[i], o = ref_lse[i];
-    const std::string at = what + " lse[" + std::to_string(i) + "]";
-    if (!std::isfinite(o)) {
-      EXPECT_EQ(a, o) << at;
-      if (a != o) return t;
-      continue;
-    }
-    if (!std::isfinite(a)) {
-      ADD_FAILURE() << at << " = " << a << ", reference " << o;
-      return t;
-    }
-    const double err = std::abs(a - o), lim = factor * bd.lse[i];
-    if (lim > 0) t.lse = std::max(t.lse, err / lim);
-    if (err > lim) {
-      ADD_FAILURE() << at << " = " << a << ", reference " << o << ", bound " << lim;
-      return t;
-    }
-  }
-  return t;
+  const BoundCheck c = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref_out, &ref_lse, ref_bf16},
+                                    bd, m.batch, m.heads, m.d_v());
+  if (!c.passed) ADD_FAILURE() << what << ": " << c.describe();
+  return Tightness{c.out_tightness, c.lse_tightness};
 }
 
 std::string host_model_of(const std::string& cuda_name) {
@@ -161,15 +117,16 @@ TEST_P(CudaKernel, RandomRecipesWithinBoundOfOracleAndHostModel) {
     const RunResult r = backend->run(m);  // the kernel runs before the reference allocates
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    const Bound bd = kernel_bound(m, ref, mma);
-    const Tightness t = check_within(m, r, ref.out, ref.lse, bd, 1.0, what + " vs oracle");
+    const Bounds bd = kernel_bound(m, ref, mma);
+    const Tightness t = check_within(m, r, ref.out, ref.lse, bd, false, what + " vs oracle");
     if (HasFailure()) return;
     const RunResult hr = host->run(m);
     ASSERT_TRUE(hr.ok()) << what << " host model: " << hr.message;
     // Same pipeline, other summation order: both lie within the bound of the exact result, so
-    // within twice the bound of each other (two bf16 stores can straddle a rounding boundary:
-    // one ulp apart while each is within the bound).
-    const Tightness th = check_within(m, r, hr.out, hr.lse, bd, 2.0, what + " vs host model");
+    // their rounding intervals lie within twice the bound of each other (two bf16 stores can
+    // straddle a rounding boundary: one ulp apart while each is within the bound).
+    const Tightness th =
+        check_within(m, r, hr.out, hr.lse, add_bounds(bd, bd), true, what + " vs host model");
     if (HasFailure()) return;
     worst.out = std::max(worst.out, t.out);
     worst.lse = std::max(worst.lse, t.lse);
@@ -303,11 +260,11 @@ TEST(CudaCorpus, EveryCaseWithinBoundOfOracle) {
       }
       ASSERT_TRUE(r.ok()) << f << " " << name << ": " << r.message;
       const OracleResult ref = run_oracle_eigen(m);
-      const Bound bd = kernel_bound(m, ref, std::string(name) != "cuda-simt");
-      check_within(m, r, ref.out, ref.lse, bd, 1.0, f.filename().string() + " " + name);
+      const Bounds bd = kernel_bound(m, ref, std::string(name) != "cuda-simt");
+      check_within(m, r, ref.out, ref.lse, bd, false, f.filename().string() + " " + name);
       const RunResult hr = make_backend(host_model_of(name))->run(m);
       if (hr.ok()) {
-        check_within(m, r, hr.out, hr.lse, bd, 2.0,
+        check_within(m, r, hr.out, hr.lse, add_bounds(bd, bd), true,
                      f.filename().string() + " " + name + " vs host model");
       }
       ++ran;
@@ -356,8 +313,8 @@ TEST(CudaOriginalShapes, MmaVsSimtVsOracleTable) {
     // puts a few elements in 10^6 just past abs 1e-3 / rel 1.57% against a float64 oracle. The
     // assertion is the pipeline bound below.
     const OracleResult ref = run_oracle_eigen(m);
-    check_within(m, rm, ref.out, ref.lse, kernel_bound(m, ref, true), 1.0, "original mma");
-    check_within(m, rs, ref.out, ref.lse, kernel_bound(m, ref, false), 1.0, "original simt");
+    check_within(m, rm, ref.out, ref.lse, kernel_bound(m, ref, true), false, "original mma");
+    check_within(m, rs, ref.out, ref.lse, kernel_bound(m, ref, false), false, "original simt");
   }
 }
 

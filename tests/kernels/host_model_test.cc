@@ -16,7 +16,6 @@
 #include "oracle/oracle.h"
 #include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"
-#include "tests/kernels/pipeline_bound.h"
 
 namespace mlafuzz {
 namespace {
@@ -24,50 +23,50 @@ namespace {
 using testing::random_recipe;
 
 constexpr uint64_t kSeed = 0x5eed0f0057ull;
-using testing::Bound;
-using testing::kU16;
-using testing::kU32;
+constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
 
-Bound host_bound(const MaterializedCase& m, const OracleResult& ref, bool mma, int tile) {
-  return testing::pipeline_bound(m, ref, mma, tile, kU32);
+// The host model's pipeline in the project's tolerance model (properties/tolerance.h), held to
+// u_acc = u: the host models round their fp32 accumulation, where the campaign's MMA pipeline
+// allows 2u for tensor cores (which may truncate). Neither the oracle's own error bound (which
+// the tolerance property adds) is allowed: this test is stricter than the property.
+Pipeline host_pipeline(bool mma) {
+  Pipeline p = pipeline_for(mma ? Precision::kMmaBf16 : Precision::kSimtFp32);
+  p.u_acc = p.u;
+  return p;
 }
 
 struct Tightness {
   double out = 0, lse = 0;
 };
 
-// Checks r against the oracle under the bound; raises *t to the tightness (max error / bound).
+// Checks r against the oracle under the bound: every element within its bound (a bf16 output's
+// rounding interval within delta_pre of the oracle), +inf/-inf/NaN positions identical, rows
+// without a valid token exact. Raises *t to the tightness (excess / bound).
 void check_against_oracle(const MaterializedCase& m, const RunResult& r, const OracleResult& ref,
-                          bool mma, int tile, const std::string& what, Tightness* t) {
+                          bool mma, const std::string& what, Tightness* t) {
   EXPECT_EQ(r.guard_violations, 0) << what;
-  const Bound bd = host_bound(m, ref, mma, tile);
-  const int32_t dv = m.d_v();
-  auto out_at = [&](size_t i) {
-    return what + " out[" + std::to_string(i / dv / m.heads) + "," +
-           std::to_string(i / dv % m.heads) + "," + std::to_string(i % dv) + "]";
-  };
-  for (size_t i = 0; i < ref.out.size(); ++i) {
-    const double a = r.out[i], o = ref.out[i];
-    if (bd.out[i] == 0) {  // empty row: exactly 0
-      ASSERT_EQ(a, o) << out_at(i);
-      continue;
-    }
-    const double err = std::abs(a - o);
-    ASSERT_TRUE(std::isfinite(a) && err <= bd.out[i])
-        << out_at(i) << " = " << a << ", oracle " << o << ", bound " << bd.out[i];
-    t->out = std::max(t->out, err / bd.out[i]);
+  const Bounds bd = compute_bounds(m, ref, host_pipeline(mma));
+  const BoundCheck check = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse}, bd,
+                                        m.batch, m.heads, m.d_v());
+  ASSERT_TRUE(check.passed) << what << ": " << check.describe();
+  t->out = std::max(t->out, check.out_tightness);
+  t->lse = std::max(t->lse, check.lse_tightness);
+}
+
+// Whether the bound tells r from r with every finite output one bf16 ulp higher (a bound wider
+// than the bf16 spacing everywhere would let a kernel off by one ulp pass).
+bool one_ulp_off_caught(const MaterializedCase& m, const RunResult& r, const OracleResult& ref,
+                        bool mma) {
+  std::vector<double> up = r.out;
+  for (double& v : up) {
+    double lo, hi;
+    bf16_rounding_interval(v, &lo, &hi);
+    if (std::isfinite(hi)) v += 2 * (hi - v);  // the next bf16 value
   }
-  for (size_t i = 0; i < ref.lse.size(); ++i) {
-    const double a = r.lse[i], o = ref.lse[i];
-    if (!std::isfinite(o)) {
-      ASSERT_EQ(a, o) << what << " lse[" << i << "]";
-      continue;
-    }
-    const double err = std::abs(a - o);
-    ASSERT_TRUE(std::isfinite(a) && err <= bd.lse[i])
-        << what << " lse[" << i << "] = " << a << ", oracle " << o << ", bound " << bd.lse[i];
-    if (bd.lse[i] > 0) t->lse = std::max(t->lse, err / bd.lse[i]);
-  }
+  const Bounds bd = compute_bounds(m, ref, host_pipeline(mma));
+  return !check_bounds(Side{&up, &r.lse, true}, Side{&ref.out, &ref.lse}, bd, m.batch, m.heads,
+                       m.d_v())
+              .passed;
 }
 
 // ---- Differential tests against the float64 oracle ----
@@ -77,14 +76,13 @@ class HostModelVsOracle : public ::testing::TestWithParam<std::string> {};
 TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
   const std::string name = GetParam();
   const bool mma = name == "cpu-mma";
-  const int tile = mma ? mla::kMmaTokenTile : mla::kSimtTokenTile;
   auto backend = make_backend(name);
   constexpr int kCases = 300;
   std::printf("[seed] %s: recipes from CounterRng(0x%llx, kGenerator)\n", name.c_str(),
               static_cast<unsigned long long>(kSeed));
   CounterRng rng(kSeed, Stream::kGenerator);
   Tightness worst;
-  double model_tightness = 0;
+  int uncaught = 0;  // cases where one ulp off everywhere passes
   int64_t elements = 0;
   for (int i = 0; i < kCases; ++i) {
     const Case c = random_recipe(rng);
@@ -95,25 +93,25 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
                              ")";
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    check_against_oracle(m, r, ref, mma, tile, what, &worst);
+    check_against_oracle(m, r, ref, mma, what, &worst);
     if (::testing::Test::HasFatalFailure()) return;
-    // The project's tolerance model (properties/tolerance.h) must accept the model as well.
-    const Bounds bounds = compute_bounds(m, ref, pipeline_for(backend->precision()));
-    const BoundCheck check = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse},
-                                          bounds, m.batch, m.heads, m.d_v());
-    ASSERT_TRUE(check.passed && check.nonfinite_match)
-        << what << ": " << check.describe() << " " << check.nonfinite_detail;
-    model_tightness = std::max(model_tightness, check.tightness);
+    if (!one_ulp_off_caught(m, r, ref, mma)) ++uncaught;
     elements += static_cast<int64_t>(ref.out.size());
   }
   std::printf(
-      "[tightness] %s: %d cases, %lld out elements, max error/bound out %.3g lse %.3g;"
-      " properties/tolerance.h model %.3g\n",
-      name.c_str(), kCases, static_cast<long long>(elements), worst.out, worst.lse,
-      model_tightness);
-  // A bound that is never approached proves little: the worst element must use a visible part
-  // of it (the bf16 store alone gives about half of u16 |O|).
-  EXPECT_GT(worst.out, 0.05);
+      "[tightness] %s: %d cases, %lld out elements, max error/bound (beyond the bf16 rounding "
+      "interval) out %.3g lse %.3g; one bf16 ulp off everywhere passed in %d cases\n",
+      name.c_str(), kCases, static_cast<long long>(elements), worst.out, worst.lse, uncaught);
+  // A bound that is never approached proves little. The bound is the error before the bf16
+  // store (the store is modelled exactly by the rounding interval). MMA, with its bf16 p, must
+  // use a visible part of it (measured 0.75); SIMT, fp32 throughout, uses little of it (0.006),
+  // so there the bound must be narrower than the bf16 spacing: one ulp off is caught in every
+  // case.
+  if (mma) {
+    EXPECT_GT(worst.out, 0.05);
+  } else {
+    EXPECT_EQ(uncaught, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle, ::testing::Values("cpu-simt", "cpu-mma"),

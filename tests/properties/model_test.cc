@@ -453,5 +453,132 @@ TEST(Corpus, RoundTripAndStrictLoading) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Corpus, NonfiniteMismatchIsAFlagAndOldEntriesLoad) {
+  // Written by this build: the flag and an infinite tightness survive the round trip.
+  Finding f;
+  f.property = "tolerance";
+  f.nonfinite_mismatch = true;
+  f.tightness = HUGE_VAL;
+  const Finding back = finding_from_json(finding_to_json(f));
+  EXPECT_TRUE(back.nonfinite_mismatch);
+  EXPECT_EQ(back.tightness, HUGE_VAL);
+  f.nonfinite_mismatch = false;
+  f.tightness = 2.5;
+  EXPECT_FALSE(finding_from_json(finding_to_json(f)).nonfinite_mismatch);
+  // Written before the flag existed: tightness 1e300 stood for a non-finite mismatch.
+  nlohmann::ordered_json old = finding_to_json(f);
+  old.erase("nonfinite_mismatch");
+  old["tightness"] = 1e300;
+  const Finding legacy = finding_from_json(old);
+  EXPECT_TRUE(legacy.nonfinite_mismatch);
+  EXPECT_EQ(legacy.tightness, 0);
+  const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
+                                          "/corpus/regression/sink-in-lse-overflow.json");
+  EXPECT_TRUE(e.f.nonfinite_mismatch) << "an entry saved with tightness 1e300";
+}
+
+TEST(PropertyTable, NamesKindsAndFigures) {
+  const std::vector<std::string> names = all_properties();
+  ASSERT_EQ(names.size(), property_table().size());
+  for (const PropertyInfo& p : property_table()) {
+    EXPECT_EQ(find_property(p.name), &p);
+    EXPECT_EQ(&property_info(p.id), &p);
+  }
+  std::set<std::string> figures;
+  for (const auto& n : names) {
+    if (has_error_figures(n)) figures.insert(n);
+  }
+  EXPECT_EQ(figures,
+            (std::set<std::string>{"tolerance", "permute", "insert-invalid", "mma-vs-simt"}));
+  EXPECT_FALSE(has_error_figures("fault")) << "the campaign's pseudo-property";
+  EXPECT_EQ(find_property("fault"), nullptr);
+  EXPECT_TRUE(property_info(PropertyId::kMmaVsSimt).needs_simt_partner);
+}
+
+TEST(PropertyTable, UnknownNamesListTheKnownOnes) {
+  EXPECT_NO_THROW(check_property_names({"run", "poison"}));
+  try {
+    check_property_names({"tolerance", "toleranse"});
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("unknown property 'toleranse'"), std::string::npos) << what;
+    EXPECT_NE(what.find("known: run, tolerance, poison"), std::string::npos) << what;
+    EXPECT_NE(what.find("mma-vs-simt"), std::string::npos) << what;
+  }
+  auto be = make_backend("cpu-simt");
+  EXPECT_THROW(evaluate_case(small_case(), {be.get()}, {"bogus"}), std::invalid_argument);
+}
+
+// cpu-simt with one output element replaced by NaN (a non-finite position mismatch).
+class NanBackend : public Backend {
+ public:
+  std::string name() const override { return "nan-simt"; }
+  Precision precision() const override { return Precision::kSimtFp32; }
+  RunResult run(const MaterializedCase& m) override {
+    RunResult r = inner_->run(m);
+    r.out[0] = std::nan("");
+    return r;
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_ = make_backend("cpu-simt");
+};
+
+TEST(Evaluate, NonfiniteMismatchIsFlaggedAndRankedFirst) {
+  NanBackend nan;
+  auto simt = make_backend("cpu-simt");
+  const CaseEvaluation ev = evaluate_case(small_case(), {&nan, simt.get()}, {"run", "tolerance"});
+  const PropertyOutcome* tol = nullptr;
+  for (const auto& o : ev.outcomes) {
+    if (o.property == "tolerance" && o.backend == "nan-simt") tol = &o;
+    if (o.backend == "cpu-simt") {
+      EXPECT_FALSE(o.nonfinite_mismatch);
+    }
+  }
+  ASSERT_NE(tol, nullptr);
+  EXPECT_FALSE(tol->passed);
+  EXPECT_TRUE(tol->nonfinite_mismatch);
+  EXPECT_LT(tol->tightness, 1e300) << "the finite elements' tightness, no sentinel";
+  EXPECT_NE(format_outcome(*tol).find("non-finite mismatch"), std::string::npos);
+  // Ranked above any finite excess, below failures without figures.
+  PropertyOutcome finite = *tol, bitwise = *tol;
+  finite.nonfinite_mismatch = false;
+  finite.tightness = 1e30;
+  bitwise.property = "poison";
+  bitwise.nonfinite_mismatch = false;
+  EXPECT_TRUE(failure_worse(*tol, finite));
+  EXPECT_FALSE(failure_worse(finite, *tol));
+  EXPECT_TRUE(failure_worse(bitwise, *tol));
+  // An excess over a bound of 0 (a value that must be exact) ranks with the bitwise failures.
+  PropertyOutcome zero_bound = finite;
+  zero_bound.tightness = HUGE_VAL;
+  EXPECT_TRUE(failure_worse(zero_bound, *tol));
+  EXPECT_FALSE(failure_worse(bitwise, zero_bound));
+  EXPECT_FALSE(failure_worse(zero_bound, bitwise));
+}
+
+// `mlafuzz run`'s verdict is the tolerance property: judge_runs gives the outcomes
+// evaluate_case gives for the same clean runs.
+TEST(Evaluate, JudgeRunsMatchesEvaluateCase) {
+  auto simt = make_backend("cpu-simt"), mma = make_backend("cpu-mma");
+  auto loop = make_backend("oracle-loop");
+  const Case c = small_case();
+  const MaterializedCase m = materialize(c);
+  const RunResult rs = simt->run(m), rm = mma->run(m), rl = loop->run(m);
+  const std::vector<PropertyOutcome> judged =
+      judge_runs(m, {{simt.get(), &rs}, {mma.get(), &rm}, {loop.get(), &rl}});
+  const CaseEvaluation ev =
+      evaluate_case(c, {simt.get(), mma.get(), loop.get()}, {"run", "tolerance"});
+  ASSERT_EQ(judged.size(), ev.outcomes.size());
+  for (size_t i = 0; i < judged.size(); ++i) {
+    EXPECT_EQ(judged[i].property, ev.outcomes[i].property);
+    EXPECT_EQ(judged[i].backend, ev.outcomes[i].backend);
+    EXPECT_EQ(judged[i].passed, ev.outcomes[i].passed);
+    EXPECT_EQ(judged[i].tightness, ev.outcomes[i].tightness) << judged[i].backend;
+    EXPECT_EQ(judged[i].detail, ev.outcomes[i].detail);
+  }
+}
+
 }  // namespace
 }  // namespace mlafuzz

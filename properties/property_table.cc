@@ -1,0 +1,94 @@
+// The property table (property_table.h).
+#include "properties/property_table.h"
+
+#include <array>
+#include <stdexcept>
+
+namespace mlafuzz {
+namespace {
+
+// The Eigen oracle is the fast reference, not a kernel: its vectorized products peel and block
+// by buffer alignment and matrix shape, so float64 sums (and their last bit) change order from
+// run to run and with B or H. oracle-loop keeps every bitwise property.
+constexpr const char* kEigenNotBitwise =
+    "Eigen's products order float64 sums by buffer alignment and shape (last-bit differences); "
+    "oracle-loop holds this property";
+
+using K = PropertyKind;
+constexpr std::array<PropertyInfo, 10> kTable = {{
+    {PropertyId::kRun, "run", K::kRun, nullptr, false,
+     "the backend returned ok (error/fault fail it; unsupported: not applicable)"},
+    {PropertyId::kTolerance, "tolerance", K::kBounded,
+     "the Eigen oracle is the reference (oracle-loop is checked against it)", false,
+     "every out/lse element within its bound against the float64 oracle"},
+    {PropertyId::kPoison, "poison", K::kBitwise, kEigenNotBitwise, false,
+     "bytes a correct kernel never reads poisoned: output bitwise identical, guards untouched"},
+    {PropertyId::kRelocate, "relocate", K::kBitwise, kEigenNotBitwise, false,
+     "pages in another physical order and stride: bitwise identical"},
+    {PropertyId::kBatchAlone, "batch-alone", K::kBitwise, kEigenNotBitwise, false,
+     "each batch row computed alone: bitwise identical"},
+    {PropertyId::kHeadAlone, "head-alone", K::kBitwise, kEigenNotBitwise, false,
+     "a head computed alone: bitwise identical"},
+    {PropertyId::kDeterminism, "determinism", K::kBitwise, kEigenNotBitwise, false,
+     "two runs bitwise identical"},
+    {PropertyId::kPermute, "permute", K::kBounded, nullptr, false,
+     "index lists permuted: within the bound of the clean run"},
+    {PropertyId::kInsertInvalid, "insert-invalid", K::kBounded, nullptr, false,
+     "-1 entries inserted into the index lists: within the bound of the clean run"},
+    {PropertyId::kMmaVsSimt, "mma-vs-simt", K::kBounded, nullptr, true,
+     "an MMA backend against its SIMT partner within the sum of both bounds"},
+}};
+
+constexpr bool table_in_id_order() {
+  for (size_t i = 0; i < kTable.size(); ++i) {
+    if (static_cast<size_t>(kTable[i].id) != i) return false;
+  }
+  return true;
+}
+static_assert(table_in_id_order(), "kTable rows must follow the PropertyId order");
+
+}  // namespace
+
+std::span<const PropertyInfo> property_table() { return kTable; }
+
+const PropertyInfo& property_info(PropertyId id) { return kTable[static_cast<size_t>(id)]; }
+
+const PropertyInfo* find_property(std::string_view name) {
+  for (const auto& p : kTable) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
+bool has_error_figures(std::string_view name) {
+  const PropertyInfo* p = find_property(name);
+  return p != nullptr && p->has_error_figures();
+}
+
+std::vector<std::string> all_properties() {
+  std::vector<std::string> names;
+  for (const auto& p : kTable) names.emplace_back(p.name);
+  return names;
+}
+
+std::string known_properties() {
+  std::string s;
+  for (const auto& p : kTable) s += (s.empty() ? "" : ", ") + std::string(p.name);
+  return s;
+}
+
+void check_property_names(const std::vector<std::string>& names) {
+  for (const auto& n : names) {
+    if (find_property(n) == nullptr) {
+      throw std::invalid_argument("unknown property '" + n + "' (known: " + known_properties() +
+                                  ")");
+    }
+  }
+}
+
+std::optional<std::string> off_by_design(const PropertyInfo& p, const Backend& backend) {
+  if (backend.is_reference() && p.off_on_reference != nullptr) return p.off_on_reference;
+  return std::nullopt;
+}
+
+}  // namespace mlafuzz
