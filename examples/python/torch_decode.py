@@ -106,9 +106,12 @@ def decode(call: mlafuzz.DecodeCall) -> None:
     m = x.amax(dim=-1)  # [B, H]; -inf on empty rows
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(x - m_safe.unsqueeze(-1))
-    l = p.sum(dim=-1)
+    # Row sums one (row, head) at a time, each on a fresh (aligned) copy: torch's reduction picks
+    # its summation order by the shape and alignment of the whole tensor (head-alone found it).
+    l = torch.stack([torch.stack([p[b, h].clone().sum() for h in range(call.heads)])
+                     for b in range(call.batch)])  # [B, H] fp32
     pb = p.to(torch.bfloat16).float()  # bf16 p for P*V, fp32 accumulation
-    pv = torch.stack([torch.stack([torch.mv(vf[b].t(), pb[b, h]) for h in range(call.heads)])
+    pv = torch.stack([torch.stack([torch.mv(vf[b].t(), pb[b, h].clone()) for h in range(call.heads)])
                       for b in range(call.batch)])  # [B, H, d_v]
     denom = l
     if call.sink is not None:
