@@ -24,7 +24,7 @@
 
 namespace mlafuzz::campaign {
 
-inline constexpr int kDefaultWorkersPerDevice = 4;
+inline constexpr int kDefaultWorkersPerDevice = 2;
 
 struct CampaignOptions {
   std::vector<std::string> backends;    // resolved names (make_backend)

@@ -155,7 +155,7 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   sub->add_option("--jobs", f->jobs, "evaluation threads (default: every core)");
   sub->add_option("--workers-per-gpu", f->workers_per_gpu,
-                  "worker processes per GPU backend and GPU, shared by the threads (default 4, "
+                  "worker processes per GPU backend and GPU, shared by the threads (default 2, "
                   "at most the threads per GPU)");
   sub->add_option("--corpus", f->corpus, "folder for findings")->capture_default_str();
   sub->add_option("--report", f->report, "report folder (default reports/<UTC time>)");
