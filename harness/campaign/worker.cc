@@ -46,6 +46,103 @@ TestFault test_fault_from_env() {
   return t;
 }
 
+// Leave when the campaign is gone, even while a backend call hangs (pipes alone would only
+// tell a worker that is reading). Returns false when the parent is gone already.
+bool watch_parent() {
+  const char* p = std::getenv("MLAFUZZ_WORKER_PARENT");
+  if (p == nullptr || *p == '\0') return true;
+  const pid_t parent = static_cast<pid_t>(std::atoll(p));
+  if (::getppid() != parent) return false;
+  std::thread([parent] {
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+      if (::getppid() != parent) ::_exit(5);
+    }
+  }).detach();
+  return true;
+}
+
+WorkerInfo describe(const Backend& backend) {
+  WorkerInfo i;
+  i.name = backend.name();
+  i.precision = static_cast<int32_t>(backend.precision());
+  const Availability a = backend.availability();
+  i.available = a.available;
+  i.reason = a.reason;
+  i.abs_tol = backend.abs_tol();
+  i.rel_tol = backend.rel_tol();
+  i.on_device = backend.on_device();
+  i.needs_worker = backend.needs_worker();
+  i.is_reference = backend.is_reference();
+  i.simt_partner = backend.simt_partner();
+  i.pid = static_cast<int32_t>(::getpid());
+  return i;
+}
+
+// A kRun request: decode, the test hooks, run, and the reply. Returns the exit code when the
+// worker must exit (4 after a sticky device fault, 3 when the reply cannot be written).
+std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkArea& bulk,
+                             const TestFault& tf, int reply_fd) {
+  const auto t_decode = Clock::now();
+  const MaterializedCase m = decode_case(payload, &bulk);
+  const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
+  const bool hooked = !tf.kind.empty() && m.heads >= tf.min_heads;
+  if (hooked && tf.kind == "crash") {
+    ::signal(SIGSEGV, SIG_DFL);
+    ::raise(SIGSEGV);
+  } else if (hooked && tf.kind == "abort") {
+    std::abort();
+  } else if (hooked && tf.kind == "hang") {
+    while (true) ::pause();
+  }
+  const auto t0 = Clock::now();
+  RunResult r = backend.run(m);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.phases[Phase::kDecode] = decode_s;
+  r.phases[Phase::kRun] = r.seconds;
+  std::optional<std::string> sticky;
+  if (hooked && tf.kind == "sticky") {
+    sticky = "cudaErrorIllegalAddress: an illegal memory access was encountered (test hook)";
+  } else if (!r.ok() && backend.on_device()) {
+    sticky = sticky_device_error();
+  }
+  if (sticky) {
+    // The context is poisoned for good: report, then exit so that a fresh worker follows.
+    RunResult f;
+    f.status = RunStatus::kFault;
+    f.message = "device fault: " + *sticky + (r.message.empty() ? "" : " (" + r.message + ")");
+    write_frame_blocking(reply_fd, MsgType::kRun, encode_result(f));
+    return 4;
+  }
+  // The case was copied out of the shared memory: the reply's vectors reuse it.
+  if (!write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r, &bulk))) return 3;
+  return std::nullopt;
+}
+
+// One request other than kQuit. Returns the exit code when the worker must exit.
+std::optional<int> serve(Backend& backend, MsgType type, const std::string& payload,
+                         ipc::SharedMemoryView* shm, const TestFault& tf, int reply_fd) {
+  BulkArea bulk;
+  if (shm != nullptr && (type == MsgType::kRun || type == MsgType::kUnsupported)) {
+    shm->refresh();  // the parent may have grown it for this case
+    bulk = BulkArea{shm->data(), shm->size(), 0};
+  }
+  if (type == MsgType::kInfo) {
+    if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(describe(backend)))) return 3;
+  } else if (type == MsgType::kUnsupported) {
+    const auto why = backend.unsupported(decode_case(payload, &bulk));
+    std::string reply(1, why ? '\1' : '\0');
+    if (why) reply += *why;
+    if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
+  } else if (type == MsgType::kRun) {
+    return serve_run(backend, payload, bulk, tf, reply_fd);
+  } else {
+    write_frame_blocking(reply_fd, MsgType::kError, "unknown request type");
+    return 3;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd) {
@@ -58,18 +155,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
   const TestFault tf = test_fault_from_env();
-  // Leave when the campaign is gone, even while a backend call hangs (pipes alone would only
-  // tell a worker that is reading).
-  if (const char* p = std::getenv("MLAFUZZ_WORKER_PARENT"); p && *p) {
-    const pid_t parent = static_cast<pid_t>(std::atoll(p));
-    if (::getppid() != parent) return 5;
-    std::thread([parent] {
-      while (true) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-        if (::getppid() != parent) ::_exit(5);
-      }
-    }).detach();
-  }
+  if (!watch_parent()) return 5;
 
   std::unique_ptr<Backend> backend;
   std::string make_error;
@@ -78,7 +164,6 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   } catch (const std::exception& e) {
     make_error = e.what();
   }
-
   // The parent's shared memory, when it gave one: large vectors of requests and replies.
   std::unique_ptr<ipc::SharedMemoryView> shm;
   if (shm_fd >= 0) shm = std::make_unique<ipc::SharedMemoryView>(shm_fd);
@@ -96,73 +181,8 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
       write_frame_blocking(reply_fd, MsgType::kError, make_error);
       return 3;
     }
-    BulkArea bulk;
     try {
-      if (shm && (type == MsgType::kRun || type == MsgType::kUnsupported)) {
-        shm->refresh();  // the parent may have grown it for this case
-        bulk = BulkArea{shm->data(), shm->size(), 0};
-      }
-      if (type == MsgType::kInfo) {
-        WorkerInfo i;
-        i.name = backend->name();
-        i.precision = static_cast<int32_t>(backend->precision());
-        const Availability a = backend->availability();
-        i.available = a.available;
-        i.reason = a.reason;
-        i.abs_tol = backend->abs_tol();
-        i.rel_tol = backend->rel_tol();
-        i.on_device = backend->on_device();
-        i.needs_worker = backend->needs_worker();
-        i.is_reference = backend->is_reference();
-        i.simt_partner = backend->simt_partner();
-        i.pid = static_cast<int32_t>(::getpid());
-        if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(i))) return 3;
-      } else if (type == MsgType::kUnsupported) {
-        const MaterializedCase m = decode_case(payload, &bulk);
-        const auto why = backend->unsupported(m);
-        std::string reply(1, why ? '\1' : '\0');
-        if (why) reply += *why;
-        if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
-      } else if (type == MsgType::kRun) {
-        const auto t_decode = Clock::now();
-        const MaterializedCase m = decode_case(payload, &bulk);
-        const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
-        if (!tf.kind.empty() && m.heads >= tf.min_heads) {
-          if (tf.kind == "crash") {
-            ::signal(SIGSEGV, SIG_DFL);
-            ::raise(SIGSEGV);
-          } else if (tf.kind == "abort") {
-            std::abort();
-          } else if (tf.kind == "hang") {
-            while (true) ::pause();
-          }
-        }
-        const auto t0 = Clock::now();
-        RunResult r = backend->run(m);
-        r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        r.phases[Phase::kDecode] = decode_s;
-        r.phases[Phase::kRun] = r.seconds;
-        std::optional<std::string> sticky;
-        if (tf.kind == "sticky" && m.heads >= tf.min_heads) {
-          sticky = "cudaErrorIllegalAddress: an illegal memory access was encountered (test hook)";
-        } else if (!r.ok() && backend->on_device()) {
-          sticky = sticky_device_error();
-        }
-        if (sticky) {
-          // The context is poisoned for good: report, then exit so that a fresh worker follows.
-          RunResult f;
-          f.status = RunStatus::kFault;
-          f.message =
-              "device fault: " + *sticky + (r.message.empty() ? "" : " (" + r.message + ")");
-          write_frame_blocking(reply_fd, MsgType::kRun, encode_result(f));
-          return 4;
-        }
-        // The case was copied out of the shared memory: the reply's vectors reuse it.
-        if (!write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r, &bulk))) return 3;
-      } else {
-        write_frame_blocking(reply_fd, MsgType::kError, "unknown request type");
-        return 3;
-      }
+      if (const auto code = serve(*backend, type, payload, shm.get(), tf, reply_fd)) return *code;
     } catch (const std::exception& e) {
       write_frame_blocking(reply_fd, MsgType::kError, e.what());
       return 3;
