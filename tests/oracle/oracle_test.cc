@@ -626,7 +626,7 @@ TEST(OracleBackend, NamesPrecisionAndResults) {
 TEST(OracleBackend, TooSmallBuffersAreErrors) {
   RandomSpec s;
   MaterializedCase m = testing::random_case(s, 3);
-  m.cache.resize(m.cache.size() - 1);
+  m.cache.pop_back();  // (resize(size() - 1) draws a false -Wstringop-overflow from gcc 12)
   for (auto make :
        {+[] { return make_oracle_backend(); }, +[] { return make_oracle_loop_backend(); }}) {
     const RunResult r = make()->run(m);

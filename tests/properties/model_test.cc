@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <regex>
 #include <set>
 #include <string>
 
@@ -43,7 +42,11 @@ RunResult rounded_oracle(const OracleResult& ref) {
 TEST(Corpus, BuildCommitIsACommitOrUnknown) {
   const std::string c = build_commit();
   if (c == "unknown") GTEST_SKIP() << "built outside a git checkout";
-  EXPECT_TRUE(std::regex_match(c, std::regex("[0-9a-f]{12}(-dirty)?"))) << c;
+  // Checked by hand: std::regex draws a false -Wmaybe-uninitialized from gcc 12 at -O3.
+  const std::string hash = c.substr(0, 12), rest = c.size() > 12 ? c.substr(12) : "";
+  EXPECT_EQ(hash.size(), 12u) << c;
+  EXPECT_EQ(hash.find_first_not_of("0123456789abcdef"), std::string::npos) << c;
+  EXPECT_TRUE(rest.empty() || rest == "-dirty") << c;
 }
 
 TEST(Tolerance, Bf16RoundingInterval) {
