@@ -22,30 +22,33 @@
 
 namespace mlafuzz {
 
-// One batch row decoded once and shared by all heads.
+// One query row (r = b * s_q + s; the batch row b when s_q = 1) decoded once and shared by all
+// heads: the valid entries of its main list, then those of its extra list (SPEC.md section 8).
 struct OracleRow {
-  std::vector<int32_t> k;  // positions in the row's top-k list of the valid entries, in order
-                           // (duplicates kept: a repeated index is a separate entry)
+  std::vector<int32_t> k;  // positions of the valid entries, in order: main list positions k,
+                           // then extra list positions as topk + k (duplicates kept: a repeated
+                           // index is a separate entry, also across the two lists)
+  int32_t n_main = 0;      // how many of them are main entries (the first n_main)
   Eigen::MatrixXd K;       // [n_valid, d_qk] dequantized keys, exact (e4m3*scale, bf16 rope)
   // V = K.leftCols(d_v) for both layouts (MODEL1: d_v = d_qk; V32: d_v = nope_dim, the first
   // columns).
 };
 
-// Decodes the valid selected tokens of batch row b. Throws std::invalid_argument when a valid
+// Decodes the valid selected tokens of query row b (both lists). Throws std::invalid_argument when a valid
 // index of row b is outside the cache or the buffers are too small for the case's shapes.
 // Checks only row b, so looping over the rows costs O(B * topk) checks in all.
 OracleRow gather_row(const MaterializedCase& m, int b);
 
-// [H, d_qk] bf16 q of batch row b, widened exactly (row stride q_head_stride is skipped).
+// [H, d_qk] bf16 q of query row b, widened exactly (row stride q_head_stride is skipped).
 Eigen::MatrixXd q_matrix(const MaterializedCase& m, int b);
 
-// [H, n_valid] logits x = sm_scale64 * q . K of batch row b (for tolerance models that need
+// [H, n_valid] logits x = sm_scale64 * q . K of query row b (for tolerance models that need
 // the oracle's logits or softmax weights).
 Eigen::MatrixXd row_logits(const MaterializedCase& m, int b, const OracleRow& row);
 
 struct OracleResult {
-  std::vector<double> out;  // [B, H, d_v] contiguous
-  std::vector<double> lse;  // [B, H] natural log
+  std::vector<double> out;  // [B * s_q, H, d_v] contiguous
+  std::vector<double> lse;  // [B * s_q, H] natural log
 };
 
 // threads: 0 = automatic (several threads only when the case is large enough to pay for them,

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <exception>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -30,34 +31,64 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
   throw std::invalid_argument("oracle: " + what);
 }
 
-int32_t row_topk_length(const MaterializedCase& m, int b) {
-  return m.topk_length.empty() ? -1 : m.topk_length[b];
+// One index list of query row r = b * s_q + s and the cache it reads (SPEC.md section 8): the
+// main list, or the extra list.
+struct List {
+  const mla::CacheGeometry* geom;
+  const uint8_t* cache;
+  const int32_t* idx;
+  int32_t topk;
+  int32_t len;  // -1: no length
+};
+
+List main_list(const MaterializedCase& m, int r) {
+  const int b = r / m.s_q, s = r % m.s_q;
+  return {&m.geom, m.cache.data(),
+          m.indices.data() + b * m.indices_batch_stride + s * m.indices_token_stride, m.topk,
+          m.topk_length.empty() ? -1 : m.topk_length[b]};
 }
 
-// Positions k of the valid top-k entries of row b, in order (duplicates kept).
-void valid_positions(const MaterializedCase& m, int b, std::vector<int32_t>& ks) {
-  ks.clear();
-  const int32_t len = row_topk_length(m, b);
-  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
-  for (int32_t k = 0; k < m.topk; ++k) {
-    if (mla::index_valid(idx[k], k, len, m.conv)) ks.push_back(k);
+List extra_list(const MaterializedCase& m, int r) {
+  const int b = r / m.s_q, s = r % m.s_q;
+  return {
+      &m.extra_geom, m.extra_cache.data(),
+      m.extra_indices.data() + b * m.extra_indices_batch_stride + s * m.extra_indices_token_stride,
+      m.extra_topk, m.extra_topk_length.empty() ? -1 : m.extra_topk_length[b]};
+}
+
+// Positions k of the valid entries of a list, in order (duplicates kept), appended to ks with
+// `offset` added.
+void valid_positions(const MaterializedCase& m, const List& l, int32_t offset,
+                     std::vector<int32_t>& ks) {
+  for (int32_t k = 0; k < l.topk; ++k) {
+    if (mla::index_valid(l.idx[k], k, l.len, m.conv)) ks.push_back(offset + k);
   }
+}
+
+// Valid entries of query row r: the main list's positions k, then the extra list's as
+// topk + k. Returns how many are main entries.
+int32_t valid_positions(const MaterializedCase& m, int r, std::vector<int32_t>& ks) {
+  ks.clear();
+  valid_positions(m, main_list(m, r), 0, ks);
+  const auto n_main = static_cast<int32_t>(ks.size());
+  if (m.has_extra) valid_positions(m, extra_list(m, r), m.topk, ks);
+  return n_main;
 }
 
 // Decodes the tokens of row b listed in ks into Kr [ks.size(), d_qk]: one token per matrix row,
 // so the decode writes are contiguous. e4m3 codes go through the 256-entry table, times the
 // tile scale widened to double: the product is exact (4 + 24 significant bits), also where the
 // fp32 product the kernels form would overflow (an honest difference, not an oracle error).
-void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& ks, double* Kr) {
-  const mla::CacheGeometry& g = m.geom;
+void gather_list(const List& l, const int32_t* ks, size_t n, double* Kr) {
+  const mla::CacheGeometry& g = *l.geom;
   const int32_t dqk = mla::d_qk(g);
   const int32_t tiles = mla::num_scale_tiles(g);
   const double* lut = e4m3_table();
-  const uint8_t* cache = m.cache.data();
-  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
-  for (size_t i = 0; i < ks.size(); ++i) {
+  const uint8_t* cache = l.cache;
+  const int32_t* idx = l.idx;
+  for (size_t i = 0; i < n; ++i) {
     const mla::TokenAddress a = mla::token_address(g, idx[ks[i]]);
-    if (i + 2 < ks.size()) {
+    if (i + 2 < n) {
       // The selected tokens are scattered over the cache: start loading a later token's bytes
       // while this one decodes (one request per 64-byte line).
       const mla::TokenAddress p = mla::token_address(g, idx[ks[i + 2]]);
@@ -79,6 +110,17 @@ void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& k
       row[g.nope_dim + r] = static_cast<double>(mla::bf16_to_float(bits));
     }
   }
+}
+
+// The tokens of query row r listed in ks (main positions, then extra positions topk + k).
+void gather_rows(const MaterializedCase& m, int r, const std::vector<int32_t>& ks, int32_t n_main,
+                 double* Kr) {
+  gather_list(main_list(m, r), ks.data(), static_cast<size_t>(n_main), Kr);
+  if (static_cast<size_t>(n_main) == ks.size()) return;
+  std::vector<int32_t> extra(ks.begin() + n_main, ks.end());
+  for (int32_t& k : extra) k -= m.topk;
+  gather_list(extra_list(m, r), extra.data(), extra.size(),
+              Kr + static_cast<int64_t>(n_main) * m.d_qk());
 }
 
 // Scratch of one worker, reused across the batch rows it computes and, through the calling
@@ -109,10 +151,10 @@ double* grown(AlignedVector& v, int64_t n) {
   return v.data();
 }
 
-// q of row b as [H, d_qk] row-major doubles (the head padding of q_head_stride is skipped).
-void fill_q(const MaterializedCase& m, int b, double* q) {
+// q of query row r as [H, d_qk] row-major doubles (the head padding is skipped).
+void fill_q(const MaterializedCase& m, int r, double* q) {
   const int32_t dqk = m.d_qk();
-  const uint16_t* qb = m.q.data() + static_cast<int64_t>(b) * m.heads * m.q_head_stride;
+  const uint16_t* qb = m.q_row(r / m.s_q, r % m.s_q, 0);
   for (int32_t h = 0; h < m.heads; ++h) {
     const uint16_t* qh = qb + static_cast<int64_t>(h) * m.q_head_stride;
     double* row = q + static_cast<int64_t>(h) * dqk;
@@ -120,14 +162,15 @@ void fill_q(const MaterializedCase& m, int b, double* q) {
   }
 }
 
-// Writes out[b, :, :] and lse[b, :].
+// Writes out[r, :, :] and lse[r, :] of query row r (`b` below): one joint softmax over the valid
+// entries of its main and extra lists (SPEC.md section 8; a token in both counts twice).
 void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& res) {
   const int32_t H = m.heads;
   const int32_t dv = m.d_v();
   double* out = res.out.data() + static_cast<int64_t>(b) * H * dv;
   double* lse = res.lse.data() + static_cast<int64_t>(b) * H;
 
-  valid_positions(m, b, s.ks);
+  const int32_t n_main = valid_positions(m, b, s.ks);
   const Eigen::Index n = static_cast<Eigen::Index>(s.ks.size());
   if (n == 0) {
     // Empty row: out = 0 (also with a sink: there is nothing to weigh), lse per convention
@@ -142,7 +185,7 @@ void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& 
   RowMap Q(grown(s.q, int64_t{H} * dqk), H, dqk);
   ColMap S(grown(s.s, H * n), H, n);
   RowMap O(out, H, dv);  // the result's [H, d_v] slice of row b, written in place
-  gather_rows(m, b, s.ks, K.data());
+  gather_rows(m, b, s.ks, n_main, K.data());
   fill_q(m, b, Q.data());
 
   // Logits of all heads at once; sm_scale is applied after the product, in float64.
@@ -213,51 +256,82 @@ void check_shapes(const MaterializedCase& m) {
     bad_input("cache holds " + std::to_string(m.cache.size()) + " bytes, geometry needs " +
               std::to_string(mla::cache_bytes(g)));
   }
-  const int64_t BH = static_cast<int64_t>(m.batch) * m.heads;
+  if (m.s_q < 1) bad_input("s_q must be >= 1");
   if (m.q_head_stride < m.d_qk()) bad_input("q_head_stride < d_qk");
-  if (static_cast<int64_t>(m.q.size()) < BH * m.q_head_stride) bad_input("q buffer too small");
-  if (static_cast<int64_t>(m.indices.size()) != static_cast<int64_t>(m.batch) * m.topk) {
-    bad_input("indices must hold batch*topk entries");
+  if (m.q_token_stride < int64_t{m.heads} * m.q_head_stride ||
+      m.q_batch_stride < m.s_q * m.q_token_stride) {
+    bad_input("q strides below the contiguous minimum");
   }
-  if (!m.topk_length.empty()) {
-    if (static_cast<int64_t>(m.topk_length.size()) != m.batch) {
-      bad_input("topk_length must hold batch entries");
+  if (static_cast<int64_t>(m.q.size()) < int64_t{m.batch} * m.q_batch_stride) {
+    bad_input("q buffer too small");
+  }
+  auto check_lists = [&](const char* name, const std::vector<int32_t>& idx,
+                         const std::vector<int32_t>& len, int32_t topk, int64_t token_stride,
+                         int64_t batch_stride) {
+    if (topk < 0 || token_stride < topk || batch_stride < m.s_q * token_stride ||
+        static_cast<int64_t>(idx.size()) < int64_t{m.batch} * batch_stride) {
+      bad_input(std::string(name) + " must hold batch*s_q*topk entries");
     }
-    for (int32_t b = 0; b < m.batch; ++b) {
-      // index_valid reads a negative length as "no length given": a negative stored length
-      // would silently validate every entry, so it is rejected instead.
-      if (m.topk_length[b] < 0) bad_input("topk_length[" + std::to_string(b) + "] < 0");
+    if (!len.empty()) {
+      if (static_cast<int64_t>(len.size()) != m.batch) {
+        bad_input(std::string(name) + ": topk_length must hold batch entries");
+      }
+      for (int32_t b = 0; b < m.batch; ++b) {
+        // index_valid reads a negative length as "no length given": a negative stored length
+        // would silently validate every entry, so it is rejected instead.
+        if (len[b] < 0)
+          bad_input(std::string(name) + ": topk_length[" + std::to_string(b) + "] < 0");
+      }
     }
+  };
+  check_lists("indices", m.indices, m.topk_length, m.topk, m.indices_token_stride,
+              m.indices_batch_stride);
+  if (m.has_extra) {
+    const mla::CacheGeometry& e = m.extra_geom;
+    if (e.page_size <= 0 || e.num_pages < 0 || e.page_stride < mla::min_page_stride(e) ||
+        static_cast<int64_t>(m.extra_cache.size()) < mla::cache_bytes(e)) {
+      bad_input("the extra cache's geometry does not match its buffer");
+    }
+    check_lists("extra_indices", m.extra_indices, m.extra_topk_length, m.extra_topk,
+                m.extra_indices_token_stride, m.extra_indices_batch_stride);
   }
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) != m.heads) {
     bad_input("sink must hold heads entries");
   }
 }
 
-// Every valid index of row b inside the cache.
-void check_row_indices(const MaterializedCase& m, int32_t b) {
-  const int64_t slots = mla::num_slots(m.geom);
-  const int32_t len = row_topk_length(m, b);
-  for (int32_t k = 0; k < m.topk; ++k) {
-    const int32_t idx = m.indices[static_cast<int64_t>(b) * m.topk + k];
+void check_list(const MaterializedCase& m, const List& l, const char* name, int r) {
+  const int64_t slots = mla::num_slots(*l.geom);
+  for (int32_t k = 0; k < l.topk; ++k) {
+    const int32_t idx = l.idx[k];
     // Out-of-range positive indices (and negatives other than -1 under FlashMLA's rule) are
     // undefined behaviour in every implementation: reject rather than read out of bounds.
-    if (mla::index_valid(idx, k, len, m.conv) && (idx < 0 || idx >= slots)) {
-      bad_input("indices[" + std::to_string(b) + "][" + std::to_string(k) +
-                "] = " + std::to_string(idx) + " is outside [0, " + std::to_string(slots) + ")");
+    if (mla::index_valid(idx, k, l.len, m.conv) && (idx < 0 || idx >= slots)) {
+      // (A stream: gcc 12 warns falsely about std::string operator+ chains here.)
+      std::ostringstream at;
+      at << name << "[" << r / m.s_q << "]";
+      if (m.s_q > 1) at << "[" << r % m.s_q << "]";
+      at << "[" << k << "] = " << idx << " is outside [0, " << slots << ")";
+      bad_input(at.str());
     }
   }
 }
 
-void check_batch_row(const MaterializedCase& m, int b) {
-  if (b < 0 || b >= m.batch) bad_input("batch row " + std::to_string(b) + " out of range");
+// Every valid index of query row r inside its cache.
+void check_row_indices(const MaterializedCase& m, int32_t r) {
+  check_list(m, main_list(m, r), "indices", r);
+  if (m.has_extra) check_list(m, extra_list(m, r), "extra_indices", r);
+}
+
+void check_batch_row(const MaterializedCase& m, int r) {
+  if (r < 0 || r >= m.query_rows()) bad_input("query row " + std::to_string(r) + " out of range");
 }
 
 }  // namespace
 
 void check_oracle_inputs(const MaterializedCase& m) {
   check_shapes(m);
-  for (int32_t b = 0; b < m.batch; ++b) check_row_indices(m, b);
+  for (int32_t r = 0; r < m.query_rows(); ++r) check_row_indices(m, r);
 }
 
 // The per-row entry points check only what they read (shapes and row b), so that a caller
@@ -267,9 +341,9 @@ OracleRow gather_row(const MaterializedCase& m, int b) {
   check_batch_row(m, b);
   check_row_indices(m, b);
   OracleRow row;
-  valid_positions(m, b, row.k);
+  row.n_main = valid_positions(m, b, row.k);
   RowMatrix Kr(static_cast<Eigen::Index>(row.k.size()), m.d_qk());
-  gather_rows(m, b, row.k, Kr.data());
+  gather_rows(m, b, row.k, row.n_main, Kr.data());
   row.K = Kr;
   return row;
 }
@@ -294,18 +368,20 @@ OracleResult run_oracle_eigen(const MaterializedCase& m) { return run_oracle_eig
 OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
   check_oracle_inputs(m);
   OracleResult res;
-  res.out.assign(static_cast<size_t>(m.batch) * m.heads * m.d_v(), 0.0);
-  res.lse.assign(static_cast<size_t>(m.batch) * m.heads, 0.0);
-  if (m.batch == 0) return res;
+  const int32_t rows = m.query_rows();
+  res.out.assign(static_cast<size_t>(rows) * m.heads * m.d_v(), 0.0);
+  res.lse.assign(static_cast<size_t>(rows) * m.heads, 0.0);
+  if (rows == 0) return res;
 
   if (threads <= 0) {
     // Spawning a thread costs tens of microseconds; below ~4 MFLOP (about 0.1 ms of work) the
     // calling thread alone is faster.
-    const double flops = 2.0 * m.batch * m.heads * m.topk * (m.d_qk() + m.d_v());
+    const double flops =
+        2.0 * rows * m.heads * (m.topk + (m.has_extra ? m.extra_topk : 0)) * (m.d_qk() + m.d_v());
     const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads = flops < 4e6 ? 1 : hw;
   }
-  threads = std::min(threads, m.batch);
+  threads = std::min(threads, rows);
 
   // Scratch per worker, kept by the calling thread between calls (see RowScratch). Workers are
   // plain threads started per call: no pool survives the call, so a fork() after it is safe.
@@ -327,7 +403,7 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
     }
   } release{scratch};
   if (threads == 1) {
-    for (int32_t b = 0; b < m.batch; ++b) compute_row(m, b, pool[0], res);
+    for (int32_t r = 0; r < rows; ++r) compute_row(m, r, pool[0], res);
     return res;
   }
   // Rows are handed out one at a time (their valid counts differ); each writes its own slice.
@@ -335,7 +411,7 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
   std::vector<std::exception_ptr> errors(threads);
   auto work = [&](int t) {
     try {
-      for (int32_t b = next++; b < m.batch; b = next++) compute_row(m, b, pool[t], res);
+      for (int32_t r = next++; r < rows; r = next++) compute_row(m, r, pool[t], res);
     } catch (...) {
       errors[t] = std::current_exception();  // e.g. bad_alloc: rethrown on the caller
     }

@@ -27,14 +27,14 @@ struct LoopLayout {
   bool model1;
   int64_t nope, rope, tile, tiles, P, S0;
 
-  explicit LoopLayout(const MaterializedCase& m)
-      : model1(m.geom.layout == mla::Layout::kModel1),
-        nope(m.geom.nope_dim),
-        rope(m.geom.rope_dim),
-        tile(m.geom.scale_tile),
-        tiles(m.geom.scale_tile > 0 ? m.geom.nope_dim / m.geom.scale_tile : 0),
-        P(m.geom.page_size),
-        S0(m.geom.page_stride) {}
+  explicit LoopLayout(const mla::CacheGeometry& g)
+      : model1(g.layout == mla::Layout::kModel1),
+        nope(g.nope_dim),
+        rope(g.rope_dim),
+        tile(g.scale_tile),
+        tiles(g.scale_tile > 0 ? g.nope_dim / g.scale_tile : 0),
+        P(g.page_size),
+        S0(g.page_stride) {}
 
   // MODEL1 page: P data rows (nope e4m3 then rope bf16), then P scale rows of `tiles` ue8m0
   // bytes padded to a multiple of 8 (7 scales + 1 pad byte for 448/64).
@@ -71,11 +71,26 @@ double key(const LoopLayout& L, const uint8_t* cache, const Where& w, int64_t d)
   return static_cast<double>(mla::e4m3_to_float(cache[w.nope + d])) * scale;
 }
 
-// SPEC.md 3: entry k of a row is valid when k < topk_length (if given) and the index is not
-// the invalid marker: exactly -1 (FlashMLA) or any negative (SGLang, vLLM).
-bool entry_valid(const MaterializedCase& m, int64_t b, int64_t k) {
-  if (!m.topk_length.empty() && k >= m.topk_length[b]) return false;
-  const int32_t idx = m.indices[b * m.topk + k];
+// One cache and its index lists (SPEC.md section 8: the main cache, or the extra cache).
+struct LoopCache {
+  LoopLayout L;
+  const std::vector<uint8_t>* bytes;
+  int64_t pages;
+  const std::vector<int32_t>* indices;  // [B, s_q, topk], list (b, s) at b*bstride + s*tstride
+  const std::vector<int32_t>* lengths;  // [B] or empty
+  int64_t topk, tstride, bstride;
+  const char* name;
+};
+
+// SPEC.md 3: entry k of a list is valid when k < its topk_length (if given) and the index is
+// not the invalid marker: exactly -1 (FlashMLA) or any negative (SGLang, vLLM).
+int32_t entry(const LoopCache& c, int64_t b, int64_t s, int64_t k) {
+  return (*c.indices)[b * c.bstride + s * c.tstride + k];
+}
+
+bool entry_valid(const MaterializedCase& m, const LoopCache& c, int64_t b, int64_t s, int64_t k) {
+  if (!c.lengths->empty() && k >= (*c.lengths)[b]) return false;
+  const int32_t idx = entry(c, b, s, k);
   if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) return idx >= 0;
   return idx != -1;
 }
@@ -85,30 +100,42 @@ bool entry_valid(const MaterializedCase& m, int64_t b, int64_t k) {
 }
 
 // Just enough checking that no read leaves a buffer.
-void check(const MaterializedCase& m, const LoopLayout& L) {
-  if (m.batch < 0 || m.heads < 0 || m.topk < 0) fail("negative shape");
-  if (L.P <= 0 || L.tile <= 0 || L.nope % L.tile != 0) fail("bad page size or scale tile");
-  if (L.S0 < L.P * L.token_size()) fail("page stride below P * token bytes");
-  const int64_t pages = m.geom.num_pages;
-  if (pages < 0 || static_cast<int64_t>(m.cache.size()) < pages * L.S0) fail("cache too small");
+void check(const MaterializedCase& m, const std::vector<LoopCache>& caches) {
+  if (m.batch < 0 || m.heads < 0 || m.topk < 0 || m.s_q < 1) fail("bad shape");
+  const LoopLayout& L = caches[0].L;
   if (m.q_head_stride < L.nope + L.rope ||
-      static_cast<int64_t>(m.q.size()) < int64_t{m.batch} * m.heads * m.q_head_stride) {
+      static_cast<int64_t>(m.q.size()) < (m.batch - 1) * m.q_batch_stride +
+                                             (m.s_q - 1) * m.q_token_stride +
+                                             (m.heads - 1) * m.q_head_stride + L.nope + L.rope) {
     fail("q too small");
   }
-  if (static_cast<int64_t>(m.indices.size()) != int64_t{m.batch} * m.topk) fail("indices size");
-  if (!m.topk_length.empty() && static_cast<int64_t>(m.topk_length.size()) != m.batch) {
-    fail("topk_length size");
-  }
-  for (int32_t len : m.topk_length) {
-    if (len < 0) fail("negative topk_length");
-  }
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) != m.heads) fail("sink size");
-  for (int64_t b = 0; b < m.batch; ++b) {
-    for (int64_t k = 0; k < m.topk; ++k) {
-      const int64_t idx = m.indices[b * m.topk + k];
-      if (entry_valid(m, b, k) && (idx < 0 || idx >= pages * L.P)) {
-        fail("index " + std::to_string(idx) + " at [" + std::to_string(b) + "][" +
-             std::to_string(k) + "] outside the cache");
+  for (const LoopCache& c : caches) {
+    const LoopLayout& l = c.L;
+    if (l.P <= 0 || l.tile <= 0 || l.nope % l.tile != 0) fail("bad page size or scale tile");
+    if (l.S0 < l.P * l.token_size()) fail("page stride below P * token bytes");
+    if (c.pages < 0 || static_cast<int64_t>(c.bytes->size()) < c.pages * l.S0) {
+      fail(std::string(c.name) + ": cache too small");
+    }
+    if (c.topk < 0 || static_cast<int64_t>(c.indices->size()) <
+                          (m.batch - 1) * c.bstride + (m.s_q - 1) * c.tstride + c.topk) {
+      fail(std::string(c.name) + " size");
+    }
+    if (!c.lengths->empty() && static_cast<int64_t>(c.lengths->size()) != m.batch) {
+      fail(std::string(c.name) + ": topk_length size");
+    }
+    for (int32_t len : *c.lengths) {
+      if (len < 0) fail("negative topk_length");
+    }
+    for (int64_t b = 0; b < m.batch; ++b) {
+      for (int64_t s = 0; s < m.s_q; ++s) {
+        for (int64_t k = 0; k < c.topk; ++k) {
+          const int64_t idx = entry(c, b, s, k);
+          if (entry_valid(m, c, b, s, k) && (idx < 0 || idx >= c.pages * l.P)) {
+            fail("index " + std::to_string(idx) + " at " + c.name + "[" + std::to_string(b) + "][" +
+                 std::to_string(s) + "][" + std::to_string(k) + "] outside the cache");
+          }
+        }
       }
     }
   }
@@ -117,73 +144,96 @@ void check(const MaterializedCase& m, const LoopLayout& L) {
 }  // namespace
 
 OracleResult run_oracle_loop(const MaterializedCase& m) {
-  const LoopLayout L(m);
-  check(m, L);
-  const int64_t B = m.batch, H = m.heads, topk = m.topk;
+  std::vector<LoopCache> caches;
+  caches.push_back({LoopLayout(m.geom), &m.cache, m.geom.num_pages, &m.indices, &m.topk_length,
+                    m.topk, m.indices_token_stride, m.indices_batch_stride, "indices"});
+  if (m.has_extra) {
+    caches.push_back({LoopLayout(m.extra_geom), &m.extra_cache, m.extra_geom.num_pages,
+                      &m.extra_indices, &m.extra_topk_length, m.extra_topk,
+                      m.extra_indices_token_stride, m.extra_indices_batch_stride, "extra_indices"});
+  }
+  check(m, caches);
+  const LoopLayout& L = caches[0].L;
+  const int64_t B = m.batch, H = m.heads, S = m.s_q;
   const int64_t dqk = L.nope + L.rope;
   // MODEL1: V is the whole dequantized vector; V32: the nope part only.
   const int64_t dv = L.model1 ? dqk : L.nope;
   const double scale = m.sm_scale64;
-  const uint8_t* cache = m.cache.data();
 
   OracleResult res;
-  res.out.assign(B * H * dv, 0.0);
-  res.lse.assign(B * H, 0.0);
-  std::vector<double> x(topk), acc(dv);
+  res.out.assign(B * S * H * dv, 0.0);
+  res.lse.assign(B * S * H, 0.0);
+  std::vector<std::vector<double>> x(caches.size());
+  for (size_t c = 0; c < caches.size(); ++c) x[c].resize(static_cast<size_t>(caches[c].topk));
+  std::vector<double> acc(dv);
   for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      const uint16_t* q = m.q.data() + (b * H + h) * m.q_head_stride;
-      double* out = res.out.data() + (b * H + h) * dv;
-      double& lse = res.lse[b * H + h];
-      // Logits x_k = sm_scale * <q, K_k>; the row max m of the valid ones.
-      double mx = -kInf;
-      bool any = false, nan = false;
-      for (int64_t k = 0; k < topk; ++k) {
-        if (!entry_valid(m, b, k)) continue;
-        const Where w = L.locate(m.indices[b * topk + k]);
-        double dot = 0;
-        for (int64_t d = 0; d < dqk; ++d) dot += mla::bf16_to_float(q[d]) * key(L, cache, w, d);
-        x[k] = scale * dot;
-        nan = nan || std::isnan(x[k]);
-        if (!any || x[k] > mx) mx = x[k];
-        any = true;
-      }
-      if (!any) {
-        // No valid entry: out stays 0; lse is the convention's infinity, sink or not.
-        lse = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
-        continue;
-      }
-      if (nan) mx = std::numeric_limits<double>::quiet_NaN();  // NaN inputs give a NaN row
-      // l = sum exp(x_k - m) and acc = sum exp(x_k - m) V_k; duplicates are separate entries.
-      double l = 0;
-      for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
-      for (int64_t k = 0; k < topk; ++k) {
-        if (!entry_valid(m, b, k)) continue;
-        const Where w = L.locate(m.indices[b * topk + k]);
-        const double p = std::exp(x[k] - mx);
-        l += p;
-        for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(L, cache, w, d);
-      }
-      // Sink: exp(sink) on the same shifted scale. -inf (or absent) contributes nothing;
-      // +inf makes the output exactly 0 (and the folded lse +inf).
-      const bool has_sink = !m.sink.empty();
-      const double sink = has_sink ? m.sink[h] : -kInf;
-      if (sink == kInf) {
-        for (int64_t d = 0; d < dv; ++d) out[d] = 0;
-      } else {
-        const double denom = l + (sink == -kInf ? 0.0 : std::exp(sink - mx));
-        for (int64_t d = 0; d < dv; ++d) out[d] = acc[d] / denom;
-      }
-      if (m.conv.sink_in_lse && has_sink && sink != -kInf) {
-        if (sink == kInf) {
-          lse = kInf;
-        } else if (sink > mx) {
-          lse = sink + std::log(l * std::exp(mx - sink) + 1.0);
-        } else {
-          lse = mx + std::log(l + std::exp(sink - mx));
+    for (int64_t s = 0; s < S; ++s) {
+      for (int64_t h = 0; h < H; ++h) {
+        const uint16_t* q =
+            m.q.data() + b * m.q_batch_stride + s * m.q_token_stride + h * m.q_head_stride;
+        const int64_t row = (b * S + s) * H + h;
+        double* out = res.out.data() + row * dv;
+        double& lse = res.lse[row];
+        // Logits x_k = sm_scale * <q, K_k> over T(b, s): the valid entries of every list (a token
+        // in two lists counts twice); the max m of them.
+        double mx = -kInf;
+        bool any = false, nan = false;
+        for (size_t c = 0; c < caches.size(); ++c) {
+          const LoopCache& C = caches[c];
+          for (int64_t k = 0; k < C.topk; ++k) {
+            if (!entry_valid(m, C, b, s, k)) continue;
+            const Where w = C.L.locate(entry(C, b, s, k));
+            double dot = 0;
+            for (int64_t d = 0; d < dqk; ++d) {
+              dot += mla::bf16_to_float(q[d]) * key(C.L, C.bytes->data(), w, d);
+            }
+            double& xk = x[c][static_cast<size_t>(k)];
+            xk = scale * dot;
+            nan = nan || std::isnan(xk);
+            if (!any || xk > mx) mx = xk;
+            any = true;
+          }
         }
-      } else {
-        lse = mx + std::log(l);
+        if (!any) {
+          // No valid entry: out stays 0; lse is the convention's infinity, sink or not.
+          lse = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
+          continue;
+        }
+        if (nan) mx = std::numeric_limits<double>::quiet_NaN();  // NaN inputs give a NaN row
+        // l = sum exp(x_k - m) and acc = sum exp(x_k - m) V_k; duplicates are separate entries.
+        double l = 0;
+        for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
+        for (size_t c = 0; c < caches.size(); ++c) {
+          const LoopCache& C = caches[c];
+          for (int64_t k = 0; k < C.topk; ++k) {
+            if (!entry_valid(m, C, b, s, k)) continue;
+            const Where w = C.L.locate(entry(C, b, s, k));
+            const double p = std::exp(x[c][static_cast<size_t>(k)] - mx);
+            l += p;
+            for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(C.L, C.bytes->data(), w, d);
+          }
+        }
+        // Sink: exp(sink) on the same shifted scale. -inf (or absent) contributes nothing;
+        // +inf makes the output exactly 0 (and the folded lse +inf).
+        const bool has_sink = !m.sink.empty();
+        const double sink = has_sink ? m.sink[h] : -kInf;
+        if (sink == kInf) {
+          for (int64_t d = 0; d < dv; ++d) out[d] = 0;
+        } else {
+          const double denom = l + (sink == -kInf ? 0.0 : std::exp(sink - mx));
+          for (int64_t d = 0; d < dv; ++d) out[d] = acc[d] / denom;
+        }
+        if (m.conv.sink_in_lse && has_sink && sink != -kInf) {
+          if (sink == kInf) {
+            lse = kInf;
+          } else if (sink > mx) {
+            lse = sink + std::log(l * std::exp(mx - sink) + 1.0);
+          } else {
+            lse = mx + std::log(l + std::exp(sink - mx));
+          }
+        } else {
+          lse = mx + std::log(l);
+        }
       }
     }
   }

@@ -151,6 +151,8 @@ class Evaluator {
     if (want(PropertyId::kHeadAlone)) head_alone_prop(st);
     if (want(PropertyId::kPermute)) permute(st);
     if (want(PropertyId::kInsertInvalid)) insert(st);
+    if (want(PropertyId::kQueryAlone)) query_alone_prop(st);
+    if (want(PropertyId::kMoveToExtra)) move_to_extra_prop(st);
   }
 
   void mma_vs_simt(std::vector<BackendState>& states) {
@@ -167,7 +169,7 @@ class Evaluator {
         PropertyOutcome o = make(prop.name, a.be->name() + "|" + b.be->name());
         const Bounds bound = add_bounds(ctx_.backend_bounds(*a.be), ctx_.backend_bounds(*b.be));
         const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
-                                           ctx_.m.batch, ctx_.m.heads, ctx_.m.d_v());
+                                           ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
         fill_from_check(o, bc);
         ev_.outcomes.push_back(o);
       }
@@ -223,8 +225,8 @@ class Evaluator {
     PropertyOutcome o = make("tolerance", be.name());
     const Bounds bound = add_bounds(ctx_.backend_bounds(be), ctx_.b64);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
-    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound, ctx_.m.batch,
-                                       ctx_.m.heads, ctx_.m.d_v());
+    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound,
+                                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
     fill_from_check(o, bc);
     if (opt_.reference_metrics) {
       const AllcloseResult oc = check_allclose(st.clean.out, ctx_.ref.out, kFlashMlaOutTol);
@@ -314,11 +316,14 @@ class Evaluator {
     for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed)) {
       RunResult r;
       if (!run_variant(*st.be, batch_row_alone(ctx_.m, b), r, o)) break;
-      for (int h = 0; h < ctx_.m.heads && o.passed; ++h) {
+      // Every query token of the row (flat query row b * s_q + s of the whole run).
+      const int S = ctx_.m.s_q, H = ctx_.m.heads;
+      for (int i = 0; i < S * H && o.passed; ++i) {
+        const int s = i / H, h = i % H;
         std::string where;
-        if (!rows_bitwise_equal(st.clean, ctx_.m.heads, ctx_.m.d_v(), b, h, r, h, &where)) {
+        if (!rows_bitwise_equal(st.clean, H, ctx_.m.d_v(), b * S + s, h, r, i, &where)) {
           o.passed = false;
-          o.worst_b = b;
+          o.worst_b = b * S + s;
           o.worst_h = h;
           o.detail = "batch row " + std::to_string(b) + " alone differs: " + where;
         }
@@ -339,7 +344,7 @@ class Evaluator {
     for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
       RunResult r;
       if (!run_variant(*st.be, head_alone(ctx_.m, h), r, o)) break;
-      for (int b = 0; b < ctx_.m.batch && o.passed; ++b) {
+      for (int b = 0; b < ctx_.m.query_rows() && o.passed; ++b) {
         std::string where;
         if (!rows_bitwise_equal(st.clean, ctx_.m.heads, ctx_.m.d_v(), b, h, r, b, &where)) {
           o.passed = false;
@@ -353,9 +358,58 @@ class Evaluator {
     ev_.outcomes.push_back(o);
   }
 
-  // Tolerance-style metamorphic check of a transformed run against the clean run.
+  // Each query token of a row computed alone (s_q > 1), probed like batch-alone.
+  void query_alone_prop(BackendState& st) {
+    PropertyOutcome o = make("query-alone", st.be->name());
+    const int S = ctx_.m.s_q, H = ctx_.m.heads;
+    if (S == 1) {
+      o.applicable = false;
+      o.detail = "s_q = 1: the query token is already alone";
+      ev_.outcomes.push_back(o);
+      return;
+    }
+    for (int r0 : probes(ctx_.m.query_rows(), ctx_.m.recipe.data_seed + 2)) {
+      const int b = r0 / S, s = r0 % S;
+      RunResult r;
+      if (!run_variant(*st.be, query_alone(ctx_.m, b, s), r, o)) break;
+      for (int h = 0; h < H && o.passed; ++h) {
+        std::string where;
+        if (!rows_bitwise_equal(st.clean, H, ctx_.m.d_v(), r0, h, r, h, &where)) {
+          o.passed = false;
+          o.worst_b = r0;
+          o.worst_h = h;
+          o.detail = "query token " + std::to_string(s) + " of batch row " + std::to_string(b) +
+                     " alone differs: " + where;
+        }
+      }
+      if (!o.passed) break;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  // SPEC.md section 8: moving valid entries from the main list to the extra list (or swapping
+  // the caches) leaves the mathematical result; within the sum of both runs' bounds.
+  void move_to_extra_prop(BackendState& st) {
+    const uint64_t seed = ctx_.m.recipe.data_seed;
+    const bool swap = ctx_.m.has_extra && CounterRng(seed, Stream::kPoison, 12).bernoulli(0.5);
+    if (swap) {
+      within_bound(st, "move-to-extra", swap_caches(ctx_.m), 0,
+                   "swapping the main and extra caches", true);
+      return;
+    }
+    const int count = 1 + static_cast<int>(CounterRng(seed, Stream::kPoison, 13).uniform_int(0, 3));
+    within_bound(st, "move-to-extra", move_to_extra(ctx_.m, seed + 37, count), 0,
+                 "moving up to " + std::to_string(count) +
+                     " valid entries per query token into "
+                     "the extra list",
+                 true);
+  }
+
+  // Tolerance-style metamorphic check of a transformed run against the clean run. With
+  // own_bound, the variant's bound is computed from the variant itself (its lists and tiles;
+  // the same exact result as the clean case).
   void within_bound(BackendState& st, const std::string& prop, const MaterializedCase& v,
-                    int tile_topk, const std::string& what) {
+                    int tile_topk, const std::string& what, bool own_bound = false) {
     Backend& be = *st.be;
     PropertyOutcome o = make(prop, be.name());
     RunResult r;
@@ -363,12 +417,15 @@ class Evaluator {
       Bounds bound;
       if (be.precision() == Precision::kCustom) {
         bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
+      } else if (own_bound) {
+        bound = add_bounds(ctx_.pipeline_bounds(be.precision()),
+                           compute_bounds(v, ctx_.ref, pipeline_for(be.precision())));
       } else {
         bound = add_bounds(ctx_.pipeline_bounds(be.precision()),
                            ctx_.pipeline_bounds(be.precision(), tile_topk));
       }
       const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
-                                         bound, ctx_.m.batch, ctx_.m.heads, ctx_.m.d_v());
+                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
       const double seconds = o.seconds;
       fill_from_check(o, bc);
       o.seconds = seconds;

@@ -28,13 +28,23 @@ namespace mlafuzz {
 // and a multiple of 16, nope a multiple of the scale tile), so `unsupported` only fires for
 // plugins with a narrower envelope.
 struct GenConfig {
-  int max_batch = 32;  // B in [1, max_batch]; small (<= 4) most of the time
-  int max_heads = 64;  // H in [1, max_heads]; small most of the time, 32/64 sometimes
-  int max_topk = 512;  // topk in [1, max_topk]
-  int max_pages = 64;  // logical pages in the cache
+  int max_batch = 32;   // B in [1, max_batch]; small (<= 4) most of the time
+  int max_heads = 128;  // H in [1, max_heads]; small most of the time, 32/64/128 sometimes
+  int max_topk = 512;   // topk in [1, max_topk]
+  int max_pages = 64;   // logical pages in the cache
   int max_page_size = 256;
-  // Probability that a case uses a production shape (H = 64, topk 128 with P = 256 or topk 512
-  // with P = 64, B up to max_batch, MODEL1 448 + 64); clipped to the envelope above.
+  // The production decode (SPEC.md section 8): query tokens per batch row in [1, max_s_q]
+  // (1 most of the time) and an extra cache (about a quarter of the cases) when extra_cache.
+  int max_s_q = 4;
+  bool extra_cache = true;
+  int max_extra_topk = 1024;
+  // Work budget of one case, B * s_q * H * (topk + extra_topk): production shapes shrink B to
+  // stay within it (a case stays a fraction of a second on the CPU backends).
+  int64_t max_work = int64_t{1} << 20;
+  // Probability that a case uses a production shape: FlashMLA's MODEL1 decode configurations
+  // (H 64 or 128, s_q 1-4, main topk 128 over P = 256, with an extra cache of topk 512 over
+  // P = 64 or 1024 over P = 2, or without one; B up to max_batch, a few B = 74, within
+  // max_work; MODEL1 448 + 64); clipped to the envelope above.
   double production_probability = 0.05;
   bool model1 = true;  // layouts allowed (at least one must be true)
   bool v32 = true;
@@ -46,7 +56,9 @@ struct GenConfig {
   // Generator families to draw from (weights fixed in generators.cc); empty = all. Names as
   // all_generator_families() lists them: "general" (dependent random recipe), "edge" (one
   // targeted edge class per case: empty rows, all invalid, topk_length 0, +-inf sinks, page
-  // boundaries, large logits, ties, extreme scales), "production" (production shapes only).
+  // boundaries, large logits, ties, extreme scales, and the extra cache's: an extra list all
+  // invalid, extra_topk_length 0, one token in both lists, one cache empty and the other not,
+  // extra pages of 1-3 tokens), "production" (production shapes only).
   std::vector<std::string> families;
 };
 

@@ -32,7 +32,22 @@ struct Draft {
   int kexp = 127;
   bool explicit_indices = true;
   uint64_t bulk_seed = 0;  // CounterRng seed for index lists, permutations, sinks
+  // The extra cache (SPEC.md section 8), decided with the shape: its topk and page size (the
+  // extra step draws the rest). extra_topk 0: none.
+  int extra_topk = 0;
+  int extra_page_size = 0;
 };
+
+bool extra_edge(const std::string& e) {
+  return e == "extra-all-invalid" || e == "extra-length-0" || e == "shared-token" ||
+         e == "one-cache-empty" || e == "extra-tiny-pages";
+}
+
+// B shrunk so that B * s_q * H * (topk + extra_topk) stays within the work budget.
+int32_t batch_within(int32_t b, const Draft& d, int64_t max_work) {
+  const int64_t per_row = int64_t{d.c.s_q} * d.c.heads * (d.c.topk + d.extra_topk);
+  return static_cast<int32_t>(std::clamp<int64_t>(max_work / std::max<int64_t>(per_row, 1), 1, b));
+}
 
 template <typename F>
 Gen<Draft> then(Gen<Draft> g, F f) {
@@ -57,16 +72,17 @@ Gen<Draft> family_step(const GenConfig& cfg) {
     throw std::invalid_argument("GenConfig.families selects no generator family");
   }
   auto mk = [](std::string f) {
-    return gen::map(
-        gen::element<std::string>("all-invalid", "topk-length-0", "sink-inf", "page-boundary",
-                                  "large-logits", "ties", "extreme-scales", "tile-edges",
-                                  "padded-dims", "empty-rows", "duplicates", "tiny-pages"),
-        [f](std::string edge) {
-          Draft d;
-          d.family = f;
-          if (f == "edge") d.edge = edge;
-          return d;
-        });
+    return gen::map(gen::element<std::string>(
+                        "all-invalid", "topk-length-0", "sink-inf", "page-boundary", "large-logits",
+                        "ties", "extreme-scales", "tile-edges", "padded-dims", "empty-rows",
+                        "duplicates", "tiny-pages", "extra-all-invalid", "extra-length-0",
+                        "shared-token", "one-cache-empty", "extra-tiny-pages"),
+                    [f](std::string edge) {
+                      Draft d;
+                      d.family = f;
+                      if (f == "edge") d.edge = edge;
+                      return d;
+                    });
   };
   return gen::weightedOneOf<Draft>(
       {{w_gen, mk("general")}, {w_edge, mk("edge")}, {w_prod, mk("production")}});
@@ -119,18 +135,35 @@ Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
 Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
   const int maxb = std::max(1, cfg.max_batch), maxh = std::max(1, cfg.max_heads),
             maxk = std::max(1, cfg.max_topk);
+  const int maxs = std::max(1, cfg.max_s_q);
+  const int maxek = std::max(1, cfg.max_extra_topk);
+  const int64_t work = std::max<int64_t>(1, cfg.max_work);
   if (d.family == "production") {
-    return gen::map(gen::tuple(gen::element(1, 4, 16, 32), gen::element(0, 1)),
-                    [d, maxb, maxh, maxk](std::tuple<int, int> t) {
-                      Draft r = d;
-                      r.c.batch = std::min(std::get<0>(t), maxb);
-                      r.c.heads = std::min(64, maxh);
-                      // main cache: topk 128 over 256-token pages; extra: 512 over 64
-                      r.c.topk = std::min(std::get<1>(t) ? 512 : 128, maxk);
-                      r.c.geom.page_size = std::get<1>(t) ? 64 : 256;
-                      return r;
-                    });
+    // FlashMLA's MODEL1 sparse-decode test configurations
+    // (tests/test_flash_mla_sparse_decoding.py): H 64 or 128, s_q 1-4, main topk 128 over 256-token
+    // pages, and an extra cache of topk 512 over 64-token pages or topk 1024 over 2-token pages, or
+    // none; B as FlashMLA's grid (74 among them) where the work budget allows.
+    return gen::map(
+        gen::tuple(gen::weightedElement<int>(
+                       {{20, 1}, {20, 2}, {20, 4}, {15, 16}, {10, 32}, {5, 74}, {10, 128}}),
+                   gen::element(64, 128), gen::element(1, 2, 3, 4), gen::element(0, 1, 2)),
+        [d, cfg, maxb, maxh, maxk, maxs, maxek, work](std::tuple<int, int, int, int> t) {
+          Draft r = d;
+          const auto [b, h, sq, extra] = t;
+          r.c.heads = std::min(h, maxh);
+          r.c.s_q = std::min(sq, maxs);
+          r.c.topk = std::min(128, maxk);
+          r.c.geom.page_size = 256;
+          r.extra_topk = 0;
+          if (cfg.extra_cache && extra > 0) {
+            r.extra_topk = std::min(extra == 1 ? 512 : 1024, maxek);
+            r.extra_page_size = extra == 1 ? 64 : 2;
+          }
+          r.c.batch = batch_within(std::min(b, maxb), r, work);
+          return r;
+        });
   }
+  const bool wants_extra = extra_edge(d.edge);
   const bool tile_edges = d.edge == "tile-edges";
   return gen::map(
       gen::tuple(
@@ -145,12 +178,29 @@ Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
                                    {tile_edges ? 0u : 25u, range(9, 100)},
                                    {20, gen::element(31, 32, 33, 63, 64, 65, 127, 128, 129)},
                                    {tile_edges ? 0u : 10u, range(101, maxk)},
-                                   {tile_edges ? 0u : 10u, gen::element(1, 2, 3)}})),
-      [d, maxb, maxh, maxk](std::tuple<int, int, int> t) {
+                                   {tile_edges ? 0u : 10u, gen::element(1, 2, 3)}}),
+          // s_q: 1 most of the time (multi-token prediction 2-4 otherwise).
+          gen::weightedOneOf<int>({{70, gen::just(1)}, {30, range(2, maxs)}}),
+          // The extra cache: about a quarter of the cases (every extra-cache edge).
+          gen::weightedElement<int>({{wants_extra ? 0u : 75u, 0}, {25, 1}}),
+          gen::weightedOneOf<int>({{40, range(1, 8)},
+                                   {25, range(9, 100)},
+                                   {20, gen::element(31, 32, 33, 63, 64, 65, 127, 128, 129)},
+                                   {15, range(101, maxek)}}),
+          gen::weightedOneOf<int>(
+              {{d.edge == "extra-tiny-pages" ? 100u : 20u, gen::element(1, 2, 3)},
+               {d.edge == "extra-tiny-pages" ? 0u : 30u, gen::element(2, 61, 64, 256)},
+               {d.edge == "extra-tiny-pages" ? 0u : 50u, range(1, 256)}})),
+      [d, cfg, maxb, maxh, maxk, maxs, maxek,
+       work](std::tuple<int, int, int, int, int, int, int> t) {
         Draft r = d;
-        r.c.batch = std::clamp(std::get<0>(t), 1, maxb);
-        r.c.heads = std::clamp(std::get<1>(t), 1, maxh);
-        r.c.topk = std::clamp(std::get<2>(t), 1, maxk);
+        const auto [b, h, k, sq, extra, ek, ep] = t;
+        r.c.heads = std::clamp(h, 1, maxh);
+        r.c.topk = std::clamp(k, 1, maxk);
+        r.c.s_q = std::clamp(sq, 1, maxs);
+        r.extra_topk = cfg.extra_cache && extra ? std::clamp(ek, 1, maxek) : 0;
+        r.extra_page_size = ep;
+        r.c.batch = batch_within(std::clamp(b, 1, maxb), r, work);
         return r;
       });
 }
@@ -316,10 +366,10 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
         const auto [pattern_bias, invalid_kind, has_len, rule, inv_frac, dup_frac] = t;
         const bool any_neg = c.conventions.invalid_index == mla::InvalidIndexRule::kAnyNegative;
         CounterRng rng(r.bulk_seed, Stream::kGenerator, 2);
-        r.explicit_indices = r.family != "production" && int64_t{c.batch} * c.topk <= 4096;
+        r.explicit_indices = r.family != "production" && int64_t{c.query_rows()} * c.topk <= 4096;
         if (r.explicit_indices) {
           c.indices.clear();
-          for (int32_t b = 0; b < c.batch; ++b) {
+          for (int32_t b = 0; b < c.query_rows(); ++b) {  // one list per query token
             // Rows differ: each picks its own pattern around the case's bias.
             const int pattern =
                 rng.bernoulli(0.6)
@@ -485,6 +535,103 @@ Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
                   });
 }
 
+// ---- step 8: the extra cache (SPEC.md section 8) ----
+// Its geometry (the main layout and dims, its own page size, count, stride and order), its lists
+// (explicit, from the main generator's patterns, or a rule), an optional extra_topk_length, and
+// the edges: an extra list all invalid, extra_topk_length 0, one token in both lists (values
+// shared and slots repeated), one cache empty and the other not.
+Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
+  return gen::map(
+      gen::tuple(gen::inRange(0, 4), gen::inRange(0, 10), gen::inRange(0, 5), gen::element(0, 1, 2),
+                 any_u64()),
+      [d, cfg](std::tuple<int, int, int, int, uint64_t> t) {
+        Draft r = d;
+        Case& c = r.c;
+        c.extra.reset();
+        if (r.extra_topk <= 0) return r;
+        const auto [stride_kind, order_kind, len_kind, rule, seed] = t;
+        CounterRng rng(seed, Stream::kGenerator, 4);
+        ExtraCache e;
+        e.topk = r.extra_topk;
+        e.page_size = std::max(1, r.extra_page_size);
+        mla::CacheGeometry g = c.geom;
+        g.page_size = e.page_size;
+        const int64_t tb = mla::token_bytes(g);
+        const int max_pages_mem =
+            static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
+        const int maxpages = std::max(1, std::min(std::max(cfg.max_pages, 2048), max_pages_mem));
+        // Enough slots for the lists to be mostly distinct; production: twice the list.
+        const int want = std::clamp((2 * e.topk + e.page_size - 1) / e.page_size, 1, maxpages);
+        e.num_pages =
+            r.family == "production"
+                ? want
+                : static_cast<int32_t>(rng.uniform_int(1, std::max(1, std::min(want, 16))));
+        g.num_pages = e.num_pages;
+        const int64_t mins = mla::min_page_stride(g);
+        e.page_stride = stride_kind < 2    ? 0
+                        : stride_kind == 2 ? mins + rng.uniform_int(1, 700)
+                                           : (mins + 575) / 576 * 576;
+        if (e.num_pages > 1 && order_kind < 6) {
+          e.page_order.resize(static_cast<size_t>(e.num_pages));
+          std::iota(e.page_order.begin(), e.page_order.end(), 0);
+          for (size_t i = e.page_order.size(); i > 1; --i) {
+            std::swap(
+                e.page_order[i - 1],
+                e.page_order[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1))]);
+          }
+        }
+        const bool any_neg = c.conventions.invalid_index == mla::InvalidIndexRule::kAnyNegative;
+        const bool shared = r.edge == "shared-token";
+        e.same_values = shared || (r.family != "production" && rng.bernoulli(0.1));
+        Case view = c;  // the extra cache as a main cache, for index_row
+        view.geom = g;
+        view.topk = e.topk;
+        const bool all_invalid = r.edge == "extra-all-invalid";
+        // One cache empty and the other not: either every main list or every extra list invalid.
+        const bool empty_main = r.edge == "one-cache-empty" && rng.bernoulli(0.5);
+        const bool empty_extra = all_invalid || (r.edge == "one-cache-empty" && !empty_main);
+        if (r.family != "production" && int64_t{c.query_rows()} * e.topk <= 4096) {
+          for (int32_t q = 0; q < c.query_rows(); ++q) {
+            const int pattern = static_cast<int>(rng.uniform_int(0, 4));
+            int inv = empty_extra          ? 4
+                      : rng.bernoulli(0.7) ? 0
+                                           : static_cast<int>(rng.uniform_int(1, 4));
+            std::vector<int32_t> row = index_row(rng, view, pattern, inv, any_neg);
+            if (shared && !c.indices.empty()) {
+              // Copy main slots that exist in the extra cache: the same token in both lists.
+              const auto& main = c.indices[static_cast<size_t>(q)];
+              const int64_t slots = mla::num_slots(g);
+              for (size_t k = 0; k < row.size() && k < main.size(); ++k) {
+                if (main[k] >= 0 && main[k] < slots && rng.bernoulli(0.5)) row[k] = main[k];
+              }
+            }
+            e.indices.push_back(std::move(row));
+          }
+        } else {
+          e.index_spec.rule = static_cast<IndexRule>(rule);
+          e.index_spec.invalid_fraction = empty_extra ? 1.0 : rng.bernoulli(0.5) ? 0.0 : 0.1;
+        }
+        if (empty_main) {
+          if (!c.indices.empty()) {
+            for (auto& row : c.indices) std::fill(row.begin(), row.end(), -1);
+          } else {
+            c.index_spec.invalid_fraction = 1.0;
+          }
+        }
+        if (len_kind < 2 || r.edge == "extra-length-0") {
+          std::vector<int32_t> len(static_cast<size_t>(c.batch));
+          for (auto& l : len) {
+            const auto k =
+                r.edge == "extra-length-0" ? (rng.bernoulli(0.6) ? 0 : 1) : rng.uniform_int(0, 3);
+            l = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(rng.uniform_int(0, e.topk)) : e.topk;
+          }
+          e.topk_length = len;
+        }
+        c.extra = std::move(e);
+        return r;
+      });
+}
+
 std::string describe(const Draft& d) {
   std::ostringstream os;
   os << "generated: family=" << d.family;
@@ -503,6 +650,7 @@ Gen<Case> case_generator(const GenConfig& cfg) {
   g = then(g, [cfg](Draft d) { return pages_step(d, cfg); });
   g = then(g, [cfg](Draft d) { return conventions_first(d, cfg); });
   g = then(g, [cfg](Draft d) { return indices_step(d, cfg); });
+  g = then(g, [cfg](Draft d) { return extra_step(d, cfg); });
   g = then(g, [cfg](Draft d) { return values_step(d, cfg); });
   g = then(g, [cfg](Draft d) {
     // extras_step redraws conventions; keep the invalid-index rule the indices were made for.
@@ -558,7 +706,24 @@ std::vector<std::string> classify_case(const Case& c) {
   t.push_back(c.heads == 1 ? "H=1" : c.heads <= 16 ? "H=2-16" : "H>16");
   t.push_back(c.topk <= 8 ? "topk<=8" : c.topk <= 128 ? "topk<=128" : "topk>128");
   if (c.topk % mla::kMmaTokenTile != 0) t.push_back("topk%64!=0");
-  if (c.heads == 64 && (c.topk == 128 || c.topk == 512)) t.push_back("shape=production");
+  if ((c.heads == 64 || c.heads == 128) && c.topk == 128 && c.geom.page_size == 256) {
+    t.push_back("shape=production");
+  }
+  if (c.heads == 128) t.push_back("H=128");
+  if (c.s_q > 1) t.push_back("s_q>1");
+  if (c.extra) {
+    t.push_back("extra");
+    t.push_back("extra_page_size=" + std::to_string(c.extra->page_size));
+    if (c.extra->same_values) t.push_back("extra=same_values");
+    if (c.extra->topk_length) {
+      for (int32_t l : *c.extra->topk_length) {
+        if (l == 0) {
+          t.push_back("extra_topk_length=0");
+          break;
+        }
+      }
+    }
+  }
   // Index features (explicit lists only; rule-based lists are tagged by their rule).
   if (!c.indices.empty()) {
     bool inv = false, dup = false, all_inv_row = false, edge_slot = false;

@@ -53,14 +53,67 @@ void set_shape(MaterializedCase& r) {
   r.recipe.batch = r.batch;
   r.recipe.heads = r.heads;
   r.recipe.topk = r.topk;
+  r.recipe.s_q = r.s_q;
   r.recipe.indices.clear();  // the buffers are the truth now
+  if (r.recipe.extra) {
+    r.recipe.extra->topk = r.extra_topk;
+    r.recipe.extra->indices.clear();
+  }
 }
 
 }  // namespace
 
-std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m) {
-  std::vector<uint8_t> used(m.cache.size(), 0);
-  const mla::CacheGeometry& g = m.geom;
+namespace {
+
+// One cache and its lists as the transformations see them (the main or the extra cache).
+struct CacheView {
+  mla::CacheGeometry* geom;
+  std::vector<uint8_t>* cache;
+  std::vector<int32_t>* indices;
+  std::vector<int32_t>* lengths;
+  int32_t* topk;
+  int64_t* token_stride;
+  int64_t* batch_stride;
+};
+
+CacheView main_view(MaterializedCase& m) {
+  return {&m.geom,
+          &m.cache,
+          &m.indices,
+          &m.topk_length,
+          &m.topk,
+          &m.indices_token_stride,
+          &m.indices_batch_stride};
+}
+
+CacheView extra_view(MaterializedCase& m) {
+  return {&m.extra_geom,
+          &m.extra_cache,
+          &m.extra_indices,
+          &m.extra_topk_length,
+          &m.extra_topk,
+          &m.extra_indices_token_stride,
+          &m.extra_indices_batch_stride};
+}
+
+// Every cache of m: the main cache, and the extra cache when there is one.
+std::vector<CacheView> caches(MaterializedCase& m) {
+  std::vector<CacheView> v{main_view(m)};
+  if (m.has_extra) v.push_back(extra_view(m));
+  return v;
+}
+
+int32_t list_length(const CacheView& c, int b) {
+  return c.lengths->empty() ? -1 : (*c.lengths)[static_cast<size_t>(b)];
+}
+
+int32_t* list_of(const CacheView& c, int b, int s) {
+  return c.indices->data() + b * *c.batch_stride + s * *c.token_stride;
+}
+
+std::vector<uint8_t> used_bytes(const MaterializedCase& m, const CacheView& c) {
+  std::vector<uint8_t> used(c.cache->size(), 0);
+  const mla::CacheGeometry& g = *c.geom;
   const int64_t slots = mla::num_slots(g);
   auto mark = [&](int64_t from, int64_t len) {
     if (from < 0) return;
@@ -68,117 +121,218 @@ std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m) {
     for (int64_t i = from; i < end; ++i) used[static_cast<size_t>(i)] = 1;
   };
   for (int32_t b = 0; b < m.batch; ++b) {
-    const int32_t len = row_length(m, b);
-    for (int32_t k = 0; k < m.topk; ++k) {
-      const int32_t idx = m.indices[static_cast<size_t>(b) * m.topk + k];
-      if (!mla::index_valid(idx, k, len, m.conv) || idx >= slots) continue;
-      const mla::TokenAddress a = mla::token_address(g, idx);
-      if (g.layout == mla::Layout::kModel1) {
-        mark(a.nope, mla::model1_data_bytes(g));
-        mark(a.scale, mla::num_scale_tiles(g));  // the pad byte(s) after the scales stay unused
-      } else {
-        mark(a.nope, mla::token_bytes(g));
+    const int32_t len = list_length(c, b);
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      const int32_t* row = list_of(c, b, s);
+      for (int32_t k = 0; k < *c.topk; ++k) {
+        const int32_t idx = row[k];
+        if (!mla::index_valid(idx, k, len, m.conv) || idx >= slots) continue;
+        const mla::TokenAddress a = mla::token_address(g, idx);
+        if (g.layout == mla::Layout::kModel1) {
+          mark(a.nope, mla::model1_data_bytes(g));
+          mark(a.scale, mla::num_scale_tiles(g));  // the pad byte(s) after the scales stay unused
+        } else {
+          mark(a.nope, mla::token_bytes(g));
+        }
       }
     }
   }
   return used;
 }
 
+// Copies the bytes of token `from` of geometry gf to token `to` of geometry gt (same layout and
+// dims): the data row and the scale row (MODEL1) or the whole token (V32).
+void copy_token(const mla::CacheGeometry& gf, const uint8_t* src, int64_t from,
+                const mla::CacheGeometry& gt, uint8_t* dst, int64_t to) {
+  const mla::TokenAddress a = mla::token_address(gf, from), d = mla::token_address(gt, to);
+  if (gf.layout == mla::Layout::kModel1) {
+    std::memcpy(dst + d.nope, src + a.nope, static_cast<size_t>(mla::model1_data_bytes(gf)));
+    std::memcpy(dst + d.scale, src + a.scale, static_cast<size_t>(mla::model1_scale_bytes(gf)));
+  } else {
+    std::memcpy(dst + d.nope, src + a.nope, static_cast<size_t>(mla::token_bytes(gf)));
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m) {
+  MaterializedCase& mm = const_cast<MaterializedCase&>(m);  // read only: views need pointers
+  return used_bytes(m, main_view(mm));
+}
+
+std::vector<uint8_t> used_extra_cache_bytes(const MaterializedCase& m) {
+  if (!m.has_extra) return {};
+  MaterializedCase& mm = const_cast<MaterializedCase&>(m);
+  return used_bytes(m, extra_view(mm));
+}
+
 MaterializedCase poison_case(const MaterializedCase& m, int variant) {
   MaterializedCase r = m;
-  const CounterRng rng(m.recipe.data_seed ^ static_cast<uint64_t>(variant), Stream::kPoison, 0);
-  const std::vector<uint8_t> used = used_cache_bytes(m);
-  for (size_t i = 0; i < r.cache.size(); ++i) {
-    if (!used[i]) r.cache[i] = poison_byte(variant, rng, i);
+  const uint64_t seed = m.recipe.data_seed ^ static_cast<uint64_t>(variant);
+  const std::vector<CacheView> views = caches(r);
+  for (size_t c = 0; c < views.size(); ++c) {
+    // Both caches (SPEC.md section 8): every byte no valid selected token of that cache uses.
+    const CounterRng rng(seed, Stream::kPoison, c == 0 ? 0 : 7);
+    const std::vector<uint8_t> used = c == 0 ? used_cache_bytes(m) : used_extra_cache_bytes(m);
+    std::vector<uint8_t>& bytes = *views[c].cache;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if (!used[i]) bytes[i] = poison_byte(variant, rng, i);
+    }
   }
   const int32_t dqk = m.d_qk();
-  const CounterRng qrng(m.recipe.data_seed ^ static_cast<uint64_t>(variant), Stream::kPoison, 1);
+  const CounterRng qrng(seed, Stream::kPoison, 1);
   for (size_t i = 0; i < r.q.size(); ++i) {
     if (static_cast<int64_t>(i) % m.q_head_stride >= dqk) r.q[i] = poison_bf16(variant, qrng, i);
   }
   // Entries masked by topk_length point at random (poisoned) slots: still in range, so a kernel
   // that loads before masking stays in bounds, but one that ignores topk_length reads poison.
-  if (!m.topk_length.empty()) {
-    CounterRng irng(m.recipe.data_seed ^ static_cast<uint64_t>(variant), Stream::kPoison, 2);
-    const int64_t slots = mla::num_slots(m.geom);
+  for (size_t c = 0; c < views.size(); ++c) {
+    const CacheView& v = views[c];
+    if (v.lengths->empty()) continue;
+    CounterRng irng(seed, Stream::kPoison, c == 0 ? 2 : 8);
+    const int64_t slots = mla::num_slots(*v.geom);
     for (int32_t b = 0; b < m.batch; ++b) {
-      for (int32_t k = std::max(0, m.topk_length[static_cast<size_t>(b)]); k < m.topk; ++k) {
-        r.indices[static_cast<size_t>(b) * m.topk + k] =
-            static_cast<int32_t>(irng.uniform_int(0, slots - 1));
+      for (int32_t s = 0; s < m.s_q; ++s) {
+        int32_t* row = list_of(v, b, s);
+        for (int32_t k = std::max(0, list_length(v, b)); k < *v.topk; ++k) {
+          row[k] = static_cast<int32_t>(irng.uniform_int(0, slots - 1));
+        }
       }
     }
   }
   return r;
 }
 
-MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
-  MaterializedCase r = m;
-  CounterRng rng(seed, Stream::kPoison, 3);
-  const mla::CacheGeometry& g = m.geom;
+namespace {
+
+void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream) {
+  const mla::CacheGeometry g = *v.geom;
+  const std::vector<uint8_t> old = *v.cache;
+  mla::CacheGeometry& ng = *v.geom;
   const int32_t extra = static_cast<int32_t>(rng.uniform_int(0, 2));
-  r.geom.num_pages = g.num_pages + extra;
+  ng.num_pages = g.num_pages + extra;
   const int64_t min_stride = mla::min_page_stride(g);
   switch (rng.uniform_int(0, 2)) {
     case 0:
-      r.geom.page_stride = min_stride;
+      ng.page_stride = min_stride;
       break;
     case 1:
-      r.geom.page_stride = min_stride + rng.uniform_int(1, 700);
+      ng.page_stride = min_stride + rng.uniform_int(1, 700);
       break;
     default:  // SGLang-style padding to a multiple of 576 bytes beyond the minimum
-      r.geom.page_stride = (min_stride / 576 + 1 + rng.uniform_int(0, 1)) * 576;
+      ng.page_stride = (min_stride / 576 + 1 + rng.uniform_int(0, 1)) * 576;
       break;
   }
-  if (r.geom.page_stride == g.page_stride && extra == 0) r.geom.page_stride += 64;
-  std::vector<int32_t> perm(static_cast<size_t>(r.geom.num_pages));
+  if (ng.page_stride == g.page_stride && extra == 0) ng.page_stride += 64;
+  std::vector<int32_t> perm(static_cast<size_t>(ng.num_pages));
   std::iota(perm.begin(), perm.end(), 0);
   shuffle(perm, rng);
   if (perm.size() > 1 && extra == 0 &&
       std::is_sorted(perm.begin(), perm.end())) {  // make sure the order changes
     std::swap(perm[0], perm[1]);
   }
-  r.cache.assign(static_cast<size_t>(mla::cache_bytes(r.geom)), 0);
-  const CounterRng fill(seed, Stream::kPoison, 4);
-  for (size_t i = 0; i < r.cache.size(); ++i) r.cache[i] = poison_byte(1, fill, i);
+  v.cache->assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
+  const CounterRng fill(seed, Stream::kPoison, fill_stream);
+  for (size_t i = 0; i < v.cache->size(); ++i) (*v.cache)[i] = poison_byte(1, fill, i);
   for (int32_t p = 0; p < g.num_pages; ++p) {
     std::memcpy(
-        r.cache.data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * r.geom.page_stride,
-        m.cache.data() + static_cast<int64_t>(p) * g.page_stride, static_cast<size_t>(min_stride));
+        v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
+        old.data() + static_cast<int64_t>(p) * g.page_stride, static_cast<size_t>(min_stride));
   }
-  for (int32_t& idx : r.indices) {
+  for (int32_t& idx : *v.indices) {
     if (idx < 0) continue;
     idx = perm[static_cast<size_t>(idx / g.page_size)] * g.page_size + idx % g.page_size;
   }
+}
+
+}  // namespace
+
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
+  MaterializedCase r = m;
+  CounterRng rng(seed, Stream::kPoison, 3);
+  relocate(main_view(r), rng, seed, 4);
+  // The extra cache moves too, with its own permutation and stride.
+  if (r.has_extra) relocate(extra_view(r), rng, seed, 9);
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
+  if (r.recipe.extra) {
+    r.recipe.extra->page_stride = r.extra_geom.page_stride;
+    r.recipe.extra->num_pages = r.extra_geom.num_pages;
+    r.recipe.extra->page_order.clear();
+  }
   return r;
 }
 
-MaterializedCase batch_row_alone(const MaterializedCase& m, int b) {
+namespace {
+
+// The index lists of batch row b (token s, or all tokens when s < 0) as a contiguous block.
+std::vector<int32_t> lists_of(const MaterializedCase& m, const CacheView& c, int b, int s) {
+  std::vector<int32_t> v;
+  for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? m.s_q : s + 1); ++t) {
+    const int32_t* row = list_of(c, b, t);
+    v.insert(v.end(), row, row + *c.topk);
+  }
+  return v;
+}
+
+// Batch row b (and only token s when s >= 0) of m, alone.
+MaterializedCase row_alone(const MaterializedCase& m, int b, int s) {
   MaterializedCase r = m;
+  MaterializedCase& mm = const_cast<MaterializedCase&>(m);  // read only: views need pointers
   r.batch = 1;
-  const int64_t qrow = m.heads * m.q_head_stride;
-  r.q.assign(m.q.begin() + b * qrow, m.q.begin() + (b + 1) * qrow);
-  r.indices.assign(m.indices.begin() + static_cast<int64_t>(b) * m.topk,
-                   m.indices.begin() + static_cast<int64_t>(b + 1) * m.topk);
+  r.s_q = s < 0 ? m.s_q : 1;
+  r.q.clear();
+  for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? m.s_q : s + 1); ++t) {
+    const auto from = m.q.begin() + b * m.q_batch_stride + t * m.q_token_stride;
+    r.q.insert(r.q.end(), from, from + m.q_token_stride);
+  }
+  r.indices = lists_of(m, main_view(mm), b, s);
   if (!m.topk_length.empty()) r.topk_length = {m.topk_length[static_cast<size_t>(b)]};
   if (r.recipe.topk_length) r.recipe.topk_length = r.topk_length;
-  r.recipe.q_source = q_source_of_rows(m.recipe, {b});  // the recipe draws the buffer's q
+  if (m.has_extra) {
+    r.extra_indices = lists_of(m, extra_view(mm), b, s);
+    if (!m.extra_topk_length.empty()) {
+      r.extra_topk_length = {m.extra_topk_length[static_cast<size_t>(b)]};
+    }
+    if (r.recipe.extra && r.recipe.extra->topk_length) {
+      r.recipe.extra->topk_length = r.extra_topk_length;
+    }
+  }
+  // The recipe draws the buffer's q.
+  Case::QSource qs = q_source_of_rows(m.recipe, {b});
+  if (s >= 0) {
+    Case tmp = m.recipe;
+    tmp.q_source = qs;
+    qs = q_source_of_tokens(tmp, {s});
+  }
+  r.recipe.q_source = qs;
+  r.recipe.s_q = r.s_q;
+  r.set_contiguous_strides();
   set_shape(r);
   return r;
 }
+
+}  // namespace
+
+MaterializedCase batch_row_alone(const MaterializedCase& m, int b) { return row_alone(m, b, -1); }
+
+MaterializedCase query_alone(const MaterializedCase& m, int b, int s) { return row_alone(m, b, s); }
 
 MaterializedCase head_alone(const MaterializedCase& m, int h) {
   MaterializedCase r = m;
   r.heads = 1;
   r.q.clear();
   for (int32_t b = 0; b < m.batch; ++b) {
-    const auto from = m.q.begin() + (static_cast<int64_t>(b) * m.heads + h) * m.q_head_stride;
-    r.q.insert(r.q.end(), from, from + m.q_head_stride);
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      const auto from = m.q.begin() + b * m.q_batch_stride + s * m.q_token_stride +
+                        static_cast<int64_t>(h) * m.q_head_stride;
+      r.q.insert(r.q.end(), from, from + m.q_head_stride);
+    }
   }
   if (!m.sink.empty()) r.sink = {m.sink[static_cast<size_t>(h)]};
   if (r.recipe.sink) r.recipe.sink = std::vector<double>{(*m.recipe.sink)[static_cast<size_t>(h)]};
   r.recipe.q_source = q_source_of_heads(m.recipe, {h});  // the recipe draws the buffer's q
+  r.set_contiguous_strides();
   set_shape(r);
   return r;
 }
@@ -186,14 +340,19 @@ MaterializedCase head_alone(const MaterializedCase& m, int h) {
 MaterializedCase permute_indices(const MaterializedCase& m, uint64_t seed) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 5);
-  for (int32_t b = 0; b < m.batch; ++b) {
-    const int32_t len = row_length(m, b) < 0 ? m.topk : std::min(row_length(m, b), m.topk);
-    auto* row = r.indices.data() + static_cast<int64_t>(b) * m.topk;
-    std::vector<int32_t> head(row, row + len), tail(row + len, row + m.topk);
-    shuffle(head, rng);
-    shuffle(tail, rng);
-    std::copy(head.begin(), head.end(), row);
-    std::copy(tail.begin(), tail.end(), row + len);
+  for (const CacheView& v : caches(r)) {
+    for (int32_t b = 0; b < m.batch; ++b) {
+      const int32_t topk = *v.topk;
+      const int32_t len = list_length(v, b) < 0 ? topk : std::min(list_length(v, b), topk);
+      for (int32_t s = 0; s < m.s_q; ++s) {
+        int32_t* row = list_of(v, b, s);
+        std::vector<int32_t> head(row, row + len), tail(row + len, row + topk);
+        shuffle(head, rng);
+        shuffle(tail, rng);
+        std::copy(head.begin(), head.end(), row);
+        std::copy(tail.begin(), tail.end(), row + len);
+      }
+    }
   }
   set_shape(r);
   return r;
@@ -207,19 +366,127 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t len =
         row_length(m, b) < 0 ? m.topk : std::max(0, std::min(row_length(m, b), m.topk));
-    std::vector<int32_t> row(m.indices.begin() + static_cast<int64_t>(b) * m.topk,
-                             m.indices.begin() + static_cast<int64_t>(b + 1) * m.topk);
-    for (int i = 0; i < count; ++i) {
-      // Within the prefix that topk_length keeps (positions 0..len+i).
-      const auto pos = rng.uniform_int(0, len + i);
-      row.insert(row.begin() + pos, -1);
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      const int32_t* from =
+          m.indices.data() + b * m.indices_batch_stride + s * m.indices_token_stride;
+      std::vector<int32_t> row(from, from + m.topk);
+      for (int i = 0; i < count; ++i) {
+        // Within the prefix that topk_length keeps (positions 0..len+i).
+        const auto pos = rng.uniform_int(0, len + i);
+        row.insert(row.begin() + pos, -1);
+      }
+      r.indices.insert(r.indices.end(), row.begin(), row.end());
     }
-    r.indices.insert(r.indices.end(), row.begin(), row.end());
     if (!r.topk_length.empty() && m.topk_length[static_cast<size_t>(b)] >= 0) {
       r.topk_length[static_cast<size_t>(b)] = len + count;
     }
   }
   if (r.recipe.topk_length) r.recipe.topk_length = r.topk_length;
+  r.set_contiguous_strides();
+  set_shape(r);
+  return r;
+}
+
+MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count) {
+  MaterializedCase r = m;
+  CounterRng rng(seed, Stream::kPoison, 10);
+  if (!r.has_extra) {  // a new, empty extra cache with its own page size
+    r.has_extra = true;
+    r.extra_geom = m.geom;
+    r.extra_geom.page_size = static_cast<int32_t>(rng.uniform_int(1, 64));
+    r.extra_geom.num_pages = 0;
+    r.extra_geom.page_stride = mla::min_page_stride(r.extra_geom);
+    r.extra_cache.clear();
+    r.extra_topk = 0;
+    r.extra_indices.clear();
+    r.extra_topk_length.clear();
+  }
+  const mla::CacheGeometry old_extra = r.extra_geom;
+  // New pages after the extra cache's own hold a copy of every moved token.
+  const int64_t moved_max = int64_t{m.query_rows()} * count;
+  const int64_t base_slot = mla::num_slots(old_extra);
+  r.extra_geom.num_pages =
+      old_extra.num_pages +
+      static_cast<int32_t>((moved_max + old_extra.page_size - 1) / old_extra.page_size);
+  r.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
+  {
+    const CounterRng fill(seed, Stream::kPoison, 11);
+    for (size_t i = m.extra_cache.size(); i < r.extra_cache.size(); ++i) {
+      r.extra_cache[i] = poison_byte(1, fill, i);
+    }
+  }
+  int64_t next_slot = base_slot;
+  const int32_t old_topk = r.extra_topk;
+  std::vector<int32_t> new_extra;
+  r.extra_topk = old_topk + count;
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const int32_t len = row_length(m, b) < 0 ? m.topk : std::min(row_length(m, b), m.topk);
+    const int32_t elen = r.extra_topk_length.empty()
+                             ? old_topk
+                             : std::min(r.extra_topk_length[static_cast<size_t>(b)], old_topk);
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      int32_t* mrow = r.indices.data() + b * r.indices_batch_stride + s * r.indices_token_stride;
+      std::vector<int32_t> valid;
+      for (int32_t k = 0; k < len; ++k) {
+        if (mla::index_valid(mrow[k], k, -1, m.conv)) valid.push_back(k);
+      }
+      shuffle(valid, rng);
+      std::vector<int32_t> erow;
+      if (old_topk > 0) {
+        const int32_t* from = m.extra_indices.data() + b * m.extra_indices_batch_stride +
+                              s * m.extra_indices_token_stride;
+        erow.assign(from, from + old_topk);
+      }
+      for (int i = 0; i < count; ++i) {
+        int32_t entry = -1;
+        if (i < static_cast<int>(valid.size())) {
+          const int32_t k = valid[static_cast<size_t>(i)];
+          copy_token(m.geom, m.cache.data(), mrow[k], r.extra_geom, r.extra_cache.data(),
+                     next_slot);
+          entry = static_cast<int32_t>(next_slot++);
+          mrow[k] = -1;  // invalid under both conventions
+        }
+        // Inside the prefix the extra topk_length keeps (it grows by count).
+        const auto pos = rng.uniform_int(0, elen + i);
+        erow.insert(erow.begin() + pos, entry);
+      }
+      new_extra.insert(new_extra.end(), erow.begin(), erow.end());
+    }
+    if (!r.extra_topk_length.empty()) r.extra_topk_length[static_cast<size_t>(b)] = elen + count;
+  }
+  r.extra_indices = std::move(new_extra);
+  r.set_contiguous_strides();
+  r.recipe.extra = ExtraCache{};
+  r.recipe.extra->page_size = r.extra_geom.page_size;
+  r.recipe.extra->page_stride = r.extra_geom.page_stride;
+  r.recipe.extra->num_pages = r.extra_geom.num_pages;
+  r.recipe.extra->topk = r.extra_topk;
+  if (!r.extra_topk_length.empty()) r.recipe.extra->topk_length = r.extra_topk_length;
+  set_shape(r);
+  return r;
+}
+
+MaterializedCase swap_caches(const MaterializedCase& m) {
+  MaterializedCase r = m;
+  if (!m.has_extra) return r;
+  std::swap(r.geom, r.extra_geom);
+  std::swap(r.cache, r.extra_cache);
+  std::swap(r.indices, r.extra_indices);
+  std::swap(r.topk_length, r.extra_topk_length);
+  std::swap(r.topk, r.extra_topk);
+  std::swap(r.indices_token_stride, r.extra_indices_token_stride);
+  std::swap(r.indices_batch_stride, r.extra_indices_batch_stride);
+  r.recipe.geom = r.geom;
+  r.recipe.page_order.clear();
+  r.recipe.topk_length =
+      r.topk_length.empty() ? std::nullopt : std::optional<std::vector<int32_t>>(r.topk_length);
+  ExtraCache e;
+  e.page_size = r.extra_geom.page_size;
+  e.page_stride = r.extra_geom.page_stride;
+  e.num_pages = r.extra_geom.num_pages;
+  e.topk = r.extra_topk;
+  if (!r.extra_topk_length.empty()) e.topk_length = r.extra_topk_length;
+  r.recipe.extra = e;
   set_shape(r);
   return r;
 }
@@ -255,7 +522,7 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
       return false;
     }
     const int64_t g = OutputBuffers::kGuard;
-    const int64_t body = int64_t{m.batch} * m.heads * m.out_head_stride;
+    const int64_t body = int64_t{m.query_rows()} * m.heads * m.out_head_stride;
     for (size_t i = 0; i < a.out_raw.size(); ++i) {
       if (a.out_raw[i] != b.out_raw[i]) {
         os << element_name(static_cast<int64_t>(i), m.heads, m.out_head_stride, g, body, "out")
@@ -274,13 +541,13 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
       const uint32_t x = std::bit_cast<uint32_t>(a.lse_raw[i]);
       const uint32_t y = std::bit_cast<uint32_t>(b.lse_raw[i]);
       if (x != y) {
-        os << element_name(static_cast<int64_t>(i), m.heads, 1, g, int64_t{m.batch} * m.heads,
-                           "lse")
+        os << element_name(static_cast<int64_t>(i), m.heads, 1, g,
+                           int64_t{m.query_rows()} * m.heads, "lse")
            << " " << a.lse_raw[i] << " (0x" << std::hex << x << ") vs " << std::dec << b.lse_raw[i]
            << " (0x" << std::hex << y << ")";
         *where = os.str();
         const int64_t rel = static_cast<int64_t>(i) - g;
-        if (rel >= 0 && rel < int64_t{m.batch} * m.heads) {
+        if (rel >= 0 && rel < int64_t{m.query_rows()} * m.heads) {
           set(static_cast<int>(rel / m.heads), static_cast<int>(rel % m.heads), -1);
         }
         return false;

@@ -26,17 +26,34 @@ inline constexpr int kPoisonVariants = 4;
 // slots, whose bytes are poisoned too, so a kernel that ignores topk_length reads poison).
 MaterializedCase poison_case(const MaterializedCase& m, int variant);
 
-// Cache bytes some valid selected token uses (1) or not (0): [cache size].
+// Cache bytes some valid selected token uses (1) or not (0): [cache size]; the extra cache's
+// ([extra cache size], empty without one). poison_case poisons the unused bytes of both caches.
 std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m);
+std::vector<uint8_t> used_extra_cache_bytes(const MaterializedCase& m);
 
 // Another physical page order (a random permutation, possibly with extra unused pages) and
 // another page stride (minimum or padded); indices remapped; freed bytes random garbage.
 MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed);
 
-// Batch row b alone (B = 1).
+// Batch row b alone (B = 1, all its s_q query tokens).
 MaterializedCase batch_row_alone(const MaterializedCase& m, int b);
 
-// Head h alone (H = 1): q of head h for every row, sink[h].
+// Query token s of batch row b alone (B = 1, s_q = 1; its lists and the row's lengths).
+MaterializedCase query_alone(const MaterializedCase& m, int b, int s);
+
+// SPEC.md section 8: up to `count` valid entries of every query token's main list (within the
+// row's topk_length) moved into its extra list: the main entry becomes -1, a copy of the token's
+// bytes goes to new pages appended to the extra cache (created when the case has none) and its
+// slot is inserted into the extra list within the extra topk_length prefix, which grows by
+// count (tokens with fewer valid entries get -1 there). extra_topk grows by count. The
+// mathematical result is unchanged.
+MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count);
+
+// The main and the extra cache exchanged (geometry, bytes, lists, lengths); unchanged without
+// an extra cache. The mathematical result is unchanged.
+MaterializedCase swap_caches(const MaterializedCase& m);
+
+// Head h alone (H = 1): q of head h for every row and token, sink[h].
 MaterializedCase head_alone(const MaterializedCase& m, int h);
 
 // Each row's index list randomly permuted (entries before and after topk_length separately, so

@@ -15,7 +15,7 @@ constexpr const char* kEigenNotBitwise =
     "oracle-loop holds this property";
 
 using K = PropertyKind;
-constexpr std::array<PropertyInfo, 10> kTable = {{
+constexpr std::array<PropertyInfo, 12> kTable = {{
     {PropertyId::kRun, "run", K::kRun, nullptr, false,
      "the backend returned ok (error/fault fail it; unsupported: not applicable)"},
     {PropertyId::kTolerance, "tolerance", K::kBounded,
@@ -37,6 +37,11 @@ constexpr std::array<PropertyInfo, 10> kTable = {{
      "-1 entries inserted into the index lists: within the bound of the clean run"},
     {PropertyId::kMmaVsSimt, "mma-vs-simt", K::kBounded, nullptr, true,
      "an MMA backend against its SIMT partner within the sum of both bounds"},
+    {PropertyId::kQueryAlone, "query-alone", K::kBitwise, kEigenNotBitwise, false,
+     "each query token of a row (s_q > 1) computed alone: bitwise identical"},
+    {PropertyId::kMoveToExtra, "move-to-extra", K::kBounded, nullptr, false,
+     "valid entries moved from the main list into the extra list, or the two caches swapped: "
+     "within the sum of both runs' bounds"},
 }};
 
 constexpr bool table_in_id_order() {

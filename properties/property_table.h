@@ -26,6 +26,8 @@ enum class PropertyId {
   kPermute,
   kInsertInvalid,
   kMmaVsSimt,
+  kQueryAlone,  // the production decode (SPEC.md section 8)
+  kMoveToExtra,
 };
 
 enum class PropertyKind {

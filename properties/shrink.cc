@@ -26,13 +26,37 @@ std::vector<std::vector<int>> subsets(int n, int cap) {
   return out;
 }
 
-int32_t row_len(const Case& c, int b) {
-  return c.topk_length ? (*c.topk_length)[static_cast<size_t>(b)] : -1;
+// topk_length of the batch row of index list (query row) q = b * s_q + s.
+int32_t row_len(const Case& c, int q) {
+  return c.topk_length ? (*c.topk_length)[static_cast<size_t>(q / c.s_q)] : -1;
 }
 
-bool entry_valid(const Case& c, int b, int k) {
-  return mla::index_valid(c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)], k,
-                          row_len(c, b), c.conventions);
+bool entry_valid(const Case& c, int q, int k) {
+  return mla::index_valid(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)], k,
+                          row_len(c, q), c.conventions);
+}
+
+std::vector<int32_t> pick_lengths(const std::vector<int32_t>& len, const std::vector<int>& rows) {
+  std::vector<int32_t> v;
+  for (int b : rows) v.push_back(len[static_cast<size_t>(b)]);
+  return v;
+}
+
+// The lists of batch rows `rows` (all their query tokens, or `tokens` of each).
+std::vector<std::vector<int32_t>> pick_lists(const std::vector<std::vector<int32_t>>& lists,
+                                             int32_t s_q, const std::vector<int>& rows,
+                                             const std::vector<int>& tokens) {
+  std::vector<std::vector<int32_t>> v;
+  for (int b : rows) {
+    for (int s : tokens) v.push_back(lists[static_cast<size_t>(b * s_q + s)]);
+  }
+  return v;
+}
+
+std::vector<int> all_of(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
 }
 
 // Kept rows and heads keep their q values (Case::q_source) as well as their indices, lengths
@@ -40,15 +64,81 @@ bool entry_valid(const Case& c, int b, int k) {
 Case select_rows(const Case& c, const std::vector<int>& rows) {
   Case r = c;
   r.batch = static_cast<int32_t>(rows.size());
-  r.indices.clear();
-  std::vector<int32_t> len;
-  for (int b : rows) {
-    r.indices.push_back(c.indices[static_cast<size_t>(b)]);
-    if (c.topk_length) len.push_back((*c.topk_length)[static_cast<size_t>(b)]);
+  r.indices = pick_lists(c.indices, c.s_q, rows, all_of(c.s_q));
+  if (c.topk_length) r.topk_length = pick_lengths(*c.topk_length, rows);
+  if (c.extra) {
+    r.extra->indices = pick_lists(c.extra->indices, c.s_q, rows, all_of(c.s_q));
+    if (c.extra->topk_length) r.extra->topk_length = pick_lengths(*c.extra->topk_length, rows);
   }
-  if (c.topk_length) r.topk_length = len;
   r.q_source = q_source_of_rows(c, rows);
   return r;
+}
+
+// Query tokens `tokens` of every batch row kept (s_q shrinks).
+Case select_tokens(const Case& c, const std::vector<int>& tokens) {
+  Case r = c;
+  r.s_q = static_cast<int32_t>(tokens.size());
+  r.indices = pick_lists(c.indices, c.s_q, all_of(c.batch), tokens);
+  if (c.extra) r.extra->indices = pick_lists(c.extra->indices, c.s_q, all_of(c.batch), tokens);
+  r.q_source = q_source_of_tokens(c, tokens);
+  return r;
+}
+
+std::vector<Case> fewer_query_tokens(const Case& c) {
+  std::vector<Case> out;
+  for (const auto& s : subsets(c.s_q, 4)) out.push_back(select_tokens(c, s));
+  return out;
+}
+
+// The extra cache (SPEC.md section 8): gone, or simpler.
+std::vector<Case> simpler_extra(const Case& c) {
+  std::vector<Case> out;
+  if (!c.extra) return out;
+  Case none = c;
+  none.extra.reset();
+  out.push_back(none);
+  const ExtraCache& e = *c.extra;
+  if (e.topk_length) {
+    Case r = c;
+    // Entries the length masked become -1: the same tokens stay selected.
+    for (int32_t q = 0; q < c.query_rows(); ++q) {
+      auto& row = r.extra->indices[static_cast<size_t>(q)];
+      const int32_t len = (*e.topk_length)[static_cast<size_t>(q / c.s_q)];
+      for (int32_t k = std::max(0, len); k < e.topk; ++k) row[static_cast<size_t>(k)] = -1;
+    }
+    r.extra->topk_length.reset();
+    out.push_back(r);
+  }
+  if (e.topk > 1) {  // the first and the second half of every extra list
+    for (int half = 0; half < 2; ++half) {
+      Case r = c;
+      const int32_t lo = half == 0 ? 0 : e.topk / 2, hi = half == 0 ? e.topk / 2 : e.topk;
+      r.extra->topk = hi - lo;
+      for (auto& row : r.extra->indices) {
+        row = std::vector<int32_t>(row.begin() + lo, row.begin() + hi);
+      }
+      if (e.topk_length) {
+        for (auto& l : *r.extra->topk_length) l = std::clamp(l - lo, 0, hi - lo);
+      }
+      out.push_back(r);
+    }
+  }
+  if (!e.page_order.empty()) {
+    Case r = c;
+    r.extra->page_order.clear();
+    out.push_back(r);
+  }
+  if (e.page_stride != 0) {
+    Case r = c;
+    r.extra->page_stride = 0;
+    out.push_back(r);
+  }
+  if (e.same_values) {
+    Case r = c;
+    r.extra->same_values = false;
+    out.push_back(r);
+  }
+  return out;
 }
 
 Case select_heads(const Case& c, const std::vector<int>& heads) {
@@ -67,15 +157,15 @@ Case select_heads(const Case& c, const std::vector<int>& heads) {
 Case select_positions(const Case& c, const std::vector<int>& pos) {
   Case r = c;
   r.topk = static_cast<int32_t>(pos.size());
-  for (int32_t b = 0; b < c.batch; ++b) {
+  for (int32_t q = 0; q < c.query_rows(); ++q) {
     std::vector<int32_t> row;
     int32_t len = 0;
     for (int k : pos) {
-      row.push_back(c.indices[static_cast<size_t>(b)][static_cast<size_t>(k)]);
-      if (k < row_len(c, b)) ++len;
+      row.push_back(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)]);
+      if (k < row_len(c, q)) ++len;
     }
-    r.indices[static_cast<size_t>(b)] = row;
-    if (c.topk_length) (*r.topk_length)[static_cast<size_t>(b)] = len;
+    r.indices[static_cast<size_t>(q)] = row;
+    if (c.topk_length) (*r.topk_length)[static_cast<size_t>(q / c.s_q)] = len;
   }
   return r;
 }
@@ -100,7 +190,7 @@ std::vector<Case> fewer_tokens(const Case& c) {
   std::vector<int> useful;
   for (int k = 0; k < n; ++k) {
     bool any = false;
-    for (int b = 0; b < c.batch && !any; ++b) any = entry_valid(c, b, k);
+    for (int q = 0; q < c.query_rows() && !any; ++q) any = entry_valid(c, q, k);
     if (any) useful.push_back(k);
   }
   if (!useful.empty() && static_cast<int>(useful.size()) < n) {
@@ -131,9 +221,9 @@ std::vector<Case> fewer_tokens(const Case& c) {
 // token per tile.
 std::vector<Case> invalidate_in_place(const Case& c) {
   std::vector<std::pair<int, int>> valid;
-  for (int b = 0; b < c.batch; ++b) {
+  for (int q = 0; q < c.query_rows(); ++q) {
     for (int k = 0; k < c.topk; ++k) {
-      if (entry_valid(c, b, k)) valid.emplace_back(b, k);
+      if (entry_valid(c, q, k)) valid.emplace_back(q, k);
     }
   }
   const int n = static_cast<int>(valid.size());
@@ -158,9 +248,9 @@ std::vector<Case> no_topk_length(const Case& c) {
   if (!c.topk_length) return {};
   Case r = c;
   // Entries the length masked become -1: the same tokens stay selected.
-  for (int32_t b = 0; b < c.batch; ++b) {
-    for (int32_t k = std::max(0, row_len(c, b)); k < c.topk; ++k) {
-      r.indices[static_cast<size_t>(b)][static_cast<size_t>(k)] = -1;
+  for (int32_t q = 0; q < c.query_rows(); ++q) {
+    for (int32_t k = std::max(0, row_len(c, q)); k < c.topk; ++k) {
+      r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
     }
   }
   r.topk_length.reset();
@@ -279,6 +369,8 @@ std::vector<Case> no_padding(const Case& c) {
 std::vector<ShrinkStep> make_steps() {
   std::vector<ShrinkStep> s;
   s.push_back({"fewer rows", fewer_rows});
+  s.push_back({"simpler extra cache", simpler_extra});
+  s.push_back({"fewer query tokens", fewer_query_tokens});
   s.push_back({"fewer heads", fewer_heads});
   s.push_back({"fewer tokens", fewer_tokens});
   s.push_back({"no topk_length", no_topk_length});
@@ -347,8 +439,22 @@ CaseSize case_size(const Case& c) {
   s.heads = e.heads;
   s.topk = e.topk;
   s.pages = e.geom.num_pages;
-  for (int32_t b = 0; b < e.batch; ++b) {
-    for (int32_t k = 0; k < e.topk; ++k) s.valid_tokens += entry_valid(e, b, k) ? 1 : 0;
+  for (int32_t q = 0; q < e.query_rows(); ++q) {
+    for (int32_t k = 0; k < e.topk; ++k) s.valid_tokens += entry_valid(e, q, k) ? 1 : 0;
+  }
+  s.s_q = e.s_q;
+  if (e.extra) {
+    s.extra_topk = e.extra->topk;
+    const int32_t* len = e.extra->topk_length ? e.extra->topk_length->data() : nullptr;
+    for (int32_t q = 0; q < e.query_rows(); ++q) {
+      const auto& row = e.extra->indices[static_cast<size_t>(q)];
+      for (int32_t k = 0; k < e.extra->topk; ++k) {
+        s.valid_tokens += mla::index_valid(row[static_cast<size_t>(k)], k,
+                                           len ? len[q / e.s_q] : -1, e.conventions)
+                              ? 1
+                              : 0;
+      }
+    }
   }
   return s;
 }

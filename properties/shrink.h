@@ -1,6 +1,8 @@
 // Greedy recipe shrinking (shrink_case in evaluate.h). The steps, in the order they are tried,
 // each kept only when the candidate still fails the same property on the same backend:
-//   fewer rows (halves, then the single failing row), fewer heads (halves, then one), fewer
+//   fewer rows (halves, then the single failing row), a simpler extra cache (none, no
+//   extra_topk_length, half of each extra list, identity page order, minimum stride, own
+//   values), fewer query tokens (halves, then one), fewer heads (halves, then one), fewer
 //   tokens (halve topk, drop halves of every list, then single entries), topk_length removed,
 //   fewer pages (compact the used pages), identity page order, minimum stride, scales fixed at
 //   127 (scale 1) or the writer's, small-integer values, no sink, default sm_scale and
@@ -35,6 +37,7 @@ const std::vector<ShrinkStep>& shrink_steps();
 // A recipe's size, for tests and reports: rows, heads, valid selected tokens.
 struct CaseSize {
   int rows = 0, heads = 0, topk = 0, valid_tokens = 0, pages = 0;
+  int s_q = 1, extra_topk = 0;  // the production decode: query tokens, extra list length (0: none)
 };
 CaseSize case_size(const Case& c);
 

@@ -64,10 +64,15 @@ Pipeline pipeline_for(Precision p) {
 
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
                       int tile_topk) {
-  const int32_t B = m.batch, H = m.heads, dv = m.d_v(), dqk = m.d_qk();
+  const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
   const double u = p.u, s = std::fabs(m.sm_scale64);
-  const int T = tile_topk > 0 ? tile_topk : m.topk;
-  const int nt = p.token_tile > 0 ? (T + p.token_tile - 1) / p.token_tile : 1;
+  // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
+  // then the extra list's: T counts both lists' entries, nt both lists' tiles.
+  const int T_main = tile_topk > 0 ? tile_topk : m.topk;
+  const int T_extra = m.has_extra ? m.extra_topk : 0;
+  const int T = T_main + T_extra;
+  auto tiles = [&](int n) { return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1; };
+  const int nt = tiles(T_main) + (T_extra > 0 && p.token_tile > 0 ? tiles(T_extra) : 0);
   const double g_dot = gamma(dqk + 2, p.u_acc);
   const double g_num = gamma(T + nt + 2, p.u_acc);
   const double g_den = gamma(T + nt + 5, u);  // the division: one rounding, or two (MMA: 1/d, *)

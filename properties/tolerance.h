@@ -47,6 +47,12 @@
 // of +inf, -inf and NaN must match the oracle's everywhere.
 // The float64 oracle's own error is the same model with u = 2^-53 and no tiles; it is added to
 // every bound (oracle-loop against the oracle: twice that).
+// The production decode (SPEC.md section 8) computes every (batch row, query token) as its own
+// row over T(b, s), the valid entries of the main and the extra list. A joint-softmax kernel
+// (FlashMLA) folds the main list's tiles, then the extra list's, through one online softmax: the
+// model above with T = topk + extra_topk entries and nt = ceil(topk / tile) + ceil(extra_topk /
+// tile) tiles (one more set of tiles). An LSE-merged kernel (SGLang's Triton path) is bounded
+// by merged_bounds() below.
 // kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
 #pragma once
 

@@ -2,9 +2,12 @@
 """Recompute sparse MLA decode from an `mlafuzz run --dump DIR` folder, independently.
 
 Reads the raw inputs (q as bf16 bits, the paged FP8 KV cache as bytes, indices, topk_length,
-sink) and decodes them here from the layout description in SPEC.md section 2 (e4m3fn, ue8m0,
-fp32 scales, bf16 rope): no mlafuzz code is shared. Computes out and lse in float64 per SPEC.md
-section 3 and compares them with the dumped oracle outputs out64.npy / lse64.npy.
+sink, and the extra cache of the production decode: extra_kv_cache, extra_indices,
+extra_topk_length) and decodes them here from the layout description in SPEC.md section 2
+(e4m3fn, ue8m0, fp32 scales, bf16 rope): no mlafuzz code is shared. Computes out and lse in
+float64 per SPEC.md sections 3 and 8 (one joint softmax over the valid entries of both lists, for
+each of the s_q query tokens of a row) and compares them with the dumped oracle outputs
+out64.npy / lse64.npy. q, indices, out and lse carry the s_q axis ([B, s_q, ...]) when s_q > 1.
 
 Prints the maximum differences; exits 1 when the relative difference exceeds 1e-9 (float64
 rounding only is expected) or non-finite positions differ, 2 on unusable input.
@@ -90,40 +93,54 @@ def main():
         p = json.load(f)
     geo, conv = p["geometry"], p["conventions"]
     B, H, dqk, dv = p["batch"], p["heads"], p["d_qk"], p["d_v"]
-    q = bf16_to_f64(load(d, "q.npy"))[:, :, :dqk]  # drop head padding
+    S = p.get("s_q", 1)
+    # Every [B, s_q, ...] array as [B * s_q, ...] (query row r = b * s_q + s).
+    q = bf16_to_f64(load(d, "q.npy")).reshape(B * S, H, -1)[:, :, :dqk]  # drop head padding
     cache = load(d, "kv_cache.npy").reshape(-1)
-    indices = load(d, "indices.npy")
+    indices = load(d, "indices.npy").reshape(B * S, -1)
     topk_length = load(d, "topk_length.npy", required=False)
     sink = load(d, "sink.npy", required=False)
-    ref_out, ref_lse = load(d, "out64.npy"), load(d, "lse64.npy")
+    lists = [(cache, geo, indices, topk_length)]
+    if "extra_geometry" in p:
+        egeo = dict(geo)
+        egeo.update(p["extra_geometry"])
+        lists.append((load(d, "extra_kv_cache.npy").reshape(-1), egeo,
+                      load(d, "extra_indices.npy").reshape(B * S, -1),
+                      load(d, "extra_topk_length.npy", required=False)))
+    ref_out = load(d, "out64.npy").reshape(B * S, H, dv)
+    ref_lse = load(d, "lse64.npy").reshape(B * S, H)
     scale = float(p["sm_scale"])
     empty_lse = np.inf if conv["empty_lse"] == "+inf" else -np.inf
 
-    out = np.zeros((B, H, dv))
-    lse = np.empty((B, H))
-    for b in range(B):
-        idx = indices[b].astype(np.int64)
-        k = np.arange(len(idx))
-        valid = idx != -1 if conv["invalid_index"] == "minus_one_only" else idx >= 0
-        if topk_length is not None:
-            valid &= k < topk_length[b]
-        slots = idx[valid]
-        if len(slots) == 0:
-            lse[b] = empty_lse  # out stays 0, sink or not
+    out = np.zeros((B * S, H, dv))
+    lse = np.empty((B * S, H))
+    for r in range(B * S):
+        b = r // S
+        keys = []
+        for lcache, lgeo, lidx, llen in lists:
+            idx = lidx[r].astype(np.int64)
+            k = np.arange(len(idx))
+            valid = idx != -1 if conv["invalid_index"] == "minus_one_only" else idx >= 0
+            if llen is not None:
+                valid &= k < llen[b]
+            if valid.any():
+                keys.append(decode_keys(lcache, lgeo, idx[valid]))
+        if not keys:
+            lse[r] = empty_lse  # out stays 0, sink or not
             continue
-        K = decode_keys(cache, geo, slots)
-        x = scale * (q[b] @ K.T)  # [H, n]
+        K = np.concatenate(keys, axis=0)  # T(b, s): a token in both lists counts twice
+        x = scale * (q[r] @ K.T)  # [H, n]
         m = x.max(axis=1, keepdims=True)
         w = np.exp(x - m)
         s = w.sum(axis=1)
-        lse[b] = np.log(s) + m[:, 0]
+        lse[r] = np.log(s) + m[:, 0]
         denom = s.copy()
         if sink is not None:
             sk = sink.astype(np.float64)
             denom = s + np.exp(sk - m[:, 0])  # +inf sink: out 0; -inf: no effect
             if conv["sink_in_lse"]:
-                lse[b] = np.logaddexp(lse[b], sk)
-        out[b] = (w @ K[:, :dv]) / denom[:, None]
+                lse[r] = np.logaddexp(lse[r], sk)
+        out[r] = (w @ K[:, :dv]) / denom[:, None]
 
     status = 0
     report = []

@@ -115,6 +115,12 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_supports(const MlafuzzDecodeCall* c, ch
     write_message(reason, reason_len, "nope_dim must be a multiple of scale_tile");
     return 0;
   }
+#if MLAFUZZ_PLUGIN_ABI_VERSION >= 2
+  if (c->struct_size > MLAFUZZ_DECODE_CALL_V1_SIZE && (c->s_q != 1 || c->has_extra)) {
+    write_message(reason, reason_len, "s_q > 1 and the extra cache are not implemented");
+    return 0;
+  }
+#endif
   return 1;
 }
 

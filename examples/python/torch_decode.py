@@ -77,6 +77,8 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     """Sizes only (the arrays are None here)."""
     if call.nope_dim % call.scale_tile != 0:
         return "nope_dim must be a multiple of scale_tile"
+    if call.s_q > 1 or call.has_extra:
+        return "the production decode (s_q > 1, extra cache) is not implemented in this example"
     return None
 
 

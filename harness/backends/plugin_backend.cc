@@ -201,6 +201,9 @@ class PluginBackend final : public Backend {
     sizes.indices = nullptr;
     sizes.topk_length = nullptr;
     sizes.sink = nullptr;
+    sizes.extra_kv_cache = nullptr;
+    sizes.extra_indices = nullptr;
+    sizes.extra_topk_length = nullptr;
     const MlafuzzDecodeCall call = make_plugin_call(
         sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> reason{};
@@ -235,10 +238,7 @@ class PluginBackend final : public Backend {
   RunResult run_host(const MaterializedCase& m) {
     OutputBuffers bufs(m);
     mla::DecodeParams p = m.host_params();
-    p.out = bufs.out_begin();
-    p.out_head_stride = bufs.out_head_stride;
-    p.out_batch_stride = bufs.out_batch_stride;
-    p.lse = bufs.lse_begin();
+    bufs.attach(p);
     const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> err{};
     const std::lock_guard<std::mutex> lock(plugin_call_mutex());
@@ -325,14 +325,37 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.q_batch_stride = p.q_batch_stride;
   c.kv_cache = p.kv_cache;
   c.indices = p.indices;
-  c.indices_batch_stride = p.topk;
+  // Zero strides (hand-built params) mean the contiguous layout of the shapes.
+  auto or_default = [](int64_t v, int64_t d) { return v != 0 ? v : d; };
+  c.indices_batch_stride = or_default(p.indices_batch_stride, int64_t{p.s_q} * p.topk);
   c.topk_length = p.topk_length;
   c.sink = p.sink;
   c.out = p.out;
   c.out_head_stride = p.out_head_stride;
   c.out_batch_stride = p.out_batch_stride;
   c.lse = p.lse;
-  c.lse_batch_stride = p.heads;
+  c.lse_batch_stride = or_default(p.lse_batch_stride, int64_t{p.s_q} * p.heads);
+  // ABI version 2: the production decode's fields (SPEC.md section 8).
+  c.s_q = p.s_q;
+  c.q_token_stride = or_default(p.q_token_stride, p.heads * p.q_head_stride);
+  c.indices_token_stride = or_default(p.indices_token_stride, p.topk);
+  c.out_token_stride = or_default(p.out_token_stride, p.heads * p.out_head_stride);
+  c.lse_token_stride = or_default(p.lse_token_stride, p.heads);
+  c.has_extra = p.has_extra ? 1 : 0;
+  if (p.has_extra) {
+    const mla::CacheGeometry& e = p.extra_geom;
+    c.extra_page_size = e.page_size;
+    c.extra_num_pages = e.num_pages;
+    c.extra_page_stride = e.page_stride;
+    c.extra_kv_cache_bytes = mla::cache_bytes(e);
+    c.extra_kv_cache = p.extra_kv_cache;
+    c.extra_topk = p.extra_topk;
+    c.extra_indices = p.extra_indices;
+    c.extra_indices_batch_stride =
+        or_default(p.extra_indices_batch_stride, int64_t{p.s_q} * p.extra_topk);
+    c.extra_indices_token_stride = or_default(p.extra_indices_token_stride, p.extra_topk);
+    c.extra_topk_length = p.extra_topk_length;
+  }
   return c;
 }
 

@@ -51,12 +51,15 @@ Precision precision_from(const std::string& s, const std::string& who) {
 const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
 
 // The call's scalar fields, under MlafuzzDecodeCall's names (strings for enumerations).
-json scalars(const MaterializedCase& m, int64_t out_head_stride, int64_t out_batch_stride) {
+json scalars(const MaterializedCase& m, const OutputBuffers& bufs) {
   mla::DecodeParams p = m.host_params();
-  p.out_head_stride = out_head_stride;
-  p.out_batch_stride = out_batch_stride;
+  p.out_head_stride = bufs.out_head_stride;
+  p.out_token_stride = bufs.out_token_stride;
+  p.out_batch_stride = bufs.out_batch_stride;
+  p.lse_token_stride = bufs.lse_token_stride;
+  p.lse_batch_stride = bufs.lse_batch_stride;
   const MlafuzzDecodeCall c = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
-  return json{
+  json j{
       {"layout", layout_str(c.layout)},
       {"nope_dim", c.nope_dim},
       {"rope_dim", c.rope_dim},
@@ -84,7 +87,37 @@ json scalars(const MaterializedCase& m, int64_t out_head_stride, int64_t out_bat
       {"lse_batch_stride", c.lse_batch_stride},
       {"has_topk_length", c.topk_length != nullptr},
       {"has_sink", c.sink != nullptr},
+      // ABI version 2 (SPEC.md section 8): query tokens and the extra cache.
+      {"s_q", c.s_q},
+      {"q_token_stride", c.q_token_stride},
+      {"indices_token_stride", c.indices_token_stride},
+      {"out_token_stride", c.out_token_stride},
+      {"lse_token_stride", c.lse_token_stride},
+      {"has_extra", c.has_extra != 0},
   };
+  if (c.has_extra != 0) {
+    j["extra_page_size"] = c.extra_page_size;
+    j["extra_num_pages"] = c.extra_num_pages;
+    j["extra_page_stride"] = c.extra_page_stride;
+    j["extra_kv_cache_bytes"] = c.extra_kv_cache_bytes;
+    j["extra_topk"] = c.extra_topk;
+    j["extra_indices_batch_stride"] = c.extra_indices_batch_stride;
+    j["extra_indices_token_stride"] = c.extra_indices_token_stride;
+    j["has_extra_topk_length"] = !m.extra_topk_length.empty();
+  }
+  return j;
+}
+
+// The leading dims (and byte strides) of a [B, s_q, ...] array: [B, ...] when s_q = 1, the
+// shapes of version 1.
+void token_dims(const MaterializedCase& m, int64_t batch_stride, int64_t token_stride, int64_t elem,
+                std::vector<int64_t>& shape, std::vector<int64_t>& strides) {
+  shape.insert(shape.begin(), m.batch);
+  strides.insert(strides.begin(), elem * batch_stride);
+  if (m.s_q > 1) {
+    shape.insert(shape.begin() + 1, m.s_q);
+    strides.insert(strides.begin() + 1, elem * token_stride);
+  }
 }
 
 // Places buffers in the shared memory, 64-byte aligned, and describes them for numpy:
@@ -144,7 +177,7 @@ class PythonBackend final : public Backend {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
     if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
-    json req = scalars(m, m.out_head_stride, m.out_head_stride * m.heads);
+    json req = scalars(m, OutputBuffers(m));
     const ipc::Child::Reply r = child_.call(kMsgSupports, req.dump(), python_call_timeout());
     if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;
     const json j = json::parse(r.payload, nullptr, false);
@@ -169,6 +202,9 @@ class PythonBackend final : public Backend {
     const int64_t idx_off = layout.add(m.indices);
     const int64_t len_off = m.topk_length.empty() ? -1 : layout.add(m.topk_length);
     const int64_t sink_off = m.sink.empty() ? -1 : layout.add(m.sink);
+    const int64_t xkv_off = m.has_extra ? layout.add(m.extra_cache) : -1;
+    const int64_t xidx_off = m.has_extra ? layout.add(m.extra_indices) : -1;
+    const int64_t xlen_off = m.extra_topk_length.empty() ? -1 : layout.add(m.extra_topk_length);
     const int64_t out_off = layout.add(bufs.out), lse_off = layout.add(bufs.lse);
     try {
       shm_->reserve(layout.bytes());
@@ -181,21 +217,39 @@ class PythonBackend final : public Backend {
     layout.copy_in(shm_->data());
 
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
-    const int64_t qhs = m.q_head_stride, ohs = bufs.out_head_stride, obs = bufs.out_batch_stride;
-    json req = scalars(m, ohs, obs);
+    const int64_t qhs = m.q_head_stride, ohs = bufs.out_head_stride;
+    json req = scalars(m, bufs);
+    // [B, (s_q,) ...] views: the s_q axis when s_q > 1.
+    auto tokens = [&](int64_t off, std::vector<int64_t> shape, std::vector<int64_t> strides,
+                      int64_t batch_stride, int64_t token_stride, int64_t elem, const char* t) {
+      token_dims(m, batch_stride, token_stride, elem, shape, strides);
+      return desc(off, std::move(shape), std::move(strides), t);
+    };
     json arrays = {
-        {"q", desc(q_off, {B, H, m.d_qk()}, {2 * H * qhs, 2 * qhs, 2}, "u2")},
+        {"q",
+         tokens(q_off, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
         {"q_raw", desc(q_off, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
         {"kv_cache",
          desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
-        {"indices", desc(idx_off, {B, m.topk}, {4 * int64_t{m.topk}, 4}, "i4")},
-        {"out", desc(out_off + 2 * G, {B, H, m.d_v()}, {2 * obs, 2 * ohs, 2}, "u2")},
+        {"indices",
+         tokens(idx_off, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
+        {"out", tokens(out_off + 2 * G, {H, m.d_v()}, {2 * ohs, 2}, bufs.out_batch_stride,
+                       bufs.out_token_stride, 2, "u2")},
         {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
-        {"lse", desc(lse_off + 4 * G, {B, H}, {4 * H, 4}, "f4")},
+        {"lse",
+         tokens(lse_off + 4 * G, {H}, {4}, bufs.lse_batch_stride, bufs.lse_token_stride, 4, "f4")},
         {"lse_raw", desc(lse_off, {static_cast<int64_t>(bufs.lse.size())}, {4}, "f4")},
     };
     if (len_off >= 0) arrays["topk_length"] = desc(len_off, {B}, {4}, "i4");
     if (sink_off >= 0) arrays["sink"] = desc(sink_off, {H}, {4}, "f4");
+    if (m.has_extra) {
+      const mla::CacheGeometry& e = m.extra_geom;
+      arrays["extra_kv_cache"] =
+          desc(xkv_off, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
+      arrays["extra_indices"] = tokens(xidx_off, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
+                                       m.extra_indices_token_stride, 4, "i4");
+      if (xlen_off >= 0) arrays["extra_topk_length"] = desc(xlen_off, {B}, {4}, "i4");
+    }
     req["arrays"] = std::move(arrays);
     req["shm_size"] = shm_->size();
     req["out_guard"] = G;

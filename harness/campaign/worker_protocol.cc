@@ -124,6 +124,23 @@ std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
   w.vec(m.topk_length);
   w.vec(m.sink);
   w.pod(m.out_head_stride);
+  // The production decode (case format version 2): query tokens, every stride, the extra cache.
+  w.pod(m.s_q);
+  for (int64_t v :
+       {m.q_token_stride, m.q_batch_stride, m.indices_token_stride, m.indices_batch_stride,
+        m.out_token_stride, m.out_batch_stride, m.lse_token_stride, m.lse_batch_stride}) {
+    w.pod(v);
+  }
+  w.pod(static_cast<int32_t>(m.has_extra));
+  if (m.has_extra) {
+    w.pod(m.extra_geom);
+    w.pod(m.extra_topk);
+    w.vec(m.extra_cache);
+    w.vec(m.extra_indices);
+    w.pod(m.extra_indices_token_stride);
+    w.pod(m.extra_indices_batch_stride);
+    w.vec(m.extra_topk_length);
+  }
   return w.take();
 }
 
@@ -149,6 +166,31 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   m.topk_length = r.vec<int32_t>();
   m.sink = r.vec<float>();
   m.out_head_stride = r.pod<int64_t>();
+  m.s_q = r.pod<int32_t>();
+  m.recipe.s_q = m.s_q;
+  for (int64_t* v :
+       {&m.q_token_stride, &m.q_batch_stride, &m.indices_token_stride, &m.indices_batch_stride,
+        &m.out_token_stride, &m.out_batch_stride, &m.lse_token_stride, &m.lse_batch_stride}) {
+    *v = r.pod<int64_t>();
+  }
+  m.has_extra = r.pod<int32_t>() != 0;
+  if (m.has_extra) {
+    m.extra_geom = r.pod<mla::CacheGeometry>();
+    m.extra_topk = r.pod<int32_t>();
+    m.extra_cache = r.vec<uint8_t>();
+    m.extra_indices = r.vec<int32_t>();
+    m.extra_indices_token_stride = r.pod<int64_t>();
+    m.extra_indices_batch_stride = r.pod<int64_t>();
+    m.extra_topk_length = r.vec<int32_t>();
+    // What of the recipe describes the extra cache (backends' unsupported() may look).
+    ExtraCache e;
+    e.page_size = m.extra_geom.page_size;
+    e.page_stride = m.extra_geom.page_stride;
+    e.num_pages = m.extra_geom.num_pages;
+    e.topk = m.extra_topk;
+    if (!m.extra_topk_length.empty()) e.topk_length = m.extra_topk_length;
+    m.recipe.extra = e;
+  }
   r.end();
   return m;
 }
@@ -224,7 +266,7 @@ WorkerInfo decode_info(std::string_view bytes) {
 size_t bulk_bytes_needed(const MaterializedCase& m) {
   // Every vector of the case, then every vector of its result (out and lse as float64 and raw,
   // guard bands included), each aligned.
-  const size_t heads = static_cast<size_t>(m.batch) * m.heads;
+  const size_t heads = static_cast<size_t>(m.query_rows()) * m.heads;
   const size_t out = heads * m.d_v();
   const size_t out_raw =
       2 * OutputBuffers::kGuard + heads * std::max<size_t>(m.out_head_stride, m.d_v());
@@ -234,6 +276,9 @@ size_t bulk_bytes_needed(const MaterializedCase& m) {
                           m.indices.size() * 4,
                           m.topk_length.size() * 4,
                           m.sink.size() * 4,
+                          m.extra_cache.size(),
+                          m.extra_indices.size() * 4,
+                          m.extra_topk_length.size() * 4,
                           out * 8,
                           heads * 8,
                           out_raw * 2,

@@ -47,10 +47,28 @@ struct Ran {
   bool skipped = false;
 };
 
-std::string shape(std::initializer_list<int64_t> dims) {
+std::string shape(const std::vector<int64_t>& dims) {
   std::string s = "[";
   for (int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
   return s + "]";
+}
+
+// The leading dims of a [B, s_q, ...] array: [B, ...] when s_q = 1 (the shapes of version 1).
+std::vector<int64_t> with_tokens(const MaterializedCase& m, std::vector<int64_t> rest) {
+  std::vector<int64_t> s{m.batch};
+  if (m.s_q > 1) s.push_back(m.s_q);
+  s.insert(s.end(), rest.begin(), rest.end());
+  return s;
+}
+
+// " s_q=3 extra: topk=512 P=64 S0=37376 pages=9" for the production decode, "" otherwise.
+std::string production_summary(const MaterializedCase& m) {
+  std::string s = m.s_q > 1 ? fmt::format(" s_q={}", m.s_q) : "";
+  if (m.has_extra) {
+    s += fmt::format(" extra: topk={} P={} S0={} pages={}", m.extra_topk, m.extra_geom.page_size,
+                     m.extra_geom.page_stride, m.extra_geom.num_pages);
+  }
+  return s;
 }
 
 std::string output_summary(const MaterializedCase& m, const RunResult& r) {
@@ -82,9 +100,9 @@ std::string output_summary(const MaterializedCase& m, const RunResult& r) {
   return fmt::format(
       "out {} max|out|={:.4e} mean|out|={:.4e} non-finite={} | lse {} range {} +inf={} -inf={} "
       "nan={} | {:.3f} ms",
-      shape({m.batch, m.heads, m.d_v()}), max_abs,
+      shape(with_tokens(m, {m.heads, m.d_v()})), max_abs,
       finite ? sum_abs / static_cast<double>(finite) : 0.0, out_nonfinite,
-      shape({m.batch, m.heads}), lse_range, pos_inf, neg_inf, nan, r.seconds * 1e3);
+      shape(with_tokens(m, {m.heads})), lse_range, pos_inf, neg_inf, nan, r.seconds * 1e3);
 }
 
 // Runs one backend; a backend never aborts the command: errors become results.
@@ -139,14 +157,23 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
                 const std::vector<Ran>& runs) {
   make_dirs(dir);
   const auto path = [&](const std::string& f) { return dir + "/" + f; };
-  write_npy(path("q.npy"), m.q, {m.batch, m.heads, m.q_head_stride});
+  write_npy(path("q.npy"), m.q, with_tokens(m, {m.heads, m.q_head_stride}));
   write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
-  write_npy(path("indices.npy"), m.indices, {m.batch, m.topk});
+  write_npy(path("indices.npy"), m.indices, with_tokens(m, {m.topk}));
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
   if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
+  if (m.has_extra) {
+    write_npy(path("extra_kv_cache.npy"), m.extra_cache,
+              {m.extra_geom.num_pages, m.extra_geom.page_stride});
+    write_npy(path("extra_indices.npy"), m.extra_indices, with_tokens(m, {m.extra_topk}));
+    if (!m.extra_topk_length.empty()) {
+      write_npy(path("extra_topk_length.npy"), m.extra_topk_length, {m.batch});
+    }
+  }
   for (const Ran& r : runs) {
     if (!r.result.ok()) continue;
-    const std::vector<int64_t> out_shape{m.batch, m.heads, m.d_v()}, lse_shape{m.batch, m.heads};
+    const std::vector<int64_t> out_shape = with_tokens(m, {m.heads, m.d_v()}),
+                               lse_shape = with_tokens(m, {m.heads});
     std::string suffix = r.name == kReference ? "" : "_" + r.name;
     std::replace(suffix.begin(), suffix.end(), '/', '_');  // python:dir/file.py:func
     write_npy(path("out" + suffix + ".npy"), to_float(r.result.out), out_shape);
@@ -160,8 +187,13 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   nlohmann::ordered_json p;
   p["geometry"] = geometry_to_json(m.geom);  // page_stride resolved
   p["batch"] = m.batch;
+  p["s_q"] = m.s_q;
   p["heads"] = m.heads;
   p["topk"] = m.topk;
+  if (m.has_extra) {
+    p["extra_geometry"] = geometry_to_json(m.extra_geom);
+    p["extra_topk"] = m.extra_topk;
+  }
   p["d_qk"] = m.d_qk();
   p["d_v"] = m.d_v();
   p["q_head_stride"] = m.q_head_stride;
@@ -186,11 +218,11 @@ int run_command(const RunOptions& o) {
   const MaterializedCase m = materialize(c);
 
   std::cout << fmt::format(
-      "case {}: {} B={} H={} topk={} P={} S0={} pages={} d_qk={} d_v={} sm_scale={:.9g} "
+      "case {}: {} B={} H={} topk={} P={} S0={} pages={} d_qk={} d_v={} sm_scale={:.9g}{} "
       "hash={:016x}\n",
       c.name.empty() ? o.case_path : c.name, layout_name(m.geom.layout), m.batch, m.heads, m.topk,
       m.geom.page_size, m.geom.page_stride, m.geom.num_pages, m.d_qk(), m.d_v(), m.sm_scale,
-      content_hash(m));
+      production_summary(m), content_hash(m));
 
   bool failed = false;
   for (Ran& r : runs) {
@@ -211,7 +243,7 @@ int run_command(const RunOptions& o) {
     std::cout << "no comparison: the reference oracle did not run\n";
   }
   const std::string prefix =
-      fmt::format("B={} H={} topk={} len=1", m.batch, m.heads, m.topk);  // len: query length
+      fmt::format("B={} H={} topk={} len={}", m.batch, m.heads, m.topk, m.s_q);  // len: s_q
   auto print = [&](const Comparison& cmp, const char* note) {
     std::cout << fmt::format("{} vs {}{}: {}: {}\n", cmp.backend, cmp.reference, note, prefix,
                              cmp.original_line());
@@ -237,7 +269,7 @@ int run_command(const RunOptions& o) {
   for (const Ran& r : runs) {
     if (r.name == kReference || !r.result.ok() || !ref.result.ok()) continue;
     const Comparison cmp =
-        compare_results(r.result, ref.result, m.batch, m.heads, m.d_v(), r.name, kReference);
+        compare_results(r.result, ref.result, m.query_rows(), m.heads, m.d_v(), r.name, kReference);
     print(cmp, "");
     // Outcomes carry Backend::name(), which may differ from the name given (plugin:PATH).
     const PropertyOutcome* tol = tolerance_of(r.backend->name());
@@ -263,7 +295,7 @@ int run_command(const RunOptions& o) {
     if (partner.empty() || !a.result.ok()) continue;
     for (const Ran& b : runs) {
       if (b.name != partner || !b.result.ok()) continue;
-      print(compare_results(a.result, b.result, m.batch, m.heads, m.d_v(), a.name, b.name),
+      print(compare_results(a.result, b.result, m.query_rows(), m.heads, m.d_v(), a.name, b.name),
             " (informational)");
     }
   }

@@ -26,11 +26,15 @@ const char* precision_name(Precision p) {
 }
 
 OutputBuffers::OutputBuffers(const MaterializedCase& m)
-    : out_head_stride(m.out_head_stride), out_batch_stride(m.out_head_stride * m.heads) {
+    : out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_head_stride * m.heads * m.s_q),
+      out_token_stride(m.out_head_stride * m.heads),
+      lse_token_stride(m.heads),
+      lse_batch_stride(int64_t{m.heads} * m.s_q) {
   // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
   // the call was never written, and a guard element that lost it was written out of bounds.
   out.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * out_batch_stride), kCanaryBits);
-  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.heads),
+  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.query_rows()} * m.heads),
              mla::bits_to_float(kLseCanaryBits));
 }
 
@@ -45,7 +49,7 @@ int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
     if (!guard) guard = rel % out_head_stride >= dv;
     if (guard && out[static_cast<size_t>(i)] != kCanaryBits) ++bad;
   }
-  const int64_t lse_body = int64_t{m.batch} * m.heads;
+  const int64_t lse_body = int64_t{m.query_rows()} * m.heads;
   for (int64_t i = 0; i < static_cast<int64_t>(lse.size()); ++i) {
     const int64_t rel = i - kGuard;
     // Compare bits: the canary is a NaN, and NaN != NaN as floats.
@@ -60,13 +64,15 @@ int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
   RunResult r;
   const int32_t dv = m.d_v();
-  r.out.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * dv));
-  r.lse.resize(static_cast<size_t>(int64_t{m.batch} * m.heads));
-  for (int32_t b = 0; b < m.batch; ++b) {
+  const int32_t rows = m.query_rows();
+  r.out.resize(static_cast<size_t>(int64_t{rows} * m.heads * dv));
+  r.lse.resize(static_cast<size_t>(int64_t{rows} * m.heads));
+  for (int32_t qr = 0; qr < rows; ++qr) {
+    const int32_t b = qr / m.s_q, t = qr % m.s_q;
     for (int32_t h = 0; h < m.heads; ++h) {
-      const int64_t row = int64_t{b} * m.heads + h;
-      const int64_t src =
-          OutputBuffers::kGuard + b * bufs.out_batch_stride + h * bufs.out_head_stride;
+      const int64_t row = int64_t{qr} * m.heads + h;
+      const int64_t src = OutputBuffers::kGuard + b * bufs.out_batch_stride +
+                          t * bufs.out_token_stride + h * bufs.out_head_stride;
       for (int32_t d = 0; d < dv; ++d) {
         r.out[static_cast<size_t>(row * dv + d)] =
             mla::bf16_to_float(bufs.out[static_cast<size_t>(src + d)]);  // exact widening

@@ -34,18 +34,30 @@ enum class RunStatus {
 };
 
 // Canary-guarded output buffers. `out` holds kGuard elements before and after the strided
-// [B, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
+// [B, s_q, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
+// lse is [B, s_q, H] contiguous.
 struct OutputBuffers {
   static constexpr int64_t kGuard = 64;
   static constexpr uint16_t kCanaryBits = 0x7fa5;  // a bf16 NaN with a recognisable payload
   static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
   std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
-  std::vector<float> lse;     // kGuard + B*H + kGuard
-  int64_t out_head_stride = 0, out_batch_stride = 0;
+  std::vector<float> lse;     // kGuard + B*s_q*H + kGuard
+  int64_t out_head_stride = 0, out_batch_stride = 0, out_token_stride = 0;
+  int64_t lse_token_stride = 0, lse_batch_stride = 0;  // H, s_q * H
 
   explicit OutputBuffers(const MaterializedCase& m);
   uint16_t* out_begin() { return out.data() + kGuard; }
   float* lse_begin() { return lse.data() + kGuard; }
+  // Points p's out and lse (and their strides) at these buffers.
+  void attach(mla::DecodeParams& p) {
+    p.out = out_begin();
+    p.out_head_stride = out_head_stride;
+    p.out_token_stride = out_token_stride;
+    p.out_batch_stride = out_batch_stride;
+    p.lse = lse_begin();
+    p.lse_token_stride = lse_token_stride;
+    p.lse_batch_stride = lse_batch_stride;
+  }
   // Number of guard elements (out and lse) that no longer hold their canary.
   int64_t guard_violations(const MaterializedCase& m) const;
 };
@@ -83,8 +95,8 @@ struct CallPhases {
 struct RunResult {
   RunStatus status = RunStatus::kOk;
   std::string message;
-  std::vector<double> out;  // [B, H, d_v] logical output (bf16 values widened exactly)
-  std::vector<double> lse;  // [B, H]
+  std::vector<double> out;  // [B * s_q, H, d_v] logical output (bf16 values widened exactly)
+  std::vector<double> lse;  // [B * s_q, H]
   // Raw strided output of bf16 backends, guard bands included (empty for float64 backends):
   // the bitwise invariants compare these bits.
   std::vector<uint16_t> out_raw;

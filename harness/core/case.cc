@@ -26,6 +26,7 @@ constexpr int kCorpusFormatVersion = 1;
 constexpr int64_t kMaxCacheBytes = int64_t{1} << 32;
 constexpr int64_t kMaxElements = int64_t{1} << 28;  // q, out, indices elements each
 constexpr int32_t kMaxHeadPad = 1 << 16;
+constexpr int32_t kMaxQueryTokens = 1024;
 // Keeps every drawn value, including the 4*magnitude specials and 6-sigma normal tails, finite
 // in bf16 and fp32 (largest finite ~3.4e38).
 constexpr double kMaxMagnitude = 1e30;
@@ -230,8 +231,113 @@ void read_geometry(const json& j, const std::string& path, Case& c) {
   r.finish();
 }
 
+// Index lists of `s_q` query tokens per batch row: [B][s_q][topk], or [B][topk] when s_q = 1.
+// Returns them flattened to [B * s_q][topk].
+std::vector<std::vector<int32_t>> read_index_lists(const json& v, const std::string& p,
+                                                   int32_t s_q) {
+  const json& rows = read_array(v, p);
+  std::vector<std::vector<int32_t>> lists;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const std::string pb = p + "[" + std::to_string(b) + "]";
+    const json& row = read_array(rows[b], pb);
+    const bool nested = !row.empty() && row[0].is_array();
+    if (s_q == 1 && !nested) {
+      lists.push_back(read_i32_list(row, pb));
+      continue;
+    }
+    if (row.size() != static_cast<size_t>(s_q)) {
+      throw CaseError(pb, "has " + std::to_string(row.size()) +
+                              " query-token lists, expected s_q = " + std::to_string(s_q) +
+                              " (indices are [batch][s_q][topk])");
+    }
+    for (size_t s = 0; s < row.size(); ++s) {
+      lists.push_back(read_i32_list(row[s], pb + "[" + std::to_string(s) + "]"));
+    }
+  }
+  return lists;
+}
+
+json write_index_lists(const std::vector<std::vector<int32_t>>& lists, int32_t s_q) {
+  if (s_q == 1) return lists;
+  json rows = json::array();
+  for (size_t r = 0; r < lists.size(); r += static_cast<size_t>(s_q)) {
+    json row = json::array();
+    for (int32_t s = 0; s < s_q && r + s < lists.size(); ++s) row.push_back(lists[r + s]);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+IndexSpec read_index_spec(const json& v, const std::string& p) {
+  IndexSpec spec;
+  ObjectReader s(v, p);
+  s.optional("rule", [&](const json& x, const std::string& q) {
+    spec.rule = read_enum(x, q, kIndexRules);
+  });
+  s.optional("invalid_fraction", [&](const json& x, const std::string& q) {
+    spec.invalid_fraction = read_double(x, q);
+  });
+  s.optional("duplicate_fraction", [&](const json& x, const std::string& q) {
+    spec.duplicate_fraction = read_double(x, q);
+  });
+  s.finish();
+  return spec;
+}
+
+json write_index_spec(const IndexSpec& spec) {
+  return json{{"rule", index_rule_name(spec.rule)},
+              {"invalid_fraction", write_double(spec.invalid_fraction)},
+              {"duplicate_fraction", write_double(spec.duplicate_fraction)}};
+}
+
+ExtraCache read_extra(const json& j, const std::string& path, int32_t s_q) {
+  ExtraCache e;
+  ObjectReader r(j, path);
+  r.optional("geometry", [&](const json& v, const std::string& p) {
+    ObjectReader g(v, p);
+    g.optional("page_size",
+               [&](const json& x, const std::string& q) { e.page_size = read_i32(x, q); });
+    g.optional("page_stride", [&](const json& x, const std::string& q) {
+      e.page_stride = read_int(x, q, 0, std::numeric_limits<int64_t>::max());
+    });
+    g.optional("num_pages",
+               [&](const json& x, const std::string& q) { e.num_pages = read_i32(x, q); });
+    g.optional("page_order",
+               [&](const json& x, const std::string& q) { e.page_order = read_i32_list(x, q); });
+    g.finish();
+  });
+  r.optional("topk", [&](const json& v, const std::string& p) { e.topk = read_i32(v, p); });
+  r.optional("indices",
+             [&](const json& v, const std::string& p) { e.indices = read_index_lists(v, p, s_q); });
+  r.optional("index_spec",
+             [&](const json& v, const std::string& p) { e.index_spec = read_index_spec(v, p); });
+  r.optional("topk_length",
+             [&](const json& v, const std::string& p) { e.topk_length = read_i32_list(v, p); });
+  r.optional("same_values",
+             [&](const json& v, const std::string& p) { e.same_values = read_bool(v, p); });
+  r.finish();
+  return e;
+}
+
+json write_extra(const ExtraCache& e, int32_t s_q) {
+  json j;
+  json g;
+  g["page_size"] = e.page_size;
+  g["page_stride"] = e.page_stride;
+  g["num_pages"] = e.num_pages;
+  if (!e.page_order.empty()) g["page_order"] = e.page_order;
+  j["geometry"] = std::move(g);
+  j["topk"] = e.topk;
+  if (!e.indices.empty()) j["indices"] = write_index_lists(e.indices, s_q);
+  j["index_spec"] = write_index_spec(e.index_spec);
+  if (e.topk_length) j["topk_length"] = *e.topk_length;
+  if (e.same_values) j["same_values"] = true;
+  return j;
+}
+
 Case read_case(const json& j, const std::string& prefix) {
   Case c;
+  int file_version = kCaseFormatVersion;
   ObjectReader r(j, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
   r.optional("format", [&](const json& v, const std::string& p) {
     const std::string s = read_string(v, p);
@@ -240,12 +346,26 @@ Case read_case(const json& j, const std::string& prefix) {
     }
   });
   r.required("version", [&](const json& v, const std::string& p) {
-    c.version = static_cast<int>(read_int(v, p, 0, std::numeric_limits<int32_t>::max()));
-    if (c.version != kCaseFormatVersion) {
-      throw CaseError(p, "unsupported case format version " + std::to_string(c.version) +
-                             " (this build reads version " + std::to_string(kCaseFormatVersion) +
-                             ")");
+    file_version = static_cast<int>(read_int(v, p, 0, std::numeric_limits<int32_t>::max()));
+    if (file_version < kOldestCaseFormatVersion || file_version > kCaseFormatVersion) {
+      throw CaseError(p, "unsupported case format version " + std::to_string(file_version) +
+                             " (this build reads versions " +
+                             std::to_string(kOldestCaseFormatVersion) + " to " +
+                             std::to_string(kCaseFormatVersion) + ")");
     }
+  });
+  // A version-1 file means exactly what it meant: it loads as the same case of version 2.
+  c.version = kCaseFormatVersion;
+  auto since_v2 = [&](const std::string& p) {
+    if (file_version < 2) {
+      throw CaseError(p, "needs case format version 2 (the file says version " +
+                             std::to_string(file_version) + ")");
+    }
+  };
+  r.optional("s_q", [&](const json& v, const std::string& p) {
+    since_v2(p);
+    c.s_q = read_i32(v, p);
+    if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
   });
   r.optional("name", [&](const json& v, const std::string& p) { c.name = read_string(v, p); });
   r.optional("description",
@@ -255,24 +375,13 @@ Case read_case(const json& j, const std::string& prefix) {
   r.optional("heads", [&](const json& v, const std::string& p) { c.heads = read_i32(v, p); });
   r.optional("topk", [&](const json& v, const std::string& p) { c.topk = read_i32(v, p); });
   r.optional("indices", [&](const json& v, const std::string& p) {
-    const json& rows = read_array(v, p);
-    c.indices.clear();
-    for (size_t b = 0; b < rows.size(); ++b) {
-      c.indices.push_back(read_i32_list(rows[b], p + "[" + std::to_string(b) + "]"));
-    }
+    c.indices = read_index_lists(v, p, c.s_q);
   });
-  r.optional("index_spec", [&](const json& v, const std::string& p) {
-    ObjectReader s(v, p);
-    s.optional("rule", [&](const json& x, const std::string& q) {
-      c.index_spec.rule = read_enum(x, q, kIndexRules);
-    });
-    s.optional("invalid_fraction", [&](const json& x, const std::string& q) {
-      c.index_spec.invalid_fraction = read_double(x, q);
-    });
-    s.optional("duplicate_fraction", [&](const json& x, const std::string& q) {
-      c.index_spec.duplicate_fraction = read_double(x, q);
-    });
-    s.finish();
+  r.optional("index_spec",
+             [&](const json& v, const std::string& p) { c.index_spec = read_index_spec(v, p); });
+  r.optional("extra", [&](const json& v, const std::string& p) {
+    since_v2(p);
+    c.extra = read_extra(v, p, c.s_q);
   });
   r.optional("topk_length",
              [&](const json& v, const std::string& p) { c.topk_length = read_i32_list(v, p); });
@@ -306,6 +415,9 @@ Case read_case(const json& j, const std::string& prefix) {
     s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
     s.required("head_ids",
                [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
+    s.optional("s_q", [&](const json& x, const std::string& w) { q.s_q = read_i32(x, w); });
+    s.optional("token_ids",
+               [&](const json& x, const std::string& w) { q.token_ids = read_i32_list(x, w); });
     s.finish();
     c.q_source = std::move(q);
   });
@@ -415,6 +527,7 @@ Case::QSource explicit_q_source(const Case& c) {
   q.heads = c.heads;
   for (int32_t b = 0; b < c.batch; ++b) q.rows.push_back(b);
   for (int32_t h = 0; h < c.heads; ++h) q.head_ids.push_back(h);
+  q.s_q = c.s_q;
   return q;
 }
 
@@ -438,6 +551,121 @@ Case::QSource q_source_of_heads(const Case& c, const std::vector<int>& heads) {
   return q;
 }
 
+Case::QSource q_source_of_tokens(const Case& c, const std::vector<int>& tokens) {
+  Case::QSource q = explicit_q_source(c);
+  if (q.token_ids.empty()) {
+    for (int32_t s = 0; s < c.s_q; ++s) q.token_ids.push_back(s);
+  }
+  q.token_ids = pick(q.token_ids, tokens);
+  return q;
+}
+
+namespace {
+
+// Geometry and page order of one cache; `prefix` is "geometry" or "extra.geometry".
+void validate_geometry(const mla::CacheGeometry& g, const std::vector<int32_t>& page_order,
+                       const std::string& prefix) {
+  const int64_t min_stride = mla::min_page_stride(g);
+  check(g.page_size > 0, prefix + ".page_size", "must be > 0");
+  check(g.num_pages > 0, prefix + ".num_pages", "must be > 0");
+  check(g.page_stride == 0 || g.page_stride >= min_stride, prefix + ".page_stride",
+        std::to_string(g.page_stride) +
+            " is below the layout's minimum page_size * token_bytes = " +
+            std::to_string(min_stride) + " (0 means that minimum)");
+  const int64_t stride = g.page_stride == 0 ? min_stride : g.page_stride;
+  check(stride <= kMaxCacheBytes / g.num_pages, prefix + ".num_pages",
+        "cache of " + std::to_string(g.num_pages) + " pages of " + std::to_string(stride) +
+            " bytes exceeds the 4 GiB limit");
+  check(mla::num_slots(g) <= std::numeric_limits<int32_t>::max(), prefix + ".num_pages",
+        "page_size * num_pages must fit in int32 (indices are int32)");
+  if (!page_order.empty()) {
+    check(page_order.size() == static_cast<size_t>(g.num_pages), prefix + ".page_order",
+          "has " + std::to_string(page_order.size()) + " entries, expected num_pages = " +
+              std::to_string(g.num_pages) + " (or none for identity)");
+    std::vector<bool> seen(static_cast<size_t>(g.num_pages), false);
+    for (size_t i = 0; i < page_order.size(); ++i) {
+      const int32_t p = page_order[i];
+      check(p >= 0 && p < g.num_pages, at(prefix + ".page_order", i),
+            std::to_string(p) + " is not a page in [0, " + std::to_string(g.num_pages) + ")");
+      check(!seen[static_cast<size_t>(p)], at(prefix + ".page_order", i),
+            "page " + std::to_string(p) + " appears twice (page_order must be a permutation)");
+      seen[static_cast<size_t>(p)] = true;
+    }
+  }
+}
+
+// Explicit index lists [batch * s_q][topk] of one cache, named `name` ("indices",
+// "extra.indices"): entry k of token s of row b is "name[b][s][k]" ("name[b][k]" when s_q = 1).
+void validate_lists(const Case& c, const std::vector<std::vector<int32_t>>& lists, int32_t topk,
+                    int64_t slots, const std::string& name) {
+  if (lists.empty()) return;
+  check(lists.size() == static_cast<size_t>(c.query_rows()), name,
+        "has " + std::to_string(lists.size() / static_cast<size_t>(c.s_q)) +
+            " rows, expected batch = " + std::to_string(c.batch));
+  const bool minus_one_only = c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    const auto& row = lists[r];
+    const size_t b = r / static_cast<size_t>(c.s_q), s = r % static_cast<size_t>(c.s_q);
+    const std::string list = c.s_q == 1 ? at(name, b) : at(at(name, b), s);
+    check(row.size() == static_cast<size_t>(topk), list,
+          "has " + std::to_string(row.size()) + " entries, expected " +
+              (name == "indices" ? "topk" : name.substr(0, name.size() - 7) + "topk") + " = " +
+              std::to_string(topk));
+    for (size_t k = 0; k < row.size(); ++k) {
+      const int32_t idx = row[k];
+      const std::string field = at(list, k);
+      // Positive out-of-range indices are undefined behaviour in every implementation.
+      check(idx < slots, field,
+            std::to_string(idx) + " is out of range: the cache has num_pages * page_size = " +
+                std::to_string(slots) + " slots");
+      // FlashMLA treats only -1 as invalid; other negatives are undefined behaviour there.
+      check(!(minus_one_only && idx < -1), field,
+            std::to_string(idx) +
+                " is negative but not -1, undefined behaviour under "
+                "conventions.invalid_index \"minus_one_only\"");
+    }
+  }
+}
+
+void validate_lengths(const Case& c, const std::optional<std::vector<int32_t>>& lengths,
+                      int32_t topk, const std::string& name, const std::string& topk_name) {
+  if (!lengths) return;
+  check(lengths->size() == static_cast<size_t>(c.batch), name,
+        "has " + std::to_string(lengths->size()) +
+            " entries, expected batch = " + std::to_string(c.batch));
+  for (size_t b = 0; b < lengths->size(); ++b) {
+    const int32_t len = (*lengths)[b];
+    check(
+        len >= 0 && len <= topk, at(name, b),
+        std::to_string(len) + " is outside [0, " + topk_name + " = " + std::to_string(topk) + "]");
+  }
+}
+
+}  // namespace
+
+mla::CacheGeometry Case::extra_geom() const {
+  mla::CacheGeometry g = geom;
+  if (extra) {
+    g.page_size = extra->page_size;
+    g.page_stride = extra->page_stride;
+    g.num_pages = extra->num_pages;
+  }
+  return g;
+}
+
+Case extra_as_main(const Case& c) {
+  Case e = c;
+  e.extra.reset();
+  if (!c.extra) return e;
+  e.geom = c.extra_geom();
+  e.page_order = c.extra->page_order;
+  e.topk = c.extra->topk;
+  e.indices = c.extra->indices;
+  e.index_spec = c.extra->index_spec;
+  e.topk_length = c.extra->topk_length;
+  return e;
+}
+
 void validate(const Case& c) {
   check(c.version == kCaseFormatVersion, "version",
         "unsupported case format version " + std::to_string(c.version));
@@ -452,85 +680,39 @@ void validate(const Case& c) {
             std::to_string(g.scale_tile) + " (one scale per tile)");
   check(g.nope_dim <= (1 << 16) && g.rope_dim <= (1 << 16), "geometry.nope_dim",
         "nope_dim and rope_dim must be <= 65536");
-  check(g.page_size > 0, "geometry.page_size", "must be > 0");
-  check(g.num_pages > 0, "geometry.num_pages", "must be > 0");
-  const int64_t min_stride = mla::min_page_stride(g);
-  check(g.page_stride == 0 || g.page_stride >= min_stride, "geometry.page_stride",
-        std::to_string(g.page_stride) +
-            " is below the layout's minimum page_size * token_bytes = " +
-            std::to_string(min_stride) + " (0 means that minimum)");
-  const int64_t stride = g.page_stride == 0 ? min_stride : g.page_stride;
-  check(stride <= kMaxCacheBytes / g.num_pages, "geometry.num_pages",
-        "cache of " + std::to_string(g.num_pages) + " pages of " + std::to_string(stride) +
-            " bytes exceeds the 4 GiB limit");
+  validate_geometry(g, c.page_order, "geometry");
   const int64_t slots = mla::num_slots(g);
-  check(slots <= std::numeric_limits<int32_t>::max(), "geometry.num_pages",
-        "page_size * num_pages must fit in int32 (indices are int32)");
-  if (!c.page_order.empty()) {
-    check(c.page_order.size() == static_cast<size_t>(g.num_pages), "geometry.page_order",
-          "has " + std::to_string(c.page_order.size()) + " entries, expected num_pages = " +
-              std::to_string(g.num_pages) + " (or none for identity)");
-    std::vector<bool> seen(static_cast<size_t>(g.num_pages), false);
-    for (size_t i = 0; i < c.page_order.size(); ++i) {
-      const int32_t p = c.page_order[i];
-      check(p >= 0 && p < g.num_pages, at("geometry.page_order", i),
-            std::to_string(p) + " is not a page in [0, " + std::to_string(g.num_pages) + ")");
-      check(!seen[static_cast<size_t>(p)], at("geometry.page_order", i),
-            "page " + std::to_string(p) + " appears twice (page_order must be a permutation)");
-      seen[static_cast<size_t>(p)] = true;
-    }
-  }
+  if (c.extra) validate_geometry(c.extra_geom(), c.extra->page_order, "extra.geometry");
 
   check(c.batch > 0, "batch", "must be > 0");
   check(c.heads > 0, "heads", "must be > 0");
   check(c.topk > 0, "topk", "must be > 0");
+  check(c.s_q >= 1 && c.s_q <= kMaxQueryTokens, "s_q",
+        std::to_string(c.s_q) + " is outside [1, " + std::to_string(kMaxQueryTokens) + "]");
   check(c.q_head_pad >= 0 && c.q_head_pad <= kMaxHeadPad, "q_head_pad", "must be in [0, 65536]");
   check(c.out_head_pad >= 0 && c.out_head_pad <= kMaxHeadPad, "out_head_pad",
         "must be in [0, 65536]");
-  const int64_t bh = int64_t{c.batch} * c.heads;
+  const int64_t bh = int64_t{c.batch} * c.s_q * c.heads;
   check(bh * (c.d_qk() + c.q_head_pad) <= kMaxElements, "batch",
-        "batch * heads * (d_qk + q_head_pad) exceeds 2^28 elements");
+        "batch * s_q * heads * (d_qk + q_head_pad) exceeds 2^28 elements");
   check(bh * (c.d_v() + c.out_head_pad) <= kMaxElements, "batch",
-        "batch * heads * (d_v + out_head_pad) exceeds 2^28 elements");
-  check(int64_t{c.batch} * c.topk <= kMaxElements, "topk", "batch * topk exceeds 2^28 elements");
+        "batch * s_q * heads * (d_v + out_head_pad) exceeds 2^28 elements");
+  check(int64_t{c.query_rows()} * c.topk <= kMaxElements, "topk",
+        "batch * s_q * topk exceeds 2^28 elements");
 
-  if (!c.indices.empty()) {
-    check(c.indices.size() == static_cast<size_t>(c.batch), "indices",
-          "has " + std::to_string(c.indices.size()) +
-              " rows, expected batch = " + std::to_string(c.batch));
-    const bool minus_one_only = c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly;
-    for (size_t b = 0; b < c.indices.size(); ++b) {
-      const auto& row = c.indices[b];
-      check(row.size() == static_cast<size_t>(c.topk), at("indices", b),
-            "has " + std::to_string(row.size()) +
-                " entries, expected topk = " + std::to_string(c.topk));
-      for (size_t k = 0; k < row.size(); ++k) {
-        const int32_t idx = row[k];
-        const std::string field = at(at("indices", b), k);
-        // Positive out-of-range indices are undefined behaviour in every implementation.
-        check(idx < slots, field,
-              std::to_string(idx) + " is out of range: the cache has num_pages * page_size = " +
-                  std::to_string(slots) + " slots");
-        // FlashMLA treats only -1 as invalid; other negatives are undefined behaviour there.
-        check(!(minus_one_only && idx < -1), field,
-              std::to_string(idx) +
-                  " is negative but not -1, undefined behaviour under "
-                  "conventions.invalid_index \"minus_one_only\"");
-      }
-    }
-  }
+  validate_lists(c, c.indices, c.topk, slots, "indices");
   check_fraction(c.index_spec.invalid_fraction, "index_spec.invalid_fraction");
   check_fraction(c.index_spec.duplicate_fraction, "index_spec.duplicate_fraction");
-
-  if (c.topk_length) {
-    check(c.topk_length->size() == static_cast<size_t>(c.batch), "topk_length",
-          "has " + std::to_string(c.topk_length->size()) +
-              " entries, expected batch = " + std::to_string(c.batch));
-    for (size_t b = 0; b < c.topk_length->size(); ++b) {
-      const int32_t len = (*c.topk_length)[b];
-      check(len >= 0 && len <= c.topk, at("topk_length", b),
-            std::to_string(len) + " is outside [0, topk = " + std::to_string(c.topk) + "]");
-    }
+  validate_lengths(c, c.topk_length, c.topk, "topk_length", "topk");
+  if (c.extra) {
+    const ExtraCache& e = *c.extra;
+    check(e.topk > 0, "extra.topk", "must be > 0");
+    check(int64_t{c.query_rows()} * e.topk <= kMaxElements, "extra.topk",
+          "batch * s_q * extra.topk exceeds 2^28 elements");
+    validate_lists(c, e.indices, e.topk, mla::num_slots(c.extra_geom()), "extra.indices");
+    check_fraction(e.index_spec.invalid_fraction, "extra.index_spec.invalid_fraction");
+    check_fraction(e.index_spec.duplicate_fraction, "extra.index_spec.duplicate_fraction");
+    validate_lengths(c, e.topk_length, e.topk, "extra.topk_length", "extra.topk");
   }
   if (c.sink) {
     check(c.sink->size() == static_cast<size_t>(c.heads), "sink",
@@ -557,6 +739,18 @@ void validate(const Case& c) {
       check(q.head_ids[h] >= 0 && q.head_ids[h] < q.heads, at("q_source.head_ids", h),
             std::to_string(q.head_ids[h]) +
                 " is outside [0, q_source.heads = " + std::to_string(q.heads) + ")");
+    }
+    check(q.s_q >= 1, "q_source.s_q", "must be >= 1");
+    check(q.token_ids.empty() || q.token_ids.size() == static_cast<size_t>(c.s_q),
+          "q_source.token_ids",
+          "has " + std::to_string(q.token_ids.size()) +
+              " entries, expected s_q = " + std::to_string(c.s_q) + " (or none)");
+    check(!q.token_ids.empty() || q.s_q == c.s_q, "q_source.token_ids",
+          "is required when q_source.s_q differs from s_q");
+    for (size_t s = 0; s < q.token_ids.size(); ++s) {
+      check(q.token_ids[s] >= 0 && q.token_ids[s] < q.s_q, at("q_source.token_ids", s),
+            std::to_string(q.token_ids[s]) +
+                " is outside [0, q_source.s_q = " + std::to_string(q.s_q) + ")");
     }
   }
   if (c.sm_scale) {
@@ -599,10 +793,10 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
   j["batch"] = c.batch;
   j["heads"] = c.heads;
   j["topk"] = c.topk;
-  if (!c.indices.empty()) j["indices"] = c.indices;
-  j["index_spec"] = json{{"rule", index_rule_name(c.index_spec.rule)},
-                         {"invalid_fraction", write_double(c.index_spec.invalid_fraction)},
-                         {"duplicate_fraction", write_double(c.index_spec.duplicate_fraction)}};
+  if (c.s_q != 1) j["s_q"] = c.s_q;
+  if (!c.indices.empty()) j["indices"] = write_index_lists(c.indices, c.s_q);
+  j["index_spec"] = write_index_spec(c.index_spec);
+  if (c.extra) j["extra"] = write_extra(*c.extra, c.s_q);
   if (c.topk_length) j["topk_length"] = *c.topk_length;
   if (c.sink) {
     json s = json::array();
@@ -617,6 +811,8 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
     j["q_source"] = json{{"heads", c.q_source->heads},
                          {"rows", c.q_source->rows},
                          {"head_ids", c.q_source->head_ids}};
+    if (c.q_source->s_q != 1) j["q_source"]["s_q"] = c.q_source->s_q;
+    if (!c.q_source->token_ids.empty()) j["q_source"]["token_ids"] = c.q_source->token_ids;
   }
   j["q_head_pad"] = c.q_head_pad;
   j["out_head_pad"] = c.out_head_pad;

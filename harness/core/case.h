@@ -16,7 +16,11 @@
 
 namespace mlafuzz {
 
-inline constexpr int kCaseFormatVersion = 1;
+// Version 2 added the production decode of DeepSeek-V4-Flash (SPEC.md section 8): `s_q` query
+// tokens per batch row and the `extra` cache. Version-1 files load unchanged and mean the same
+// (every version-2 field absent: s_q = 1, no extra cache).
+inline constexpr int kCaseFormatVersion = 2;
+inline constexpr int kOldestCaseFormatVersion = 1;
 
 // Raised for malformed or inconsistent input. `field` is a JSON path such as "indices[2][5]".
 class CaseError : public std::runtime_error {
@@ -78,6 +82,23 @@ struct IndexSpec {
   double duplicate_fraction = 0.0;  // entries replaced by an earlier entry of the row
 };
 
+// The extra cache of the production decode (SPEC.md section 8): its own paging and index lists,
+// the layout and dims of the main cache. Its tokens draw their values from their own streams
+// (or from the main cache's, with same_values: extra token t then holds main token t's values,
+// so that one token can appear in both lists).
+struct ExtraCache {
+  int32_t page_size = 64;
+  int64_t page_stride = 0;  // 0: the layout's minimum
+  int32_t num_pages = 1;
+  std::vector<int32_t> page_order;  // physical page of each logical page; empty: identity
+  int32_t topk = 512;
+  // Explicit logical index lists, [batch * s_q][topk] (row b * s_q + s); empty: index_spec.
+  std::vector<std::vector<int32_t>> indices;
+  IndexSpec index_spec;
+  std::optional<std::vector<int32_t>> topk_length;  // [batch]
+  bool same_values = false;
+};
+
 struct Case {
   int version = kCaseFormatVersion;
   std::string name;         // free text, shown in reports
@@ -93,22 +114,30 @@ struct Case {
   int32_t batch = 1;
   int32_t heads = 64;
   int32_t topk = 128;
-  // Explicit logical index lists [batch][topk]; -1 (or other negatives) are invalid entries.
-  // Empty means "generate from index_spec".
+  // Query tokens per batch row (version 2): q, out and lse are [batch, s_q, heads, ...], every
+  // query token has its own index lists; topk_length stays [batch], shared by a row's tokens.
+  int32_t s_q = 1;
+  // Explicit logical index lists, one per query token: [batch * s_q][topk] (query token s of
+  // batch row b is list b * s_q + s; JSON writes [batch][s_q][topk], or [batch][topk] when
+  // s_q = 1); -1 (or other negatives) are invalid entries. Empty means "generate from
+  // index_spec".
   std::vector<std::vector<int32_t>> indices;
   IndexSpec index_spec;
   std::optional<std::vector<int32_t>> topk_length;  // [batch]
   std::optional<std::vector<double>> sink;          // [heads], may hold +-inf
   std::optional<double> sm_scale;                   // default d_qk^-0.5
   mla::Conventions conventions;
+  std::optional<ExtraCache> extra;  // version 2; absent: one cache
 
   // Where the q values of each row and head are drawn from. q is drawn per (row, head)
   // position of a case with `heads` heads; shrinking keeps a subset of rows and heads and records
   // here which ones, so that a kept head keeps its values. Absent: the case's own positions.
   struct QSource {
-    int32_t heads = 0;              // heads of the case the values are drawn for
-    std::vector<int32_t> rows;      // [batch] its row of each row
-    std::vector<int32_t> head_ids;  // [heads] its head of each head, < heads
+    int32_t heads = 0;               // heads of the case the values are drawn for
+    std::vector<int32_t> rows;       // [batch] its row of each row
+    std::vector<int32_t> head_ids;   // [heads] its head of each head, < heads
+    int32_t s_q = 1;                 // query tokens per row of that case
+    std::vector<int32_t> token_ids;  // [s_q] its token of each token, < s_q; empty: identity
   };
   std::optional<QSource> q_source;
 
@@ -126,12 +155,21 @@ struct Case {
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
   double effective_sm_scale() const;
+  int32_t query_rows() const { return batch * s_q; }  // index lists per cache
+  // The extra cache's geometry: the main layout and dims with the extra cache's paging.
+  mla::CacheGeometry extra_geom() const;
 };
+
+// The logical view of an extra cache as a case of its own (its geometry, page order, topk,
+// indices, index_spec and topk_length in the main fields), so that index generation and token
+// writing are the same code for both caches.
+Case extra_as_main(const Case& c);
 
 // The q source of a case that keeps rows `rows` (or heads `heads`), in that order, of c: the
 // kept rows and heads draw the q values they had in c.
 Case::QSource q_source_of_rows(const Case& c, const std::vector<int>& rows);
 Case::QSource q_source_of_heads(const Case& c, const std::vector<int>& heads);
+Case::QSource q_source_of_tokens(const Case& c, const std::vector<int>& tokens);
 
 // Throws CaseError naming the first inconsistent field (S0 too small, nope not a multiple of
 // the scale tile, index out of range, wrong list lengths, unknown enum value, ...).

@@ -147,7 +147,8 @@ uint16_t q_pad_bits(Fill f, uint64_t seed, uint64_t element) {
 
 // Fills the whole cache with the pad pattern; the writer then overwrites every data byte, so
 // what is left is exactly the bytes that hold no data (page padding, unused scale bytes).
-void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed) {
+void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed,
+                        uint64_t substream = 0) {
   switch (f) {
     case Fill::kZero:
       std::fill(cache.begin(), cache.end(), uint8_t{0});
@@ -157,7 +158,7 @@ void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed) {
       std::fill(cache.begin(), cache.end(), uint8_t{0xff});
       break;
     case Fill::kGarbage: {
-      const CounterRng rng(seed, Stream::kPadding, 0);
+      const CounterRng rng(seed, Stream::kPadding, substream);
       for (size_t i = 0; i < cache.size(); ++i) {
         cache[i] = static_cast<uint8_t>(rng.at(i / 8) >> (8 * (i % 8)));
       }
@@ -175,14 +176,38 @@ void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
-// Quantizes and writes every logical token of the cache at its physical slot.
-void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_t>& cache) {
+// The streams one cache's tokens draw from.
+struct KvStreams {
+  Stream nope = Stream::kKvNope, rope = Stream::kKvRope, scales = Stream::kScales;
+};
+
+KvStreams extra_streams(const Case& c) {
+  if (c.extra && c.extra->same_values) return {};
+  return {Stream::kExtraKvNope, Stream::kExtraKvRope, Stream::kExtraScales};
+}
+
+float kv_value(const Case& c, const KvStreams& st, int64_t logical_token, int32_t d) {
+  const auto t = static_cast<uint64_t>(logical_token);
+  if (d < c.geom.nope_dim) {
+    return static_cast<float>(draw_value(
+        c.kv_values, c.data_seed, st.nope,
+        t * static_cast<uint64_t>(c.geom.nope_dim) + static_cast<uint64_t>(d), kTagNope));
+  }
+  const auto r = static_cast<uint64_t>(d - c.geom.nope_dim);
+  return static_cast<float>(draw_value(c.rope_values, c.data_seed, st.rope,
+                                       t * static_cast<uint64_t>(c.geom.rope_dim) + r, kTagRope));
+}
+
+// Quantizes and writes every logical token of the cache of `c` (the main cache, or the extra
+// cache seen through extra_as_main) at its physical slot.
+void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_t>& cache,
+                  const KvStreams& st = {}) {
   const int64_t n = mla::num_slots(g);
   const int32_t tiles = mla::num_scale_tiles(g);
   std::vector<float> v(static_cast<size_t>(g.nope_dim));
   for (int64_t t = 0; t < n; ++t) {
     const mla::TokenAddress a = mla::token_address(g, physical_slot(c, t));
-    for (int32_t d = 0; d < g.nope_dim; ++d) v[static_cast<size_t>(d)] = kv_source_value(c, t, d);
+    for (int32_t d = 0; d < g.nope_dim; ++d) v[static_cast<size_t>(d)] = kv_value(c, st, t, d);
     for (int32_t tile = 0; tile < tiles; ++tile) {
       const float* tv = v.data() + static_cast<size_t>(tile) * g.scale_tile;
       float amax = 0;
@@ -194,7 +219,7 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_
         code_e = stored_e = c.scales.exp_lo;
       } else if (c.scales.mode == ScaleMode::kRandom) {
         stored_e = static_cast<int>(
-            CounterRng(c.data_seed, Stream::kScales, static_cast<uint64_t>(t) * tiles + tile)
+            CounterRng(c.data_seed, st.scales, static_cast<uint64_t>(t) * tiles + tile)
                 .uniform_int(c.scales.exp_lo, c.scales.exp_hi));
       }
       const float code_scale = mla::ue8m0_to_float(static_cast<uint8_t>(code_e));
@@ -212,7 +237,7 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_
     }
     for (int32_t r = 0; r < g.rope_dim; ++r) {
       put_u16(&cache[static_cast<size_t>(a.rope + 2 * r)],
-              mla::float_to_bf16(kv_source_value(c, t, g.nope_dim + r)));
+              mla::float_to_bf16(kv_value(c, st, t, g.nope_dim + r)));
     }
   }
 }
@@ -264,38 +289,49 @@ int64_t physical_slot(const Case& c, int64_t logical) {
   return static_cast<int64_t>(c.page_order[static_cast<size_t>(logical / p)]) * p + logical % p;
 }
 
-float kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
-  const auto t = static_cast<uint64_t>(logical_token);
-  if (d < c.geom.nope_dim) {
-    return static_cast<float>(draw_value(
-        c.kv_values, c.data_seed, Stream::kKvNope,
-        t * static_cast<uint64_t>(c.geom.nope_dim) + static_cast<uint64_t>(d), kTagNope));
-  }
-  const auto r = static_cast<uint64_t>(d - c.geom.nope_dim);
-  return static_cast<float>(draw_value(c.rope_values, c.data_seed, Stream::kKvRope,
-                                       t * static_cast<uint64_t>(c.geom.rope_dim) + r, kTagRope));
+int64_t extra_physical_slot(const Case& c, int64_t logical) {
+  if (logical < 0 || !c.extra || c.extra->page_order.empty()) return logical;
+  const int64_t p = c.extra->page_size;
+  return static_cast<int64_t>(c.extra->page_order[static_cast<size_t>(logical / p)]) * p +
+         logical % p;
 }
 
-float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d) {
+float kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
+  return kv_value(c, KvStreams{}, logical_token, d);
+}
+
+float extra_kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
+  return kv_value(c, extra_streams(c), logical_token, d);
+}
+
+float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) {
   uint64_t row = static_cast<uint64_t>(b), head = static_cast<uint64_t>(h);
+  uint64_t token = static_cast<uint64_t>(s), tokens = static_cast<uint64_t>(c.s_q);
   uint64_t heads = static_cast<uint64_t>(c.heads);
-  if (c.q_source) {  // a shrunk case: the values of the row and head it kept
-    row = static_cast<uint64_t>(c.q_source->rows[static_cast<size_t>(b)]);
-    head = static_cast<uint64_t>(c.q_source->head_ids[static_cast<size_t>(h)]);
-    heads = static_cast<uint64_t>(c.q_source->heads);
+  if (c.q_source) {  // a shrunk case: the values of the row, token and head it kept
+    const Case::QSource& q = *c.q_source;
+    row = static_cast<uint64_t>(q.rows[static_cast<size_t>(b)]);
+    head = static_cast<uint64_t>(q.head_ids[static_cast<size_t>(h)]);
+    heads = static_cast<uint64_t>(q.heads);
+    tokens = static_cast<uint64_t>(q.s_q);
+    if (!q.token_ids.empty()) token = static_cast<uint64_t>(q.token_ids[static_cast<size_t>(s)]);
   }
-  const uint64_t e =
-      (row * heads + head) * static_cast<uint64_t>(c.d_qk()) + static_cast<uint64_t>(d);
+  // s_q = 1: (row * heads + head) * d_qk + d, the element of version 1.
+  const uint64_t e = ((row * tokens + token) * heads + head) * static_cast<uint64_t>(c.d_qk()) +
+                     static_cast<uint64_t>(d);
   return static_cast<float>(draw_value(c.q_values, c.data_seed, Stream::kQ, e, kTagQ));
 }
 
-std::vector<std::vector<int32_t>> generate_indices(const Case& c) {
+namespace {
+
+// The lists of one cache (c: the main cache, or the extra cache through extra_as_main).
+std::vector<std::vector<int32_t>> generate_lists(const Case& c, Stream stream) {
   if (!c.indices.empty()) return c.indices;
   const int64_t n = mla::num_slots(c.geom);
   std::vector<std::vector<int32_t>> rows;
-  rows.reserve(static_cast<size_t>(c.batch));
-  for (int32_t b = 0; b < c.batch; ++b) {
-    CounterRng rng(c.data_seed, Stream::kIndices, static_cast<uint64_t>(b));
+  rows.reserve(static_cast<size_t>(c.query_rows()));
+  for (int32_t b = 0; b < c.query_rows(); ++b) {
+    CounterRng rng(c.data_seed, stream, static_cast<uint64_t>(b));
     std::vector<int32_t> row;
     switch (c.index_spec.rule) {
       case IndexRule::kRandom:
@@ -324,12 +360,27 @@ std::vector<std::vector<int32_t>> generate_indices(const Case& c) {
   return rows;
 }
 
+}  // namespace
+
+std::vector<std::vector<int32_t>> generate_indices(const Case& c) {
+  return generate_lists(c, Stream::kIndices);
+}
+
+std::vector<std::vector<int32_t>> generate_extra_indices(const Case& c) {
+  if (!c.extra) return {};
+  return generate_lists(extra_as_main(c), Stream::kExtraIndices);
+}
+
 Case with_explicit_indices(const Case& c) {
   validate(c);
   Case e = c;
   if (e.indices.empty()) {
     e.indices = generate_indices(c);
     e.index_spec = IndexSpec{};  // the rule has been applied; keep the recipe unambiguous
+  }
+  if (e.extra && e.extra->indices.empty()) {
+    e.extra->indices = generate_extra_indices(c);
+    e.extra->index_spec = IndexSpec{};
   }
   return e;
 }
@@ -350,18 +401,23 @@ MaterializedCase materialize(const Case& c) {
   m.conv = c.conventions;
 
   const int32_t dqk = m.d_qk();
+  m.s_q = c.s_q;
   m.q_head_stride = dqk + c.q_head_pad;
   m.out_head_stride = m.d_v() + c.out_head_pad;
-  m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * m.q_head_stride));
+  m.extra_topk = c.extra ? c.extra->topk : 0;
+  m.set_contiguous_strides();
+  m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
   for (int32_t b = 0; b < m.batch; ++b) {
-    for (int32_t h = 0; h < m.heads; ++h) {
-      const int64_t base = (int64_t{b} * m.heads + h) * m.q_head_stride;
-      for (int32_t d = 0; d < dqk; ++d) {
-        m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, h, d));
-      }
-      for (int64_t d = dqk; d < m.q_head_stride; ++d) {
-        m.q[static_cast<size_t>(base + d)] =
-            q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(base + d));
+    for (int32_t t = 0; t < m.s_q; ++t) {
+      for (int32_t h = 0; h < m.heads; ++h) {
+        const int64_t base = b * m.q_batch_stride + t * m.q_token_stride + h * m.q_head_stride;
+        for (int32_t d = 0; d < dqk; ++d) {
+          m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, t, h, d));
+        }
+        for (int64_t d = dqk; d < m.q_head_stride; ++d) {
+          m.q[static_cast<size_t>(base + d)] =
+              q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(base + d));
+        }
       }
     }
   }
@@ -372,7 +428,7 @@ MaterializedCase materialize(const Case& c) {
   placed.geom = m.geom;
   write_tokens(placed, m.geom, m.cache);
 
-  m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.topk));
+  m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
   for (const auto& row : m.recipe.indices) {
     for (int32_t t : row) m.indices.push_back(static_cast<int32_t>(physical_slot(c, t)));
   }
@@ -380,7 +436,41 @@ MaterializedCase materialize(const Case& c) {
   if (c.sink) {
     for (double s : *c.sink) m.sink.push_back(static_cast<float>(s));  // +-inf stay +-inf
   }
+
+  if (c.extra) {
+    m.has_extra = true;
+    m.extra_geom = c.extra_geom();
+    if (m.extra_geom.page_stride == 0)
+      m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
+    m.recipe.extra->page_stride = m.extra_geom.page_stride;
+    m.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
+    // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
+    // repeats the other's garbage.
+    fill_cache_padding(m.extra_cache, c.pad_fill, c.data_seed, 3);
+    Case view = extra_as_main(c);
+    view.geom = m.extra_geom;
+    write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));
+    m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
+    for (const auto& row : m.recipe.extra->indices) {
+      for (int32_t t : row)
+        m.extra_indices.push_back(static_cast<int32_t>(extra_physical_slot(c, t)));
+    }
+    if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
+  }
   return m;
+}
+
+void MaterializedCase::set_contiguous_strides() {
+  q_token_stride = int64_t{heads} * q_head_stride;
+  q_batch_stride = s_q * q_token_stride;
+  indices_token_stride = topk;
+  indices_batch_stride = int64_t{s_q} * topk;
+  out_token_stride = int64_t{heads} * out_head_stride;
+  out_batch_stride = s_q * out_token_stride;
+  lse_token_stride = heads;
+  lse_batch_stride = int64_t{s_q} * heads;
+  extra_indices_token_stride = extra_topk;
+  extra_indices_batch_stride = int64_t{s_q} * extra_topk;
 }
 
 mla::DecodeParams MaterializedCase::host_params() const {
@@ -393,13 +483,30 @@ mla::DecodeParams MaterializedCase::host_params() const {
   p.sm_scale = sm_scale;
   p.q = q.data();
   p.q_head_stride = q_head_stride;
-  p.q_batch_stride = q_head_stride * heads;
+  p.q_batch_stride = q_batch_stride;
   p.kv_cache = cache.data();
   p.indices = indices.data();
+  p.indices_batch_stride = indices_batch_stride;
   p.topk_length = topk_length.empty() ? nullptr : topk_length.data();
   p.sink = sink.empty() ? nullptr : sink.data();
   p.out_head_stride = out_head_stride;
-  p.out_batch_stride = out_head_stride * heads;
+  p.out_batch_stride = out_batch_stride;
+  p.lse_batch_stride = lse_batch_stride;
+  p.s_q = s_q;
+  p.q_token_stride = q_token_stride;
+  p.indices_token_stride = indices_token_stride;
+  p.out_token_stride = out_token_stride;
+  p.lse_token_stride = lse_token_stride;
+  if (has_extra) {
+    p.has_extra = true;
+    p.extra_geom = extra_geom;
+    p.extra_kv_cache = extra_cache.data();
+    p.extra_topk = extra_topk;
+    p.extra_indices = extra_indices.data();
+    p.extra_indices_batch_stride = extra_indices_batch_stride;
+    p.extra_indices_token_stride = extra_indices_token_stride;
+    p.extra_topk_length = extra_topk_length.empty() ? nullptr : extra_topk_length.data();
+  }
   return p;
 }
 
@@ -414,6 +521,19 @@ uint64_t content_hash(const MaterializedCase& m) {
                     int64_t{static_cast<int32_t>(m.conv.empty_lse)}, int64_t{m.conv.sink_in_lse},
                     m.q_head_stride, m.out_head_stride}) {
     hash_int(h, v);
+  }
+  // Version-2 fields count only when used, so every hash of a version-1 case stays what it was.
+  if (m.s_q != 1) hash_int(h, m.s_q);
+  if (m.has_extra) {
+    const auto& e = m.extra_geom;
+    for (int64_t v :
+         {int64_t{e.page_size}, e.page_stride, int64_t{e.num_pages}, int64_t{m.extra_topk}}) {
+      hash_int(h, v);
+    }
+    hash_int(h, static_cast<int64_t>(m.extra_cache.size()));
+    hash_bytes(h, m.extra_cache.data(), m.extra_cache.size());
+    hash_vector(h, m.extra_indices);
+    hash_vector(h, m.extra_topk_length);
   }
   hash_vector(h, m.q);
   hash_int(h, static_cast<int64_t>(m.cache.size()));

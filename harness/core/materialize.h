@@ -21,16 +21,56 @@ struct MaterializedCase {
   double sm_scale64 = 0;  // the same value widened (the oracle uses this, not the recipe's)
   mla::Conventions conv;
 
-  std::vector<uint16_t> q;           // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
+  // Query tokens per batch row (SPEC.md section 8): q, out and lse are [B, s_q, H, ...] and the
+  // index lists [B, s_q, topk]. Every *_token_stride steps over one query token of a row, every
+  // *_batch_stride over a batch row (all its tokens). A "query row" r = b * s_q + s is one
+  // (batch row, token) pair; the logical outputs of RunResult are [B * s_q, H, d_v].
+  int32_t s_q = 1;
+
+  std::vector<uint16_t> q;           // [B, s_q, H, q_head_stride] bf16 bits (pad per recipe)
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
+  int64_t q_token_stride = 0;        // H * q_head_stride
+  int64_t q_batch_stride = 0;        // s_q * q_token_stride
   std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
-  std::vector<int32_t> indices;      // [B, topk] physical global slots (invalid entries kept)
-  std::vector<int32_t> topk_length;  // [B] or empty
+  std::vector<int32_t> indices;      // [B, s_q, topk] physical global slots (invalid kept)
+  int64_t indices_token_stride = 0;  // topk
+  int64_t indices_batch_stride = 0;  // s_q * topk
+  std::vector<int32_t> topk_length;  // [B] or empty (shared by a row's s_q tokens)
   std::vector<float> sink;           // [H] or empty
   int64_t out_head_stride = 0;       // d_v + out_head_pad
+  int64_t out_token_stride = 0;      // H * out_head_stride
+  int64_t out_batch_stride = 0;      // s_q * out_token_stride
+  int64_t lse_token_stride = 0;      // H
+  int64_t lse_batch_stride = 0;      // s_q * H
+
+  // The extra cache (SPEC.md section 8), read in the same softmax: the main layout and dims,
+  // its own paging, bytes (padding filled per the recipe), index lists and lengths.
+  bool has_extra = false;
+  mla::CacheGeometry extra_geom;  // page_stride resolved
+  int32_t extra_topk = 0;
+  std::vector<uint8_t> extra_cache;        // [extra num_pages * page_stride]
+  std::vector<int32_t> extra_indices;      // [B, s_q, extra_topk] physical global slots
+  int64_t extra_indices_token_stride = 0;  // extra_topk
+  int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk
+  std::vector<int32_t> extra_topk_length;  // [B] or empty
 
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
+  int32_t query_rows() const { return batch * s_q; }
+  // Entry k of the main (extra) list of token s of batch row b; q of (b, s, h).
+  int32_t index_at(int64_t b, int64_t s, int64_t k) const {
+    return indices[static_cast<size_t>(b * indices_batch_stride + s * indices_token_stride + k)];
+  }
+  int32_t extra_index_at(int64_t b, int64_t s, int64_t k) const {
+    return extra_indices[static_cast<size_t>(b * extra_indices_batch_stride +
+                                             s * extra_indices_token_stride + k)];
+  }
+  const uint16_t* q_row(int64_t b, int64_t s, int64_t h) const {
+    return q.data() + b * q_batch_stride + s * q_token_stride + h * q_head_stride;
+  }
+  // Sets every token and batch stride to the contiguous layout of the current shapes (for
+  // hand-built and edited cases); the head strides are kept and no buffer is resized.
+  void set_contiguous_strides();
 
   // Params pointing at this struct's host buffers (out and lse left null).
   mla::DecodeParams host_params() const;
@@ -48,20 +88,28 @@ uint64_t content_hash(const MaterializedCase& m);
 
 // ---- The pieces of materialization, exposed so that tests can check each independently ----
 
-// Logical index lists [batch][topk] generated from the recipe's index_spec (the explicit lists
-// when the recipe has them). Deterministic: CounterRng(data_seed, kIndices, b) per row.
+// Logical index lists [batch * s_q][topk] generated from the recipe's index_spec (the explicit
+// lists when the recipe has them). Deterministic: CounterRng(data_seed, kIndices, r) per list
+// r = b * s_q + s. generate_extra_indices: the extra cache's lists (stream kExtraIndices).
 std::vector<std::vector<int32_t>> generate_indices(const Case& c);
+std::vector<std::vector<int32_t>> generate_extra_indices(const Case& c);
 
 // Physical global slot of logical token position t: page_order[t / P] * P + t % P (identity
 // when page_order is empty). Negative (invalid) entries are returned unchanged.
 int64_t physical_slot(const Case& c, int64_t logical);
+int64_t extra_physical_slot(const Case& c, int64_t logical);  // through extra.page_order
 
 // The value element d of logical token t holds before quantization (d < nope_dim: drawn from
 // kv_values; otherwise rope element d - nope_dim drawn from rope_values, before bf16 rounding).
 // Values belong to logical tokens, so relocating pages never changes them.
 float kv_source_value(const Case& c, int64_t logical_token, int32_t d);
-// q[b][h][d] before bf16 rounding.
-float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d);
+// The same for logical token t of the extra cache (main token t's value with same_values).
+float extra_kv_source_value(const Case& c, int64_t logical_token, int32_t d);
+// q[b][s][h][d] before bf16 rounding (s_q = 1: element (b, h, d) as in version 1).
+float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d);
+inline float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d) {
+  return q_source_value(c, b, 0, h, d);
+}
 
 // The ue8m0 exponent the production writer stores for a tile whose largest magnitude is amax:
 // 127 + ceil(log2(amax / 448)) computed exactly, clamped to [1, 254]; 127 when amax == 0.

@@ -32,6 +32,11 @@ enum class Stream : uint64_t {
   kSpecial = 7,
   kPoison = 8,
   kGenerator = 9,
+  // The extra cache (case format version 2): its own values, scales and index lists.
+  kExtraKvNope = 10,
+  kExtraKvRope = 11,
+  kExtraScales = 12,
+  kExtraIndices = 13,
 };
 
 class CounterRng {

@@ -2,7 +2,8 @@
 // SPEC.md section 4, second pipeline), as a template on the planted bug so that cpu_mma.cc
 // (kNone) and cpu_mma_mutants.cc share it.
 //
-// Order of the kernel: one program per (batch row, block of BLOCK_H heads); per tile of
+// Order of the kernel: one program per (batch row, query token, block of BLOCK_H heads); the main
+// list's tiles, then the extra list's (SPEC.md section 8) in the same online softmax; per tile of
 // mla::kMmaTokenTile = 64 selected tokens (decoded to bf16 once, for every head of the block),
 // per head: logits x = fp32(q . K) * sm_scale (q bf16 unscaled; bf16 x bf16 products are exact
 // in fp32; masked tokens -inf), the tile max, softmax_advance, p = exp(x - m) in fp32 (exactly 0
@@ -55,6 +56,7 @@ inline void dot_lanes2(const float* __restrict qa, const float* __restrict qb,
 
 struct MmaScratch {
   DecodedRow row;
+  DecodedRow extra;                      // the token's extra list (SPEC.md section 8)
   std::vector<float> q;                  // [block_h, width] bf16 q of the block's heads
   std::vector<float> o;                  // [block_h, width] fp32 output accumulators
   std::vector<float> x;                  // [block_h, 64] logits of the tile
@@ -137,51 +139,61 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
   s.x.resize(static_cast<size_t>(block_h) * kTile);
   s.pb.resize(static_cast<size_t>(block_h) * kTile);
   s.state.resize(block_h);
-  const int32_t tiles = num_token_tiles<M>(p.topk, kTile);
-  for (int32_t b = 0; b < p.batch; ++b) {
-    decode_row<M, true>(call, cols, layout, b, &s.row);
-    for (int32_t h0 = 0; h0 < p.heads; h0 += block_h) {
-      const int32_t nh = std::min(block_h, p.heads - h0);
-      for (int32_t j = 0; j < nh; ++j) {
-        load_q_bf16<M>(p, cols, layout, b, h0 + j, s.q.data() + j * w);
-        s.state[j] = mla::SoftmaxState{};
-      }
-      std::fill(s.o.begin(), s.o.end(), 0.0f);
-      for (int32_t t = 0; t < tiles; ++t) {
-        const int32_t k0 = t * kTile, k1 = std::min(p.topk, k0 + kTile);
-        // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
-        for (int32_t j = 0; j < nh; j += 2) {
-          const bool pair = j + 1 < nh;
-          float* xa = s.x.data() + j * kTile;
-          float* xb = pair ? xa + kTile : nullptr;
-          for (int32_t jj = 0; jj < kTile; ++jj) {
-            const int32_t k = k0 + jj;
-            if (k < k1 && s.row.valid[k]) {
-              float da = 0, db = 0;
-              dot_lanes2(s.q.data() + j * w, pair ? s.q.data() + (j + 1) * w : nullptr,
-                         s.row.kv.data() + static_cast<size_t>(k) * w, width, &da, &db);
-              xa[jj] = da * p.sm_scale;
-              if (pair) xb[jj] = db * p.sm_scale;
-            } else {
-              xa[jj] = mla::neg_inf();
-              if (pair) xb[jj] = mla::neg_inf();
-            }
+  // Folds the tiles of one decoded list into the block's heads nh (one online softmax per head).
+  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh) {
+    const int32_t tiles = num_token_tiles<M>(topk, kTile);
+    for (int32_t t = 0; t < tiles; ++t) {
+      const int32_t k0 = t * kTile, k1 = std::min(topk, k0 + kTile);
+      // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
+      for (int32_t j = 0; j < nh; j += 2) {
+        const bool pair = j + 1 < nh;
+        float* xa = s.x.data() + j * kTile;
+        float* xb = pair ? xa + kTile : nullptr;
+        for (int32_t jj = 0; jj < kTile; ++jj) {
+          const int32_t k = k0 + jj;
+          if (k < k1 && row.valid[k]) {
+            float da = 0, db = 0;
+            dot_lanes2(s.q.data() + j * w, pair ? s.q.data() + (j + 1) * w : nullptr,
+                       row.kv.data() + static_cast<size_t>(k) * w, width, &da, &db);
+            xa[jj] = da * p.sm_scale;
+            if (pair) xb[jj] = db * p.sm_scale;
+          } else {
+            xa[jj] = mla::neg_inf();
+            if (pair) xb[jj] = mla::neg_inf();
           }
         }
-        for (int32_t j = 0; j < nh; ++j) {
-          softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, s.state[j], s.o.data() + j * w,
-                          s.pb.data() + j * kTile);
-        }
-        for (int32_t j = 0; j < nh; j += 2) {
-          const bool pair = j + 1 < nh;
-          pv_tile2(s.row, width, cols.width_v, k0, k1, s.pb.data() + j * kTile,
-                   pair ? s.pb.data() + (j + 1) * kTile : nullptr, s.o.data() + j * w,
-                   pair ? s.o.data() + (j + 1) * w : nullptr);
-        }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        store_head<M>(call, cols, layout, b, h0 + j, s.state[j], s.o.data() + j * w,
-                      /*reciprocal=*/true);
+        softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, s.state[j], s.o.data() + j * w,
+                        s.pb.data() + j * kTile);
+      }
+      for (int32_t j = 0; j < nh; j += 2) {
+        const bool pair = j + 1 < nh;
+        pv_tile2(row, width, cols.width_v, k0, k1, s.pb.data() + j * kTile,
+                 pair ? s.pb.data() + (j + 1) * kTile : nullptr, s.o.data() + j * w,
+                 pair ? s.o.data() + (j + 1) * w : nullptr);
+      }
+    }
+  };
+  for (int32_t b = 0; b < p.batch; ++b) {
+    for (int32_t q = 0; q < p.s_q; ++q) {
+      decode_row<M, true>(main_list(call, b, q), p.conv, cols, layout, &s.row);
+      if (p.has_extra) decode_row<M, true>(extra_list(call, b, q), p.conv, cols, layout, &s.extra);
+      for (int32_t h0 = 0; h0 < p.heads; h0 += block_h) {
+        const int32_t nh = std::min(block_h, p.heads - h0);
+        for (int32_t j = 0; j < nh; ++j) {
+          load_q_bf16<M>(p, cols, layout, b, q, h0 + j, s.q.data() + j * w);
+          s.state[j] = mla::SoftmaxState{};
+        }
+        std::fill(s.o.begin(), s.o.end(), 0.0f);
+        // The main tiles, then the extra tiles, through one online softmax (as FlashMLA's
+        // sparse decode walks them).
+        fold_list(s.row, p.topk, nh);
+        if (p.has_extra) fold_list(s.extra, p.extra_topk, nh);
+        for (int32_t j = 0; j < nh; ++j) {
+          store_head<M>(call, cols, layout, b, q, h0 + j, s.state[j], s.o.data() + j * w,
+                        /*reciprocal=*/true);
+        }
       }
     }
   }

@@ -1,7 +1,9 @@
 // cpu-simt: host model of the SIMT per-head kernel (kernels/cuda/simt_per_head.cu; SPEC.md
 // section 4, first pipeline), operation for operation.
 //
-// Per (batch row, head), tiles of mla::kSimtTokenTile = 32 tokens (a warp's lanes):
+// Per (batch row, query token, head), tiles of mla::kSimtTokenTile = 32 tokens (a warp's lanes);
+// with an extra cache (SPEC.md section 8) the extra list's tiles follow the main list's in the
+// same online softmax:
 // - q * sm_scale rounded to fp32 once, in the padded column layout (padded columns zero).
 // - logit of token j: 32 lanes, lane l owns the 8-column units l, l + 32, ... and accumulates
 //   q * K with fp32 FMAs in column order; then the butterfly warp sum (xor 16, 8, 4, 2, 1). K is
@@ -72,6 +74,7 @@ float warp_dot(const float* __restrict q, const float* __restrict k, const WarpC
 
 struct SimtScratch {
   DecodedRow row;
+  DecodedRow extra;      // the token's extra list (SPEC.md section 8)
   std::vector<float> q;  // [width] q * sm_scale of one head, warp column order
   std::vector<float> o;  // [width] fp32 output accumulator, warp column order
 };
@@ -118,21 +121,31 @@ void simt_per_head(const HostCall& call, SimtScratch& s) {
   s.q.resize(layout.width);
   s.o.resize(layout.width);
   const int32_t tiles = num_token_tiles<M>(p.topk, mla::kSimtTokenTile);
+  const int32_t extra_tiles =
+      p.has_extra ? num_token_tiles<M>(p.extra_topk, mla::kSimtTokenTile) : 0;
   const int32_t d_qk = cols.nope + cols.rope;
   for (int32_t b = 0; b < p.batch; ++b) {
-    decode_row<M, false>(call, cols, layout, b, &s.row);
-    for (int32_t h = 0; h < p.heads; ++h) {
-      const uint16_t* q = p.q + b * p.q_batch_stride + h * p.q_head_stride;
-      std::fill(s.q.begin(), s.q.end(), 0.0f);
-      for (int32_t d = 0; d < d_qk; ++d) {
-        s.q[layout.pos[cols.col(d)]] = mla::bf16_to_float(q[d]) * p.sm_scale;  // fp32, once
+    for (int32_t t = 0; t < p.s_q; ++t) {
+      decode_row<M, false>(main_list(call, b, t), p.conv, cols, layout, &s.row);
+      if (p.has_extra) decode_row<M, false>(extra_list(call, b, t), p.conv, cols, layout, &s.extra);
+      for (int32_t h = 0; h < p.heads; ++h) {
+        const uint16_t* q = p.q + b * p.q_batch_stride + t * p.q_token_stride + h * p.q_head_stride;
+        std::fill(s.q.begin(), s.q.end(), 0.0f);
+        for (int32_t d = 0; d < d_qk; ++d) {
+          s.q[layout.pos[cols.col(d)]] = mla::bf16_to_float(q[d]) * p.sm_scale;  // fp32, once
+        }
+        mla::SoftmaxState state;
+        std::fill(s.o.begin(), s.o.end(), 0.0f);
+        // The main tiles, then the extra tiles, through one online softmax.
+        for (int32_t i = 0; i < tiles; ++i) {
+          fold_tile<M>(s.row, w, i * mla::kSimtTokenTile, p.topk, s.q.data(), state, s.o.data());
+        }
+        for (int32_t i = 0; i < extra_tiles; ++i) {
+          fold_tile<M>(s.extra, w, i * mla::kSimtTokenTile, p.extra_topk, s.q.data(), state,
+                       s.o.data());
+        }
+        store_head<M>(call, cols, layout, b, t, h, state, s.o.data());
       }
-      mla::SoftmaxState state;
-      std::fill(s.o.begin(), s.o.end(), 0.0f);
-      for (int32_t t = 0; t < tiles; ++t) {
-        fold_tile<M>(s.row, w, t * mla::kSimtTokenTile, p.topk, s.q.data(), state, s.o.data());
-      }
-      store_head<M>(call, cols, layout, b, h, state, s.o.data());
     }
   }
 }

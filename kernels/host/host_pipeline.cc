@@ -54,34 +54,65 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
   }
   const mla::DecodeParams p = m.host_params();
   const int64_t d_qk = mla::d_qk(g);
+  if (m.s_q < 1) return "s_q must be >= 1";
   if (p.q_head_stride < d_qk || p.q_batch_stride < 0) return "q_head_stride is below d_qk";
   if (m.batch > 0 && m.heads > 0) {
-    const int64_t need = (m.batch - 1) * p.q_batch_stride + (m.heads - 1) * p.q_head_stride + d_qk;
+    const int64_t need = (m.batch - 1) * p.q_batch_stride + (m.s_q - 1) * p.q_token_stride +
+                         (m.heads - 1) * p.q_head_stride + d_qk;
     if (static_cast<int64_t>(m.q.size()) < need) {
       why << "q holds " << m.q.size() << " elements, the strides need " << need;
       return why.str();
     }
   }
   if (m.out_head_stride < mla::d_v(g)) return "out_head_stride is below d_v";
-  if (static_cast<int64_t>(m.indices.size()) < static_cast<int64_t>(m.batch) * m.topk) {
-    return "indices holds fewer than batch * topk entries";
-  }
-  if (!m.topk_length.empty() && static_cast<int64_t>(m.topk_length.size()) < m.batch) {
-    return "topk_length holds fewer than batch entries";
-  }
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) < m.heads) {
     return "sink holds fewer than heads entries";
   }
-  const int64_t slots = mla::num_slots(g);
-  for (int32_t b = 0; b < m.batch; ++b) {
-    const int32_t topk_len = m.topk_length.empty() ? -1 : m.topk_length[b];
-    for (int32_t k = 0; k < m.topk; ++k) {
-      const int32_t idx = m.indices[static_cast<size_t>(b) * m.topk + k];
-      if (!mla::index_valid(idx, k, topk_len, m.conv)) continue;
-      if (idx < 0 || idx >= slots) {
-        why << "indices[" << b << "][" << k << "] = " << idx << " is a valid entry outside the "
-            << slots << " cache slots (only -1 is invalid under the minus-one-only rule)";
-        return why.str();
+  // Both caches' lists: every valid entry inside its cache.
+  struct Lists {
+    const char* name;
+    const std::vector<int32_t>& idx;
+    const std::vector<int32_t>& len;
+    int32_t topk;
+    int64_t batch_stride, token_stride, slots;
+  };
+  std::vector<Lists> lists = {{"indices", m.indices, m.topk_length, m.topk, m.indices_batch_stride,
+                               m.indices_token_stride, mla::num_slots(g)}};
+  if (m.has_extra) {
+    const mla::CacheGeometry& e = m.extra_geom;
+    if (e.page_size < 1 || e.num_pages < 0 || e.page_stride < mla::min_page_stride(e) ||
+        static_cast<int64_t>(m.extra_cache.size()) < mla::cache_bytes(e)) {
+      return "the extra cache's geometry is inconsistent with its buffer";
+    }
+    if (m.extra_topk < 0) return "extra_topk must be >= 0";
+    lists.push_back({"extra_indices", m.extra_indices, m.extra_topk_length, m.extra_topk,
+                     m.extra_indices_batch_stride, m.extra_indices_token_stride,
+                     mla::num_slots(e)});
+  }
+  for (const Lists& l : lists) {
+    if (m.batch > 0 && m.s_q > 0 && l.topk > 0 &&
+        static_cast<int64_t>(l.idx.size()) <
+            (m.batch - 1) * l.batch_stride + (m.s_q - 1) * l.token_stride + l.topk) {
+      return std::string(l.name) + " holds fewer entries than batch * s_q * topk";
+    }
+    if (!l.len.empty() && static_cast<int64_t>(l.len.size()) < m.batch) {
+      return std::string(l.name) + ": its topk_length holds fewer than batch entries";
+    }
+    for (int32_t b = 0; b < m.batch; ++b) {
+      const int32_t topk_len = l.len.empty() ? -1 : l.len[b];
+      for (int32_t t = 0; t < m.s_q; ++t) {
+        for (int32_t k = 0; k < l.topk; ++k) {
+          const int32_t idx =
+              l.idx[static_cast<size_t>(b * l.batch_stride + t * l.token_stride + k)];
+          if (!mla::index_valid(idx, k, topk_len, m.conv)) continue;
+          if (idx < 0 || idx >= l.slots) {
+            why << l.name << "[" << b << "]";
+            if (m.s_q > 1) why << "[" << t << "]";
+            why << "[" << k << "] = " << idx << " is a valid entry outside the " << l.slots
+                << " cache slots (only -1 is invalid under the minus-one-only rule)";
+            return why.str();
+          }
+        }
       }
     }
   }
@@ -100,11 +131,9 @@ RunResult run_guarded(const MaterializedCase& m,
       OutputBuffers bufs(m);
       HostCall call;
       call.p = m.host_params();
-      call.p.out = bufs.out_begin();
-      call.p.out_head_stride = bufs.out_head_stride;
-      call.p.out_batch_stride = bufs.out_batch_stride;
-      call.p.lse = bufs.lse_begin();
+      bufs.attach(call.p);
       call.cache_bytes = static_cast<int64_t>(m.cache.size());
+      call.extra_cache_bytes = static_cast<int64_t>(m.extra_cache.size());
       call.out_end = bufs.out.data() + bufs.out.size();
       model(call);
       r = collect_outputs(m, bufs);

@@ -51,8 +51,37 @@ const float* e4m3_table();
 struct HostCall {
   mla::DecodeParams p;
   int64_t cache_bytes = 0;
+  int64_t extra_cache_bytes = 0;
   uint16_t* out_end = nullptr;
 };
+
+// One index list of one query token and the cache it reads: the main list of token s of batch
+// row b, or its extra list (SPEC.md section 8; the same layout and dims, its own paging).
+struct ListSource {
+  mla::CacheGeometry geom;
+  const uint8_t* cache = nullptr;
+  int64_t cache_bytes = 0;
+  const int32_t* idx = nullptr;
+  int32_t topk = 0;
+  int32_t topk_len = -1;  // -1: no length given
+};
+
+inline ListSource main_list(const HostCall& call, int32_t b, int32_t s) {
+  const mla::DecodeParams& p = call.p;
+  return {p.geom,           p.kv_cache,
+          call.cache_bytes, p.indices + b * p.indices_batch_stride + s * p.indices_token_stride,
+          p.topk,           p.topk_length != nullptr ? p.topk_length[b] : -1};
+}
+
+inline ListSource extra_list(const HostCall& call, int32_t b, int32_t s) {
+  const mla::DecodeParams& p = call.p;
+  return {p.extra_geom,
+          p.extra_kv_cache,
+          call.extra_cache_bytes,
+          p.extra_indices + b * p.extra_indices_batch_stride + s * p.extra_indices_token_stride,
+          p.extra_topk,
+          p.extra_topk_length != nullptr ? p.extra_topk_length[b] : -1};
+}
 
 // Reason the case cannot be run without reading or writing outside its buffers (inconsistent
 // shapes, a valid index outside the cache, a negative index the convention treats as valid),
@@ -186,44 +215,42 @@ struct DecodedRow {
 };
 
 template <Mutant M, bool kRoundBf16>
-void decode_row(const HostCall& call, const PaddedColumns& cols, const ColumnLayout& layout,
-                int32_t b, DecodedRow* row) {
-  const mla::DecodeParams& p = call.p;
-  row->valid.assign(p.topk, 0);
-  const size_t size = static_cast<size_t>(p.topk) * layout.width;
+void decode_row(const ListSource& src, const mla::Conventions& conv, const PaddedColumns& cols,
+                const ColumnLayout& layout, DecodedRow* row) {
+  row->valid.assign(src.topk, 0);
+  const size_t size = static_cast<size_t>(src.topk) * layout.width;
   if (row->kv.size() != size || row->dkp != cols.dkp) {
     row->kv.assign(size, 0.0f);  // positions no column maps to stay zero from here on
     row->dkp = cols.dkp;
   }
   row->token.resize(cols.dkp);
-  const int32_t* idx = p.indices + static_cast<int64_t>(b) * p.topk;
-  const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
-  for (int32_t k = 0; k < p.topk; ++k) {
+  const int32_t* idx = src.idx;
+  for (int32_t k = 0; k < src.topk; ++k) {
     int64_t slot = 0;
-    if (!entry_valid<M>(idx[k], k, topk_len, p.conv, &slot)) continue;
+    if (!entry_valid<M>(idx[k], k, src.topk_len, conv, &slot)) continue;
     if constexpr (M != Mutant::kNone) {
       // check_inputs vouches for the indices kNone reads; a mutant may read others (slot 0 of
       // an empty cache, an entry past topk_length): keep them inside the cache.
-      const int64_t slots = mla::num_slots(p.geom);
+      const int64_t slots = mla::num_slots(src.geom);
       if (slots <= 0) continue;
       slot = std::clamp<int64_t>(slot, 0, slots - 1);
     }
     row->valid[k] = 1;
-    const mla::TokenAddress a = token_address<M>(p.geom, slot, call.cache_bytes);
-    decode_token<M, kRoundBf16>(p.geom, p.kv_cache, call.cache_bytes, a, cols, row->token.data());
+    const mla::TokenAddress a = token_address<M>(src.geom, slot, src.cache_bytes);
+    decode_token<M, kRoundBf16>(src.geom, src.cache, src.cache_bytes, a, cols, row->token.data());
     float* dst = row->kv.data() + static_cast<size_t>(k) * layout.width;
     for (int32_t c = 0; c < cols.dkp; ++c) dst[layout.pos[c]] = row->token[c];
   }
 }
 
-// q of head h in batch row b as bf16 values widened to fp32, at layout positions (the padded
-// columns zero; dst has layout.width floats). kUnmaskedPadColumns loads the padded columns from q
-// memory at the same offsets (MODEL1: q's first rope elements), never past the head's d_qk
-// elements.
+// q of head h of query token s in batch row b as bf16 values widened to fp32, at layout positions
+// (the padded columns zero; dst has layout.width floats). kUnmaskedPadColumns loads the padded
+// columns from q memory at the same offsets (MODEL1: q's first rope elements), never past the
+// head's d_qk elements.
 template <Mutant M>
 void load_q_bf16(const mla::DecodeParams& p, const PaddedColumns& cols, const ColumnLayout& layout,
-                 int32_t b, int32_t h, float* __restrict dst) {
-  const uint16_t* q = p.q + b * p.q_batch_stride + h * p.q_head_stride;
+                 int32_t b, int32_t s, int32_t h, float* __restrict dst) {
+  const uint16_t* q = p.q + b * p.q_batch_stride + s * p.q_token_stride + h * p.q_head_stride;
   const int32_t d_qk = cols.nope + cols.rope;
   std::fill(dst, dst + layout.width, 0.0f);
   for (int32_t d = 0; d < d_qk; ++d) dst[layout.pos[cols.col(d)]] = mla::bf16_to_float(q[d]);
@@ -268,7 +295,7 @@ int32_t num_token_tiles(int32_t topk, int32_t tile) {
   return n;
 }
 
-// Writes out[b][h][0, d_v) = bf16(O / denominator) (0 for an empty row) and lse[b][h]; O is in
+// Writes out[b][t][h][0, d_v) = bf16(O / denominator) (0 for an empty row) and lse[b][h]; O is in
 // layout order. With reciprocal (the MMA kernel), bf16(O * (1 / denominator)) instead: one
 // correctly rounded reciprocal per row and a product per element. kSinkIgnored drops the sink from
 // the denominator (the LSE still follows the convention); kSinkInLse folds it into the LSE;
@@ -279,12 +306,12 @@ int32_t num_token_tiles(int32_t topk, int32_t tile) {
 // the mechanics of the same mutants in kernels/cuda/mma_head_tiled.cuh.
 template <Mutant M>
 void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLayout& layout,
-                int32_t b, int32_t h, const mla::SoftmaxState& s, const float* O,
+                int32_t b, int32_t t, int32_t h, const mla::SoftmaxState& s, const float* O,
                 bool reciprocal = false) {
   const mla::DecodeParams& p = call.p;
   const float* sink = p.sink;
   if constexpr (M == Mutant::kSinkIgnored) sink = nullptr;
-  uint16_t* out = p.out + b * p.out_batch_stride + h * p.out_head_stride;
+  uint16_t* out = p.out + b * p.out_batch_stride + t * p.out_token_stride + h * p.out_head_stride;
   bool has_tokens = mla::softmax_has_tokens(s);
   if constexpr (M == Mutant::kEmptyRowNaN) has_tokens = true;
   const float denom = mla::softmax_denominator(s, sink, h);
@@ -304,7 +331,7 @@ void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLay
   if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
   float lse = mla::softmax_lse(s, p.sink, h, conv);
   if constexpr (M == Mutant::kLseLog2) lse *= 1.44269504f;  // log2(e) rounded to fp32
-  p.lse[static_cast<int64_t>(b) * p.heads + h] = lse;
+  p.lse[b * p.lse_batch_stride + t * p.lse_token_stride + h] = lse;
 }
 
 }  // namespace mlafuzz::host

@@ -149,6 +149,18 @@ class DecodeCall:
         out: ``[B, H, d_v]`` bf16 bits, written; a view into the guarded output buffer (the
             elements between heads are canaries: never write them).
         lse: ``[B, H]`` float32 natural-log LSE, written.
+
+    The production decode (ABI version 2, SPEC.md section 8): ``s_q`` query tokens per batch
+    row and an optional extra cache, all in ONE softmax per (row, token, head) over the valid
+    entries of both lists (a token in both counts twice). When ``s_q > 1``, q, indices, out and
+    lse gain the token axis after the batch axis: ``[B, s_q, H, d_qk]``, ``[B, s_q, topk]``,
+    ``[B, s_q, H, d_v]``, ``[B, s_q, H]`` (with ``s_q == 1`` they keep the shapes above);
+    topk_length stays ``[B]``. With ``has_extra``: extra_kv_cache
+    ``[extra_num_pages, extra_page_stride]`` uint8 (the main layout and dims, its own paging),
+    extra_indices ``[B, (s_q,) extra_topk]`` int32 global slots of the extra cache
+    (page = idx // extra_page_size), extra_topk_length ``[B]`` int32 or None. A kernel that
+    handles neither returns a reason from ``supports(call)`` for ``call.s_q > 1`` or
+    ``call.has_extra``.
     """
 
     layout: str  # "model1" or "v32"
@@ -178,6 +190,20 @@ class DecodeCall:
     lse_batch_stride: int = 0
     has_topk_length: bool = False
     has_sink: bool = False
+    s_q: int = 1  # ABI version 2: query tokens per batch row
+    q_token_stride: int = 0
+    indices_token_stride: int = 0
+    out_token_stride: int = 0
+    lse_token_stride: int = 0
+    has_extra: bool = False
+    extra_page_size: int = 0
+    extra_num_pages: int = 0
+    extra_page_stride: int = 0
+    extra_kv_cache_bytes: int = 0
+    extra_topk: int = 0
+    extra_indices_batch_stride: int = 0
+    extra_indices_token_stride: int = 0
+    has_extra_topk_length: bool = False
     q: Any = None
     kv_cache: Any = None
     indices: Any = None
@@ -185,6 +211,9 @@ class DecodeCall:
     sink: Any = None
     out: Any = None
     lse: Any = None
+    extra_kv_cache: Any = None
+    extra_indices: Any = None
+    extra_topk_length: Any = None
     stream: Any = None  # torch.cuda.current_stream() on cuda, None on cpu
 
 
@@ -224,9 +253,13 @@ class Dump:
             bits), ``kv_cache`` uint8 ``[num_pages, page_stride]``, ``indices`` int32
             ``[B, topk]``, optional ``topk_length`` int32 ``[B]`` and ``sink`` float32 ``[H]``,
             ``out``/``lse`` float32 (the oracle, ``out64``/``lse64`` float64) and
-            ``out_<backend>``/``lse_<backend>`` for every backend that ran.
-        params: params.json (geometry with page_stride resolved, batch, heads, topk, d_qk,
-            d_v, q_head_stride, sm_scale, conventions, content_hash).
+            ``out_<backend>``/``lse_<backend>`` for every backend that ran. With an extra cache
+            also ``extra_kv_cache`` uint8 ``[pages, page_stride]``, ``extra_indices`` and
+            optional ``extra_topk_length``. When s_q > 1, q, indices, extra_indices, out and
+            lse carry the token axis ``[B, s_q, ...]``; :meth:`tokens` gives it always.
+        params: params.json (geometry with page_stride resolved, batch, s_q, heads, topk,
+            d_qk, d_v, q_head_stride, sm_scale, conventions, content_hash; extra_geometry and
+            extra_topk with an extra cache).
         case: case.json, the recipe.
     """
 
@@ -236,6 +269,30 @@ class Dump:
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.arrays[key]
+
+    @property
+    def s_q(self) -> int:
+        """Query tokens per batch row (1 for dumps of version-1 cases)."""
+        return int(self.params.get("s_q", 1))
+
+    def tokens(self, key: str) -> np.ndarray:
+        """A [B, (s_q,) ...] array with the token axis always present: [B, s_q, ...]."""
+        a = self.arrays[key]
+        if self.s_q == 1 and key in _TOKEN_ARRAYS:
+            return a.reshape((a.shape[0], 1) + a.shape[1:])
+        return a
+
+
+class _TokenNames:
+    """Arrays of a dump with the token axis (when s_q > 1), every backend's outputs included."""
+
+
+    def __contains__(self, key: object) -> bool:
+        k = str(key)
+        return k in ("q", "indices", "extra_indices") or k.startswith(("out", "lse"))
+
+
+_TOKEN_ARRAYS = _TokenNames()
 
 
 def load_dump(directory: Union[str, "os.PathLike[str]"]) -> Dump:

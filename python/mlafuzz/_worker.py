@@ -152,11 +152,20 @@ _SCALARS = (
     "indices_batch_stride", "out_head_stride", "out_batch_stride", "lse_batch_stride",
     "has_topk_length", "has_sink",
 )
+# ABI version 2 (SPEC.md section 8): query tokens and the extra cache; absent from requests of
+# an older mlafuzz (the defaults then mean s_q = 1, no extra cache).
+_SCALARS_V2 = (
+    "s_q", "q_token_stride", "indices_token_stride", "out_token_stride", "lse_token_stride",
+    "has_extra", "extra_page_size", "extra_num_pages", "extra_page_stride",
+    "extra_kv_cache_bytes", "extra_topk", "extra_indices_batch_stride",
+    "extra_indices_token_stride", "has_extra_topk_length",
+)
 
 
 def scalars_call(req: Dict[str, Any], memory: str) -> mlafuzz.DecodeCall:
     """The call with its scalar fields from the request and every array None."""
     fields = {k: req[k] for k in _SCALARS}
+    fields.update({k: req[k] for k in _SCALARS_V2 if k in req})
     fields["sm_scale"] = float(np.float32(fields["sm_scale"]))
     fields["sink_in_lse"] = bool(fields["sink_in_lse"])
     return mlafuzz.DecodeCall(memory=memory, **fields)
@@ -265,6 +274,8 @@ class Server:
         call.q, call.kv_cache, call.indices = a["q"], a["kv_cache"], a["indices"]
         call.topk_length, call.sink = a.get("topk_length"), a.get("sink")
         call.out, call.lse = a["out"], a["lse"]
+        call.extra_kv_cache, call.extra_indices = a.get("extra_kv_cache"), a.get("extra_indices")
+        call.extra_topk_length = a.get("extra_topk_length")
         err, seconds = self._call_kernel(call)
         del call, a
         if err is not None:
@@ -289,19 +300,25 @@ class Server:
             out_raw = upload(a["out_raw"].view(np.int16)).view(torch.bfloat16)
             lse_raw = upload(a["lse_raw"])
             b, h = call.batch, call.heads
-            call.q = q_raw.as_strided(
-                (b, h, call.d_qk), (call.q_batch_stride, call.q_head_stride, 1)
-            )
+            # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
+            lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
+                call.lse_batch_stride,)
+            if call.s_q > 1:
+                lead = (b, call.s_q)
+                q_st += (call.q_token_stride,)
+                o_st += (call.out_token_stride,)
+                l_st += (call.lse_token_stride,)
+            call.q = q_raw.as_strided(lead + (h, call.d_qk), q_st + (call.q_head_stride, 1))
             call.out = out_raw.as_strided(
-                (b, h, call.d_v), (call.out_batch_stride, call.out_head_stride, 1),
-                int(req["out_guard"]),
+                lead + (h, call.d_v), o_st + (call.out_head_stride, 1), int(req["out_guard"]),
             )
-            call.lse = lse_raw.as_strided(
-                (b, h), (call.lse_batch_stride, 1), int(req["lse_guard"])
-            )
+            call.lse = lse_raw.as_strided(lead + (h,), l_st + (1,), int(req["lse_guard"]))
             call.kv_cache = upload(a["kv_cache"])
             call.indices = upload(a["indices"])
             call.topk_length = upload(a.get("topk_length"))
+            call.extra_kv_cache = upload(a.get("extra_kv_cache"))
+            call.extra_indices = upload(a.get("extra_indices"))
+            call.extra_topk_length = upload(a.get("extra_topk_length"))
             call.sink = upload(a.get("sink"))
             call.stream = torch.cuda.current_stream(dev)
             torch.cuda.synchronize(dev)

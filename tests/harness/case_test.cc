@@ -51,7 +51,7 @@ Case everything_case() {
   c.scales = {ScaleMode::kRandom, 100, 140};
   c.pad_fill = Fill::kGarbage;
   c.data_seed = 18446744073709551615ull;  // 2^64 - 1: the full seed range survives JSON
-  c.q_source = Case::QSource{7, {5, 0}, {6, 6, 1, 0}};
+  c.q_source = Case::QSource{7, {5, 0}, {6, 6, 1, 0}, 1, {}};
   return c;
 }
 
@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadJson{R"({"version": 1, "bogus": 3})", "bogus"},
         BadJson{R"({"version": 1, "geometry": {"page_sise": 3}})", "geometry.page_sise"},
         BadJson{R"({"version": 1, "q_values": {"dist": "normal", "mag": 1}})", "q_values.mag"},
-        BadJson{R"({"version": 2})", "version"}, BadJson{R"({"batch": 1})", "version"},
+        BadJson{R"({"version": 3})", "version"}, BadJson{R"({"batch": 1})", "version"},
         BadJson{R"({"version": 1, "format": "something-else"})", "format"},
         BadJson{R"({"version": 1, "batch": "4"})", "batch"},
         BadJson{R"({"version": 1, "batch": 1.5})", "batch"},
@@ -229,15 +229,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"TopkLengthNegative",
                 [](Case& c) { c.topk_length = std::vector<int32_t>{-1, 0}; }, "topk_length[0]"},
         BadCase{"SinkCount", [](Case& c) { c.sink = std::vector<double>{0, 0}; }, "sink"},
-        BadCase{"QSourceRows", [](Case& c) { c.q_source = Case::QSource{3, {0}, {0, 1, 2}}; },
+        BadCase{"QSourceRows", [](Case& c) { c.q_source = Case::QSource{3, {0}, {0, 1, 2}, 1, {}}; },
                 "q_source.rows"},
         BadCase{"QSourceHeadCount",
-                [](Case& c) { c.q_source = Case::QSource{3, {0, 1}, {0, 1}}; },
+                [](Case& c) { c.q_source = Case::QSource{3, {0, 1}, {0, 1}, 1, {}}; },
                 "q_source.head_ids"},
         BadCase{"QSourceHeadRange",
-                [](Case& c) { c.q_source = Case::QSource{2, {0, 1}, {0, 1, 2}}; },
+                [](Case& c) { c.q_source = Case::QSource{2, {0, 1}, {0, 1, 2}, 1, {}}; },
                 "q_source.head_ids[2]"},
-        BadCase{"QSourceHeads", [](Case& c) { c.q_source = Case::QSource{0, {0, 1}, {0, 0, 0}}; },
+        BadCase{"QSourceHeads", [](Case& c) { c.q_source = Case::QSource{0, {0, 1}, {0, 0, 0}, 1, {}}; },
                 "q_source.heads"},
         BadCase{"SinkNaN",
                 [](Case& c) {

@@ -145,7 +145,7 @@ TEST(Materialize, QSourceKeepsTheValuesOfTheKeptRowsAndHeads) {
   sub.indices = {generate_indices(c)[1]};
   if (c.topk_length) sub.topk_length = std::vector<int32_t>{(*c.topk_length)[1]};
   if (c.sink) sub.sink = std::vector<double>{(*c.sink)[2], (*c.sink)[0]};
-  sub.q_source = Case::QSource{c.heads, {1}, {2, 0}};
+  sub.q_source = Case::QSource{c.heads, {1}, {2, 0}, 1, {}};
   const MaterializedCase s = materialize(sub);
   const int h_of[2] = {2, 0};
   for (int h = 0; h < 2; ++h) {

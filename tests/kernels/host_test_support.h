@@ -126,6 +126,7 @@ inline MaterializedCase slice_heads(const MaterializedCase& m, int32_t h0, int32
     s.q.insert(s.q.end(), first, first + int64_t{nh} * m.q_head_stride);
   }
   if (!m.sink.empty()) s.sink.assign(m.sink.begin() + h0, m.sink.begin() + h0 + nh);
+  s.set_contiguous_strides();
   return s;
 }
 

@@ -388,6 +388,7 @@ TEST(OracleLayout, QMatrixSkipsHeadPadding) {
   HandCase hc(model1(), 2, 3, 1);
   MaterializedCase& m = hc.m();
   m.q_head_stride = m.d_qk() + 5;
+  m.set_contiguous_strides();
   m.q.assign(2 * 3 * m.q_head_stride, 0x7fc0);  // bf16 NaN everywhere, pads included
   for (int b = 0; b < 2; ++b) {
     for (int h = 0; h < 3; ++h) {
@@ -419,9 +420,9 @@ void expect_agree(const MaterializedCase& m, const std::string& what) {
   const OracleResult e = run_oracle_eigen(m, 1);
   const OracleResult l = run_oracle_loop(m);
   const int64_t H = m.heads, dv = m.d_v();
-  ASSERT_EQ(e.out.size(), static_cast<size_t>(m.batch * H * dv));
+  ASSERT_EQ(e.out.size(), static_cast<size_t>(m.query_rows() * H * dv));
   double worst_out = 0, worst_lse = 0;
-  for (int b = 0; b < m.batch; ++b) {
+  for (int b = 0; b < m.query_rows(); ++b) {  // query rows (b * s_q + s)
     const double vs = row_v_scale(m, b);
     for (int64_t i = b * H * dv; i < (b + 1) * H * dv; ++i) {
       ASSERT_FALSE(std::isnan(e.out[i])) << what;

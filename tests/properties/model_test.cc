@@ -491,8 +491,8 @@ TEST(PropertyTable, NamesKindsAndFigures) {
   for (const auto& n : names) {
     if (has_error_figures(n)) figures.insert(n);
   }
-  EXPECT_EQ(figures,
-            (std::set<std::string>{"tolerance", "permute", "insert-invalid", "mma-vs-simt"}));
+  EXPECT_EQ(figures, (std::set<std::string>{"tolerance", "permute", "insert-invalid", "mma-vs-simt",
+                                            "move-to-extra"}));
   EXPECT_FALSE(has_error_figures("fault")) << "the campaign's pseudo-property";
   EXPECT_EQ(find_property("fault"), nullptr);
   EXPECT_TRUE(property_info(PropertyId::kMmaVsSimt).needs_simt_partner);

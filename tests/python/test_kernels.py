@@ -19,7 +19,7 @@ def test_numpy_kernel_passes_every_property() -> None:
 
 def test_planted_bug_is_found_and_shrunk_to_one_row_and_head(tmp_path) -> None:
     with pytest.raises(AssertionError) as failure:
-        mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode_planted_bug", time="120s", cases=6, seed=3,
+        mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode_planted_bug", time="120s", cases=16, seed=3,
                              properties=["tolerance"], jobs=2, corpus=str(tmp_path / "corpus"))
     message = str(failure.value)
     assert "tolerance on python:examples/python/numpy_decode.py:decode_planted_bug" in message
