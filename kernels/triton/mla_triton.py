@@ -55,6 +55,8 @@ def jit() -> Any:
 
 def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     """What both kernels cannot do, from the sizes only."""
+    if getattr(call, "s_q", 1) > 1 or getattr(call, "has_extra", False):
+        return "the production decode (s_q > 1, extra cache) is not implemented in these kernels"
     if call.layout not in ("model1", "v32"):
         return f"layout {call.layout!r} (only model1 and v32)"
     if call.scale_tile <= 0 or call.nope_dim % call.scale_tile != 0:
