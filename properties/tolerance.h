@@ -51,8 +51,15 @@
 // row over T(b, s), the valid entries of the main and the extra list. A joint-softmax kernel
 // (FlashMLA) folds the main list's tiles, then the extra list's, through one online softmax: the
 // model above with T = topk + extra_topk entries and nt = ceil(topk / tile) + ceil(extra_topk /
-// tile) tiles (one more set of tiles). An LSE-merged kernel (SGLang's Triton path) is bounded
-// by merged_bounds() below.
+// tile) tiles (one more set of tiles). An LSE-merged kernel (SGLang's Triton path,
+// MLAFUZZ_EXTRA_LSE_MERGED) computes each list alone, stores each partial output O_i in bf16
+// with its fp32 LSE l_i, then merges out = sum_i a_i O~_i, a_i = exp(l_i - M) / (sum_j exp(l_j -
+// M) + exp(sink - M)), and rounds to bf16 again. Its bound (not implemented yet: such a plugin's
+// extra-cache cases are judged by the joint bound) is the model above applied to each list alone
+// (delta_i, dlse_i), plus u16 |O_i| for the first rounding, plus step 2 with the two partials as
+// the "tokens" (e_i = dlse_i + the merge's exp and fp32 rounding): exp(e_max) sum_i a_i
+// expm1(e_i) |O_i - O|, plus sum_i a_i (delta_i + u16 |O_i|), with the second rounding modelled
+// by the store interval as for every bf16 output.
 // kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
 #pragma once
 
