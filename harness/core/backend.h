@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/envelope.h"
 #include "harness/core/materialize.h"
 
 namespace mlafuzz {
@@ -112,6 +113,12 @@ class Backend {
     (void)m;
     return std::nullopt;
   }
+  // What the backend accepts (envelope.h): the generator draws inside the intersection of the
+  // selected backends' envelopes; unsupported() stays the final word. Default: anything.
+  virtual Envelope envelope() const { return {}; }
+  // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
+  // properties are checked within the tolerance bound instead. Default 0: every one exact.
+  virtual uint32_t inexact_invariants() const { return 0; }
   // Explicit tolerances for kCustom backends.
   virtual double abs_tol() const { return 0; }
   virtual double rel_tol() const { return 0; }

@@ -73,6 +73,8 @@ class CudaKernelBackend final : public Backend {
 
   std::string name() const override { return name_; }
   Precision precision() const override { return precision_; }
+  // The launchers' limits (launch.h, common_unsupported).
+  Envelope envelope() const override { return builtin_kernel_envelope(); }
   Availability availability() const override { return device_availability(); }
   bool on_device() const override { return true; }
   std::string simt_partner() const override { return simt_partner_; }
