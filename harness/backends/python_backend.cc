@@ -135,6 +135,8 @@ class PythonBackend final : public Backend {
   double rel_tol() const override { return desc_.rel_tol; }
   Availability availability() const override { return {desc_.available, desc_.reason}; }
   bool on_device() const override { return desc_.device == "cuda"; }
+  Envelope envelope() const override { return desc_.envelope; }
+  uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
   // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
   // the host or on the device.
   bool needs_worker() const override { return true; }
@@ -308,6 +310,13 @@ class PythonBackend final : public Backend {
       d.python = j.value("python", interpreter);
       d.python_version = j.value("python_version", "");
       d.numpy_version = j.value("numpy", "");
+      if (j.contains("envelope") && !j.at("envelope").is_null()) {
+        d.envelope = envelope_from_json(j.at("envelope"), "envelope");
+        d.has_envelope = true;
+      }
+      if (j.contains("inexact")) {
+        d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
+      }
       desc_ = d;
     } catch (const std::exception& e) {
       child_.stop(0);

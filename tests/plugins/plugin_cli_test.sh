@@ -25,8 +25,12 @@ expect() {
 
 expect 0 "backend:     plugin:cpu-fp32-example" "$mlafuzz" plugin-info "$cpu"
 expect 0 "precision:   simt-fp32" "$mlafuzz" plugin-info "$cpu"
-expect 2 "plugin $faulty/libfaulty_abi_v2.so: ABI version 2, mlafuzz supports 1" \
-  "$mlafuzz" plugin-info "$faulty/libfaulty_abi_v2.so"
+expect 2 "plugin $faulty/libfaulty_abi_v3.so: ABI version 3, mlafuzz supports 1 and 2" \
+  "$mlafuzz" plugin-info "$faulty/libfaulty_abi_v3.so"
+expect 2 "plugin $faulty/libfaulty_abi_v0.so: ABI version 0, mlafuzz supports 1 and 2" \
+  "$mlafuzz" plugin-info "$faulty/libfaulty_abi_v0.so"
+expect 0 "ABI version: 2" "$mlafuzz" plugin-info "$cpu"
+expect 0 "refuses extra_cache, extra_topk_length" "$mlafuzz" plugin-info "$cpu"
 expect 2 "plugin $faulty/libfaulty_missing_run.so: missing symbol mlafuzz_plugin_run" \
   "$mlafuzz" plugin-info "$faulty/libfaulty_missing_run.so"
 expect 2 "plugin /nonexistent/libk.so: cannot open: No such file or directory" \
@@ -35,8 +39,8 @@ expect 2 "plugin /nonexistent/libk.so: cannot open: No such file or directory" \
 # run: the plugin next to the oracle; a correct plugin passes, a wrong one fails the case.
 expect 0 "out PASS" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
 expect 1 "out FAIL" "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_zeros.so"
-expect 2 "ABI version 2, mlafuzz supports 1" \
-  "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_abi_v2.so"
+expect 2 "ABI version 3, mlafuzz supports 1 and 2" \
+  "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_abi_v3.so"
 expect 2 "missing symbol mlafuzz_plugin_run" \
   "$mlafuzz" run --case "$case" --backends "oracle,plugin:$faulty/libfaulty_missing_run.so"
 expect 1 "simulated launch failure" \
