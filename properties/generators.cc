@@ -11,6 +11,7 @@
 #include "harness/core/rng.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/tiling.h"
+#include "properties/gen_envelope.h"
 
 namespace mlafuzz {
 namespace {
@@ -74,11 +75,9 @@ Gen<Draft> family_step(const GenConfig& cfg) {
 
 // ---- step 2: layout and dimensions ----
 Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
-  std::vector<int> layouts;
-  if (cfg.model1) layouts.push_back(0);
-  if (cfg.v32) layouts.push_back(1);
-  if (layouts.empty()) throw std::invalid_argument("GenConfig allows no layout");
-  if (d.family == "production") layouts = {cfg.model1 ? 0 : 1};
+  if (!cfg.model1 && !cfg.v32) throw std::invalid_argument("GenConfig allows no layout");
+  std::vector<int> layouts = genv::layouts(cfg.envelope, cfg.model1, cfg.v32);
+  if (d.family == "production") layouts = {layouts.front()};
   const bool other = cfg.other_dims && d.family != "production";
   const bool force_pad = d.edge == "padded-dims";
   return gen::map(
@@ -95,7 +94,7 @@ Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
                                             {5, 512}}),
                  gen::weightedElement<int>({{70, 64}, {10, 16}, {10, 32}, {10, 48}}),
                  gen::weightedElement<int>({{50, 512}, {20, 384}, {15, 256}, {15, 128}})),
-      [d, other, force_pad](std::tuple<int, int, int, int> t) {
+      [d, other, force_pad, env = cfg.envelope](std::tuple<int, int, int, int> t) {
         Draft r = d;
         auto& g = r.c.geom;
         const auto [layout, nope1, rope, nope32] = t;
@@ -111,8 +110,18 @@ Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
           if (force_pad) g.nope_dim = 384;
         }
         g.rope_dim = other ? rope : 64;
+        // Inside the envelope (the nearest admissible dims to the drawn ones).
+        g.nope_dim = genv::nope_dim(env, g.layout, g.nope_dim);
+        g.rope_dim = genv::rope_dim(env, g.rope_dim);
         return r;
       });
+}
+
+// B, H and topk snapped into the envelope (gen_envelope.h).
+void fit_shape(const Envelope& env, Case& c, int maxb, int maxh, int maxk) {
+  c.batch = genv::dim(env.batch, c.batch, maxb, "batch");
+  c.heads = genv::dim(env.heads, c.heads, maxh, "heads");
+  c.topk = genv::dim(env.topk, c.topk, maxk, "topk");
 }
 
 // ---- step 3: B, H, topk (small most of the time, production sizes reachable) ----
@@ -121,13 +130,14 @@ Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
             maxk = std::max(1, cfg.max_topk);
   if (d.family == "production") {
     return gen::map(gen::tuple(gen::element(1, 4, 16, 32), gen::element(0, 1)),
-                    [d, maxb, maxh, maxk](std::tuple<int, int> t) {
+                    [d, maxb, maxh, maxk, env = cfg.envelope](std::tuple<int, int> t) {
                       Draft r = d;
                       r.c.batch = std::min(std::get<0>(t), maxb);
                       r.c.heads = std::min(64, maxh);
                       // main cache: topk 128 over 256-token pages; extra: 512 over 64
                       r.c.topk = std::min(std::get<1>(t) ? 512 : 128, maxk);
                       r.c.geom.page_size = std::get<1>(t) ? 64 : 256;
+                      fit_shape(env, r.c, maxb, maxh, maxk);
                       return r;
                     });
   }
@@ -146,11 +156,12 @@ Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
                                    {20, gen::element(31, 32, 33, 63, 64, 65, 127, 128, 129)},
                                    {tile_edges ? 0u : 10u, range(101, maxk)},
                                    {tile_edges ? 0u : 10u, gen::element(1, 2, 3)}})),
-      [d, maxb, maxh, maxk](std::tuple<int, int, int> t) {
+      [d, maxb, maxh, maxk, env = cfg.envelope](std::tuple<int, int, int> t) {
         Draft r = d;
         r.c.batch = std::clamp(std::get<0>(t), 1, maxb);
         r.c.heads = std::clamp(std::get<1>(t), 1, maxh);
         r.c.topk = std::clamp(std::get<2>(t), 1, maxk);
+        fit_shape(env, r.c, maxb, maxh, maxk);
         return r;
       });
 }
@@ -170,7 +181,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
   return gen::mapcat(page_size, [d, cfg, maxp](int p) {
     Draft r = d;
     auto& g = r.c.geom;
-    g.page_size = std::clamp(p, 1, maxp);
+    g.page_size = genv::dim(cfg.envelope.page_size, std::clamp(p, 1, maxp), maxp, "page_size");
     const int64_t tb = mla::token_bytes(g);
     const int max_pages_mem =
         static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
@@ -184,7 +195,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
                                                     {20, range(1, maxpages)}});
     return gen::map(
         gen::tuple(pages, gen::inRange(0, 4), range(1, 700), gen::inRange(0, 10), any_u64()),
-        [r](std::tuple<int, int, int, int, uint64_t> t) {
+        [r, env = cfg.envelope](std::tuple<int, int, int, int, uint64_t> t) {
           Draft x = r;
           auto& gg = x.c.geom;
           const auto [np, stride_kind, pad, order_kind, seed] = t;
@@ -203,6 +214,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
               gg.page_stride = (mins + 575) / 576 * 576;
               break;
           }
+          gg.page_stride = genv::page_stride(env, gg, gg.page_stride);
           // Physical order: shuffled 60% of the time (when there is a choice).
           x.c.page_order.clear();
           if (np > 1 && order_kind < 6) {
@@ -297,9 +309,9 @@ std::vector<int32_t> index_row(CounterRng& rng, const Case& c, int pattern, int 
 
 // ---- step 5: index lists and topk_length ----
 Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
-  (void)cfg;
   const bool edge_all_invalid = d.edge == "all-invalid" || d.edge == "empty-rows";
-  const bool edge_len0 = d.edge == "topk-length-0";
+  const bool allow_len = genv::topk_length(cfg.envelope);
+  const bool edge_len0 = d.edge == "topk-length-0" && allow_len;
   return gen::map(
       gen::tuple(gen::weightedElement<int>({{40, 0}, {20, 1}, {15, 2}, {15, 3}, {10, 4}}),
                  gen::weightedElement<int>({{edge_all_invalid ? 0u : 50u, 0},
@@ -307,7 +319,7 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
                                             {10, 2},
                                             {10, 3},
                                             {edge_all_invalid ? 60u : 10u, 4}}),
-                 gen::weightedElement<int>({{edge_len0 ? 0u : 60u, 0}, {40, 1}}),
+                 gen::weightedElement<int>({{edge_len0 ? 0u : 60u, 0}, {allow_len ? 40u : 0u, 1}}),
                  gen::element(0, 1, 2), gen::element(0.0, 0.1, 0.5, 1.0),
                  gen::element(0.0, 0.0, 0.05, 0.3)),
       [d, edge_all_invalid, edge_len0](std::tuple<int, int, int, int, double, double> t) {
@@ -437,10 +449,11 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
           gen::weightedElement<int>({{75, 0}, {25, 1}}),  // q/out head padding
           gen::weightedElement<int>(
               {{40, 0}, {cfg.poison_fills ? 30u : 0u, 1}, {cfg.poison_fills ? 30u : 0u, 2}})),
-      [d](std::tuple<int, int, int, int, int> t) {
+      [d, env = cfg.envelope](std::tuple<int, int, int, int, int> t) {
         Draft r = d;
         Case& c = r.c;
-        const auto [sink_kind, scale_kind, conv_kind, pad_kind, fill] = t;
+        const auto [sink_drawn, scale_kind, conv_kind, pad_kind, fill] = t;
+        const int sink_kind = genv::sink_kind(env, sink_drawn);
         CounterRng rng(r.bulk_seed, Stream::kGenerator, 3);
         c.sink.reset();
         if (sink_kind > 0) {
@@ -469,6 +482,8 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
         c.q_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(1, 70)) : 0;
         c.out_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(0, 70)) : 0;
         c.pad_fill = static_cast<Fill>(fill);
+        genv::conventions(env, c.conventions);
+        genv::head_padding(env, c);
         return r;
       });
 }
@@ -477,10 +492,11 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
 // only generated under kAnyNegative): draw them first, carried in the recipe.
 Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
   return gen::map(gen::weightedElement<int>({{cfg.non_default_conventions ? 15u : 0u, 1}, {85, 0}}),
-                  [d](int any) {
+                  [d, env = cfg.envelope](int any) {
                     Draft r = d;
-                    r.c.conventions.invalid_index = any ? mla::InvalidIndexRule::kAnyNegative
-                                                        : mla::InvalidIndexRule::kMinusOneOnly;
+                    r.c.conventions.invalid_index =
+                        genv::invalid_index(env, any ? mla::InvalidIndexRule::kAnyNegative
+                                                     : mla::InvalidIndexRule::kMinusOneOnly);
                     return r;
                   });
 }
@@ -526,11 +542,19 @@ rc::Random case_random(uint64_t seed, uint64_t case_index) {
 
 Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
                    std::vector<std::string>* tags) {
+  if (const auto why = cfg.envelope.empty_reason(cfg.max_batch, cfg.max_heads, cfg.max_topk,
+                                                 cfg.max_page_size)) {
+    throw std::invalid_argument("the envelope admits no case: " + *why);
+  }
   Case c = case_generator(cfg)(case_random(seed, case_index), rc::kNominalSize).value();
   std::ostringstream os;
   os << "seed " << seed << " case " << case_index;
   c.description = os.str();
   validate(c);  // a generator bug must surface here, not as a backend failure
+  if (const auto why = cfg.envelope.rejects(c)) {
+    throw std::logic_error("generator bug: seed " + std::to_string(seed) + " case " +
+                           std::to_string(case_index) + " left the envelope: " + *why);
+  }
   if (tags) *tags = classify_case(c);
   return c;
 }

@@ -111,7 +111,7 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
   return r;
 }
 
-MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
   const mla::CacheGeometry& g = m.geom;
@@ -130,6 +130,11 @@ MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
       break;
   }
   if (r.geom.page_stride == g.page_stride && extra == 0) r.geom.page_stride += 64;
+  // Inside the backend's envelope: a stride it accepts (the smallest multiple at or above).
+  if (stride_multiple > 1) {
+    r.geom.page_stride =
+        (r.geom.page_stride + stride_multiple - 1) / stride_multiple * stride_multiple;
+  }
   std::vector<int32_t> perm(static_cast<size_t>(r.geom.num_pages));
   std::iota(perm.begin(), perm.end(), 0);
   shuffle(perm, rng);

@@ -31,7 +31,9 @@ std::vector<uint8_t> used_cache_bytes(const MaterializedCase& m);
 
 // Another physical page order (a random permutation, possibly with extra unused pages) and
 // another page stride (minimum or padded); indices remapped; freed bytes random garbage.
-MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed);
+// stride_multiple > 1 rounds the new stride up to a multiple of it (the backend's envelope).
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed,
+                                int64_t stride_multiple = 0);
 
 // Batch row b alone (B = 1).
 MaterializedCase batch_row_alone(const MaterializedCase& m, int b);

@@ -76,6 +76,8 @@ WorkerInfo describe(const Backend& backend) {
   i.is_reference = backend.is_reference();
   i.simt_partner = backend.simt_partner();
   i.pid = static_cast<int32_t>(::getpid());
+  i.envelope = backend.envelope();
+  i.inexact_invariants = backend.inexact_invariants();
   return i;
 }
 

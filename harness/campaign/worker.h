@@ -129,6 +129,8 @@ class ProxyBackend final : public Backend {
   bool needs_worker() const override { return info_.needs_worker; }
   bool is_reference() const override { return info_.is_reference; }
   std::string simt_partner() const override { return info_.simt_partner; }
+  Envelope envelope() const override { return info_.envelope; }
+  uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
   RunResult run(const MaterializedCase& m) override;
 
   std::vector<FaultRecord> take_faults();

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <type_traits>
 
 #include "harness/core/case.h"
+#include "harness/core/envelope.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -200,6 +202,8 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod<uint8_t>(i.is_reference);
   w.str(i.simt_partner);
   w.pod(i.pid);
+  w.str(envelope_to_json(i.envelope).dump());
+  w.pod(i.inexact_invariants);
   return w.take();
 }
 
@@ -217,6 +221,12 @@ WorkerInfo decode_info(std::string_view bytes) {
   i.is_reference = r.pod<uint8_t>() != 0;
   i.simt_partner = r.str();
   i.pid = r.pod<int32_t>();
+  try {
+    i.envelope = envelope_from_json(nlohmann::ordered_json::parse(r.str()));
+  } catch (const std::exception& e) {
+    throw ProtocolError(std::string("info: bad envelope: ") + e.what());
+  }
+  i.inexact_invariants = r.pod<uint32_t>();
   r.end();
   return i;
 }

@@ -38,6 +38,8 @@ struct WorkerInfo {
   bool is_reference = false;
   std::string simt_partner;
   int32_t pid = 0;
+  Envelope envelope;                // Backend::envelope()
+  uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
 };
 
 // Thrown on a malformed payload.
