@@ -233,6 +233,10 @@ class Server:
             "python": sys.executable,
             "python_version": sys.version.split()[0],
             "numpy": np.__version__,
+            # Protocol 1 additions (readers ignore unknown fields): what the kernel accepts and
+            # the invariants it does not promise bit for bit.
+            "envelope": i.envelope,
+            "inexact": list(i.inexact),
         }
 
     def supports_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:
