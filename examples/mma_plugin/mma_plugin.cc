@@ -63,6 +63,7 @@ mla::DecodeParams to_params(const MlafuzzDecodeCall& c) {
 const char* abi_mismatch(const MlafuzzDecodeCall& c) {
   if (c.indices_batch_stride != c.topk) return "indices rows must be contiguous (stride topk)";
   if (c.lse_batch_stride != c.heads) return "lse must be contiguous [B, H]";
+  if (c.s_q != 1 || c.has_extra) return "one query token per row and no extra cache";
   return nullptr;
 }
 
@@ -79,6 +80,25 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_info(MlafuzzPluginInfo* info) {
                 "example device plugin: the built-in mma.sync bf16 head-tiled kernel, BLOCK_H 32");
   info->runs_on = MLAFUZZ_RUNS_ON_DEVICE;
   info->precision = MLAFUZZ_PRECISION_BF16_MMA;
+  info->inexact_invariants = 0;  // one block per (row, 32 heads), fixed order: all exact
+  info->extra_pipeline = MLAFUZZ_EXTRA_JOINT;
+  return 0;
+}
+
+// The kernel's envelope (kernels/cuda/launch.h), so that mlafuzz generates only cases it takes.
+MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
+  env->abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
+  env->nope_dim.min = 16;
+  env->nope_dim.max = 512;
+  env->nope_dim.multiple_of = 16;
+  env->rope_dim.max = 64;
+  env->rope_dim.multiple_of = 16;
+  env->scale_tile.multiple_of = 8;
+  env->batch.max = 65535;
+  env->s_q.count = 1;
+  env->s_q.values[0] = 1;
+  env->refuses =
+      MLAFUZZ_FEATURE_EXTRA_CACHE | MLAFUZZ_FEATURE_EXTRA_TOPK_LENGTH | MLAFUZZ_FEATURE_ROW_PAD;
   return 0;
 }
 

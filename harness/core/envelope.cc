@@ -222,15 +222,18 @@ IntSet intersect(const IntSet& a, const IntSet& b) {
   r.max = a.max == 0 ? b.max : b.max == 0 ? a.max : std::min(a.max, b.max);
   r.multiple_of = static_cast<int32_t>(lcm_capped(a.multiple_of, b.multiple_of));
   if (!a.values.empty() || !b.values.empty()) {
+    // A list: the values both sets contain, and nothing else to say.
     const IntSet& from = a.values.empty() ? b : a;
-    const IntSet& other = a.values.empty() ? a : b;
+    std::vector<int32_t> kept;
     for (const int32_t v : from.values) {
-      if (other.contains(v) && std::find(r.values.begin(), r.values.end(), v) == r.values.end()) {
-        r.values.push_back(v);
+      if (a.contains(v) && b.contains(v) && std::find(kept.begin(), kept.end(), v) == kept.end()) {
+        kept.push_back(v);
       }
     }
-    // Every value excluded: keep an impossible set (values {0}: every dimension is >= 1), so
-    // that the intersection reads as empty instead of "any".
+    r = IntSet{};
+    r.values = kept;
+    // Every value excluded: an impossible set (values {0} with min 1: every dimension is
+    // >= 0 and 0 < min), so that the intersection reads as empty instead of "any".
     if (r.values.empty()) {
       r.values = {0};
       r.min = 1;
