@@ -2,11 +2,14 @@
 // conversion into a RunResult.
 #include "harness/core/backend.h"
 
+#include <chrono>
+
 namespace mlafuzz {
 
 const char* phase_name(Phase p) {
-  static constexpr const char* kNames[kPhaseCount] = {
-      "queue", "encode", "transport", "decode", "run", "alloc", "upload", "kernel", "download"};
+  static constexpr const char* kNames[kPhaseCount] = {"queue",    "encode", "transport", "decode",
+                                                      "run",      "alloc",  "upload",    "kernel",
+                                                      "download", "stage"};
   const int i = static_cast<int>(p);
   return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
 }
@@ -78,6 +81,17 @@ RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) 
   r.lse_raw = bufs.lse;
   r.guard_violations = bufs.guard_violations(m);
   return r;
+}
+
+std::vector<CheckedRun> Backend::check_and_run(const std::vector<const MaterializedCase*>& cases) {
+  std::vector<CheckedRun> out(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    out[i].unsupported = unsupported(*cases[i]);
+    if (!out[i].unsupported) out[i].result = run(*cases[i]);
+    out[i].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return out;
 }
 
 }  // namespace mlafuzz

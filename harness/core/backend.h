@@ -55,6 +55,8 @@ struct OutputBuffers {
 // the transport less the worker's own time), the worker (decoding the case), and the CUDA staging
 // (device allocation, copies to and from the device, the kernel with its synchronization). What a
 // backend does not measure stays 0; `run` is the backend's whole run() as the worker saw it.
+// A CUDA backend's resident path (one synchronization per call) measures upload, kernel and
+// download as device-side durations between CUDA events, alloc and stage as host wall time.
 enum class Phase : int {
   kQueue,      // waiting for a free worker (another thread's call in flight)
   kEncode,     // case -> frame (proxy side)
@@ -65,6 +67,8 @@ enum class Phase : int {
   kUpload,     // host -> device copies inside kRun
   kKernel,     // launch and synchronize inside kRun
   kDownload,   // device -> host copies inside kRun
+  kStage,      // inside kRun, host side: inputs compared with the device-resident copies, changed
+               // ones and the output canaries copied into pinned memory (cuda_backends.cu)
   kCount,
 };
 inline constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
@@ -94,6 +98,14 @@ struct RunResult {
   CallPhases phases;   // where `seconds` went, as far as the layers measured it
 
   bool ok() const { return status == RunStatus::kOk; }
+};
+
+// One call of a batch (Backend::check_and_run): the case's unsupported() verdict, and run()'s
+// result when the case is supported.
+struct CheckedRun {
+  std::optional<std::string> unsupported;  // set: run() was not called for this case
+  RunResult result;
+  double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
 };
 
 struct Availability {
@@ -127,6 +139,10 @@ class Backend {
   // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
   virtual std::string simt_partner() const { return ""; }
   virtual RunResult run(const MaterializedCase& m) = 0;
+  // unsupported() and, when supported, run() for each case in order: the property variants of
+  // a case. The default calls them one by one; a worker proxy sends all cases in one request
+  // (harness/campaign/worker.h), its results the same as the calls one by one.
+  virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers.
