@@ -110,10 +110,16 @@ struct PinnedMem {
 class ResidentInput {
  public:
   static constexpr int kVersions = 4;
+  // A host-to-device copy the caller issues (asynchronously, from pinned memory).
+  struct Copy {
+    void* dev;
+    const void* host;
+    size_t bytes;
+  };
   // The device copy of `bytes` bytes at `src`: a kept version when one matches (hit), else the
-  // least recently used version is refilled (pinned copy, then an asynchronous upload on the
-  // default stream, counted in `uploaded`).
-  cudaError_t stage(const void* src, size_t bytes, void** dev, size_t* uploaded) {
+  // least recently used version is refilled: its pinned copy now, the upload appended to
+  // `uploads`.
+  cudaError_t stage(const void* src, size_t bytes, void** dev, std::vector<Copy>* uploads) {
     ++tick_;
     for (Version& v : versions_) {
       if (v.valid && v.bytes == bytes && (bytes == 0 || std::memcmp(v.host.ptr, src, bytes) == 0)) {
@@ -136,14 +142,12 @@ class ResidentInput {
     if (e != cudaSuccess) return e;
     if (bytes > 0) {
       std::memcpy(victim->host.ptr, src, bytes);
-      e = cudaMemcpyAsync(victim->dev.ptr, victim->host.ptr, bytes, cudaMemcpyHostToDevice, 0);
-      if (e != cudaSuccess) return e;
+      uploads->push_back({victim->dev.ptr, victim->host.ptr, bytes});
     }
     victim->bytes = bytes;
     victim->last_use = tick_;
-    victim->valid = true;
+    victim->valid = true;  // the caller issues the upload (a failed call invalidates)
     *dev = victim->dev.ptr;
-    *uploaded += bytes;
     return cudaSuccess;
   }
   // Forgets every version (after a failed call: an upload may not have completed).
@@ -288,7 +292,6 @@ class CudaKernelBackend final : public Backend {
     if ((e = events_.create()) != cudaSuccess) return failure(e, "cuda events");
     timing.phases[Phase::kAlloc] = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
-    if ((e = cudaEventRecord(events_.e[0], 0)) != cudaSuccess) return failure(e, "event");
     struct Input {
       const void* src;
       size_t bytes;
@@ -302,21 +305,24 @@ class CudaKernelBackend final : public Backend {
         {m.sink.data(), m.sink.size() * 4, "sink"},
     };
     void* dev[kInputs] = {};
-    size_t uploaded = 0;
+    uploads_.clear();
     for (int i = 0; i < kInputs; ++i) {
-      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, &dev[i], &uploaded)) != cudaSuccess) {
+      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, &dev[i], &uploads_)) != cudaSuccess) {
         return failure(e, in[i].what);
       }
     }
     std::memcpy(pinned_out_.ptr, bufs.out.data(), out_bytes);
     std::memcpy(pinned_out_.ptr + out_bytes, bufs.lse.data(), lse_bytes);
-    if ((e = cudaMemcpyAsync(d_out_.ptr, pinned_out_.ptr, out_bytes, cudaMemcpyHostToDevice, 0)) !=
-            cudaSuccess ||
-        (e = cudaMemcpyAsync(d_lse_.ptr, pinned_out_.ptr + out_bytes, lse_bytes,
-                             cudaMemcpyHostToDevice, 0)) != cudaSuccess) {
-      return failure(e, "out canaries");
-    }
+    uploads_.push_back({d_out_.ptr, pinned_out_.ptr, out_bytes});
+    uploads_.push_back({d_lse_.ptr, pinned_out_.ptr + out_bytes, lse_bytes});
     timing.phases[Phase::kStage] = seconds_since(t0);
+    // Host staging is done: the upload interval holds the copies alone.
+    if ((e = cudaEventRecord(events_.e[0], 0)) != cudaSuccess) return failure(e, "event");
+    for (const ResidentInput::Copy& c : uploads_) {
+      if ((e = cudaMemcpyAsync(c.dev, c.host, c.bytes, cudaMemcpyHostToDevice, 0)) != cudaSuccess) {
+        return failure(e, "upload");
+      }
+    }
     if ((e = cudaEventRecord(events_.e[1], 0)) != cudaSuccess) return failure(e, "event");
 
     mla::DecodeParams p = m.host_params();
@@ -425,6 +431,7 @@ class CudaKernelBackend final : public Backend {
   DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_out_, d_lse_;
   // The resident path's inputs (q, cache, indices, topk_length, sink), output staging, events.
   ResidentInput inputs_[kInputs];
+  std::vector<ResidentInput::Copy> uploads_;
   PinnedMem pinned_out_;
   PhaseEvents events_;
 };
