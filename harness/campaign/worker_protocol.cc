@@ -124,6 +124,10 @@ std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
   w.vec(m.topk_length);
   w.vec(m.sink);
   w.pod(m.out_head_stride);
+  w.pod(m.q_batch_stride);
+  w.pod(m.indices_batch_stride);
+  w.pod(m.out_batch_stride);
+  w.pod(m.lse_batch_stride);
   return w.take();
 }
 
@@ -149,6 +153,10 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   m.topk_length = r.vec<int32_t>();
   m.sink = r.vec<float>();
   m.out_head_stride = r.pod<int64_t>();
+  m.q_batch_stride = r.pod<int64_t>();
+  m.indices_batch_stride = r.pod<int64_t>();
+  m.out_batch_stride = r.pod<int64_t>();
+  m.lse_batch_stride = r.pod<int64_t>();
   r.end();
   return m;
 }
@@ -226,9 +234,14 @@ size_t bulk_bytes_needed(const MaterializedCase& m) {
   // guard bands included), each aligned.
   const size_t heads = static_cast<size_t>(m.batch) * m.heads;
   const size_t out = heads * m.d_v();
+  const size_t rows = static_cast<size_t>(m.batch);
   const size_t out_raw =
-      2 * OutputBuffers::kGuard + heads * std::max<size_t>(m.out_head_stride, m.d_v());
-  const size_t lse_raw = 2 * OutputBuffers::kGuard + heads;
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.out_batch_stride, 0)),
+               heads * std::max<size_t>(m.out_head_stride, m.d_v()));
+  const size_t lse_raw =
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.lse_batch_stride, 0)), heads);
   const size_t sizes[] = {m.q.size() * 2,
                           m.cache.size(),
                           m.indices.size() * 4,

@@ -142,7 +142,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadJson{R"({"version": 1, "bogus": 3})", "bogus"},
         BadJson{R"({"version": 1, "geometry": {"page_sise": 3}})", "geometry.page_sise"},
         BadJson{R"({"version": 1, "q_values": {"dist": "normal", "mag": 1}})", "q_values.mag"},
-        BadJson{R"({"version": 2})", "version"}, BadJson{R"({"batch": 1})", "version"},
+        BadJson{R"({"version": 3})", "version"}, BadJson{R"({"batch": 1})", "version"},
         BadJson{R"({"version": 1, "format": "something-else"})", "format"},
         BadJson{R"({"version": 1, "batch": "4"})", "batch"},
         BadJson{R"({"version": 1, "batch": 1.5})", "batch"},
