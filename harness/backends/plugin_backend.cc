@@ -239,6 +239,7 @@ class PluginBackend final : public Backend {
     p.out_head_stride = bufs.out_head_stride;
     p.out_batch_stride = bufs.out_batch_stride;
     p.lse = bufs.lse_begin();
+    p.lse_batch_stride = bufs.lse_batch_stride;
     const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
     std::array<char, kMessageLen> err{};
     const std::lock_guard<std::mutex> lock(plugin_call_mutex());
@@ -325,14 +326,14 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.q_batch_stride = p.q_batch_stride;
   c.kv_cache = p.kv_cache;
   c.indices = p.indices;
-  c.indices_batch_stride = p.topk;
+  c.indices_batch_stride = p.indices_batch_stride;
   c.topk_length = p.topk_length;
   c.sink = p.sink;
   c.out = p.out;
   c.out_head_stride = p.out_head_stride;
   c.out_batch_stride = p.out_batch_stride;
   c.lse = p.lse;
-  c.lse_batch_stride = p.heads;
+  c.lse_batch_stride = p.lse_batch_stride;
   return c;
 }
 

@@ -157,6 +157,10 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
   if (w.vec_or_same(m.topk_length, base ? &base->topk_length : nullptr)) same |= 1u << 3;
   if (w.vec_or_same(m.sink, base ? &base->sink : nullptr)) same |= 1u << 4;
   w.pod(m.out_head_stride);
+  w.pod(m.q_batch_stride);
+  w.pod(m.indices_batch_stride);
+  w.pod(m.out_batch_stride);
+  w.pod(m.lse_batch_stride);
   return same;
 }
 
@@ -191,6 +195,10 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
   vec(3, m.topk_length);
   vec(4, m.sink);
   m.out_head_stride = r.pod<int64_t>();
+  m.q_batch_stride = r.pod<int64_t>();
+  m.indices_batch_stride = r.pod<int64_t>();
+  m.out_batch_stride = r.pod<int64_t>();
+  m.lse_batch_stride = r.pod<int64_t>();
   return m;
 }
 
@@ -349,9 +357,14 @@ size_t bulk_bytes_needed(const MaterializedCase& m) {
   // guard bands included), each aligned.
   const size_t heads = static_cast<size_t>(m.batch) * m.heads;
   const size_t out = heads * m.d_v();
+  const size_t rows = static_cast<size_t>(m.batch);
   const size_t out_raw =
-      2 * OutputBuffers::kGuard + heads * std::max<size_t>(m.out_head_stride, m.d_v());
-  const size_t lse_raw = 2 * OutputBuffers::kGuard + heads;
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.out_batch_stride, 0)),
+               heads * std::max<size_t>(m.out_head_stride, m.d_v()));
+  const size_t lse_raw =
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.lse_batch_stride, 0)), heads);
   const size_t sizes[] = {m.q.size() * 2,
                           m.cache.size(),
                           m.indices.size() * 4,

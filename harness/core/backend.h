@@ -34,14 +34,16 @@ enum class RunStatus {
 };
 
 // Canary-guarded output buffers. `out` holds kGuard elements before and after the strided
-// [B, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
+// [B, out_batch_stride] region; elements between d_v and out_head_stride, and the gap of each
+// batch row beyond H * out_head_stride, are guard too. `lse` likewise: kGuard before and after
+// [B, lse_batch_stride], the elements of a row beyond H being guard.
 struct OutputBuffers {
   static constexpr int64_t kGuard = 64;
   static constexpr uint16_t kCanaryBits = 0x7fa5;  // a bf16 NaN with a recognisable payload
   static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
   std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
-  std::vector<float> lse;     // kGuard + B*H + kGuard
-  int64_t out_head_stride = 0, out_batch_stride = 0;
+  std::vector<float> lse;     // kGuard + B*lse_batch_stride + kGuard
+  int64_t out_head_stride = 0, out_batch_stride = 0, lse_batch_stride = 0;
 
   explicit OutputBuffers(const MaterializedCase& m);
   uint16_t* out_begin() { return out.data() + kGuard; }

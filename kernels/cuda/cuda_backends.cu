@@ -217,7 +217,7 @@ class CudaKernelBackend final : public Backend {
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     mla::DecodeParams p = m.host_params();
     p.out_head_stride = m.out_head_stride;
-    p.out_batch_stride = m.out_head_stride * m.heads;
+    p.out_batch_stride = m.out_batch_stride;
     return unsupported_(p);
   }
 
@@ -270,6 +270,7 @@ class CudaKernelBackend final : public Backend {
     p.out_head_stride = bufs.out_head_stride;
     p.out_batch_stride = bufs.out_batch_stride;
     p.lse = static_cast<float*>(d_lse_.ptr) + OutputBuffers::kGuard;
+    p.lse_batch_stride = bufs.lse_batch_stride;
   }
 
   // The campaign path: inputs staged through ResidentInput (only changed ones uploaded, from
