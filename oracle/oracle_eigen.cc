@@ -38,7 +38,7 @@ int32_t row_topk_length(const MaterializedCase& m, int b) {
 void valid_positions(const MaterializedCase& m, int b, std::vector<int32_t>& ks) {
   ks.clear();
   const int32_t len = row_topk_length(m, b);
-  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
+  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.indices_batch_stride;
   for (int32_t k = 0; k < m.topk; ++k) {
     if (mla::index_valid(idx[k], k, len, m.conv)) ks.push_back(k);
   }
@@ -54,7 +54,7 @@ void gather_rows(const MaterializedCase& m, int b, const std::vector<int32_t>& k
   const int32_t tiles = mla::num_scale_tiles(g);
   const double* lut = e4m3_table();
   const uint8_t* cache = m.cache.data();
-  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.topk;
+  const int32_t* idx = m.indices.data() + static_cast<int64_t>(b) * m.indices_batch_stride;
   for (size_t i = 0; i < ks.size(); ++i) {
     const mla::TokenAddress a = mla::token_address(g, idx[ks[i]]);
     if (i + 2 < ks.size()) {
@@ -112,7 +112,7 @@ double* grown(AlignedVector& v, int64_t n) {
 // q of row b as [H, d_qk] row-major doubles (the head padding of q_head_stride is skipped).
 void fill_q(const MaterializedCase& m, int b, double* q) {
   const int32_t dqk = m.d_qk();
-  const uint16_t* qb = m.q.data() + static_cast<int64_t>(b) * m.heads * m.q_head_stride;
+  const uint16_t* qb = m.q.data() + static_cast<int64_t>(b) * m.q_batch_stride;
   for (int32_t h = 0; h < m.heads; ++h) {
     const uint16_t* qh = qb + static_cast<int64_t>(h) * m.q_head_stride;
     double* row = q + static_cast<int64_t>(h) * dqk;
@@ -213,11 +213,16 @@ void check_shapes(const MaterializedCase& m) {
     bad_input("cache holds " + std::to_string(m.cache.size()) + " bytes, geometry needs " +
               std::to_string(mla::cache_bytes(g)));
   }
-  const int64_t BH = static_cast<int64_t>(m.batch) * m.heads;
   if (m.q_head_stride < m.d_qk()) bad_input("q_head_stride < d_qk");
-  if (static_cast<int64_t>(m.q.size()) < BH * m.q_head_stride) bad_input("q buffer too small");
-  if (static_cast<int64_t>(m.indices.size()) != static_cast<int64_t>(m.batch) * m.topk) {
-    bad_input("indices must hold batch*topk entries");
+  if (m.q_batch_stride < m.heads * m.q_head_stride)
+    bad_input("q_batch_stride < heads * q_head_stride");
+  if (m.indices_batch_stride < m.topk) bad_input("indices_batch_stride < topk");
+  if (m.batch > 0 && static_cast<int64_t>(m.q.size()) <
+                         (m.batch - 1) * m.q_batch_stride + m.heads * m.q_head_stride) {
+    bad_input("q buffer too small");
+  }
+  if (static_cast<int64_t>(m.indices.size()) != m.batch * m.indices_batch_stride) {
+    bad_input("indices must hold batch * indices_batch_stride entries");
   }
   if (!m.topk_length.empty()) {
     if (static_cast<int64_t>(m.topk_length.size()) != m.batch) {
@@ -239,7 +244,7 @@ void check_row_indices(const MaterializedCase& m, int32_t b) {
   const int64_t slots = mla::num_slots(m.geom);
   const int32_t len = row_topk_length(m, b);
   for (int32_t k = 0; k < m.topk; ++k) {
-    const int32_t idx = m.indices[static_cast<int64_t>(b) * m.topk + k];
+    const int32_t idx = m.index_at(b, k);
     // Out-of-range positive indices (and negatives other than -1 under FlashMLA's rule) are
     // undefined behaviour in every implementation: reject rather than read out of bounds.
     if (mla::index_valid(idx, k, len, m.conv) && (idx < 0 || idx >= slots)) {

@@ -75,7 +75,7 @@ double key(const LoopLayout& L, const uint8_t* cache, const Where& w, int64_t d)
 // the invalid marker: exactly -1 (FlashMLA) or any negative (SGLang, vLLM).
 bool entry_valid(const MaterializedCase& m, int64_t b, int64_t k) {
   if (!m.topk_length.empty() && k >= m.topk_length[b]) return false;
-  const int32_t idx = m.indices[b * m.topk + k];
+  const int32_t idx = m.indices[b * m.indices_batch_stride + k];
   if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) return idx >= 0;
   return idx != -1;
 }
@@ -91,11 +91,14 @@ void check(const MaterializedCase& m, const LoopLayout& L) {
   if (L.S0 < L.P * L.token_size()) fail("page stride below P * token bytes");
   const int64_t pages = m.geom.num_pages;
   if (pages < 0 || static_cast<int64_t>(m.cache.size()) < pages * L.S0) fail("cache too small");
-  if (m.q_head_stride < L.nope + L.rope ||
-      static_cast<int64_t>(m.q.size()) < int64_t{m.batch} * m.heads * m.q_head_stride) {
+  if (m.q_head_stride < L.nope + L.rope || m.q_batch_stride < m.heads * m.q_head_stride ||
+      static_cast<int64_t>(m.q.size()) < int64_t{m.batch} * m.q_batch_stride) {
     fail("q too small");
   }
-  if (static_cast<int64_t>(m.indices.size()) != int64_t{m.batch} * m.topk) fail("indices size");
+  if (m.indices_batch_stride < m.topk ||
+      static_cast<int64_t>(m.indices.size()) != int64_t{m.batch} * m.indices_batch_stride) {
+    fail("indices size");
+  }
   if (!m.topk_length.empty() && static_cast<int64_t>(m.topk_length.size()) != m.batch) {
     fail("topk_length size");
   }
@@ -105,7 +108,7 @@ void check(const MaterializedCase& m, const LoopLayout& L) {
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) != m.heads) fail("sink size");
   for (int64_t b = 0; b < m.batch; ++b) {
     for (int64_t k = 0; k < m.topk; ++k) {
-      const int64_t idx = m.indices[b * m.topk + k];
+      const int64_t idx = m.indices[b * m.indices_batch_stride + k];
       if (entry_valid(m, b, k) && (idx < 0 || idx >= pages * L.P)) {
         fail("index " + std::to_string(idx) + " at [" + std::to_string(b) + "][" +
              std::to_string(k) + "] outside the cache");
@@ -132,7 +135,7 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
   std::vector<double> x(topk), acc(dv);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
-      const uint16_t* q = m.q.data() + (b * H + h) * m.q_head_stride;
+      const uint16_t* q = m.q.data() + b * m.q_batch_stride + h * m.q_head_stride;
       double* out = res.out.data() + (b * H + h) * dv;
       double& lse = res.lse[b * H + h];
       // Logits x_k = sm_scale * <q, K_k>; the row max m of the valid ones.
@@ -140,7 +143,7 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
       bool any = false, nan = false;
       for (int64_t k = 0; k < topk; ++k) {
         if (!entry_valid(m, b, k)) continue;
-        const Where w = L.locate(m.indices[b * topk + k]);
+        const Where w = L.locate(m.indices[b * m.indices_batch_stride + k]);
         double dot = 0;
         for (int64_t d = 0; d < dqk; ++d) dot += mla::bf16_to_float(q[d]) * key(L, cache, w, d);
         x[k] = scale * dot;
@@ -159,7 +162,7 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
       for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
       for (int64_t k = 0; k < topk; ++k) {
         if (!entry_valid(m, b, k)) continue;
-        const Where w = L.locate(m.indices[b * topk + k]);
+        const Where w = L.locate(m.indices[b * m.indices_batch_stride + k]);
         const double p = std::exp(x[k] - mx);
         l += p;
         for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(L, cache, w, d);

@@ -44,6 +44,9 @@ struct GenConfig {
   bool special_values = true;  // special values (0, -0, largest finite, subnormals) in q, K, rope
   bool non_default_conventions = true;  // SGLang/vLLM conventions as well as FlashMLA's
   bool poison_fills = true;             // pad_fill NaN/garbage (q/out head padding, stride padding)
+  // Batch-row gaps: index rows longer than topk, LSE rows longer than H, q and out rows beyond
+  // H * head stride (every stride of the plugin ABI varied, not only the head strides).
+  bool row_pads = true;
   // What the selected backends accept, intersected with `mlafuzz fuzz --envelope` (envelope.h).
   // Each drawn dimension is constrained to it (snapped to the nearest admissible value, so that
   // the edge classes stay reachable inside it), never rejection-sampled; generate_case throws
@@ -185,7 +188,7 @@ struct ShrinkResult {
 
 // Greedy recipe shrinking within `limits`: fewer rows (keeping a failing one), fewer heads,
 // fewer tokens, fewer pages, identity page order, minimum stride, scale 1, small integer values,
-// no sink, zero pad fill, no head padding, no topk_length (properties/shrink.h lists the steps in
+// no sink, zero pad fill, no padding, no topk_length (properties/shrink.h lists the steps in
 // their fixed order). Each step is kept only if `still_fails` says the candidate still fails. A
 // candidate that throws CaseError is rejected without an evaluation.
 // Candidates outside `envelope` (the one the case was generated in, GenConfig::envelope) are

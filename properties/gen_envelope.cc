@@ -98,4 +98,9 @@ void head_padding(const Envelope& e, Case& c) {
   if (e.refuses_feature(kFeatureOutHeadPad)) c.out_head_pad = 0;
 }
 
+void row_padding(const Envelope& e, Case& c) {
+  if (!e.refuses_feature(kFeatureRowPad)) return;
+  c.q_batch_pad = c.out_batch_pad = c.indices_row_pad = c.lse_row_pad = 0;
+}
+
 }  // namespace mlafuzz::genv

@@ -36,5 +36,7 @@ int sink_kind(const Envelope& e, int drawn);
 bool topk_length(const Envelope& e);
 // q/out head padding: zero where refused.
 void head_padding(const Envelope& e, Case& c);
+// Batch-row and index/LSE row gaps: zero where refused (kFeatureRowPad).
+void row_padding(const Envelope& e, Case& c);
 
 }  // namespace mlafuzz::genv

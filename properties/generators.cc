@@ -439,6 +439,7 @@ Gen<Draft> values_step(Draft d, const GenConfig& cfg) {
 // ---- step 7: sinks, scale, conventions, padding, fills ----
 Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
   const bool sink_edge = d.edge == "sink-inf";
+  const bool row_pads = cfg.row_pads;
   return gen::map(
       gen::tuple(
           gen::weightedElement<int>({{(cfg.sinks && !sink_edge) ? 55u : (sink_edge ? 0u : 100u), 0},
@@ -449,7 +450,7 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
           gen::weightedElement<int>({{75, 0}, {25, 1}}),  // q/out head padding
           gen::weightedElement<int>(
               {{40, 0}, {cfg.poison_fills ? 30u : 0u, 1}, {cfg.poison_fills ? 30u : 0u, 2}})),
-      [d, env = cfg.envelope](std::tuple<int, int, int, int, int> t) {
+      [d, row_pads, env = cfg.envelope](std::tuple<int, int, int, int, int> t) {
         Draft r = d;
         Case& c = r.c;
         const auto [sink_drawn, scale_kind, conv_kind, pad_kind, fill] = t;
@@ -482,8 +483,26 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
         c.q_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(1, 70)) : 0;
         c.out_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(0, 70)) : 0;
         c.pad_fill = static_cast<Fill>(fill);
+        // Batch-row gaps, from their own stream so that every other draw stays what it was:
+        // about one case in four pads some rows, each stride independently (odd sizes too, so
+        // that an aligned-only fast path is exercised beside the general one).
+        c.q_batch_pad = c.out_batch_pad = c.indices_row_pad = c.lse_row_pad = 0;
+        CounterRng prng(r.bulk_seed, Stream::kGenerator, 4);
+        if (row_pads && prng.bernoulli(0.25)) {
+          const auto pad = [&](int64_t hi) {
+            return prng.bernoulli(0.5) ? static_cast<int32_t>(prng.uniform_int(1, hi)) : 0;
+          };
+          c.q_batch_pad = pad(96);
+          c.out_batch_pad = pad(96);
+          c.indices_row_pad = pad(72);
+          c.lse_row_pad = pad(9);
+          if (c.q_batch_pad + c.out_batch_pad + c.indices_row_pad + c.lse_row_pad == 0) {
+            c.indices_row_pad = static_cast<int32_t>(prng.uniform_int(1, 72));
+          }
+        }
         genv::conventions(env, c.conventions);
         genv::head_padding(env, c);
+        genv::row_padding(env, c);
         return r;
       });
 }
@@ -646,6 +665,10 @@ std::vector<std::string> classify_case(const Case& c) {
     t.push_back("conventions=non-default");
   }
   if (c.q_head_pad > 0 || c.out_head_pad > 0) t.push_back("head_pad");
+  if (c.q_batch_pad > 0) t.push_back("row_pad=q");
+  if (c.out_batch_pad > 0) t.push_back("row_pad=out");
+  if (c.indices_row_pad > 0) t.push_back("row_pad=indices");
+  if (c.lse_row_pad > 0) t.push_back("row_pad=lse");
   t.push_back(std::string("pad_fill=") + fill_name(c.pad_fill));
   return t;
 }

@@ -51,7 +51,8 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
 
 // Bitwise equality of two runs of the same shape: raw bf16 outputs (guard bands included) and
 // raw lse when both have them, otherwise the float64 out/lse bit patterns. On a difference,
-// `where` receives the first differing element ("out[b=0,h=2,d=5] 0x3f80 vs 0x3f81").
+// `where` receives the first differing element with both values in full and their distance:
+// "out[b=0,h=2,d=5] 1 (bf16 0x3f80) vs 1.0078125 (bf16 0x3f81), 1 ulp (bf16)".
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
                    std::string* where, int* wb = nullptr, int* wh = nullptr, int* wd = nullptr);
 

@@ -294,6 +294,20 @@ std::vector<Case> no_padding(const Case& c) {
     r.out_head_pad = 0;
     out.push_back(r);
   }
+  // The batch-row gaps: all at once, then each alone.
+  if (c.q_batch_pad || c.out_batch_pad || c.indices_row_pad || c.lse_row_pad) {
+    Case r = c;
+    r.q_batch_pad = r.out_batch_pad = r.indices_row_pad = r.lse_row_pad = 0;
+    out.push_back(r);
+  }
+  for (int32_t Case::*pad :
+       {&Case::q_batch_pad, &Case::out_batch_pad, &Case::indices_row_pad, &Case::lse_row_pad}) {
+    if (c.*pad) {
+      Case r = c;
+      r.*pad = 0;
+      out.push_back(r);
+    }
+  }
   return out;
 }
 
@@ -347,7 +361,7 @@ std::vector<ShrinkStep> make_steps() {
                  r.pad_fill = Fill::kZero;
                  return one_if(c.pad_fill != Fill::kZero, r);
                }});
-  s.push_back({"no head padding", no_padding});
+  s.push_back({"no padding", no_padding});  // head pads, then the batch-row gaps
   // Last: it only runs once nothing else simplifies, and each accepted candidate starts the
   // other steps again.
   s.push_back({"fewer valid tokens in place", invalidate_in_place});

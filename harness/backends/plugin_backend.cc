@@ -357,6 +357,7 @@ class PluginBackend final : public Backend {
     p.out_head_stride = bufs.out_head_stride;
     p.out_batch_stride = bufs.out_batch_stride;
     p.lse = bufs.lse_begin();
+    p.lse_batch_stride = bufs.lse_batch_stride;
     const MlafuzzDecodeCall call =
         make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr, p_.desc.abi_version);
     std::array<char, kMessageLen> err{};
@@ -456,14 +457,14 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.q_batch_stride = p.q_batch_stride;
   c.kv_cache = p.kv_cache;
   c.indices = p.indices;
-  c.indices_batch_stride = p.topk;
+  c.indices_batch_stride = p.indices_batch_stride;
   c.topk_length = p.topk_length;
   c.sink = p.sink;
   c.out = p.out;
   c.out_head_stride = p.out_head_stride;
   c.out_batch_stride = p.out_batch_stride;
   c.lse = p.lse;
-  c.lse_batch_stride = p.heads;
+  c.lse_batch_stride = p.lse_batch_stride;
   if (abi_version >= 2) {
     // One query token per row and no extra cache until the case format has them (issue 15
     // fills these from the case): the token strides are those of the row's only token.
@@ -471,7 +472,7 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
     c.q_token_stride = static_cast<int64_t>(p.heads) * p.q_head_stride;
     c.indices_token_stride = c.indices_batch_stride;
     c.out_token_stride = static_cast<int64_t>(p.heads) * p.out_head_stride;
-    c.lse_token_stride = p.heads;
+    c.lse_token_stride = p.heads;  // one token: the row's heads
     c.has_extra = 0;
   }
   return c;

@@ -71,10 +71,8 @@ Precision precision_from(const std::string& s, const std::string& who) {
 const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
 
 // The call's scalar fields, under MlafuzzDecodeCall's names (strings for enumerations).
-json scalars(const MaterializedCase& m, int64_t out_head_stride, int64_t out_batch_stride) {
-  mla::DecodeParams p = m.host_params();
-  p.out_head_stride = out_head_stride;
-  p.out_batch_stride = out_batch_stride;
+json scalars(const MaterializedCase& m) {
+  const mla::DecodeParams p = m.host_params();  // every stride of the case, outputs included
   const MlafuzzDecodeCall c = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
   return json{
       {"layout", layout_str(c.layout)},
@@ -166,7 +164,7 @@ class PythonBackend final : public Backend {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
     if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
-    json req = scalars(m, m.out_head_stride, m.out_head_stride * m.heads);
+    json req = scalars(m);
     const ipc::Child::Reply r = child_.call(kMsgSupports, req.dump(), python_call_timeout());
     if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;
     const json j = json::parse(r.payload, nullptr, false);
@@ -203,17 +201,21 @@ class PythonBackend final : public Backend {
     layout.copy_in(shm_->data());
 
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
-    const int64_t qhs = m.q_head_stride, ohs = bufs.out_head_stride, obs = bufs.out_batch_stride;
-    json req = scalars(m, ohs, obs);
+    // Every view carries the real strides: row gaps and head gaps stay outside the views.
+    const int64_t qhs = m.q_head_stride, qbs = m.q_batch_stride;
+    const int64_t ohs = bufs.out_head_stride, obs = bufs.out_batch_stride;
+    const int64_t ibs = m.indices_batch_stride, lbs = bufs.lse_batch_stride;
+    json req = scalars(m);
     json arrays = {
-        {"q", desc(q_off, {B, H, m.d_qk()}, {2 * H * qhs, 2 * qhs, 2}, "u2")},
+        {"q", desc(q_off, {B, H, m.d_qk()}, {2 * qbs, 2 * qhs, 2}, "u2")},
         {"q_raw", desc(q_off, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
         {"kv_cache",
          desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
-        {"indices", desc(idx_off, {B, m.topk}, {4 * int64_t{m.topk}, 4}, "i4")},
+        {"indices", desc(idx_off, {B, m.topk}, {4 * ibs, 4}, "i4")},
+        {"indices_raw", desc(idx_off, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
         {"out", desc(out_off + 2 * G, {B, H, m.d_v()}, {2 * obs, 2 * ohs, 2}, "u2")},
         {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
-        {"lse", desc(lse_off + 4 * G, {B, H}, {4 * H, 4}, "f4")},
+        {"lse", desc(lse_off + 4 * G, {B, H}, {4 * lbs, 4}, "f4")},
         {"lse_raw", desc(lse_off, {static_cast<int64_t>(bufs.lse.size())}, {4}, "f4")},
     };
     if (len_off >= 0) arrays["topk_length"] = desc(len_off, {B}, {4}, "i4");

@@ -212,6 +212,7 @@ TimeBreakdown BackendPool::time_breakdown() const {
   for (const auto& [backend, totals] : call_totals_) {
     const auto [calls, phases] = totals->get();
     t[backend].calls += calls;
+    t[backend].requests += totals->requests();
     t[backend].phases += phases;
   }
   return t;

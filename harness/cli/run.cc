@@ -139,9 +139,19 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
                 const std::vector<Ran>& runs) {
   make_dirs(dir);
   const auto path = [&](const std::string& f) { return dir + "/" + f; };
-  write_npy(path("q.npy"), m.q, {m.batch, m.heads, m.q_head_stride});
+  // q with its head padding, indices as [B, topk]: the batch-row gaps (q_batch_pad,
+  // indices_row_pad) are left out, their strides recorded in params.json.
+  std::vector<uint16_t> q;
+  std::vector<int32_t> idx;
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const auto row = m.q.begin() + b * m.q_batch_stride;
+    q.insert(q.end(), row, row + m.heads * m.q_head_stride);
+    const auto irow = m.indices.begin() + b * m.indices_batch_stride;
+    idx.insert(idx.end(), irow, irow + m.topk);
+  }
+  write_npy(path("q.npy"), q, {m.batch, m.heads, m.q_head_stride});
   write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
-  write_npy(path("indices.npy"), m.indices, {m.batch, m.topk});
+  write_npy(path("indices.npy"), idx, {m.batch, m.topk});
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
   if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
   for (const Ran& r : runs) {
@@ -165,6 +175,12 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   p["d_qk"] = m.d_qk();
   p["d_v"] = m.d_v();
   p["q_head_stride"] = m.q_head_stride;
+  // The call's batch strides (the .npy inputs above are without the row gaps).
+  p["q_batch_stride"] = m.q_batch_stride;
+  p["indices_batch_stride"] = m.indices_batch_stride;
+  p["out_head_stride"] = m.out_head_stride;
+  p["out_batch_stride"] = m.out_batch_stride;
+  p["lse_batch_stride"] = m.lse_batch_stride;
   p["sm_scale"] = m.sm_scale64;  // the fp32 value the kernels get, exactly
   p["conventions"] = case_to_json_value(c)["conventions"];
   p["content_hash"] = fmt::format("{:016x}", content_hash(m));
@@ -178,7 +194,11 @@ int run_command(const RunOptions& o) {
   bool have_reference = false;
   for (const std::string& name : parse_backend_list(o.backends)) {
     have_reference = have_reference || name == kReference;
-    runs.push_back(Ran{name, make_backend(name), {}, true, false});
+    // Named as the backend names itself, as `fuzz` does: a plugin given by its path prints as
+    // plugin:<declared name> (and its .npy files are named so).
+    std::unique_ptr<Backend> be = make_backend(name);
+    const std::string own = be->name();
+    runs.push_back(Ran{own, std::move(be), {}, true, false});
   }
   if (!have_reference) {
     runs.insert(runs.begin(), Ran{kReference, make_backend(kReference), {}, false, false});

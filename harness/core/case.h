@@ -16,7 +16,10 @@
 
 namespace mlafuzz {
 
-inline constexpr int kCaseFormatVersion = 1;
+// Version 2 added the batch-row pads (q_batch_pad, out_batch_pad, indices_row_pad, lse_row_pad).
+// Version-1 files load unchanged (every version-2 field absent means 0).
+inline constexpr int kCaseFormatVersion = 2;
+inline constexpr int kOldestCaseFormatVersion = 1;
 
 // Raised for malformed or inconsistent input. `field` is a JSON path such as "indices[2][5]".
 class CaseError : public std::runtime_error {
@@ -115,6 +118,14 @@ struct Case {
   // Extra elements per head row of q and out (strided buffers), filled per `pad_fill`.
   int32_t q_head_pad = 0;
   int32_t out_head_pad = 0;
+  // Extra elements after each batch row (version 2): q and out rows beyond heads * head stride,
+  // index rows beyond topk (indices_batch_stride = topk + indices_row_pad) and LSE rows beyond
+  // heads (lse_batch_stride = heads + lse_row_pad). Input gaps are filled per `pad_fill`; output
+  // gaps are canaries a kernel must not write.
+  int32_t q_batch_pad = 0;
+  int32_t out_batch_pad = 0;
+  int32_t indices_row_pad = 0;
+  int32_t lse_row_pad = 0;
 
   ValueSpec q_values;
   ValueSpec kv_values;

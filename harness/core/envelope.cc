@@ -338,8 +338,10 @@ std::optional<std::string> Envelope::rejects(const Case& c) const {
   if (c.topk_length && refuses_feature(kFeatureTopkLength)) return "refuses topk_length";
   if (c.q_head_pad > 0 && refuses_feature(kFeatureQHeadPad)) return "refuses q head padding";
   if (c.out_head_pad > 0 && refuses_feature(kFeatureOutHeadPad)) return "refuses out head padding";
-  // kFeatureRowPad: version-1 cases have no row gaps (the strides engineer's case fields, when
-  // they land, are checked here).
+  if (refuses_feature(kFeatureRowPad) &&
+      (c.q_batch_pad > 0 || c.out_batch_pad > 0 || c.indices_row_pad > 0 || c.lse_row_pad > 0)) {
+    return "refuses row padding (batch-row gaps of q/out, index/LSE row gaps)";
+  }
   return std::nullopt;
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_set>
 
 #include "harness/core/rng.h"
@@ -141,6 +142,19 @@ uint16_t q_pad_bits(Fill f, uint64_t seed, uint64_t element) {
       return 0x7fc0;  // bf16 quiet NaN: any read of a pad element poisons the result
     case Fill::kGarbage:
       return static_cast<uint16_t>(CounterRng(seed, Stream::kPadding, 1).at(element));
+  }
+  return 0;
+}
+
+int32_t index_pad_value(Fill f, uint64_t seed, uint64_t element, int64_t slots) {
+  switch (f) {
+    case Fill::kZero:
+      return 0;  // slot 0: a valid-looking entry, so a kernel that reads it counts one more token
+    case Fill::kNaN:
+      return std::numeric_limits<int32_t>::max();  // out of every cache: reading it is a bug
+    case Fill::kGarbage:
+      return static_cast<int32_t>(CounterRng(seed, Stream::kPadding, 2).at(element) %
+                                  static_cast<uint64_t>(slots));  // valid-looking slots
   }
   return 0;
 }
@@ -351,11 +365,16 @@ MaterializedCase materialize(const Case& c) {
 
   const int32_t dqk = m.d_qk();
   m.q_head_stride = dqk + c.q_head_pad;
+  m.q_batch_stride = m.heads * m.q_head_stride + c.q_batch_pad;
   m.out_head_stride = m.d_v() + c.out_head_pad;
-  m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * m.q_head_stride));
+  m.out_batch_stride = m.heads * m.out_head_stride + c.out_batch_pad;
+  m.indices_batch_stride = int64_t{m.topk} + c.indices_row_pad;
+  m.lse_batch_stride = int64_t{m.heads} + c.lse_row_pad;
+  m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
   for (int32_t b = 0; b < m.batch; ++b) {
+    const int64_t row = int64_t{b} * m.q_batch_stride;
     for (int32_t h = 0; h < m.heads; ++h) {
-      const int64_t base = (int64_t{b} * m.heads + h) * m.q_head_stride;
+      const int64_t base = row + h * m.q_head_stride;
       for (int32_t d = 0; d < dqk; ++d) {
         m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, h, d));
       }
@@ -363,6 +382,9 @@ MaterializedCase materialize(const Case& c) {
         m.q[static_cast<size_t>(base + d)] =
             q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(base + d));
       }
+    }
+    for (int64_t i = row + m.heads * m.q_head_stride; i < row + m.q_batch_stride; ++i) {
+      m.q[static_cast<size_t>(i)] = q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(i));
     }
   }
 
@@ -372,9 +394,14 @@ MaterializedCase materialize(const Case& c) {
   placed.geom = m.geom;
   write_tokens(placed, m.geom, m.cache);
 
-  m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.topk));
+  m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
+  const int64_t slots = mla::num_slots(m.geom);
   for (const auto& row : m.recipe.indices) {
     for (int32_t t : row) m.indices.push_back(static_cast<int32_t>(physical_slot(c, t)));
+    for (int32_t k = m.topk; k < m.indices_batch_stride; ++k) {
+      const auto e = static_cast<uint64_t>(m.indices.size());
+      m.indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, slots));
+    }
   }
   if (c.topk_length) m.topk_length = *c.topk_length;
   if (c.sink) {
@@ -393,13 +420,15 @@ mla::DecodeParams MaterializedCase::host_params() const {
   p.sm_scale = sm_scale;
   p.q = q.data();
   p.q_head_stride = q_head_stride;
-  p.q_batch_stride = q_head_stride * heads;
+  p.q_batch_stride = q_batch_stride;
   p.kv_cache = cache.data();
   p.indices = indices.data();
+  p.indices_batch_stride = indices_batch_stride;
   p.topk_length = topk_length.empty() ? nullptr : topk_length.data();
   p.sink = sink.empty() ? nullptr : sink.data();
   p.out_head_stride = out_head_stride;
-  p.out_batch_stride = out_head_stride * heads;
+  p.out_batch_stride = out_batch_stride;
+  p.lse_batch_stride = lse_batch_stride;
   return p;
 }
 
@@ -414,6 +443,17 @@ uint64_t content_hash(const MaterializedCase& m) {
                     int64_t{static_cast<int32_t>(m.conv.empty_lse)}, int64_t{m.conv.sink_in_lse},
                     m.q_head_stride, m.out_head_stride}) {
     hash_int(h, v);
+  }
+  // The batch strides count only when they leave the contiguous minimum, so every hash of a
+  // case without row pads stays what it was before the strides existed.
+  const bool padded = m.q_batch_stride != m.heads * m.q_head_stride ||
+                      m.out_batch_stride != m.heads * m.out_head_stride ||
+                      m.indices_batch_stride != m.topk || m.lse_batch_stride != m.heads;
+  if (padded) {
+    for (int64_t v :
+         {m.q_batch_stride, m.out_batch_stride, m.indices_batch_stride, m.lse_batch_stride}) {
+      hash_int(h, v);
+    }
   }
   hash_vector(h, m.q);
   hash_int(h, static_cast<int64_t>(m.cache.size()));

@@ -21,16 +21,37 @@ struct MaterializedCase {
   double sm_scale64 = 0;  // the same value widened (the oracle uses this, not the recipe's)
   mla::Conventions conv;
 
-  std::vector<uint16_t> q;           // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
+  // Every buffer is strided as the kernels see it; the gaps are filled per the recipe's pad_fill
+  // (and poisoned by the poison property). Every stride must be set (>= its minimum).
+  std::vector<uint16_t> q;           // [B, q_batch_stride] bf16 bits, heads q_head_stride apart
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
+  int64_t q_batch_stride = 0;        // H * q_head_stride + q_batch_pad
   std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
-  std::vector<int32_t> indices;      // [B, topk] physical global slots (invalid entries kept)
+  std::vector<int32_t> indices;      // [B, indices_batch_stride] physical global slots
+  int64_t indices_batch_stride = 0;  // topk + indices_row_pad
   std::vector<int32_t> topk_length;  // [B] or empty
   std::vector<float> sink;           // [H] or empty
   int64_t out_head_stride = 0;       // d_v + out_head_pad
+  int64_t out_batch_stride = 0;      // H * out_head_stride + out_batch_pad
+  int64_t lse_batch_stride = 0;      // H + lse_row_pad
 
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
+  // Index entry k of row b, q element d of (b, h): the strided addressing in one place.
+  int32_t index_at(int64_t b, int64_t k) const {
+    return indices[static_cast<size_t>(b * indices_batch_stride + k)];
+  }
+  const uint16_t* q_row(int64_t b, int64_t h) const {
+    return q.data() + b * q_batch_stride + h * q_head_stride;
+  }
+  // Sets the four batch strides to their contiguous minimum (for hand-built cases), keeping the
+  // head strides; the buffers are not resized.
+  void set_contiguous_batch_strides() {
+    q_batch_stride = int64_t{heads} * q_head_stride;
+    indices_batch_stride = topk;
+    out_batch_stride = int64_t{heads} * out_head_stride;
+    lse_batch_stride = heads;
+  }
 
   // Params pointing at this struct's host buffers (out and lse left null).
   mla::DecodeParams host_params() const;

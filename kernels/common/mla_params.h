@@ -39,11 +39,11 @@ struct Conventions {
 // Geometry of the paged FP8 KV cache. Every size is a parameter; nothing is hard-coded.
 struct CacheGeometry {
   Layout layout = Layout::kModel1;
-  int32_t nope_dim = 448;     // quantized dims (multiple of scale_tile)
-  int32_t rope_dim = 64;      // bf16 dims, not quantized
-  int32_t scale_tile = 64;    // nope dims per scale (64 for MODEL1, 128 for V32)
-  int32_t page_size = 256;    // P: tokens per page
-  int64_t page_stride = 0;    // S0: bytes from one page to the next (>= min_page_stride)
+  int32_t nope_dim = 448;   // quantized dims (multiple of scale_tile)
+  int32_t rope_dim = 64;    // bf16 dims, not quantized
+  int32_t scale_tile = 64;  // nope dims per scale (64 for MODEL1, 128 for V32)
+  int32_t page_size = 256;  // P: tokens per page
+  int64_t page_stride = 0;  // S0: bytes from one page to the next (>= min_page_stride)
   int32_t num_pages = 1;
 };
 
@@ -59,7 +59,9 @@ MLA_HD int32_t d_v(const CacheGeometry& g) {
 // MODEL1 data row: nope bytes then rope bf16 (576 bytes for 448 + 64).
 MLA_HD int32_t model1_data_bytes(const CacheGeometry& g) { return g.nope_dim + 2 * g.rope_dim; }
 // MODEL1 scale row: one ue8m0 byte per tile, padded to 8 bytes (7 scales + 1 unused byte).
-MLA_HD int32_t model1_scale_bytes(const CacheGeometry& g) { return round_up(num_scale_tiles(g), 8); }
+MLA_HD int32_t model1_scale_bytes(const CacheGeometry& g) {
+  return round_up(num_scale_tiles(g), 8);
+}
 // Bytes one token occupies, all sections together (584 MODEL1, 656 V32).
 MLA_HD int32_t token_bytes(const CacheGeometry& g) {
   return g.layout == Layout::kModel1 ? model1_data_bytes(g) + model1_scale_bytes(g)
@@ -131,22 +133,24 @@ MLA_HD bool index_valid(int32_t idx, int32_t k, int32_t topk_len, const Conventi
 struct DecodeParams {
   CacheGeometry geom;
   Conventions conv;
-  int32_t batch = 0;   // B
-  int32_t heads = 0;   // H
+  int32_t batch = 0;  // B
+  int32_t heads = 0;  // H
   int32_t topk = 0;
   float sm_scale = 0;  // softmax scale applied to q.K (fp32, as the kernels take it)
 
-  const uint16_t* q = nullptr;  // [B, H, d_qk] bf16 bits; head stride q_head_stride >= d_qk
-  int64_t q_head_stride = 0;    // elements between heads of one row
-  int64_t q_batch_stride = 0;   // elements between batch rows
-  const uint8_t* kv_cache = nullptr;       // [num_pages * page_stride] bytes
-  const int32_t* indices = nullptr;        // [B, topk] global slots; -1 (or <0) invalid
-  const int32_t* topk_length = nullptr;    // [B], may be nullptr (all topk entries considered)
-  const float* sink = nullptr;             // [H] attention sink logits, may be nullptr
-  uint16_t* out = nullptr;                 // [B, H, d_v] bf16 bits; head stride out_head_stride
-  int64_t out_head_stride = 0;             // elements between heads (>= d_v)
-  int64_t out_batch_stride = 0;            // elements between batch rows
-  float* lse = nullptr;                    // [B, H] natural-log LSE, contiguous
+  const uint16_t* q = nullptr;        // [B, H, d_qk] bf16 bits; head stride q_head_stride >= d_qk
+  int64_t q_head_stride = 0;          // elements between heads of one row
+  int64_t q_batch_stride = 0;         // elements between batch rows
+  const uint8_t* kv_cache = nullptr;  // [num_pages * page_stride] bytes
+  const int32_t* indices = nullptr;   // [B, topk] global slots; -1 (or <0) invalid
+  int64_t indices_batch_stride = 0;   // elements between index rows (>= topk)
+  const int32_t* topk_length = nullptr;  // [B], may be nullptr (all topk entries considered)
+  const float* sink = nullptr;           // [H] attention sink logits, may be nullptr
+  uint16_t* out = nullptr;               // [B, H, d_v] bf16 bits; head stride out_head_stride
+  int64_t out_head_stride = 0;           // elements between heads (>= d_v)
+  int64_t out_batch_stride = 0;          // elements between batch rows
+  float* lse = nullptr;                  // [B, H] natural-log LSE; heads contiguous
+  int64_t lse_batch_stride = 0;          // elements between batch rows (>= H)
 };
 
 }  // namespace mla

@@ -54,7 +54,9 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
   }
   const mla::DecodeParams p = m.host_params();
   const int64_t d_qk = mla::d_qk(g);
-  if (p.q_head_stride < d_qk || p.q_batch_stride < 0) return "q_head_stride is below d_qk";
+  if (p.q_head_stride < d_qk) return "q_head_stride is below d_qk";
+  if (p.q_batch_stride < m.heads * p.q_head_stride)
+    return "q_batch_stride is below H * q_head_stride";
   if (m.batch > 0 && m.heads > 0) {
     const int64_t need = (m.batch - 1) * p.q_batch_stride + (m.heads - 1) * p.q_head_stride + d_qk;
     if (static_cast<int64_t>(m.q.size()) < need) {
@@ -63,8 +65,13 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
     }
   }
   if (m.out_head_stride < mla::d_v(g)) return "out_head_stride is below d_v";
-  if (static_cast<int64_t>(m.indices.size()) < static_cast<int64_t>(m.batch) * m.topk) {
-    return "indices holds fewer than batch * topk entries";
+  if (m.out_batch_stride < m.heads * m.out_head_stride) {
+    return "out_batch_stride is below H * out_head_stride";
+  }
+  if (m.lse_batch_stride < m.heads) return "lse_batch_stride is below H";
+  if (m.indices_batch_stride < m.topk) return "indices_batch_stride is below topk";
+  if (static_cast<int64_t>(m.indices.size()) < m.batch * m.indices_batch_stride) {
+    return "indices holds fewer than batch * indices_batch_stride entries";
   }
   if (!m.topk_length.empty() && static_cast<int64_t>(m.topk_length.size()) < m.batch) {
     return "topk_length holds fewer than batch entries";
@@ -76,7 +83,7 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t topk_len = m.topk_length.empty() ? -1 : m.topk_length[b];
     for (int32_t k = 0; k < m.topk; ++k) {
-      const int32_t idx = m.indices[static_cast<size_t>(b) * m.topk + k];
+      const int32_t idx = m.index_at(b, k);
       if (!mla::index_valid(idx, k, topk_len, m.conv)) continue;
       if (idx < 0 || idx >= slots) {
         why << "indices[" << b << "][" << k << "] = " << idx << " is a valid entry outside the "
@@ -104,6 +111,7 @@ RunResult run_guarded(const MaterializedCase& m,
       call.p.out_head_stride = bufs.out_head_stride;
       call.p.out_batch_stride = bufs.out_batch_stride;
       call.p.lse = bufs.lse_begin();
+      call.p.lse_batch_stride = bufs.lse_batch_stride;
       call.cache_bytes = static_cast<int64_t>(m.cache.size());
       call.out_end = bufs.out.data() + bufs.out.size();
       model(call);

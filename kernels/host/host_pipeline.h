@@ -196,7 +196,7 @@ void decode_row(const HostCall& call, const PaddedColumns& cols, const ColumnLay
     row->dkp = cols.dkp;
   }
   row->token.resize(cols.dkp);
-  const int32_t* idx = p.indices + static_cast<int64_t>(b) * p.topk;
+  const int32_t* idx = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
   for (int32_t k = 0; k < p.topk; ++k) {
     int64_t slot = 0;
@@ -304,7 +304,7 @@ void store_head(const HostCall& call, const PaddedColumns& cols, const ColumnLay
   if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
   float lse = mla::softmax_lse(s, p.sink, h, conv);
   if constexpr (M == Mutant::kLseLog2) lse *= 1.44269504f;  // log2(e) rounded to fp32
-  p.lse[static_cast<int64_t>(b) * p.heads + h] = lse;
+  p.lse[static_cast<int64_t>(b) * p.lse_batch_stride + h] = lse;
 }
 
 }  // namespace mlafuzz::host

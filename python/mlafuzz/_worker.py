@@ -319,7 +319,10 @@ class Server:
                 (b, h), (call.lse_batch_stride, 1), int(req["lse_guard"])
             )
             call.kv_cache = upload(a["kv_cache"])
-            call.indices = upload(a["indices"])
+            # The index rows keep their gaps on the device too (indices_batch_stride).
+            call.indices = upload(a["indices_raw"]).as_strided(
+                (b, call.topk), (call.indices_batch_stride, 1)
+            )
             call.topk_length = upload(a.get("topk_length"))
             call.sink = upload(a.get("sink"))
             call.stream = torch.cuda.current_stream(dev)

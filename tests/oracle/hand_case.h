@@ -43,6 +43,7 @@ class HandCase {
     m_.sm_scale64 = 1.0;
     m_.q_head_stride = m_.d_qk();
     m_.out_head_stride = m_.d_v();
+    m_.set_contiguous_batch_strides();
     m_.q.assign(static_cast<size_t>(batch) * heads * m_.q_head_stride, 0);
     m_.cache.assign(static_cast<size_t>(mla::cache_bytes(g)), 0);
     m_.indices.assign(static_cast<size_t>(batch) * topk, -1);

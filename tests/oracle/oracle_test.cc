@@ -388,6 +388,7 @@ TEST(OracleLayout, QMatrixSkipsHeadPadding) {
   HandCase hc(model1(), 2, 3, 1);
   MaterializedCase& m = hc.m();
   m.q_head_stride = m.d_qk() + 5;
+  m.q_batch_stride = 3 * m.q_head_stride;
   m.q.assign(2 * 3 * m.q_head_stride, 0x7fc0);  // bf16 NaN everywhere, pads included
   for (int b = 0; b < 2; ++b) {
     for (int h = 0; h < 3; ++h) {

@@ -40,6 +40,9 @@ expect 2 "plugin /nonexistent/libk.so: cannot open: No such file or directory" \
 
 # run: the plugin next to the oracle; a correct plugin passes, a wrong one fails the case.
 expect 0 "out PASS" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
+# run names a plugin by its declared name, as fuzz does (not by the path it was given).
+expect 0 "^plugin:cpu-fp32-example out \[" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
+expect 0 "^plugin:cpu-fp32-example vs oracle:" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
 expect 1 "out FAIL" "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_zeros.so"
 expect 2 "ABI version 3, mlafuzz supports 1 and 2" \
   "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_abi_v3.so"
