@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 
 #include "harness/core/compare.h"
@@ -68,6 +69,83 @@ struct CaseContext {
     if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
     return pipeline_bounds(be.precision());
   }
+
+  // What every backend of the evaluation accepts (the intersection of their envelopes): the
+  // shared variants stay inside it (relocation's new stride, insert-invalid's longer lists).
+  Envelope env;
+
+  // The transformed cases of the properties, built once per case and shared by every backend
+  // (node-based maps: a variant's address identifies it while the case is evaluated).
+  std::map<int, MaterializedCase> poisoned, rows_alone, heads_alone, queries_alone;
+  std::optional<MaterializedCase> relocated, permuted, inserted, moved;
+  int inserted_count = 0;
+  template <typename Build>
+  static const MaterializedCase& memo(std::map<int, MaterializedCase>& in, int key, Build build) {
+    auto it = in.find(key);
+    if (it == in.end()) it = in.emplace(key, build()).first;
+    return it->second;
+  }
+  template <typename Build>
+  static const MaterializedCase& memo(std::optional<MaterializedCase>& in, Build build) {
+    if (!in) in.emplace(build());
+    return *in;
+  }
+  const MaterializedCase& poison_variant(int v) {
+    return memo(poisoned, v, [&] { return poison_case(m, v); });
+  }
+  const MaterializedCase& relocation() {
+    return memo(relocated, [&] {
+      return relocate_pages(m, m.recipe.data_seed + 17, env.page_stride_multiple);
+    });
+  }
+  const MaterializedCase& row_alone(int b) {
+    return memo(rows_alone, b, [&] { return batch_row_alone(m, b); });
+  }
+  const MaterializedCase& head_alone_case(int h) {
+    return memo(heads_alone, h, [&] { return head_alone(m, h); });
+  }
+  // Query row r = b * s_q + s alone (s_q > 1).
+  const MaterializedCase& query_alone_case(int r) {
+    return memo(queries_alone, r, [&] { return query_alone(m, r / m.s_q, r % m.s_q); });
+  }
+  // move-to-extra: with an extra cache, half the cases swap the two caches; otherwise up to 4
+  // valid entries per query token move into the extra list.
+  bool move_swaps() const {
+    return m.has_extra && CounterRng(m.recipe.data_seed, Stream::kPoison, 12).bernoulli(0.5);
+  }
+  int move_count() const {
+    return 1 +
+           static_cast<int>(CounterRng(m.recipe.data_seed, Stream::kPoison, 13).uniform_int(0, 3));
+  }
+  const MaterializedCase& moved_to_extra() {
+    return memo(moved, [&] {
+      return move_swaps() ? swap_caches(m)
+                          : move_to_extra(m, m.recipe.data_seed + 37, move_count());
+    });
+  }
+  std::string move_to_extra_what() const {
+    if (move_swaps()) return "swapping the main and extra caches";
+    return "moving up to " + std::to_string(move_count()) +
+           " valid entries per query token into the extra list";
+  }
+  const MaterializedCase& permutation() {
+    return memo(permuted, [&] { return permute_indices(m, m.recipe.data_seed + 29); });
+  }
+  int insert_count() const {
+    const int count =
+        1 + static_cast<int>(CounterRng(m.recipe.data_seed, Stream::kPoison, 10).uniform_int(0, 2));
+    // A longer list the backends accept (topk a multiple of 64: 64 more entries).
+    if (!env.topk.contains(m.topk + count)) {
+      if (const auto t = env.topk.nearest(m.topk + count, m.topk + 1, m.topk + 4096)) {
+        return *t - m.topk;
+      }
+    }
+    return count;
+  }
+  const MaterializedCase& insertion() {
+    return memo(inserted,
+                [&] { return insert_invalid(m, m.recipe.data_seed + 31, insert_count()); });
+  }
 };
 
 Side side_of(const RunResult& r, bool bf16) { return Side{&r.out, &r.lse, bf16}; }
@@ -98,13 +176,15 @@ class Evaluator {
       not_applicable_all(name, "backend not available: " + av.reason);
       return;
     }
-    if (auto why = be.unsupported(ctx_.m)) {
-      not_applicable_all(name, "case outside the backend's envelope: " + *why);
+    // unsupported() and run() in one call (one request for a worker proxy).
+    std::vector<CheckedRun> clean = be.check_and_run({&ctx_.m});
+    if (clean.size() != 1) throw std::logic_error(name + ": check_and_run lost the clean run");
+    if (clean[0].unsupported) {
+      not_applicable_all(name, "case outside the backend's envelope: " + *clean[0].unsupported);
       return;
     }
-    const auto t0 = Clock::now();
-    st.clean = be.run(ctx_.m);
-    run.seconds = since(t0);
+    st.clean = std::move(clean[0].result);
+    run.seconds = clean[0].seconds;
     record_clean(st, run);
   }
 
@@ -127,32 +207,77 @@ class Evaluator {
     ev_.outcomes.push_back(run);
   }
 
-  // Phase 2: every property of a backend whose clean run succeeded.
+  // Phase 2: every property of a backend whose clean run succeeded. Which properties run is
+  // decided first, then every transformed case they need is run in one check_and_run (one
+  // request for a worker proxy), then the checks consume the results in the table's order.
   void properties(BackendState& st) {
     if (!st.ran) return;
     const std::string name = st.be->name();
-    auto want = [&](PropertyId id) {
+    static constexpr PropertyId kOrder[] = {PropertyId::kTolerance,  PropertyId::kDeterminism,
+                                            PropertyId::kPoison,     PropertyId::kRelocate,
+                                            PropertyId::kBatchAlone, PropertyId::kHeadAlone,
+                                            PropertyId::kPermute,    PropertyId::kInsertInvalid,
+                                            PropertyId::kQueryAlone, PropertyId::kMoveToExtra};
+    std::vector<std::pair<PropertyId, std::optional<std::string>>> wanted;
+    for (PropertyId id : kOrder) {
       const PropertyInfo& prop = property_info(id);
-      if (!selected(props_, prop.name)) return false;
-      if (auto why = off_by_design(prop, *st.be)) {
-        PropertyOutcome o = make(prop.name, name);
-        o.applicable = false;
-        o.detail = *why;
-        ev_.outcomes.push_back(o);
-        return false;
+      if (selected(props_, prop.name)) wanted.emplace_back(id, off_by_design(prop, *st.be));
+    }
+    std::vector<const MaterializedCase*> plan;
+    for (const auto& [id, off] : wanted) {
+      if (!off) plan_variants(id, st, plan);
+    }
+    batch_.clear();
+    if (!plan.empty()) {
+      std::vector<CheckedRun> runs = st.be->check_and_run(plan);
+      for (size_t i = 0; i < plan.size() && i < runs.size(); ++i) {
+        batch_.emplace(plan[i], std::move(runs[i]));
       }
-      return true;
-    };
-    if (want(PropertyId::kTolerance)) tolerance(st);
-    if (want(PropertyId::kDeterminism)) determinism(st);
-    if (want(PropertyId::kPoison)) poison(st);
-    if (want(PropertyId::kRelocate)) relocate(st);
-    if (want(PropertyId::kBatchAlone)) batch_alone(st);
-    if (want(PropertyId::kHeadAlone)) head_alone_prop(st);
-    if (want(PropertyId::kPermute)) permute(st);
-    if (want(PropertyId::kInsertInvalid)) insert(st);
-    if (want(PropertyId::kQueryAlone)) query_alone_prop(st);
-    if (want(PropertyId::kMoveToExtra)) move_to_extra_prop(st);
+    }
+    for (const auto& [id, off] : wanted) {
+      if (off) {
+        PropertyOutcome o = make(property_info(id).name, name);
+        o.applicable = false;
+        o.detail = *off;
+        ev_.outcomes.push_back(o);
+        continue;
+      }
+      switch (id) {
+        case PropertyId::kTolerance:
+          tolerance(st);
+          break;
+        case PropertyId::kDeterminism:
+          determinism(st);
+          break;
+        case PropertyId::kPoison:
+          poison(st);
+          break;
+        case PropertyId::kRelocate:
+          relocate(st);
+          break;
+        case PropertyId::kBatchAlone:
+          batch_alone(st);
+          break;
+        case PropertyId::kHeadAlone:
+          head_alone_prop(st);
+          break;
+        case PropertyId::kPermute:
+          permute(st);
+          break;
+        case PropertyId::kInsertInvalid:
+          insert(st);
+          break;
+        case PropertyId::kQueryAlone:
+          query_alone_prop(st);
+          break;
+        case PropertyId::kMoveToExtra:
+          move_to_extra_prop(st);
+          break;
+        default:
+          break;
+      }
+    }
+    batch_.clear();
   }
 
   void mma_vs_simt(std::vector<BackendState>& states) {
@@ -196,16 +321,78 @@ class Evaluator {
     }
   }
 
-  // Runs a transformed case; a failed run becomes a failed outcome of the property.
+  int poison_count() const { return std::clamp(opt_.poison_variants, 1, kPoisonVariants); }
+  // Rotate the variants with the case so that every fill gets its turn across a campaign.
+  int poison_fill(int i) const {
+    return (static_cast<int>(ctx_.m.recipe.data_seed % kPoisonVariants) + i) % kPoisonVariants;
+  }
+
+  // The transformed cases property `id` runs when every check passes (the checks stop at the
+  // first failure; the extra runs are then unused), in the order the check asks for them.
+  void plan_variants(PropertyId id, const BackendState& st,
+                     std::vector<const MaterializedCase*>& plan) {
+    switch (id) {
+      case PropertyId::kDeterminism:
+        plan.push_back(&ctx_.m);
+        break;
+      case PropertyId::kPoison:
+        if (st.clean.guard_violations != 0) break;
+        for (int i = 0; i < poison_count(); ++i)
+          plan.push_back(&ctx_.poison_variant(poison_fill(i)));
+        break;
+      case PropertyId::kRelocate:
+        plan.push_back(&ctx_.relocation());
+        break;
+      case PropertyId::kBatchAlone:
+        if (ctx_.m.batch == 1) break;
+        for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed))
+          plan.push_back(&ctx_.row_alone(b));
+        break;
+      case PropertyId::kHeadAlone:
+        if (ctx_.m.heads == 1) break;
+        for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
+          plan.push_back(&ctx_.head_alone_case(h));
+        }
+        break;
+      case PropertyId::kPermute:
+        plan.push_back(&ctx_.permutation());
+        break;
+      case PropertyId::kInsertInvalid:
+        plan.push_back(&ctx_.insertion());
+        break;
+      case PropertyId::kQueryAlone:
+        if (ctx_.m.s_q == 1) break;
+        for (int r : probes(ctx_.m.query_rows(), ctx_.m.recipe.data_seed + 2)) {
+          plan.push_back(&ctx_.query_alone_case(r));
+        }
+        break;
+      case PropertyId::kMoveToExtra:
+        if (ctx_.env.refuses_feature(kFeatureExtraCache)) break;
+        plan.push_back(&ctx_.moved_to_extra());
+        break;
+      default:
+        break;
+    }
+  }
+
+  // Runs a transformed case (its result from the backend's batch when planned, else a call now);
+  // a failed run becomes a failed outcome of the property.
   bool run_variant(Backend& be, const MaterializedCase& v, RunResult& r, PropertyOutcome& o) {
-    if (auto why = be.unsupported(v)) {
+    CheckedRun c;
+    if (auto it = batch_.find(&v); it != batch_.end()) {
+      c = std::move(it->second);
+      batch_.erase(it);
+    } else {
+      std::vector<CheckedRun> one = be.check_and_run({&v});
+      if (one.size() == 1) c = std::move(one[0]);
+    }
+    if (c.unsupported) {
       o.applicable = false;
-      o.detail = "transformed case outside the backend's envelope: " + *why;
+      o.detail = "transformed case outside the backend's envelope: " + *c.unsupported;
       return false;
     }
-    const auto t0 = Clock::now();
-    r = be.run(v);
-    o.seconds += since(t0);
+    r = std::move(c.result);
+    o.seconds += c.seconds;
     if (r.status == RunStatus::kUnsupported) {
       o.applicable = false;
       o.detail = "backend reported the transformed case unsupported: " + r.message;
@@ -240,6 +427,13 @@ class Evaluator {
   void determinism(BackendState& st) {
     PropertyOutcome o = make("determinism", st.be->name());
     RunResult again;
+    if (!exact(st, kInvariantDeterministic)) {
+      if (run_variant(*st.be, ctx_.m, again, o)) {
+        bounded(st, o, again, st.clean, all(ctx_.m.batch), all(ctx_.m.heads), "a second run");
+      }
+      ev_.outcomes.push_back(o);
+      return;
+    }
     if (run_variant(*st.be, ctx_.m, again, o)) {
       std::string where;
       if (!bitwise_equal(ctx_.m, st.clean, again, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
@@ -259,12 +453,9 @@ class Evaluator {
       ev_.outcomes.push_back(o);
       return;
     }
-    const int variants = std::clamp(opt_.poison_variants, 1, kPoisonVariants);
-    // Rotate the variants with the case so that every fill gets its turn across a campaign.
-    const int first = static_cast<int>(ctx_.m.recipe.data_seed % kPoisonVariants);
-    for (int i = 0; i < variants && o.passed && o.applicable; ++i) {
-      const int v = (first + i) % kPoisonVariants;
-      const MaterializedCase pm = poison_case(ctx_.m, v);
+    for (int i = 0; i < poison_count() && o.passed && o.applicable; ++i) {
+      const int v = poison_fill(i);
+      const MaterializedCase& pm = ctx_.poison_variant(v);
       RunResult r;
       if (!run_variant(*st.be, pm, r, o)) break;
       std::string where;
@@ -283,8 +474,15 @@ class Evaluator {
 
   void relocate(BackendState& st) {
     PropertyOutcome o = make("relocate", st.be->name());
-    const MaterializedCase rm = relocate_pages(ctx_.m, ctx_.m.recipe.data_seed + 17);
+    const MaterializedCase& rm = ctx_.relocation();
     RunResult r;
+    if (!exact(st, kInvariantPagePlacement)) {
+      if (run_variant(*st.be, rm, r, o)) {
+        bounded(st, o, r, st.clean, all(ctx_.m.batch), all(ctx_.m.heads), "relocating the pages");
+      }
+      ev_.outcomes.push_back(o);
+      return;
+    }
     if (run_variant(*st.be, rm, r, o)) {
       std::string where;
       if (!bitwise_equal(ctx_.m, st.clean, r, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
@@ -313,11 +511,19 @@ class Evaluator {
       ev_.outcomes.push_back(o);
       return;
     }
+    const bool exact_rows = exact(st, kInvariantBatch);
     for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed)) {
       RunResult r;
-      if (!run_variant(*st.be, batch_row_alone(ctx_.m, b), r, o)) break;
+      if (!run_variant(*st.be, ctx_.row_alone(b), r, o)) break;
       // Every query token of the row (flat query row b * s_q + s of the whole run).
       const int S = ctx_.m.s_q, H = ctx_.m.heads;
+      if (!exact_rows) {
+        std::vector<int> rows;
+        for (int s = 0; s < S; ++s) rows.push_back(b * S + s);
+        bounded(st, o, r, st.clean, rows, all(H), "batch row " + std::to_string(b) + " alone");
+        if (!o.passed) break;
+        continue;
+      }
       for (int i = 0; i < S * H && o.passed; ++i) {
         const int s = i / H, h = i % H;
         std::string where;
@@ -341,9 +547,16 @@ class Evaluator {
       ev_.outcomes.push_back(o);
       return;
     }
+    const bool exact_heads = exact(st, kInvariantHead);
     for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
       RunResult r;
-      if (!run_variant(*st.be, head_alone(ctx_.m, h), r, o)) break;
+      if (!run_variant(*st.be, ctx_.head_alone_case(h), r, o)) break;
+      if (!exact_heads) {
+        bounded(st, o, r, st.clean, all(ctx_.m.query_rows()), {h},
+                "head " + std::to_string(h) + " alone");
+        if (!o.passed) break;
+        continue;
+      }
       for (int b = 0; b < ctx_.m.query_rows() && o.passed; ++b) {
         std::string where;
         if (!rows_bitwise_equal(st.clean, ctx_.m.heads, ctx_.m.d_v(), b, h, r, b, &where)) {
@@ -368,10 +581,18 @@ class Evaluator {
       ev_.outcomes.push_back(o);
       return;
     }
+    const bool exact_queries = exact(st, kInvariantQuery);
     for (int r0 : probes(ctx_.m.query_rows(), ctx_.m.recipe.data_seed + 2)) {
       const int b = r0 / S, s = r0 % S;
       RunResult r;
-      if (!run_variant(*st.be, query_alone(ctx_.m, b, s), r, o)) break;
+      if (!run_variant(*st.be, ctx_.query_alone_case(r0), r, o)) break;
+      if (!exact_queries) {
+        bounded(
+            st, o, r, st.clean, {r0}, all(H),
+            "query token " + std::to_string(s) + " of batch row " + std::to_string(b) + " alone");
+        if (!o.passed) break;
+        continue;
+      }
       for (int h = 0; h < H && o.passed; ++h) {
         std::string where;
         if (!rows_bitwise_equal(st.clean, H, ctx_.m.d_v(), r0, h, r, h, &where)) {
@@ -390,19 +611,83 @@ class Evaluator {
   // SPEC.md section 8: moving valid entries from the main list to the extra list (or swapping
   // the caches) leaves the mathematical result; within the sum of both runs' bounds.
   void move_to_extra_prop(BackendState& st) {
-    const uint64_t seed = ctx_.m.recipe.data_seed;
-    const bool swap = ctx_.m.has_extra && CounterRng(seed, Stream::kPoison, 12).bernoulli(0.5);
-    if (swap) {
-      within_bound(st, "move-to-extra", swap_caches(ctx_.m), 0,
-                   "swapping the main and extra caches", true);
+    if (ctx_.env.refuses_feature(kFeatureExtraCache)) {
+      PropertyOutcome o = make("move-to-extra", st.be->name());
+      o.applicable = false;
+      o.detail = "the backends' envelope refuses an extra cache";
+      ev_.outcomes.push_back(o);
       return;
     }
-    const int count = 1 + static_cast<int>(CounterRng(seed, Stream::kPoison, 13).uniform_int(0, 3));
-    within_bound(st, "move-to-extra", move_to_extra(ctx_.m, seed + 37, count), 0,
-                 "moving up to " + std::to_string(count) +
-                     " valid entries per query token into "
-                     "the extra list",
-                 true);
+    within_bound(st, "move-to-extra", ctx_.moved_to_extra(), 0, ctx_.move_to_extra_what(), true);
+  }
+
+  static std::vector<int> all(int n) {
+    std::vector<int> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+    return v;
+  }
+
+  // Whether the backend promises invariant `inv` bit for bit (Backend::inexact_invariants).
+  static bool exact(const BackendState& st, uint32_t inv) {
+    return (st.be->inexact_invariants() & inv) == 0;
+  }
+
+  // The bound of a run of the backend against another run of it: its own bound twice.
+  Bounds self_bounds(const Backend& be) {
+    if (be.precision() == Precision::kCustom) {
+      return add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
+    }
+    return add_bounds(ctx_.pipeline_bounds(be.precision()), ctx_.pipeline_bounds(be.precision()));
+  }
+
+  // An invariant the kernel does not claim exact: the rows `rows` and heads `heads` of the clean
+  // run (in that order) against the variant run `r` (whose shape is rows x heads) within the
+  // tolerance bound, as permute is checked. The outcome says so whether it passes or fails.
+  void bounded(BackendState& st, PropertyOutcome& o, const RunResult& r, const RunResult& clean,
+               const std::vector<int>& rows, const std::vector<int>& heads,
+               const std::string& what) {
+    static const std::string kWhy = "bounded: not claimed exact by the kernel";
+    const int H = ctx_.m.heads, dv = ctx_.m.d_v();
+    const Bounds whole = self_bounds(*st.be);
+    Bounds bound{pick(whole.out, H, dv, rows, heads), pick(whole.lse, H, 1, rows, heads)};
+    const std::vector<double> cout = pick(clean.out, H, dv, rows, heads);
+    const std::vector<double> clse = pick(clean.lse, H, 1, rows, heads);
+    const bool bf16 = is_bf16(*st.be);
+    const BoundCheck bc =
+        check_bounds(Side{&r.out, &r.lse, bf16}, Side{&cout, &clse, bf16}, bound,
+                     static_cast<int32_t>(rows.size()), static_cast<int32_t>(heads.size()), dv);
+    const double seconds = o.seconds;
+    // The worst of the probes so far stays in the outcome.
+    if (!bc.passed || bc.tightness >= o.tightness) {
+      fill_from_check(o, bc);
+      if (o.worst_b >= 0 && o.worst_b < static_cast<int>(rows.size())) {
+        o.worst_b = rows[static_cast<size_t>(o.worst_b)];
+      }
+      if (o.worst_h >= 0 && o.worst_h < static_cast<int>(heads.size())) {
+        o.worst_h = heads[static_cast<size_t>(o.worst_h)];
+      }
+    }
+    o.seconds = seconds;
+    o.detail = o.passed
+                   ? kWhy
+                   : kWhy + "; " + what + " moved the output beyond the bound: " + bc.describe();
+  }
+
+  // Elements [b, h, 0..inner) of a [B, H, inner] array for b in rows and h in heads, in order.
+  static std::vector<double> pick(const std::vector<double>& v, int H, int inner,
+                                  const std::vector<int>& rows, const std::vector<int>& heads) {
+    std::vector<double> out;
+    out.reserve(rows.size() * heads.size() * static_cast<size_t>(inner));
+    for (const int b : rows) {
+      for (const int h : heads) {
+        const size_t at =
+            (static_cast<size_t>(b) * static_cast<size_t>(H) + static_cast<size_t>(h)) *
+            static_cast<size_t>(inner);
+        out.insert(out.end(), v.begin() + static_cast<std::ptrdiff_t>(at),
+                   v.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(inner)));
+      }
+    }
+    return out;
   }
 
   // Tolerance-style metamorphic check of a transformed run against the clean run. With
@@ -435,22 +720,21 @@ class Evaluator {
   }
 
   void permute(BackendState& st) {
-    within_bound(st, "permute", permute_indices(ctx_.m, ctx_.m.recipe.data_seed + 29), 0,
-                 "permuting the index lists");
+    within_bound(st, "permute", ctx_.permutation(), 0, "permuting the index lists");
   }
 
   void insert(BackendState& st) {
-    const int count =
-        1 + static_cast<int>(
-                CounterRng(ctx_.m.recipe.data_seed, Stream::kPoison, 10).uniform_int(0, 2));
-    within_bound(st, "insert-invalid", insert_invalid(ctx_.m, ctx_.m.recipe.data_seed + 31, count),
-                 ctx_.m.topk + count, "inserting " + std::to_string(count) + " -1 entries");
+    const int count = ctx_.insert_count();
+    within_bound(st, "insert-invalid", ctx_.insertion(), ctx_.m.topk + count,
+                 "inserting " + std::to_string(count) + " -1 entries");
   }
 
   CaseContext& ctx_;
   const std::vector<std::string>& props_;
   const EvalOptions& opt_;
   CaseEvaluation& ev_;
+  // The current backend's batch of transformed-case runs, by the variant they ran.
+  std::map<const MaterializedCase*, CheckedRun> batch_;
 };
 
 }  // namespace
@@ -495,6 +779,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   CaseEvaluation ev;
   CaseContext ctx;
   ctx.m = materialize(c);
+  for (const Backend* be : backends) ctx.env = intersect(ctx.env, be->envelope());
   Evaluator e(ctx, properties, options, ev);
   // Clean runs before the oracle allocates its result (FlashMLA's order: reused memory cannot
   // fake a pass); the oracle's time is measured on its own.

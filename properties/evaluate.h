@@ -15,6 +15,7 @@
 
 #include "harness/core/backend.h"
 #include "harness/core/case.h"
+#include "harness/core/envelope.h"
 #include "properties/property_table.h"
 
 namespace mlafuzz {
@@ -53,6 +54,14 @@ struct GenConfig {
   bool special_values = true;  // special values (0, -0, largest finite, subnormals) in q, K, rope
   bool non_default_conventions = true;  // SGLang/vLLM conventions as well as FlashMLA's
   bool poison_fills = true;             // pad_fill NaN/garbage (q/out head padding, stride padding)
+  // Batch-row gaps: index rows longer than topk, LSE rows longer than H, q and out rows beyond
+  // H * head stride (every stride of the plugin ABI varied, not only the head strides).
+  bool row_pads = true;
+  // What the selected backends accept, intersected with `mlafuzz fuzz --envelope` (envelope.h).
+  // Each drawn dimension is constrained to it (snapped to the nearest admissible value, so that
+  // the edge classes stay reachable inside it), never rejection-sampled; generate_case throws
+  // std::invalid_argument when it admits no case (Envelope::empty_reason).
+  Envelope envelope;
   // Generator families to draw from (weights fixed in generators.cc); empty = all. Names as
   // all_generator_families() lists them: "general" (dependent random recipe), "edge" (one
   // targeted edge class per case: empty rows, all invalid, topk_length 0, +-inf sinks, page
@@ -191,11 +200,13 @@ struct ShrinkResult {
 
 // Greedy recipe shrinking within `limits`: fewer rows (keeping a failing one), fewer heads,
 // fewer tokens, fewer pages, identity page order, minimum stride, scale 1, small integer values,
-// no sink, zero pad fill, no head padding, no topk_length (properties/shrink.h lists the steps in
+// no sink, zero pad fill, no padding, no topk_length (properties/shrink.h lists the steps in
 // their fixed order). Each step is kept only if `still_fails` says the candidate still fails. A
 // candidate that throws CaseError is rejected without an evaluation.
+// Candidates outside `envelope` (the one the case was generated in, GenConfig::envelope) are
+// never tried: the shrink never leaves it.
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         const ShrinkLimits& limits);
+                         const ShrinkLimits& limits, const Envelope& envelope = {});
 
 // The predicate the campaign usually wants: evaluates only `property` on the named backend (and
 // its SIMT partner for mma-vs-simt, found in `backends`) and says whether it still fails.

@@ -11,6 +11,7 @@
 #include "harness/core/rng.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/tiling.h"
+#include "properties/gen_envelope.h"
 
 namespace mlafuzz {
 namespace {
@@ -90,11 +91,9 @@ Gen<Draft> family_step(const GenConfig& cfg) {
 
 // ---- step 2: layout and dimensions ----
 Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
-  std::vector<int> layouts;
-  if (cfg.model1) layouts.push_back(0);
-  if (cfg.v32) layouts.push_back(1);
-  if (layouts.empty()) throw std::invalid_argument("GenConfig allows no layout");
-  if (d.family == "production") layouts = {cfg.model1 ? 0 : 1};
+  if (!cfg.model1 && !cfg.v32) throw std::invalid_argument("GenConfig allows no layout");
+  std::vector<int> layouts = genv::layouts(cfg.envelope, cfg.model1, cfg.v32);
+  if (d.family == "production") layouts = {layouts.front()};
   const bool other = cfg.other_dims && d.family != "production";
   const bool force_pad = d.edge == "padded-dims";
   return gen::map(
@@ -111,7 +110,7 @@ Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
                                             {5, 512}}),
                  gen::weightedElement<int>({{70, 64}, {10, 16}, {10, 32}, {10, 48}}),
                  gen::weightedElement<int>({{50, 512}, {20, 384}, {15, 256}, {15, 128}})),
-      [d, other, force_pad](std::tuple<int, int, int, int> t) {
+      [d, other, force_pad, env = cfg.envelope](std::tuple<int, int, int, int> t) {
         Draft r = d;
         auto& g = r.c.geom;
         const auto [layout, nope1, rope, nope32] = t;
@@ -127,8 +126,32 @@ Gen<Draft> geometry_step(Draft d, const GenConfig& cfg) {
           if (force_pad) g.nope_dim = 384;
         }
         g.rope_dim = other ? rope : 64;
+        // Inside the envelope (the nearest admissible dims to the drawn ones).
+        g.nope_dim = genv::nope_dim(env, g.layout, g.nope_dim);
+        g.rope_dim = genv::rope_dim(env, g.rope_dim);
         return r;
       });
+}
+
+// H, topk, s_q and the extra cache snapped into the envelope (gen_envelope.h; no extra cache
+// where it is refused), then B shrunk to the work budget and snapped too.
+void fit_draft(const Envelope& env, Draft& d, int maxb, int maxh, int maxk, int maxs, int maxek,
+               int64_t work) {
+  Case& c = d.c;
+  c.heads = genv::dim(env.heads, c.heads, maxh, "heads");
+  c.topk = genv::dim(env.topk, c.topk, maxk, "topk");
+  c.s_q = genv::dim(env.s_q, c.s_q, maxs, "s_q");
+  if (d.extra_topk > 0) {
+    if (env.refuses_feature(kFeatureExtraCache) || !env.extra_topk.nearest(1, 1, maxek) ||
+        !env.extra_page_size.nearest(1, 1, 256)) {
+      d.extra_topk = 0;
+    } else {
+      d.extra_topk = genv::dim(env.extra_topk, d.extra_topk, maxek, "extra_topk");
+      d.extra_page_size = genv::dim(env.extra_page_size, std::clamp(d.extra_page_size, 1, 256), 256,
+                                    "extra_page_size");
+    }
+  }
+  c.batch = genv::dim(env.batch, batch_within(c.batch, d, work), maxb, "batch");
 }
 
 // ---- step 3: B, H, topk (small most of the time, production sizes reachable) ----
@@ -159,7 +182,8 @@ Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
             r.extra_topk = std::min(extra == 1 ? 512 : 1024, maxek);
             r.extra_page_size = extra == 1 ? 64 : 2;
           }
-          r.c.batch = batch_within(std::min(b, maxb), r, work);
+          r.c.batch = std::min(b, maxb);
+          fit_draft(cfg.envelope, r, maxb, maxh, maxk, maxs, maxek, work);
           return r;
         });
   }
@@ -200,7 +224,8 @@ Gen<Draft> shape_step(Draft d, const GenConfig& cfg) {
         r.c.s_q = std::clamp(sq, 1, maxs);
         r.extra_topk = cfg.extra_cache && extra ? std::clamp(ek, 1, maxek) : 0;
         r.extra_page_size = ep;
-        r.c.batch = batch_within(std::clamp(b, 1, maxb), r, work);
+        r.c.batch = std::clamp(b, 1, maxb);
+        fit_draft(cfg.envelope, r, maxb, maxh, maxk, maxs, maxek, work);
         return r;
       });
 }
@@ -220,7 +245,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
   return gen::mapcat(page_size, [d, cfg, maxp](int p) {
     Draft r = d;
     auto& g = r.c.geom;
-    g.page_size = std::clamp(p, 1, maxp);
+    g.page_size = genv::dim(cfg.envelope.page_size, std::clamp(p, 1, maxp), maxp, "page_size");
     const int64_t tb = mla::token_bytes(g);
     const int max_pages_mem =
         static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
@@ -234,7 +259,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
                                                     {20, range(1, maxpages)}});
     return gen::map(
         gen::tuple(pages, gen::inRange(0, 4), range(1, 700), gen::inRange(0, 10), any_u64()),
-        [r](std::tuple<int, int, int, int, uint64_t> t) {
+        [r, env = cfg.envelope](std::tuple<int, int, int, int, uint64_t> t) {
           Draft x = r;
           auto& gg = x.c.geom;
           const auto [np, stride_kind, pad, order_kind, seed] = t;
@@ -253,6 +278,7 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
               gg.page_stride = (mins + 575) / 576 * 576;
               break;
           }
+          gg.page_stride = genv::page_stride(env, gg, gg.page_stride);
           // Physical order: shuffled 60% of the time (when there is a choice).
           x.c.page_order.clear();
           if (np > 1 && order_kind < 6) {
@@ -347,9 +373,9 @@ std::vector<int32_t> index_row(CounterRng& rng, const Case& c, int pattern, int 
 
 // ---- step 5: index lists and topk_length ----
 Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
-  (void)cfg;
   const bool edge_all_invalid = d.edge == "all-invalid" || d.edge == "empty-rows";
-  const bool edge_len0 = d.edge == "topk-length-0";
+  const bool allow_len = genv::topk_length(cfg.envelope);
+  const bool edge_len0 = d.edge == "topk-length-0" && allow_len;
   return gen::map(
       gen::tuple(gen::weightedElement<int>({{40, 0}, {20, 1}, {15, 2}, {15, 3}, {10, 4}}),
                  gen::weightedElement<int>({{edge_all_invalid ? 0u : 50u, 0},
@@ -357,7 +383,7 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
                                             {10, 2},
                                             {10, 3},
                                             {edge_all_invalid ? 60u : 10u, 4}}),
-                 gen::weightedElement<int>({{edge_len0 ? 0u : 60u, 0}, {40, 1}}),
+                 gen::weightedElement<int>({{edge_len0 ? 0u : 60u, 0}, {allow_len ? 40u : 0u, 1}}),
                  gen::element(0, 1, 2), gen::element(0.0, 0.1, 0.5, 1.0),
                  gen::element(0.0, 0.0, 0.05, 0.3)),
       [d, edge_all_invalid, edge_len0](std::tuple<int, int, int, int, double, double> t) {
@@ -477,6 +503,7 @@ Gen<Draft> values_step(Draft d, const GenConfig& cfg) {
 // ---- step 7: sinks, scale, conventions, padding, fills ----
 Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
   const bool sink_edge = d.edge == "sink-inf";
+  const bool row_pads = cfg.row_pads;
   return gen::map(
       gen::tuple(
           gen::weightedElement<int>({{(cfg.sinks && !sink_edge) ? 55u : (sink_edge ? 0u : 100u), 0},
@@ -487,10 +514,11 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
           gen::weightedElement<int>({{75, 0}, {25, 1}}),  // q/out head padding
           gen::weightedElement<int>(
               {{40, 0}, {cfg.poison_fills ? 30u : 0u, 1}, {cfg.poison_fills ? 30u : 0u, 2}})),
-      [d](std::tuple<int, int, int, int, int> t) {
+      [d, row_pads, env = cfg.envelope](std::tuple<int, int, int, int, int> t) {
         Draft r = d;
         Case& c = r.c;
-        const auto [sink_kind, scale_kind, conv_kind, pad_kind, fill] = t;
+        const auto [sink_drawn, scale_kind, conv_kind, pad_kind, fill] = t;
+        const int sink_kind = genv::sink_kind(env, sink_drawn);
         CounterRng rng(r.bulk_seed, Stream::kGenerator, 3);
         c.sink.reset();
         if (sink_kind > 0) {
@@ -519,6 +547,26 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
         c.q_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(1, 70)) : 0;
         c.out_head_pad = pad_kind ? static_cast<int32_t>(rng.uniform_int(0, 70)) : 0;
         c.pad_fill = static_cast<Fill>(fill);
+        // Batch-row gaps, from their own stream so that every other draw stays what it was:
+        // about one case in four pads some rows, each stride independently (odd sizes too, so
+        // that an aligned-only fast path is exercised beside the general one).
+        c.q_batch_pad = c.out_batch_pad = c.indices_row_pad = c.lse_row_pad = 0;
+        CounterRng prng(r.bulk_seed, Stream::kGenerator, 4);
+        if (row_pads && prng.bernoulli(0.25)) {
+          const auto pad = [&](int64_t hi) {
+            return prng.bernoulli(0.5) ? static_cast<int32_t>(prng.uniform_int(1, hi)) : 0;
+          };
+          c.q_batch_pad = pad(96);
+          c.out_batch_pad = pad(96);
+          c.indices_row_pad = pad(72);
+          c.lse_row_pad = pad(9);
+          if (c.q_batch_pad + c.out_batch_pad + c.indices_row_pad + c.lse_row_pad == 0) {
+            c.indices_row_pad = static_cast<int32_t>(prng.uniform_int(1, 72));
+          }
+        }
+        genv::conventions(env, c.conventions);
+        genv::head_padding(env, c);
+        genv::row_padding(env, c);
         return r;
       });
 }
@@ -527,10 +575,11 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
 // only generated under kAnyNegative): draw them first, carried in the recipe.
 Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
   return gen::map(gen::weightedElement<int>({{cfg.non_default_conventions ? 15u : 0u, 1}, {85, 0}}),
-                  [d](int any) {
+                  [d, env = cfg.envelope](int any) {
                     Draft r = d;
-                    r.c.conventions.invalid_index = any ? mla::InvalidIndexRule::kAnyNegative
-                                                        : mla::InvalidIndexRule::kMinusOneOnly;
+                    r.c.conventions.invalid_index =
+                        genv::invalid_index(env, any ? mla::InvalidIndexRule::kAnyNegative
+                                                     : mla::InvalidIndexRule::kMinusOneOnly);
                     return r;
                   });
 }
@@ -618,7 +667,8 @@ Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
             c.index_spec.invalid_fraction = 1.0;
           }
         }
-        if (len_kind < 2 || r.edge == "extra-length-0") {
+        if (!cfg.envelope.refuses_feature(kFeatureExtraTopkLength) &&
+            (len_kind < 2 || r.edge == "extra-length-0")) {
           std::vector<int32_t> len(static_cast<size_t>(c.batch));
           for (auto& l : len) {
             const auto k =
@@ -674,11 +724,19 @@ rc::Random case_random(uint64_t seed, uint64_t case_index) {
 
 Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
                    std::vector<std::string>* tags) {
+  if (const auto why = cfg.envelope.empty_reason(cfg.max_batch, cfg.max_heads, cfg.max_topk,
+                                                 cfg.max_page_size)) {
+    throw std::invalid_argument("the envelope admits no case: " + *why);
+  }
   Case c = case_generator(cfg)(case_random(seed, case_index), rc::kNominalSize).value();
   std::ostringstream os;
   os << "seed " << seed << " case " << case_index;
   c.description = os.str();
   validate(c);  // a generator bug must surface here, not as a backend failure
+  if (const auto why = cfg.envelope.rejects(c)) {
+    throw std::logic_error("generator bug: seed " + std::to_string(seed) + " case " +
+                           std::to_string(case_index) + " left the envelope: " + *why);
+  }
   if (tags) *tags = classify_case(c);
   return c;
 }
@@ -787,6 +845,10 @@ std::vector<std::string> classify_case(const Case& c) {
     t.push_back("conventions=non-default");
   }
   if (c.q_head_pad > 0 || c.out_head_pad > 0) t.push_back("head_pad");
+  if (c.q_batch_pad > 0) t.push_back("row_pad=q");
+  if (c.out_batch_pad > 0) t.push_back("row_pad=out");
+  if (c.indices_row_pad > 0) t.push_back("row_pad=indices");
+  if (c.lse_row_pad > 0) t.push_back("row_pad=lse");
   t.push_back(std::string("pad_fill=") + fill_name(c.pad_fill));
   return t;
 }

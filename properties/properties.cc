@@ -1,13 +1,18 @@
 // Transformations of materialized cases for the poison and metamorphic properties.
 #include "properties/properties.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <sstream>
 
 #include "harness/core/rng.h"
+#include "harness/core/value_format.h"
 
 namespace mlafuzz {
 namespace {
@@ -181,8 +186,15 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
   }
   const int32_t dqk = m.d_qk();
   const CounterRng qrng(seed, Stream::kPoison, 1);
+  const int64_t heads_span = int64_t{m.heads} * m.q_head_stride;
+  const int64_t tokens_span = int64_t{m.s_q} * m.q_token_stride;
   for (size_t i = 0; i < r.q.size(); ++i) {
-    if (static_cast<int64_t>(i) % m.q_head_stride >= dqk) r.q[i] = poison_bf16(variant, qrng, i);
+    // Head pads, the gap after the last head of a token and after the last token of a batch row.
+    const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
+    const int64_t in_token = in_row % m.q_token_stride;
+    if (in_row >= tokens_span || in_token >= heads_span || in_token % m.q_head_stride >= dqk) {
+      r.q[i] = poison_bf16(variant, qrng, i);
+    }
   }
   // Entries masked by topk_length point at random (poisoned) slots: still in range, so a kernel
   // that loads before masking stays in bounds, but one that ignores topk_length reads poison.
@@ -200,12 +212,43 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
       }
     }
   }
+  // The gaps of each index row (of both caches): entries a kernel that honours the index strides
+  // and topk never reads. Each variant fills them differently, always with values that change the
+  // result if read: the last slot, random slots, slot 0 (valid-looking) or one past the cache.
+  for (size_t c = 0; c < views.size(); ++c) {
+    const CacheView& v = views[c];
+    CounterRng grng(seed, Stream::kPoison, c == 0 ? 14 : 15);
+    const int64_t slots = mla::num_slots(*v.geom);
+    const int64_t tstride = *v.token_stride, bstride = *v.batch_stride;
+    for (int32_t b = 0; b < m.batch; ++b) {
+      for (int64_t at = 0; at < bstride; ++at) {
+        if (at / tstride < m.s_q && at % tstride < *v.topk) continue;  // an entry, not a gap
+        int32_t x = 0;
+        switch (variant) {
+          case 0:
+            x = static_cast<int32_t>(std::max<int64_t>(0, slots - 1));
+            break;
+          case 1:
+            x = static_cast<int32_t>(grng.uniform_int(0, std::max<int64_t>(0, slots - 1)));
+            break;
+          case 2:
+            x = 0;
+            break;
+          default:
+            x = static_cast<int32_t>(std::min<int64_t>(slots, std::numeric_limits<int32_t>::max()));
+            break;
+        }
+        (*v.indices)[static_cast<size_t>(b * bstride + at)] = x;
+      }
+    }
+  }
   return r;
 }
 
 namespace {
 
-void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream) {
+void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream,
+              int64_t stride_multiple) {
   const mla::CacheGeometry g = *v.geom;
   const std::vector<uint8_t> old = *v.cache;
   mla::CacheGeometry& ng = *v.geom;
@@ -224,6 +267,10 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
       break;
   }
   if (ng.page_stride == g.page_stride && extra == 0) ng.page_stride += 64;
+  // Inside the backend's envelope: a stride it accepts (the smallest multiple at or above).
+  if (stride_multiple > 1) {
+    ng.page_stride = (ng.page_stride + stride_multiple - 1) / stride_multiple * stride_multiple;
+  }
   std::vector<int32_t> perm(static_cast<size_t>(ng.num_pages));
   std::iota(perm.begin(), perm.end(), 0);
   shuffle(perm, rng);
@@ -239,20 +286,22 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
         v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
         old.data() + static_cast<int64_t>(p) * g.page_stride, static_cast<size_t>(min_stride));
   }
+  // Only slots: the row gaps hold no index (they may be out of range).
+  const int64_t slots = mla::num_slots(g);
   for (int32_t& idx : *v.indices) {
-    if (idx < 0) continue;
+    if (idx < 0 || idx >= slots) continue;
     idx = perm[static_cast<size_t>(idx / g.page_size)] * g.page_size + idx % g.page_size;
   }
 }
 
 }  // namespace
 
-MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
-  relocate(main_view(r), rng, seed, 4);
+  relocate(main_view(r), rng, seed, 4, stride_multiple);
   // The extra cache moves too, with its own permutation and stride.
-  if (r.has_extra) relocate(extra_view(r), rng, seed, 9);
+  if (r.has_extra) relocate(extra_view(r), rng, seed, 9, stride_multiple);
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
   if (r.recipe.extra) {
@@ -265,32 +314,44 @@ MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed) {
 
 namespace {
 
-// The index lists of batch row b (token s, or all tokens when s < 0) as a contiguous block.
-std::vector<int32_t> lists_of(const MaterializedCase& m, const CacheView& c, int b, int s) {
-  std::vector<int32_t> v;
-  for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? m.s_q : s + 1); ++t) {
-    const int32_t* row = list_of(c, b, t);
-    v.insert(v.end(), row, row + *c.topk);
+// Batch row b of a [B, batch_stride] buffer of s_q tokens `token_stride` apart: token s only
+// (every token when s < 0), then the row's gap (the elements after its last token).
+template <typename T>
+std::vector<T> row_tokens(const std::vector<T>& v, int64_t b, int s, int32_t s_q,
+                          int64_t token_stride, int64_t batch_stride) {
+  std::vector<T> out;
+  const auto row = v.begin() + b * batch_stride;
+  for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? s_q : s + 1); ++t) {
+    out.insert(out.end(), row + t * token_stride, row + (t + 1) * token_stride);
   }
-  return v;
+  out.insert(out.end(), row + s_q * token_stride, row + batch_stride);
+  return out;
+}
+
+// The batch stride of a row of `tokens` tokens keeping the row gap of m's rows.
+int64_t kept_gap(int64_t batch_stride, int64_t token_stride, int32_t s_q, int32_t tokens) {
+  return batch_stride - (s_q - tokens) * token_stride;
 }
 
 // Batch row b (and only token s when s >= 0) of m, alone.
 MaterializedCase row_alone(const MaterializedCase& m, int b, int s) {
   MaterializedCase r = m;
-  MaterializedCase& mm = const_cast<MaterializedCase&>(m);  // read only: views need pointers
   r.batch = 1;
   r.s_q = s < 0 ? m.s_q : 1;
-  r.q.clear();
-  for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? m.s_q : s + 1); ++t) {
-    const auto from = m.q.begin() + b * m.q_batch_stride + t * m.q_token_stride;
-    r.q.insert(r.q.end(), from, from + m.q_token_stride);
-  }
-  r.indices = lists_of(m, main_view(mm), b, s);
+  // The row with its gaps: the token strides and row pads stay the case's.
+  r.q = row_tokens(m.q, b, s, m.s_q, m.q_token_stride, m.q_batch_stride);
+  r.q_batch_stride = kept_gap(m.q_batch_stride, m.q_token_stride, m.s_q, r.s_q);
+  r.indices = row_tokens(m.indices, b, s, m.s_q, m.indices_token_stride, m.indices_batch_stride);
+  r.indices_batch_stride = kept_gap(m.indices_batch_stride, m.indices_token_stride, m.s_q, r.s_q);
+  r.out_batch_stride = kept_gap(m.out_batch_stride, m.out_token_stride, m.s_q, r.s_q);
+  r.lse_batch_stride = kept_gap(m.lse_batch_stride, m.lse_token_stride, m.s_q, r.s_q);
   if (!m.topk_length.empty()) r.topk_length = {m.topk_length[static_cast<size_t>(b)]};
   if (r.recipe.topk_length) r.recipe.topk_length = r.topk_length;
   if (m.has_extra) {
-    r.extra_indices = lists_of(m, extra_view(mm), b, s);
+    r.extra_indices = row_tokens(m.extra_indices, b, s, m.s_q, m.extra_indices_token_stride,
+                                 m.extra_indices_batch_stride);
+    r.extra_indices_batch_stride =
+        kept_gap(m.extra_indices_batch_stride, m.extra_indices_token_stride, m.s_q, r.s_q);
     if (!m.extra_topk_length.empty()) {
       r.extra_topk_length = {m.extra_topk_length[static_cast<size_t>(b)]};
     }
@@ -307,7 +368,6 @@ MaterializedCase row_alone(const MaterializedCase& m, int b, int s) {
   }
   r.recipe.q_source = qs;
   r.recipe.s_q = r.s_q;
-  r.set_contiguous_strides();
   set_shape(r);
   return r;
 }
@@ -321,18 +381,27 @@ MaterializedCase query_alone(const MaterializedCase& m, int b, int s) { return r
 MaterializedCase head_alone(const MaterializedCase& m, int h) {
   MaterializedCase r = m;
   r.heads = 1;
+  // The batch rows keep their gaps (pads after the last token); a token is one head now.
+  const int64_t q_gap = m.q_batch_stride - m.s_q * m.q_token_stride;
+  r.q_token_stride = m.q_head_stride;
+  r.q_batch_stride = m.s_q * r.q_token_stride + q_gap;
+  r.out_token_stride = m.out_head_stride;
+  r.out_batch_stride =
+      m.s_q * r.out_token_stride + (m.out_batch_stride - m.s_q * m.out_token_stride);
+  r.lse_token_stride = 1;
+  r.lse_batch_stride = m.s_q + (m.lse_batch_stride - m.s_q * m.lse_token_stride);
   r.q.clear();
   for (int32_t b = 0; b < m.batch; ++b) {
+    const auto row = m.q.begin() + b * m.q_batch_stride;
     for (int32_t s = 0; s < m.s_q; ++s) {
-      const auto from = m.q.begin() + b * m.q_batch_stride + s * m.q_token_stride +
-                        static_cast<int64_t>(h) * m.q_head_stride;
+      const auto from = row + s * m.q_token_stride + static_cast<int64_t>(h) * m.q_head_stride;
       r.q.insert(r.q.end(), from, from + m.q_head_stride);
     }
+    r.q.insert(r.q.end(), row + m.s_q * m.q_token_stride, row + m.q_batch_stride);
   }
   if (!m.sink.empty()) r.sink = {m.sink[static_cast<size_t>(h)]};
   if (r.recipe.sink) r.recipe.sink = std::vector<double>{(*m.recipe.sink)[static_cast<size_t>(h)]};
   r.recipe.q_source = q_source_of_heads(m.recipe, {h});  // the recipe draws the buffer's q
-  r.set_contiguous_strides();
   set_shape(r);
   return r;
 }
@@ -362,6 +431,10 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 6);
   r.topk = m.topk + count;
+  // The token and row gaps keep their sizes.
+  const int64_t row_gap = m.indices_batch_stride - m.s_q * m.indices_token_stride;
+  r.indices_token_stride = m.indices_token_stride + count;
+  r.indices_batch_stride = m.s_q * r.indices_token_stride + row_gap;
   r.indices.clear();
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t len =
@@ -376,13 +449,16 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
         row.insert(row.begin() + pos, -1);
       }
       r.indices.insert(r.indices.end(), row.begin(), row.end());
+      r.indices.insert(r.indices.end(), from + m.topk, from + m.indices_token_stride);
     }
+    const int32_t* gap =
+        m.indices.data() + b * m.indices_batch_stride + m.s_q * m.indices_token_stride;
+    r.indices.insert(r.indices.end(), gap, gap + row_gap);
     if (!r.topk_length.empty() && m.topk_length[static_cast<size_t>(b)] >= 0) {
       r.topk_length[static_cast<size_t>(b)] = len + count;
     }
   }
   if (r.recipe.topk_length) r.recipe.topk_length = r.topk_length;
-  r.set_contiguous_strides();
   set_shape(r);
   return r;
 }
@@ -416,6 +492,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
     }
   }
   int64_t next_slot = base_slot;
+  const int64_t row_pad = m.indices_batch_stride - int64_t{m.s_q} * m.indices_token_stride;
   const int32_t old_topk = r.extra_topk;
   std::vector<int32_t> new_extra;
   r.extra_topk = old_topk + count;
@@ -452,10 +529,14 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
       }
       new_extra.insert(new_extra.end(), erow.begin(), erow.end());
     }
+    // The row gap of the main lists (indices_row_pad) after the extra lists too (-1: no slot).
+    new_extra.insert(new_extra.end(), static_cast<size_t>(row_pad), -1);
     if (!r.extra_topk_length.empty()) r.extra_topk_length[static_cast<size_t>(b)] = elen + count;
   }
   r.extra_indices = std::move(new_extra);
-  r.set_contiguous_strides();
+  // The main lists keep their layout; the extra lists are contiguous per token.
+  r.extra_indices_token_stride = r.extra_topk;
+  r.extra_indices_batch_stride = int64_t{m.s_q} * r.extra_topk + row_pad;
   r.recipe.extra = ExtraCache{};
   r.recipe.extra->page_size = r.extra_geom.page_size;
   r.recipe.extra->page_stride = r.extra_geom.page_stride;
@@ -493,47 +574,105 @@ MaterializedCase swap_caches(const MaterializedCase& m) {
 
 namespace {
 
-std::string element_name(int64_t flat, int32_t heads, int64_t head_stride, int64_t guard,
-                         int64_t body, const char* what) {
-  std::ostringstream os;
+// Position of element `flat` of a raw guarded buffer: [B, batch_stride] rows of s_q tokens
+// `token_stride` apart, each of `heads` heads `head_stride` apart, after `guard` canaries; the
+// rest of a row (or token) is its gap. b is the query row b * s_q + s.
+struct RawPos {
+  bool guard = false;  // guard band before or after the body
+  bool gap = false;    // a head pad or a token/row gap
+  int64_t b = -1, h = -1, d = -1;
+};
+
+RawPos raw_pos(int64_t flat, int32_t heads, int64_t head_stride, int64_t token_stride, int32_t s_q,
+               int64_t batch_stride, int64_t guard, int64_t rows, int64_t width) {
+  RawPos p;
   const int64_t rel = flat - guard;
-  if (rel < 0 || rel >= body) {
-    os << what << " guard band [" << flat << "]";
-    return os.str();
+  if (rel < 0 || rel >= rows * batch_stride) {
+    p.guard = true;
+    return p;
   }
-  const int64_t row = rel / head_stride;
-  os << what << "[b=" << row / heads << ",h=" << row % heads << ",d=" << rel % head_stride << "]";
-  return os.str();
+  const int64_t in_row = rel % batch_stride;
+  const int64_t s = std::min<int64_t>(in_row / token_stride, s_q);
+  p.b = rel / batch_stride * s_q + std::min<int64_t>(s, s_q - 1);
+  const int64_t in_token = in_row - std::min<int64_t>(s, s_q - 1) * token_stride;
+  p.h = in_token / head_stride;
+  p.d = in_token % head_stride;
+  p.gap = s >= s_q || p.h >= heads || p.d >= width;
+  return p;
+}
+
+std::string raw_name(const RawPos& p, int64_t flat, const char* what, bool with_d) {
+  if (p.guard) return fmt::format("{} guard band [{}]", what, flat);
+  if (p.h >= 0 && p.gap && !with_d) return fmt::format("{} row gap [b={},{}]", what, p.b, p.h);
+  if (p.gap) return fmt::format("{} gap [b={},h={},d={}]", what, p.b, p.h, p.d);
+  if (!with_d) return fmt::format("{}[b={},h={}]", what, p.b, p.h);
+  return fmt::format("{}[b={},h={},d={}]", what, p.b, p.h, p.d);
+}
+
+std::string ulp_text(int64_t distance) {
+  return distance < 0 ? std::string("NaN") : std::to_string(distance);
+}
+
+// "x vs y, N ulp (fmt)": both values with all their digits and bits.
+std::string bf16_pair(uint16_t x, uint16_t y) {
+  return fmt::format("{} vs {}, {} ulp (bf16)", format_bf16_bits(x), format_bf16_bits(y),
+                     ulp_text(ulp_distance_bf16(x, y)));
+}
+
+std::string fp32_pair(uint32_t x, uint32_t y) {
+  return fmt::format("{} vs {}, {} ulp (fp32)", format_fp32_bits(x), format_fp32_bits(y),
+                     ulp_text(ulp_distance_fp32(x, y)));
+}
+
+// A widened pair: the format it was produced in when exact there, else float64.
+std::string widened_pair(double x, double y, ValueFormat f) {
+  if (f == ValueFormat::kBf16) {
+    return bf16_pair(mla::float_to_bf16(static_cast<float>(x)),
+                     mla::float_to_bf16(static_cast<float>(y)));
+  }
+  if (f == ValueFormat::kFp32) {
+    return fp32_pair(mla::float_to_bits(static_cast<float>(x)),
+                     mla::float_to_bits(static_cast<float>(y)));
+  }
+  return fmt::format("{} vs {}", format_value(x, ValueFormat::kFp64),
+                     format_value(y, ValueFormat::kFp64));
+}
+
+// The format a widened value came from: bf16 (out) or fp32 (lse) when it is exact there.
+ValueFormat exact_format(double x, double y, ValueFormat narrow) {
+  auto fits = [&](double v) {
+    if (std::isnan(v)) return true;
+    const float f = static_cast<float>(v);
+    if (static_cast<double>(f) != v) return false;
+    return narrow != ValueFormat::kBf16 ||
+           static_cast<double>(mla::bf16_to_float(mla::float_to_bf16(f))) == v;
+  };
+  return fits(x) && fits(y) ? narrow : ValueFormat::kFp64;
 }
 
 }  // namespace
 
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
                    std::string* where, int* wb, int* wh, int* wd) {
-  auto set = [&](int bb, int hh, int dd) {
-    if (wb) *wb = bb;
-    if (wh) *wh = hh;
-    if (wd) *wd = dd;
+  auto set = [&](int64_t bb, int64_t hh, int64_t dd) {
+    if (wb) *wb = static_cast<int>(bb);
+    if (wh) *wh = static_cast<int>(hh);
+    if (wd) *wd = static_cast<int>(dd);
   };
-  std::ostringstream os;
   if (!a.out_raw.empty() && !b.out_raw.empty()) {
     if (a.out_raw.size() != b.out_raw.size() || a.lse_raw.size() != b.lse_raw.size()) {
       *where = "raw output sizes differ";
       return false;
     }
     const int64_t g = OutputBuffers::kGuard;
-    const int64_t body = int64_t{m.query_rows()} * m.heads * m.out_head_stride;
     for (size_t i = 0; i < a.out_raw.size(); ++i) {
       if (a.out_raw[i] != b.out_raw[i]) {
-        os << element_name(static_cast<int64_t>(i), m.heads, m.out_head_stride, g, body, "out")
-           << std::hex << " 0x" << a.out_raw[i] << " vs 0x" << b.out_raw[i];
-        *where = os.str();
-        const int64_t rel = static_cast<int64_t>(i) - g;
-        if (rel >= 0 && rel < body) {
-          const int64_t row = rel / m.out_head_stride;
-          set(static_cast<int>(row / m.heads), static_cast<int>(row % m.heads),
-              static_cast<int>(rel % m.out_head_stride));
-        }
+        const RawPos p =
+            raw_pos(static_cast<int64_t>(i), m.heads, m.out_head_stride, m.out_token_stride, m.s_q,
+                    m.out_batch_stride, g, m.batch, m.d_v());
+        *where = raw_name(p, static_cast<int64_t>(i), "out", true) + " " +
+                 bf16_pair(a.out_raw[i], b.out_raw[i]);
+        if (!p.guard && !p.gap) set(p.b, p.h, p.d);
         return false;
       }
     }
@@ -541,15 +680,10 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
       const uint32_t x = std::bit_cast<uint32_t>(a.lse_raw[i]);
       const uint32_t y = std::bit_cast<uint32_t>(b.lse_raw[i]);
       if (x != y) {
-        os << element_name(static_cast<int64_t>(i), m.heads, 1, g,
-                           int64_t{m.query_rows()} * m.heads, "lse")
-           << " " << a.lse_raw[i] << " (0x" << std::hex << x << ") vs " << std::dec << b.lse_raw[i]
-           << " (0x" << std::hex << y << ")";
-        *where = os.str();
-        const int64_t rel = static_cast<int64_t>(i) - g;
-        if (rel >= 0 && rel < int64_t{m.query_rows()} * m.heads) {
-          set(static_cast<int>(rel / m.heads), static_cast<int>(rel % m.heads), -1);
-        }
+        const RawPos p = raw_pos(static_cast<int64_t>(i), m.heads, 1, m.lse_token_stride, m.s_q,
+                                 m.lse_batch_stride, g, m.batch, 1);
+        *where = raw_name(p, static_cast<int64_t>(i), "lse", false) + " " + fp32_pair(x, y);
+        if (!p.guard && !p.gap) set(p.b, p.h, -1);
         return false;
       }
     }
@@ -563,20 +697,17 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
   for (size_t i = 0; i < a.out.size(); ++i) {
     if (std::bit_cast<uint64_t>(a.out[i]) != std::bit_cast<uint64_t>(b.out[i])) {
       const auto row = static_cast<int64_t>(i) / dv;
-      os << "out[b=" << row / m.heads << ",h=" << row % m.heads << ",d=" << i % dv << "] "
-         << a.out[i] << " vs " << b.out[i];
-      *where = os.str();
-      set(static_cast<int>(row / m.heads), static_cast<int>(row % m.heads),
-          static_cast<int>(i % dv));
+      *where = fmt::format("out[b={},h={},d={}] ", row / m.heads, row % m.heads, i % dv) +
+               widened_pair(a.out[i], b.out[i], ValueFormat::kFp64);
+      set(row / m.heads, row % m.heads, static_cast<int64_t>(i % dv));
       return false;
     }
   }
   for (size_t i = 0; i < a.lse.size(); ++i) {
     if (std::bit_cast<uint64_t>(a.lse[i]) != std::bit_cast<uint64_t>(b.lse[i])) {
-      os << "lse[b=" << i / m.heads << ",h=" << i % m.heads << "] " << a.lse[i] << " vs "
-         << b.lse[i];
-      *where = os.str();
-      set(static_cast<int>(i / m.heads), static_cast<int>(i % m.heads), -1);
+      *where = fmt::format("lse[b={},h={}] ", i / m.heads, i % m.heads) +
+               widened_pair(a.lse[i], b.lse[i], ValueFormat::kFp64);
+      set(static_cast<int64_t>(i / m.heads), static_cast<int64_t>(i % m.heads), -1);
       return false;
     }
   }
@@ -587,21 +718,18 @@ bool rows_bitwise_equal(const RunResult& whole, int32_t heads, int32_t d_v, int 
                         int h_whole, const RunResult& part, int part_row, std::string* where) {
   const size_t wr = static_cast<size_t>(b_whole) * heads + h_whole;
   const auto pr = static_cast<size_t>(part_row);
-  std::ostringstream os;
   for (int32_t d = 0; d < d_v; ++d) {
     const double x = whole.out[wr * d_v + d], y = part.out[pr * d_v + d];
     if (std::bit_cast<uint64_t>(x) != std::bit_cast<uint64_t>(y)) {
-      os << "out[b=" << b_whole << ",h=" << h_whole << ",d=" << d << "] " << x << " in the full "
-         << "case vs " << y << " alone";
-      *where = os.str();
+      *where = fmt::format("out[b={},h={},d={}] ", b_whole, h_whole, d) +
+               widened_pair(x, y, exact_format(x, y, ValueFormat::kBf16)) + " (full case vs alone)";
       return false;
     }
   }
   const double x = whole.lse[wr], y = part.lse[pr];
   if (std::bit_cast<uint64_t>(x) != std::bit_cast<uint64_t>(y)) {
-    os << "lse[b=" << b_whole << ",h=" << h_whole << "] " << x << " in the full case vs " << y
-       << " alone";
-    *where = os.str();
+    *where = fmt::format("lse[b={},h={}] ", b_whole, h_whole) +
+             widened_pair(x, y, exact_format(x, y, ValueFormat::kFp32)) + " (full case vs alone)";
     return false;
   }
   return true;

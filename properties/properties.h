@@ -33,7 +33,9 @@ std::vector<uint8_t> used_extra_cache_bytes(const MaterializedCase& m);
 
 // Another physical page order (a random permutation, possibly with extra unused pages) and
 // another page stride (minimum or padded); indices remapped; freed bytes random garbage.
-MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed);
+// stride_multiple > 1 rounds the new stride up to a multiple of it (the backend's envelope).
+MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed,
+                                int64_t stride_multiple = 0);
 
 // Batch row b alone (B = 1, all its s_q query tokens).
 MaterializedCase batch_row_alone(const MaterializedCase& m, int b);
@@ -66,7 +68,8 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
 
 // Bitwise equality of two runs of the same shape: raw bf16 outputs (guard bands included) and
 // raw lse when both have them, otherwise the float64 out/lse bit patterns. On a difference,
-// `where` receives the first differing element ("out[b=0,h=2,d=5] 0x3f80 vs 0x3f81").
+// `where` receives the first differing element with both values in full and their distance:
+// "out[b=0,h=2,d=5] 1 (bf16 0x3f80) vs 1.0078125 (bf16 0x3f81), 1 ulp (bf16)".
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
                    std::string* where, int* wb = nullptr, int* wh = nullptr, int* wd = nullptr);
 

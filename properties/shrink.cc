@@ -213,6 +213,27 @@ std::vector<Case> fewer_tokens(const Case& c) {
   return out;
 }
 
+// Fewer tokens when the envelope constrains topk (a multiple of 64, a list): halving steps land
+// outside it, so keep the first or last T positions for the smallest admissible T and the
+// largest admissible T below the current length.
+std::vector<Case> fewer_tokens_inside(const Case& c, const Envelope& env) {
+  std::vector<Case> out;
+  std::vector<int32_t> sizes;
+  if (const auto lo = env.topk.nearest(1, 1, c.topk - 1)) sizes.push_back(*lo);
+  const std::vector<int32_t> below = env.topk.members(1, c.topk - 1, 4096);
+  if (!below.empty() && (sizes.empty() || below.back() != sizes.front())) {
+    sizes.push_back(below.back());
+  }
+  for (const int32_t t : sizes) {
+    std::vector<int> first(static_cast<size_t>(t)), last(static_cast<size_t>(t));
+    std::iota(first.begin(), first.end(), 0);
+    std::iota(last.begin(), last.end(), c.topk - t);
+    out.push_back(select_positions(c, first));
+    out.push_back(select_positions(c, last));
+  }
+  return out;
+}
+
 // Valid entries turned into -1 in place: chunks of the valid entries (of every row) of halving
 // size, down to single entries once at most 64 are left (at most ~128 candidates). Fewer tokens
 // without moving the others: removing list positions (fewer_tokens) shifts the remaining entries
@@ -363,6 +384,20 @@ std::vector<Case> no_padding(const Case& c) {
     r.out_head_pad = 0;
     out.push_back(r);
   }
+  // The batch-row gaps: all at once, then each alone.
+  if (c.q_batch_pad || c.out_batch_pad || c.indices_row_pad || c.lse_row_pad) {
+    Case r = c;
+    r.q_batch_pad = r.out_batch_pad = r.indices_row_pad = r.lse_row_pad = 0;
+    out.push_back(r);
+  }
+  for (int32_t Case::*pad :
+       {&Case::q_batch_pad, &Case::out_batch_pad, &Case::indices_row_pad, &Case::lse_row_pad}) {
+    if (c.*pad) {
+      Case r = c;
+      r.*pad = 0;
+      out.push_back(r);
+    }
+  }
   return out;
 }
 
@@ -418,7 +453,7 @@ std::vector<ShrinkStep> make_steps() {
                  r.pad_fill = Fill::kZero;
                  return one_if(c.pad_fill != Fill::kZero, r);
                }});
-  s.push_back({"no head padding", no_padding});
+  s.push_back({"no padding", no_padding});  // head pads, then the batch-row gaps
   // Last: it only runs once nothing else simplifies, and each accepted candidate starts the
   // other steps again.
   s.push_back({"fewer valid tokens in place", invalidate_in_place});
@@ -472,7 +507,7 @@ const char* shrink_stop_name(ShrinkStop s) {
 }
 
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         const ShrinkLimits& limits) {
+                         const ShrinkLimits& limits, const Envelope& envelope) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -486,10 +521,15 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
   };
   Case cur = with_explicit_indices(failing);
   std::string cur_json = to_json(cur);
+  std::vector<ShrinkStep> steps = shrink_steps();
+  if (envelope.topk.constrained()) {
+    steps.push_back({"fewer tokens inside the envelope",
+                     [&envelope](const Case& c) { return fewer_tokens_inside(c, envelope); }});
+  }
   bool progress = true;
   while (progress && !res.budget_exhausted()) {
     progress = false;
-    for (const auto& step : shrink_steps()) {
+    for (const auto& step : steps) {
       for (Case& cand : step.candidates(cur)) {
         std::string js;
         try {
@@ -499,6 +539,9 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           continue;  // a step made an invalid recipe (e.g. a constraint it does not know)
         }
         if (js == cur_json) continue;
+        // Never leave the envelope the case was generated in (the backends' and the campaign's):
+        // a candidate outside it would shrink a failure into "not applicable".
+        if (envelope.rejects(cand)) continue;
         if (const auto stop = limit_reached()) {
           res.stopped_by = *stop;
           break;

@@ -2,12 +2,15 @@
 // model can be read top to bottom next to its derivation.
 #include "properties/tolerance.h"
 
+#include <fmt/format.h>
+
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
+#include "harness/core/value_format.h"
 #include "kernels/common/tiling.h"
 
 namespace mlafuzz {
@@ -257,16 +260,20 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
   BoundCheck r;
   double sum_abs = 0;
   int64_t n_abs = 0;
+  r.bf16_outputs = a.out_bf16;
   auto consider = [&](double va, double vb, bool bf16, double bnd, int bb, int hh, int dd,
                       double& part_tightness) {
     const int ca = finite_class(va), cb = finite_class(vb);
+    const ValueFormat fa = !a.out_bf16 ? ValueFormat::kFp64
+                           : dd >= 0   ? ValueFormat::kBf16
+                                       : ValueFormat::kFp32;
     if (ca != cb) {
       if (r.nonfinite_match) {
         std::ostringstream os;
         os << (dd >= 0 ? "out[b=" : "lse[b=") << bb << ",h=" << hh;
         if (dd >= 0) os << ",d=" << dd;
-        os << "]: " << class_name(ca) << " (" << va << ") where the reference is " << class_name(cb)
-           << " (" << vb << ")";
+        os << "]: " << class_name(ca) << " (" << format_value(va, fa) << ") where the reference is "
+           << class_name(cb) << " (" << format_value(vb, ValueFormat::kFp64) << ")";
         r.nonfinite_detail = os.str();
       }
       r.nonfinite_match = false;
@@ -318,18 +325,25 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
 }
 
 std::string BoundCheck::describe() const {
+  // Every number with all its digits: the value in the backend's format with its bits, the
+  // float64 reference and the error with 17 digits, the distance in ulps of the backend's
+  // format (two LSEs that differ in the last bit no longer read "8.66268 vs 8.66268").
   std::ostringstream os;
-  os.precision(6);
   if (!nonfinite_match) os << "non-finite position mismatch: " << nonfinite_detail << "; ";
   if (b < 0) {
     os << "no finite element compared";
     return os.str();
   }
+  const ValueFormat f = !bf16_outputs ? ValueFormat::kFp64
+                        : d >= 0      ? ValueFormat::kBf16
+                                      : ValueFormat::kFp32;
+  const auto g17 = [](double v) { return fmt::format("{:.17g}", v); };
   os << (d >= 0 ? "out[b=" : "lse[b=") << b << ",h=" << h;
   if (d >= 0) os << ",d=" << d;
-  os << "] value " << value << " reference " << reference << " |error| " << error;
-  if (excess != error) os << " (beyond rounding " << excess << ")";
-  os << " bound " << bound << " error/bound " << tightness;
+  os << "] value " << format_value(value, f) << " reference " << g17(reference) << " |error| "
+     << g17(error) << " = " << ulps_text(value, reference, f);
+  if (excess != error) os << " (beyond rounding " << g17(excess) << ")";
+  os << " bound " << g17(bound) << " error/bound " << fmt::format("{:.9g}", tightness);
   return os.str();
 }
 

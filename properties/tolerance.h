@@ -122,6 +122,7 @@ struct BoundCheck {
   double tightness = 0;          // max over elements of excess / bound (inf: bound 0, excess > 0)
   // Worst element (d = -1: lse).
   int b = -1, h = -1, d = -1;
+  bool bf16_outputs = false;  // side a wrote bf16 out and fp32 lse (else float64 values)
   double value = 0, reference = 0, error = 0, excess = 0, bound = 0;
   // Element statistics (finite positions): the original test's figures.
   double max_abs = 0, mean_abs = 0, max_rel = 0, lse_max_abs = 0, out_max_ref = 0;

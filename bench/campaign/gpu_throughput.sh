@@ -4,9 +4,13 @@
 # plus the time breakdown of the worker calls (report.json campaign.time_breakdown).
 #
 #   bench/campaign/gpu_throughput.sh MLAFUZZ SECONDS CONFIG...
-# CONFIG is NAME:BACKENDS:PROPERTIES:PROFILE:WORKERS (PROPERTIES "all" for every property,
-# WORKERS "-" to leave --workers-per-gpu out, e.g. for a binary that predates it), e.g.
+# CONFIG is NAME:BACKENDS:PROPERTIES:PROFILE:WORKERS[:ENV] (PROPERTIES "all" for every property,
+# WORKERS "-" to leave --workers-per-gpu out, e.g. for a binary that predates it; ENV an optional
+# comma-separated list of NAME=VALUE set for that run), e.g.
 #   both-all:cuda-mma,cuda-simt:all:default:4
+#   before:cuda-mma,cuda-simt:all:default:2:MLAFUZZ_WORKER_BATCH=0,MLAFUZZ_CUDA_RESIDENT=0
+# (MLAFUZZ_WORKER_BATCH=0: one worker request per call; MLAFUZZ_CUDA_RESIDENT=0: every input
+# uploaded from pageable memory on every call: together the per-call path before batching.)
 # Prints one line per configuration; logs and reports go under $OUT (default a temp folder).
 set -uo pipefail
 MLAFUZZ=$1
@@ -15,12 +19,14 @@ shift 2
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 for config in "$@"; do
-  IFS=: read -r name backends props profile workers <<<"$config"
+  IFS=: read -r name backends props profile workers envs <<<"$config"
   args=(fuzz --seed 21 --profile "$profile" --time "${SECONDS_PER_RUN}s" --backends "$backends"
         --report "$OUT/$name" --corpus "$OUT/corpus-$name" --progress plain --shrink-time 0)
   [[ $props != all ]] && args+=(--properties "$props")
   [[ $workers != - ]] && args+=(--workers-per-gpu "$workers")
-  "$MLAFUZZ" "${args[@]}" >"$OUT/$name.log" 2>&1
+  env_args=()
+  [[ -n ${envs:-} ]] && IFS=, read -ra env_args <<<"$envs"
+  env "${env_args[@]}" "$MLAFUZZ" "${args[@]}" >"$OUT/$name.log" 2>&1
   rc=$?
   python3 - "$OUT/$name/report.json" "$name" "$rc" <<'PY'
 import json, sys
@@ -35,8 +41,10 @@ line = (f"{name:>16}: {c['cases']:>6} cases in {c['duration_s']:6.1f} s = "
 tb = c.get("time_breakdown", {})
 for backend, t in tb.items():
     n = max(t["calls"], 1)
-    phases = " ".join(f"{k}={1e6 * v / n:.0f}" for k, v in t.items() if k != "calls" and v > 0)
-    line += f"\n{'':>18}{backend}: {t['calls']} calls, us/call {phases}"
+    phases = " ".join(f"{k}={1e6 * v / n:.0f}" for k, v in t.items()
+                      if k not in ("calls", "requests") and v > 0)
+    line += (f"\n{'':>18}{backend}: {t['calls']} calls in {t.get('requests', '?')} requests, "
+             f"us/call {phases}")
 print(line)
 PY
 done

@@ -120,6 +120,8 @@ DeviceProblem upload(const Problem& pr) {
   p.q_batch_stride = static_cast<int64_t>(dqk) * pr.heads;
   p.out_head_stride = dv;
   p.out_batch_stride = static_cast<int64_t>(dv) * pr.heads;
+  p.indices_batch_stride = pr.topk;
+  p.lse_batch_stride = pr.heads;
   CK(cudaMalloc(&d.bufs[0], pr.cache.size()));
   CK(cudaMemcpy(d.bufs[0], pr.cache.data(), pr.cache.size(), cudaMemcpyHostToDevice));
   CK(cudaMalloc(&d.bufs[1], pr.q.size() * 2));

@@ -26,7 +26,7 @@ mlafuzz::RunResult my_kernel(const mlafuzz::MaterializedCase& m) {
       std::vector<float> x(m.topk, -INFINITY);
       float mx = -INFINITY;
       for (int k = 0; k < m.topk; ++k) {
-        const int32_t idx = p.indices[b * m.topk + k];
+        const int32_t idx = p.indices[b * p.indices_batch_stride + k];
         const int32_t len = p.topk_length != nullptr ? p.topk_length[b] : -1;
         if (!mla::index_valid(idx, k, len, p.conv)) continue;
         const mla::TokenAddress a = mla::token_address(p.geom, idx);
@@ -48,7 +48,8 @@ mlafuzz::RunResult my_kernel(const mlafuzz::MaterializedCase& m) {
         if (x[k] == -INFINITY) continue;
         const float w = std::exp(x[k] - mx);
         l += w;
-        const mla::TokenAddress a = mla::token_address(p.geom, p.indices[b * m.topk + k]);
+        const mla::TokenAddress a =
+            mla::token_address(p.geom, p.indices[b * p.indices_batch_stride + k]);
         for (int d = 0; d < dv; ++d) o[d] += w * mla::dequant_k(p.geom, p.kv_cache, a, d);
       }
       const float denom = p.sink != nullptr ? l + std::exp(p.sink[h] - mx) : l;

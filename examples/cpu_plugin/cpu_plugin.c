@@ -1,9 +1,12 @@
 /* An mlafuzz host plugin in plain C: sparse MLA decode over an FP8 paged KV cache with the fp32
  * pipeline of the SIMT kernel (SPEC.md section 4), written as loops from the formulas.
  *
- * It shows everything a plugin does: declare itself (name, host, precision), say which calls
- * it supports, and compute out and lse reading only what a correct kernel needs. Build it as a
- * shared library against include/mlafuzz/plugin.h and test it with
+ * It shows everything a plugin does: declare itself (name, host, precision, the invariants it
+ * keeps exactly), declare what it accepts (its envelope: cases are generated inside it), say
+ * which calls it supports, and compute out and lse reading only what a correct kernel needs.
+ * It is written for ABI version 2 and compiles against the version-1 header too (the tests
+ * build it both ways: a version-1 plugin keeps working). Build it as a shared library against
+ * include/mlafuzz/plugin.h and test it with
  *
  *   mlafuzz plugin-info build/examples/libmlafuzz_cpu_plugin.so
  *   mlafuzz fuzz --backends plugin:build/examples/libmlafuzz_cpu_plugin.so --cases 200
@@ -95,15 +98,37 @@ static void write_message(char* buf, size_t len, const char* msg) {
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_abi_version(void) { return MLAFUZZ_PLUGIN_ABI_VERSION; }
 
+#ifndef CPU_PLUGIN_NAME
+#define CPU_PLUGIN_NAME "cpu-fp32-example"
+#endif
+
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_info(MlafuzzPluginInfo* info) {
   info->abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
-  snprintf(info->name, sizeof info->name, "%s", "cpu-fp32-example");
+  snprintf(info->name, sizeof info->name, "%s", CPU_PLUGIN_NAME);
   snprintf(info->description, sizeof info->description, "%s",
            "example host plugin in C: fp32 SIMT pipeline, two-pass softmax, bf16 store");
   info->runs_on = MLAFUZZ_RUNS_ON_HOST;
   info->precision = MLAFUZZ_PRECISION_FP32_SIMT;
+#if MLAFUZZ_PLUGIN_ABI_VERSION >= 2
+  /* One thread, a fixed loop order per (row, head): every invariant holds bit for bit. */
+  info->inexact_invariants = 0;
+  info->extra_pipeline = MLAFUZZ_EXTRA_JOINT;
+#endif
   return 0;
 }
+
+#if MLAFUZZ_PLUGIN_ABI_VERSION >= 2
+/* What this kernel accepts: the version-1 decode only (one query token per row, no extra cache:
+ * it reads none of the version-2 fields), any dims, conventions and strides. mlafuzz generates
+ * cases inside this envelope; supports() below still has the final word. */
+MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
+  env->abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
+  env->s_q.count = 1;
+  env->s_q.values[0] = 1;
+  env->refuses = MLAFUZZ_FEATURE_EXTRA_CACHE | MLAFUZZ_FEATURE_EXTRA_TOPK_LENGTH;
+  return 0;
+}
+#endif
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_supports(const MlafuzzDecodeCall* c, char* reason,
                                                   size_t reason_len) {

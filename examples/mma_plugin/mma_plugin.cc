@@ -50,20 +50,15 @@ mla::DecodeParams to_params(const MlafuzzDecodeCall& c) {
   p.q_batch_stride = c.q_batch_stride;
   p.kv_cache = c.kv_cache;
   p.indices = c.indices;
+  p.indices_batch_stride = c.indices_batch_stride;
   p.topk_length = c.topk_length;
   p.sink = c.sink;
   p.out = c.out;
   p.out_head_stride = c.out_head_stride;
   p.out_batch_stride = c.out_batch_stride;
   p.lse = c.lse;
+  p.lse_batch_stride = c.lse_batch_stride;
   return p;
-}
-
-// Layouts the kernel cannot take at all (the rest is mla::cuda::mma_unsupported's envelope).
-const char* abi_mismatch(const MlafuzzDecodeCall& c) {
-  if (c.indices_batch_stride != c.topk) return "indices rows must be contiguous (stride topk)";
-  if (c.lse_batch_stride != c.heads) return "lse must be contiguous [B, H]";
-  return nullptr;
 }
 
 }  // namespace
@@ -79,13 +74,31 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_info(MlafuzzPluginInfo* info) {
                 "example device plugin: the built-in mma.sync bf16 head-tiled kernel, BLOCK_H 32");
   info->runs_on = MLAFUZZ_RUNS_ON_DEVICE;
   info->precision = MLAFUZZ_PRECISION_BF16_MMA;
+  info->inexact_invariants = 0;  // one block per (row, 32 heads), fixed order: all exact
+  info->extra_pipeline = MLAFUZZ_EXTRA_JOINT;
+  return 0;
+}
+
+// The kernel's envelope (kernels/cuda/launch.h), so that mlafuzz generates only cases it takes.
+MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
+  env->abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
+  env->nope_dim.min = 16;
+  env->nope_dim.max = 512;
+  env->nope_dim.multiple_of = 16;
+  env->rope_dim.max = 64;
+  env->rope_dim.multiple_of = 16;
+  env->scale_tile.multiple_of = 8;
+  env->batch.max = 65535;
+  env->s_q.count = 1;
+  env->s_q.values[0] = 1;
+  env->refuses = MLAFUZZ_FEATURE_EXTRA_CACHE | MLAFUZZ_FEATURE_EXTRA_TOPK_LENGTH;
   return 0;
 }
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_supports(const MlafuzzDecodeCall* call, char* reason,
                                                   size_t reason_len) {
-  if (const char* why = abi_mismatch(*call)) {
-    write_message(reason, reason_len, why);
+  if (call->s_q != 1 || call->has_extra) {
+    write_message(reason, reason_len, "one query token per row and no extra cache");
     return 0;
   }
   if (const auto why = mla::cuda::mma_unsupported(to_params(*call), kBlockH)) {
@@ -99,10 +112,6 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* call, char
                                              size_t err_len) {
   if (call->memory != MLAFUZZ_RUNS_ON_DEVICE) {
     write_message(err, err_len, "expected device pointers");
-    return 1;
-  }
-  if (const char* why = abi_mismatch(*call)) {
-    write_message(err, err_len, why);
     return 1;
   }
   const int rc = mla::cuda::launch_mma_head_tiled(to_params(*call), kBlockH, call->stream);

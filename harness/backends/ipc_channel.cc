@@ -300,19 +300,40 @@ std::string Child::kill_and_describe(const std::string& why) {
   return desc;
 }
 
+namespace {
+
+Clock::time_point deadline_in(double timeout_s) {
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+}  // namespace
+
 Child::Reply Child::call(uint32_t type, std::string_view payload, double timeout_s) {
+  Reply reply;
+  reply.fault = send(type, payload, timeout_s);
+  if (!reply.fault.empty()) return reply;
+  return receive(timeout_s);
+}
+
+std::string Child::send(uint32_t type, std::string_view payload, double timeout_s) {
+  if (pid_ < 0) return (spec_.label.empty() ? "worker" : spec_.label) + ": not running";
+  const auto deadline = deadline_in(timeout_s);
+  const std::string h = frame_header(type, payload.size());
+  Io io = write_all(to_fd_, h.data(), h.size(), deadline);
+  if (io == Io::kOk) io = write_all(to_fd_, payload.data(), payload.size(), deadline);
+  return io == Io::kOk ? std::string() : kill_and_describe(io_name(io));
+}
+
+Child::Reply Child::receive(double timeout_s) {
   Reply reply;
   if (pid_ < 0) {
     reply.fault = (spec_.label.empty() ? "worker" : spec_.label) + ": not running";
     return reply;
   }
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
-  const std::string h = frame_header(type, payload.size());
-  Io io = write_all(to_fd_, h.data(), h.size(), deadline);
-  if (io == Io::kOk) io = write_all(to_fd_, payload.data(), payload.size(), deadline);
+  const auto deadline = deadline_in(timeout_s);
   char hdr[16];
-  if (io == Io::kOk) io = read_all(from_fd_, hdr, sizeof hdr, deadline);
+  Io io = read_all(from_fd_, hdr, sizeof hdr, deadline);
   if (io != Io::kOk) {
     reply.fault = kill_and_describe(io_name(io));
     return reply;

@@ -99,6 +99,11 @@ class Child {
   };
   // Sends one request and waits for its reply until the deadline.
   Reply call(uint32_t type, std::string_view payload, double timeout_s);
+  // call() in two halves, for a request answered by several replies (a batch): send() returns
+  // "" or the fault (the child is then gone); receive() waits for the next reply, each with its
+  // own deadline.
+  std::string send(uint32_t type, std::string_view payload, double timeout_s);
+  Reply receive(double timeout_s);
   // Sends `quit_type` (0: none), waits briefly, then kills; reaps the child.
   void stop(uint32_t quit_type);
   // Kills (after a short grace when it is already dying) and describes how the child ended.

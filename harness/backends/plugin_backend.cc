@@ -15,6 +15,8 @@
 #include <sstream>
 #include <vector>
 
+#include "harness/core/envelope.h"
+
 #if MLAFUZZ_HAVE_CUDA
 #include "kernels/cuda/device_run.h"
 #endif
@@ -67,6 +69,92 @@ struct LoadedPlugin {
   // static CUDA runtime registers exit handlers that must not outlive its code.
 };
 
+// Every version this mlafuzz loads: "1 and 2", "1 to 3".
+std::string supported_versions() {
+  constexpr int lo = MLAFUZZ_PLUGIN_ABI_VERSION_MIN, hi = MLAFUZZ_PLUGIN_ABI_VERSION;
+  if (lo == hi) return std::to_string(hi);
+  return std::to_string(lo) + (hi == lo + 1 ? " and " : " to ") + std::to_string(hi);
+}
+
+// One MlafuzzIntSet -> IntSet, checked.
+IntSet set_from_c(const MlafuzzIntSet& s, const std::string& who, const char* field) {
+  const std::string where = who + ": envelope." + field;
+  if (s.count < 0 || s.count > MLAFUZZ_ENVELOPE_LIST_MAX) {
+    throw PluginError(where + ".count " + std::to_string(s.count) + " not in [0, " +
+                      std::to_string(MLAFUZZ_ENVELOPE_LIST_MAX) + "]");
+  }
+  if (s.min < 0 || s.max < 0 || s.multiple_of < 0) {
+    throw PluginError(where + ": min, max and multiple_of must be >= 0");
+  }
+  if (s.min != 0 && s.max != 0 && s.min > s.max) {
+    throw PluginError(where + ": min " + std::to_string(s.min) + " > max " + std::to_string(s.max));
+  }
+  IntSet r;
+  for (int i = 0; i < s.count; ++i) {
+    if (s.values[i] < 0) throw PluginError(where + ".values: negative value");
+    r.values.push_back(s.values[i]);
+  }
+  r.min = s.min;
+  r.max = s.max;
+  r.multiple_of = s.multiple_of;
+  return r;
+}
+
+// A two-valued convention mask: 0 means both.
+uint32_t mask_from_c(uint32_t m, uint32_t all, const std::string& who, const char* field) {
+  if ((m & ~all) != 0) {
+    throw PluginError(who + ": envelope." + field + " has unknown bits " + std::to_string(m));
+  }
+  return m == 0 ? all : m;
+}
+
+}  // namespace
+
+Envelope envelope_from_c(const MlafuzzEnvelope& c, const std::string& who) {
+  Envelope e;
+  e.layouts = mask_from_c(c.layouts, kAllLayouts, who, "layouts");
+  e.nope_dim = set_from_c(c.nope_dim, who, "nope_dim");
+  e.rope_dim = set_from_c(c.rope_dim, who, "rope_dim");
+  e.scale_tile = set_from_c(c.scale_tile, who, "scale_tile");
+  e.page_size = set_from_c(c.page_size, who, "page_size");
+  if (c.page_stride_multiple < 0) {
+    throw PluginError(who + ": envelope.page_stride_multiple must be >= 0");
+  }
+  e.page_stride_multiple = c.page_stride_multiple;
+  e.batch = set_from_c(c.batch, who, "batch");
+  e.heads = set_from_c(c.heads, who, "heads");
+  e.topk = set_from_c(c.topk, who, "topk");
+  e.s_q = set_from_c(c.s_q, who, "s_q");
+  e.extra_topk = set_from_c(c.extra_topk, who, "extra_topk");
+  e.extra_page_size = set_from_c(c.extra_page_size, who, "extra_page_size");
+  e.invalid_index_rules =
+      mask_from_c(c.invalid_index_rules, kBothValues, who, "invalid_index_rules");
+  e.empty_row_lses = mask_from_c(c.empty_row_lses, kBothValues, who, "empty_row_lses");
+  e.sink_in_lse = mask_from_c(c.sink_in_lse, kBothValues, who, "sink_in_lse");
+  if ((c.refuses & ~kFeatureAll) != 0) {
+    throw PluginError(who + ": envelope.refuses has unknown bits " + std::to_string(c.refuses));
+  }
+  e.refuses = c.refuses;
+  return e;
+}
+
+namespace {
+
+// The version-2 part of MlafuzzPluginInfo: invariance claims and the extra-cache pipeline.
+void read_v2_info(const MlafuzzPluginInfo& info, const std::string& who, PluginDescription& d) {
+  if ((info.inexact_invariants & ~kInvariantAll) != 0) {
+    throw PluginError(who + ": unknown inexact_invariants bits " +
+                      std::to_string(info.inexact_invariants) + " (known: MlafuzzInvariance)");
+  }
+  d.inexact_invariants = info.inexact_invariants;
+  if (info.extra_pipeline != MLAFUZZ_EXTRA_JOINT &&
+      info.extra_pipeline != MLAFUZZ_EXTRA_LSE_MERGED) {
+    throw PluginError(who + ": unknown extra_pipeline " + std::to_string(info.extra_pipeline) +
+                      " (0 joint, 1 lse-merged)");
+  }
+  d.extra_pipeline = info.extra_pipeline;
+}
+
 LoadedPlugin load(const std::string& path) {
   const std::string who = "plugin " + path;
   struct stat st {};
@@ -98,20 +186,22 @@ LoadedPlugin load(const std::string& path) {
 
   // The version is checked before any struct crosses the boundary: layouts may differ.
   const int version = abi();
-  if (version != MLAFUZZ_PLUGIN_ABI_VERSION) {
+  if (version < MLAFUZZ_PLUGIN_ABI_VERSION_MIN || version > MLAFUZZ_PLUGIN_ABI_VERSION) {
     throw PluginError(who + ": ABI version " + std::to_string(version) + ", mlafuzz supports " +
-                      std::to_string(MLAFUZZ_PLUGIN_ABI_VERSION));
+                      supported_versions());
   }
+  // A version-1 plugin gets the version-1 part of the struct, and says so in struct_size.
   MlafuzzPluginInfo info;
   std::memset(&info, 0, sizeof info);
-  info.struct_size = sizeof info;
+  info.struct_size =
+      version == 1 ? static_cast<uint32_t>(MLAFUZZ_PLUGIN_INFO_V1_SIZE) : sizeof info;
   const int rc = info_fn(&info);
   if (rc != 0) {
     throw PluginError(who + ": mlafuzz_plugin_info failed (returned " + std::to_string(rc) + ")");
   }
-  if (info.abi_version != MLAFUZZ_PLUGIN_ABI_VERSION) {
+  if (info.abi_version != static_cast<uint32_t>(version)) {
     throw PluginError(who + ": info declares ABI version " + std::to_string(info.abi_version) +
-                      ", mlafuzz supports " + std::to_string(MLAFUZZ_PLUGIN_ABI_VERSION));
+                      " but mlafuzz_plugin_abi_version() returns " + std::to_string(version));
   }
 
   PluginDescription& d = p.desc;
@@ -158,6 +248,28 @@ LoadedPlugin load(const std::string& path) {
       throw PluginError(who + ": unknown precision " + std::to_string(info.precision) +
                         " (0 fp32-simt, 1 bf16-mma, 2 custom)");
   }
+  if (version >= 2) {
+    read_v2_info(info, who, d);
+    const auto env_fn =
+        reinterpret_cast<MlafuzzPluginEnvelopeFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ENVELOPE, false));
+    if (env_fn != nullptr) {
+      MlafuzzEnvelope env;
+      std::memset(&env, 0, sizeof env);
+      env.struct_size = sizeof env;
+      const int erc = env_fn(&env);
+      if (erc != 0) {
+        throw PluginError(who + ": mlafuzz_plugin_envelope failed (returned " +
+                          std::to_string(erc) + ")");
+      }
+      if (env.abi_version != static_cast<uint32_t>(version)) {
+        throw PluginError(who + ": envelope declares ABI version " +
+                          std::to_string(env.abi_version) + ", the plugin " +
+                          std::to_string(version));
+      }
+      d.envelope = envelope_from_c(env, who);
+      d.has_envelope = true;
+    }
+  }
   {
     std::unique_lock<std::mutex> lock;
     loaded_plugins(lock)[kPluginPrefix + d.name] = path;
@@ -182,6 +294,16 @@ class PluginBackend final : public Backend {
   // Foreign code that can crash or hang: isolated in a worker whether it runs on the host or on
   // the device.
   bool needs_worker() const override { return true; }
+  // A version-1 plugin takes one query token per row and no extra cache (beyond_version_1), so
+  // the generator gives it only such cases.
+  Envelope envelope() const override {
+    if (p_.desc.abi_version >= 2) return p_.desc.envelope;
+    Envelope e = p_.desc.envelope;
+    e.s_q = intersect(e.s_q, IntSet{{1}, 0, 0, 0});
+    e.refuses |= kFeatureExtraCache | kFeatureExtraTopkLength;
+    return e;
+  }
+  uint32_t inexact_invariants() const override { return p_.desc.inexact_invariants; }
 
   Availability availability() const override {
     if (!p_.desc.runs_on_device) return {};
@@ -193,6 +315,9 @@ class PluginBackend final : public Backend {
   }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    if (p_.desc.abi_version < 2) {
+      if (auto why = beyond_version_1(m)) return name() + ": " + *why;
+    }
     if (p_.supports == nullptr) return std::nullopt;
     // Sizes only: the pointers are null, as the ABI documents.
     mla::DecodeParams sizes = m.host_params();
@@ -205,7 +330,8 @@ class PluginBackend final : public Backend {
     sizes.extra_indices = nullptr;
     sizes.extra_topk_length = nullptr;
     const MlafuzzDecodeCall call = make_plugin_call(
-        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr);
+        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr,
+        p_.desc.abi_version);
     std::array<char, kMessageLen> reason{};
     int supported = 0;
     {
@@ -239,7 +365,8 @@ class PluginBackend final : public Backend {
     OutputBuffers bufs(m);
     mla::DecodeParams p = m.host_params();
     bufs.attach(p);
-    const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
+    const MlafuzzDecodeCall call =
+        make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr, p_.desc.abi_version);
     std::array<char, kMessageLen> err{};
     const std::lock_guard<std::mutex> lock(plugin_call_mutex());
     const auto t0 = std::chrono::steady_clock::now();
@@ -261,7 +388,8 @@ class PluginBackend final : public Backend {
     const auto staged = cuda_detail::make_kernel_backend(
         name(), precision(), "", [](const mla::DecodeParams&) { return std::nullopt; },
         [&](const mla::DecodeParams& p) {
-          const MlafuzzDecodeCall call = make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, nullptr);
+          const MlafuzzDecodeCall call =
+              make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, nullptr, p_.desc.abi_version);
           std::array<char, kMessageLen> err{};
           const int rc = p_.run(&call, err.data(), err.size());
           if (rc != 0) plugin_error = call_failed(rc, err).message;
@@ -291,11 +419,27 @@ class PluginBackend final : public Backend {
 
 }  // namespace
 
-MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream) {
+std::optional<std::string> beyond_version_1(const MaterializedCase& m) {
+  // Version 1 has one query token per row and no extra cache.
+  if (m.s_q > 1) {
+    return "s_q = " + std::to_string(m.s_q) +
+           " > 1: a version-1 plugin cannot express it (query tokens need ABI version 2)";
+  }
+  if (m.has_extra) {
+    return std::string(
+        "an extra cache: a version-1 plugin cannot express it (the extra cache needs ABI "
+        "version 2)");
+  }
+  return std::nullopt;
+}
+
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream,
+                                   int abi_version) {
   MlafuzzDecodeCall c;
   std::memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
+  // A version-1 plugin sees the version-1 struct: its size and version (the v2 fields stay 0).
+  c.struct_size = abi_version == 1 ? static_cast<uint32_t>(MLAFUZZ_DECODE_CALL_V1_SIZE) : sizeof c;
+  c.abi_version = static_cast<uint32_t>(abi_version);
   const mla::CacheGeometry& g = p.geom;
   c.layout = g.layout == mla::Layout::kModel1 ? MLAFUZZ_LAYOUT_MODEL1 : MLAFUZZ_LAYOUT_V32;
   c.nope_dim = g.nope_dim;
@@ -335,26 +479,29 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.out_batch_stride = p.out_batch_stride;
   c.lse = p.lse;
   c.lse_batch_stride = or_default(p.lse_batch_stride, int64_t{p.s_q} * p.heads);
-  // ABI version 2: the production decode's fields (SPEC.md section 8).
-  c.s_q = p.s_q;
-  c.q_token_stride = or_default(p.q_token_stride, p.heads * p.q_head_stride);
-  c.indices_token_stride = or_default(p.indices_token_stride, p.topk);
-  c.out_token_stride = or_default(p.out_token_stride, p.heads * p.out_head_stride);
-  c.lse_token_stride = or_default(p.lse_token_stride, p.heads);
-  c.has_extra = p.has_extra ? 1 : 0;
-  if (p.has_extra) {
-    const mla::CacheGeometry& e = p.extra_geom;
-    c.extra_page_size = e.page_size;
-    c.extra_num_pages = e.num_pages;
-    c.extra_page_stride = e.page_stride;
-    c.extra_kv_cache_bytes = mla::cache_bytes(e);
-    c.extra_kv_cache = p.extra_kv_cache;
-    c.extra_topk = p.extra_topk;
-    c.extra_indices = p.extra_indices;
-    c.extra_indices_batch_stride =
-        or_default(p.extra_indices_batch_stride, int64_t{p.s_q} * p.extra_topk);
-    c.extra_indices_token_stride = or_default(p.extra_indices_token_stride, p.extra_topk);
-    c.extra_topk_length = p.extra_topk_length;
+  if (abi_version >= 2) {
+    // ABI version 2: the production decode's fields (SPEC.md section 8). A version-1 plugin
+    // never gets s_q > 1 or an extra cache (beyond_version_1), so its struct needs none.
+    c.s_q = p.s_q;
+    c.q_token_stride = or_default(p.q_token_stride, p.heads * p.q_head_stride);
+    c.indices_token_stride = or_default(p.indices_token_stride, p.topk);
+    c.out_token_stride = or_default(p.out_token_stride, p.heads * p.out_head_stride);
+    c.lse_token_stride = or_default(p.lse_token_stride, p.heads);
+    c.has_extra = p.has_extra ? 1 : 0;
+    if (p.has_extra) {
+      const mla::CacheGeometry& e = p.extra_geom;
+      c.extra_page_size = e.page_size;
+      c.extra_num_pages = e.num_pages;
+      c.extra_page_stride = e.page_stride;
+      c.extra_kv_cache_bytes = mla::cache_bytes(e);
+      c.extra_kv_cache = p.extra_kv_cache;
+      c.extra_topk = p.extra_topk;
+      c.extra_indices = p.extra_indices;
+      c.extra_indices_batch_stride =
+          or_default(p.extra_indices_batch_stride, int64_t{p.s_q} * p.extra_topk);
+      c.extra_indices_token_stride = or_default(p.extra_indices_token_stride, p.extra_topk);
+      c.extra_topk_length = p.extra_topk_length;
+    }
   }
   return c;
 }

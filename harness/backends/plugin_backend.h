@@ -5,13 +5,14 @@
 // required symbols, ABI version, the info it declares) and throws PluginError with a message
 // naming the plugin and what is wrong, e.g.
 //   plugin /x/libk.so: missing symbol mlafuzz_plugin_run
-//   plugin /x/libk.so: ABI version 2, mlafuzz supports 1
+//   plugin /x/libk.so: ABI version 3, mlafuzz supports 1 and 2
 // After loading, the backend never throws: a nonzero return of the plugin becomes a kError
 // result carrying the plugin's message. Crashes and hangs cannot be caught in-process: every
 // plugin backend reports on_device() so that `mlafuzz fuzz` runs it in an isolated worker.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +39,11 @@ struct PluginDescription {
   Precision precision = Precision::kCustom;
   double abs_tol = 0, rel_tol = 0;  // kCustom only
   bool has_supports = false;        // exports mlafuzz_plugin_supports
+  // ABI version 2 (a version-1 plugin declares none of these: all exact, no envelope).
+  uint32_t inexact_invariants = 0;  // Invariant bits not promised bit for bit
+  int extra_pipeline = 0;           // MlafuzzExtraPipeline
+  bool has_envelope = false;        // exports mlafuzz_plugin_envelope
+  Envelope envelope;                // what it declares (accepts anything when none)
 };
 
 // Loads the plugin at `path` and wraps it. Throws PluginError (see above). A device plugin in
@@ -60,6 +66,18 @@ std::string resolve_plugin(const std::string& path_or_name);
 
 // The call a plugin receives for `p` (pointers and strides from `p`; memory tells where they
 // live). Shared by the plugin backend and tests.
-MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream);
+// The call a plugin of ABI version `abi_version` receives for `p` (pointers and strides from `p`;
+// memory tells where they live): a version-1 plugin gets struct_size
+// MLAFUZZ_DECODE_CALL_V1_SIZE and abi_version 1. Shared by the plugin backend and tests.
+MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn memory, void* stream,
+                                   int abi_version = MLAFUZZ_PLUGIN_ABI_VERSION);
+
+// Why a version-1 plugin cannot be given case `m` (s_q > 1, an extra cache: not expressible in
+// version 1), or nullopt. The case is then "not applicable" to it with that reason.
+std::optional<std::string> beyond_version_1(const MaterializedCase& m);
+
+// The checked C++ form of a plugin's MlafuzzEnvelope (0 masks mean "all"); throws PluginError
+// naming `who` and the field for a malformed one.
+Envelope envelope_from_c(const MlafuzzEnvelope& c, const std::string& who);
 
 }  // namespace mlafuzz

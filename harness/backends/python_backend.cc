@@ -188,6 +188,8 @@ class PythonBackend final : public Backend {
   double rel_tol() const override { return desc_.rel_tol; }
   Availability availability() const override { return {desc_.available, desc_.reason}; }
   bool on_device() const override { return desc_.device == "cuda"; }
+  Envelope envelope() const override { return desc_.envelope; }
+  uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
   // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
   // the host or on the device.
   bool needs_worker() const override { return true; }
@@ -253,6 +255,7 @@ class PythonBackend final : public Backend {
          desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
         {"indices",
          tokens(idx_off, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
+        {"indices_raw", desc(idx_off, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
         {"out", tokens(out_off + 2 * G, {H, m.d_v()}, {2 * ohs, 2}, bufs.out_batch_stride,
                        bufs.out_token_stride, 2, "u2")},
         {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
@@ -382,6 +385,13 @@ class PythonBackend final : public Backend {
       d.python = j.value("python", interpreter);
       d.python_version = j.value("python_version", "");
       d.numpy_version = j.value("numpy", "");
+      if (j.contains("envelope") && !j.at("envelope").is_null()) {
+        d.envelope = envelope_from_json(j.at("envelope"), "envelope");
+        d.has_envelope = true;
+      }
+      if (j.contains("inexact")) {
+        d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
+      }
       desc_ = d;
     } catch (const std::exception& e) {
       child_.stop(0);

@@ -43,6 +43,11 @@ struct PythonDescription {
   std::string reason;  // why not available (device="cuda" without torch or GPU)
   std::string python;  // the interpreter, and versions it reports
   std::string python_version, numpy_version;
+  // @mlafuzz.kernel(envelope=..., inexact=[...]): what it accepts, what it does not promise
+  // bit for bit (Invariant bits).
+  bool has_envelope = false;
+  Envelope envelope;
+  uint32_t inexact_invariants = 0;
 };
 
 // "python:..." -> a backend backed by a fresh worker. Throws PythonBackendError.

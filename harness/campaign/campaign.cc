@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -71,7 +72,9 @@ class Campaign {
         pool_(opts_),
         stats_(opts_.seed, opts_.profile),
         scheduler_(opts_, console_),
-        findings_(opts_, pool_, properties_, console_, [this] { return scheduler_.stopping(); }) {}
+        findings_(opts_, pool_, properties_, console_, [this] { return scheduler_.stopping(); }) {
+    gen_.envelope = pool_.envelope();
+  }
 
   int run(Report* out);
   int replay(uint64_t index, const std::string& save_path);
@@ -106,6 +109,7 @@ std::string Campaign::replay_all_command(uint64_t index) const {
   std::string cmd = "mlafuzz fuzz --seed " + std::to_string(opts_.seed) + " --replay-index " +
                     std::to_string(index);
   if (opts_.profile != "default") cmd += " --profile " + opts_.profile;
+  if (!opts_.envelope_path.empty()) cmd += " --envelope " + opts_.envelope_path;
   return cmd + " --backends " + pool_.names_as_given();
 }
 
@@ -263,6 +267,13 @@ void Campaign::print_banner() {
   if (opts_.max_cases) log << ", " << *opts_.max_cases << " cases";
   if (!opts_.report_dir.empty()) log << ", report " << opts_.report_dir;
   log << "\n";
+  const std::string env = gen_.envelope.describe();
+  if (!env.empty()) {
+    log << "  generating inside the envelope:";
+    std::istringstream lines(env);
+    for (std::string line; std::getline(lines, line);) log << " " << line << ";";
+    log << "\n";
+  }
 }
 
 int Campaign::run(Report* out) {

@@ -45,8 +45,13 @@ struct CampaignOptions {
                                     // either: no shrinking
   double case_timeout_s = 60;       // per worker call; a call past it is a hang (fault)
   std::string profile = "default";  // "default" or one generator family (e.g. "production")
-  std::string isolate = "device";   // device: GPU backends and plugins in workers; all; none
-  std::string worker_exe;           // "" : this executable
+  // `--envelope FILE`: narrows generation further than the backends' own envelopes (the
+  // campaign draws inside the intersection of all of them; empty: an error). The path goes
+  // into replay commands, since the cases depend on it.
+  Envelope envelope;
+  std::string envelope_path;
+  std::string isolate = "device";  // device: GPU backends and plugins in workers; all; none
+  std::string worker_exe;          // "" : this executable
   double report_interval_s = 30;
   // When the time budget is spent, cases in flight may finish for this long; then the final
   // report is written without them and the process exits (std::_Exit). Negative: wait for

@@ -59,7 +59,8 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
       still_fails = [this, same](const Case& k) { return !stopping_() && same(k); };
     }
     if (!still_fails) return r;  // a fault that does not reproduce alone: keep the case
-    const ShrinkResult sr = shrink_case(c, still_fails, {opts_.shrink_evals, opts_.shrink_time_s});
+    const ShrinkResult sr =
+        shrink_case(c, still_fails, {opts_.shrink_evals, opts_.shrink_time_s}, pool_.envelope());
     if (sr.stopped_by == ShrinkStop::kSeconds) {
       console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
                        std::to_string(sr.evaluations) +

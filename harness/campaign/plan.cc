@@ -28,7 +28,21 @@ BackendPool::BackendPool(const CampaignOptions& opts) : opts_(opts) {
     worker_log_ = (std::filesystem::path(opts_.report_dir) / "workers.log").string();
   }
   probe_foreign();
+  intersect_envelopes();
   start_device_workers();
+}
+
+void BackendPool::intersect_envelopes() {
+  envelope_ = opts_.envelope;
+  for (const auto& p : plan_) envelope_ = intersect(envelope_, p.envelope);
+  const GenConfig g = gen_config_for_profile(opts_.profile);
+  if (const auto why =
+          envelope_.empty_reason(g.max_batch, g.max_heads, g.max_topk, g.max_page_size)) {
+    std::string who;
+    for (const auto& p : plan_) who += (who.empty() ? "" : ", ") + p.name;
+    if (!opts_.envelope_path.empty()) who += " and --envelope " + opts_.envelope_path;
+    throw std::invalid_argument("the envelopes of " + who + " admit no case: " + *why);
+  }
 }
 
 void BackendPool::plan_backends() {
@@ -50,6 +64,7 @@ void BackendPool::plan_backends() {
         throw std::runtime_error("backend '" + name + "' is not available: " + a.reason);
       }
       p.on_device = b->on_device();
+      p.envelope = b->envelope();
       p.isolated = opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker());
       need_devices = need_devices || (p.isolated && p.on_device);
     }
@@ -76,6 +91,11 @@ void BackendPool::probe_foreign() {
       throw std::runtime_error("backend '" + p.name + "' is not available: " + info.reason);
     }
     p.on_device = info.on_device;
+    p.envelope = info.envelope;
+  }
+  // Foreign backends the campaign runs in this process (--isolate none) declare theirs here.
+  for (auto& p : plan_) {
+    if (p.foreign && !p.isolated) p.envelope = make_backend(p.name)->envelope();
   }
 }
 
@@ -192,6 +212,7 @@ TimeBreakdown BackendPool::time_breakdown() const {
   for (const auto& [backend, totals] : call_totals_) {
     const auto [calls, phases] = totals->get();
     t[backend].calls += calls;
+    t[backend].requests += totals->requests();
     t[backend].phases += phases;
   }
   return t;

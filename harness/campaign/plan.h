@@ -26,6 +26,7 @@ struct BackendPlan {
   bool foreign = false;  // user code (BackendSpec::foreign): never constructed in this process
   bool isolated = false;
   bool on_device = false;  // workers_per_device() workers per GPU, shared by threads
+  Envelope envelope;       // what the backend declares it accepts
 };
 
 // The backends of one evaluation thread.
@@ -55,6 +56,9 @@ class BackendPool {
   void fill_gpu(Finding& f, const std::string& backend, const ThreadBackends& tb) const;
 
   const std::vector<BackendPlan>& plan() const { return plan_; }
+  // Where the campaign generates: the intersection of every backend's envelope and
+  // CampaignOptions::envelope. The constructor throws std::invalid_argument when it is empty.
+  const Envelope& envelope() const { return envelope_; }
   const std::vector<int>& devices() const { return devices_; }  // empty: no device workers
   const DeviceInfo& device_info() const { return devinfo_; }
   bool device_info_queried() const { return devinfo_queried_; }
@@ -71,7 +75,10 @@ class BackendPool {
   void start_device_workers();
   bool any_device_worker() const;
 
+  void intersect_envelopes();
+
   const CampaignOptions& opts_;
+  Envelope envelope_;
   std::string worker_exe_, worker_log_, visible_;
   std::vector<BackendPlan> plan_;
   DeviceInfo devinfo_;

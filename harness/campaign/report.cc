@@ -49,16 +49,26 @@ int64_t LogHistogram::total() const {
   return t;
 }
 
-double LogHistogram::quantile(double q) const {
+double LogHistogram::quantile(double q, double max) const {
   const int64_t n = total();
   if (n == 0) return 0;
   const int64_t rank = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(q * n)));
   int64_t seen = 0;
+  double v = kHi;
   for (int i = 0; i < kBins; ++i) {
+    if (seen + counts[i] >= rank) {
+      if (i == 0) {
+        v = 0;
+      } else if (i < kBins - 1) {
+        // The rank's place among the bin's values, spread evenly on the log scale.
+        const double f = static_cast<double>(rank - seen) / static_cast<double>(counts[i]);
+        v = lower_edge(i) * std::pow(upper_edge(i) / lower_edge(i), f);
+      }
+      break;
+    }
     seen += counts[i];
-    if (seen >= rank) return i == 0 ? 0 : upper_edge(i);
   }
-  return upper_edge(kBins - 1);
+  return std::min(v, max);
 }
 
 // ---------------------------------------------------------------------------------------------

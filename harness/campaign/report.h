@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <stdexcept>
@@ -46,9 +47,12 @@ struct LogHistogram {
   void add(double x) { ++counts[bin_of(x)]; }
   void merge(const LogHistogram& o);
   int64_t total() const;
-  // Upper edge of the bin holding the q-quantile (0 < q <= 1); 0 when empty. Percentiles are
-  // derived from the histogram only, so merged reports give the same percentiles.
-  double quantile(double q) const;
+  // The q-quantile (0 < q <= 1), interpolated log-linearly inside the bin that holds it (by the
+  // rank's position among that bin's counts); 0 when empty or in bin 0, kHi in the last bin.
+  // Never above `max` (the largest value recorded, when the caller knows it: a bin's upper edge
+  // can lie above every value in it). Percentiles are derived from the histogram (and the max)
+  // only, so merged reports give the same percentiles.
+  double quantile(double q, double max = std::numeric_limits<double>::infinity()) const;
   bool operator==(const LogHistogram&) const = default;
 };
 
@@ -184,5 +188,17 @@ std::string render_junit(const Report& r);
 std::string render_html(const Report& r);
 // Short plain-text summary for the terminal.
 std::string render_summary(const Report& r);
+
+// The tag list grouped for reading: one family per tag prefix before '=' ("page_size=61" is value
+// "61" of family "page_size"); tags without '=' ("has_invalid", "sink") are values of the family
+// "flags". Families in name order; each family's values most frequent first (ties by name), the
+// first `top` kept and the rest counted in `others`/`other_count`.
+struct TagFamily {
+  std::string family;
+  std::vector<std::pair<std::string, int64_t>> values;  // the top values and their counts
+  int64_t others = 0;                                   // values left out
+  int64_t other_count = 0;                              // their counts summed
+};
+std::vector<TagFamily> group_tags(const std::map<std::string, int64_t>& tags, size_t top);
 
 }  // namespace mlafuzz::campaign

@@ -140,9 +140,9 @@ Json tightness_json(const PropertyStats& s) {
   Json t;
   t["max"] = fields::number(s.max_tightness, kStyle);
   t["nonfinite_mismatches"] = s.nonfinite_mismatches;
-  t["p50"] = fields::number(s.tightness.quantile(0.50), kStyle);
-  t["p90"] = fields::number(s.tightness.quantile(0.90), kStyle);
-  t["p99"] = fields::number(s.tightness.quantile(0.99), kStyle);
+  t["p50"] = fields::number(s.tightness.quantile(0.50, s.max_tightness), kStyle);
+  t["p90"] = fields::number(s.tightness.quantile(0.90, s.max_tightness), kStyle);
+  t["p99"] = fields::number(s.tightness.quantile(0.99, s.max_tightness), kStyle);
   t["histogram"] = hist_json(s.tightness);
   return t;
 }

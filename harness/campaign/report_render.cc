@@ -168,7 +168,7 @@ std::string render_junit(const Report& r) {
         << " not applicable, " << s->failures << " failures; max_abs " << fmt_g(s->max_abs)
         << ", mean_abs " << fmt_g(s->mean_abs()) << ", lse_max_abs " << fmt_g(s->lse_max_abs)
         << ", tightness max " << max_tightness_text(*s) << " p99 "
-        << fmt_g(s->tightness.quantile(0.99)) << "</system-out>\n";
+        << fmt_g(s->tightness.quantile(0.99, s->max_tightness)) << "</system-out>\n";
       if (s->failures > 0) {
         std::ostringstream body;
         for (const auto& f : r.findings) {
@@ -381,30 +381,6 @@ std::string svg_histogram(const std::string& title, const LogHistogram& h) {
   return s.str();
 }
 
-std::string svg_bars(const std::string& title,
-                     const std::vector<std::pair<std::string, int64_t>>& v) {
-  const int row = 15, left = 220;
-  const int h = kT + row * static_cast<int>(v.size()) + 10;
-  int64_t peak = 1;
-  for (const auto& [k, c] : v) peak = std::max(peak, c);
-  std::ostringstream s;
-  s << "<svg class=\"chart\" width=\"" << kW + 200 << "\" height=\"" << h << "\" viewBox=\"0 0 "
-    << kW + 200 << " " << h << "\" role=\"img\">\n";
-  s << "<text x=\"" << (kW + 200) / 2 << "\" y=\"16\" text-anchor=\"middle\" class=\"t\">"
-    << esc(title) << "</text>\n";
-  for (size_t i = 0; i < v.size(); ++i) {
-    const int y = kT + row * static_cast<int>(i);
-    const double w = double(v[i].second) / peak * (kW + 200 - left - 60);
-    s << "<text x=\"" << left - 6 << "\" y=\"" << y + 11 << "\" text-anchor=\"end\" class=\"a\">"
-      << esc(v[i].first) << "</text><rect x=\"" << left << "\" y=\"" << y + 2 << "\" width=\""
-      << fmt_g(std::max(1.0, w), 5) << "\" height=\"" << row - 4
-      << "\" fill=\"#2ca02c\"/><text x=\"" << fmt_g(left + w + 4, 5) << "\" y=\"" << y + 11
-      << "\" class=\"a\">" << v[i].second << "</text>\n";
-  }
-  s << "</svg>\n";
-  return s.str();
-}
-
 // The page head and the campaign table: what ran, where, how long.
 void html_campaign(std::ostream& h, const Report& r) {
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
@@ -476,8 +452,9 @@ void html_results(std::ostream& h, const Report& r) {
       << s.not_applicable << "</td><td>" << s.failures << "</td><td>" << fmt_g(s.max_abs)
       << "</td><td>" << fmt_g(s.mean_abs()) << "</td><td>" << fmt_g(s.max_rel) << "</td><td>"
       << fmt_g(s.max_cos_diff) << "</td><td>" << fmt_g(s.lse_max_abs) << "</td><td>"
-      << fmt_g(s.tightness.quantile(0.5)) << "</td><td>" << fmt_g(s.tightness.quantile(0.9))
-      << "</td><td>" << fmt_g(s.tightness.quantile(0.99)) << "</td><td>" << max_tightness_text(s)
+      << fmt_g(s.tightness.quantile(0.5, s.max_tightness)) << "</td><td>"
+      << fmt_g(s.tightness.quantile(0.9, s.max_tightness)) << "</td><td>"
+      << fmt_g(s.tightness.quantile(0.99, s.max_tightness)) << "</td><td>" << max_tightness_text(s)
       << "</td><td>" << s.flashmla_failures << "</td></tr>\n";
   }
   h << "</table>\n";
@@ -517,15 +494,26 @@ void html_charts(std::ostream& h, const Report& r) {
   h << "</div>\n";
 }
 
-// Distribution of generated cases.
+constexpr size_t kTopTagValues = 8;
+
+// Distribution of generated cases: one row per tag family with its most frequent values.
 void html_tags(std::ostream& h, const Report& r) {
-  std::vector<std::pair<std::string, int64_t>> tags(r.tags.begin(), r.tags.end());
   h << "<h2>Generated cases</h2>\n";
-  if (tags.empty()) {
+  if (r.tags.empty()) {
     h << "<p>No tags recorded.</p>\n";
-  } else {
-    h << svg_bars("case tags (" + std::to_string(r.cases) + " cases)", tags);
+    return;
   }
+  h << "<p>" << r.cases << " cases; tags by family, most frequent values first.</p>\n"
+    << "<table><tr><th class=\"l\">family</th><th class=\"l\">values (cases)</th></tr>\n";
+  for (const TagFamily& f : group_tags(r.tags, kTopTagValues)) {
+    h << "<tr><td class=\"l\">" << esc(f.family) << "</td><td class=\"l\">";
+    for (size_t i = 0; i < f.values.size(); ++i) {
+      h << (i ? ", " : "") << esc(f.values[i].first) << " " << f.values[i].second;
+    }
+    if (f.others > 0) h << ", +" << f.others << " more (" << f.other_count << ")";
+    h << "</td></tr>\n";
+  }
+  h << "</table>\n";
 }
 
 // Worst cases of every backend and property.
@@ -575,7 +563,8 @@ std::string render_summary(const Report& r) {
     std::snprintf(line, sizeof line, "  %-24s %-15s %8lld %6lld %8lld %10s %10s %10s\n",
                   s.backend.c_str(), s.property.c_str(), static_cast<long long>(s.cases),
                   static_cast<long long>(s.not_applicable), static_cast<long long>(s.failures),
-                  fmt_g(s.max_abs).c_str(), fmt_g(s.tightness.quantile(0.99)).c_str(),
+                  fmt_g(s.max_abs).c_str(),
+                  fmt_g(s.tightness.quantile(0.99, s.max_tightness)).c_str(),
                   max_tightness_text(s, "non-finite").c_str());
     os << line;
   }
@@ -586,22 +575,16 @@ std::string render_summary(const Report& r) {
   }
   os << render_time_breakdown(r.time_breakdown);
   if (!r.tags.empty()) {
-    // The distribution of generated cases, most frequent first.
-    std::vector<std::pair<std::string, int64_t>> tags(r.tags.begin(), r.tags.end());
-    std::stable_sort(tags.begin(), tags.end(),
-                     [](const auto& a, const auto& b) { return a.second > b.second; });
-    os << "  generated:";
-    int col = 12;
-    for (const auto& [k, v] : tags) {
-      const std::string item = " " + k + " " + std::to_string(v);
-      if (col + item.size() > 100) {
-        os << "\n            ";
-        col = 12;
+    // The distribution of generated cases: one line per tag family, its top values first.
+    os << "  generated (tag family: top values and case counts):\n";
+    for (const TagFamily& f : group_tags(r.tags, kTopTagValues)) {
+      os << "    " << f.family << ":";
+      for (size_t i = 0; i < f.values.size(); ++i) {
+        os << (i ? ", " : " ") << f.values[i].first << " " << f.values[i].second;
       }
-      os << item;
-      col += static_cast<int>(item.size());
+      if (f.others > 0) os << ", +" << f.others << " more (" << f.other_count << ")";
+      os << "\n";
     }
-    os << "\n";
   }
   os << r.findings.size() << " finding signature(s)\n";
   for (const auto& f : r.findings) {
@@ -609,6 +592,35 @@ std::string render_summary(const Report& r) {
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
   return os.str();
+}
+
+std::vector<TagFamily> group_tags(const std::map<std::string, int64_t>& tags, size_t top) {
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> families;
+  for (const auto& [tag, count] : tags) {
+    const size_t eq = tag.find('=');
+    if (eq == std::string::npos) {
+      families["flags"].emplace_back(tag, count);
+    } else {
+      families[tag.substr(0, eq)].emplace_back(tag.substr(eq + 1), count);
+    }
+  }
+  std::vector<TagFamily> out;
+  for (auto& [name, values] : families) {
+    std::stable_sort(values.begin(), values.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    TagFamily f;
+    f.family = name;
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (i < top) {
+        f.values.push_back(values[i]);
+      } else {
+        ++f.others;
+        f.other_count += values[i].second;
+      }
+    }
+    out.push_back(std::move(f));
+  }
+  return out;
 }
 
 }  // namespace mlafuzz::campaign

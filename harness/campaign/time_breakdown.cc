@@ -13,6 +13,7 @@ Json time_breakdown_to_json(const TimeBreakdown& t) {
   for (const auto& [backend, bt] : t) {
     Json e;
     e["calls"] = bt.calls;
+    e["requests"] = bt.requests;
     for (int i = 0; i < kPhaseCount; ++i)
       e[phase_name(static_cast<Phase>(i))] = bt.phases.seconds[i];
     j[backend] = e;
@@ -30,6 +31,11 @@ TimeBreakdown time_breakdown_from_json(const Json& j, const std::string& path) {
     }
     BackendTime bt;
     bt.calls = e["calls"].get<int64_t>();
+    if (e.contains("requests")) {  // absent in reports from before batched requests
+      if (!e["requests"].is_number_integer())
+        throw std::runtime_error(where + ".requests: expected an integer");
+      bt.requests = e["requests"].get<int64_t>();
+    }
     for (int i = 0; i < kPhaseCount; ++i) {
       const char* name = phase_name(static_cast<Phase>(i));
       if (!e.contains(name)) continue;  // a phase added later: absent in older reports
@@ -45,6 +51,7 @@ TimeBreakdown time_breakdown_from_json(const Json& j, const std::string& path) {
 void merge_time_breakdown(TimeBreakdown& a, const TimeBreakdown& b) {
   for (const auto& [backend, bt] : b) {
     a[backend].calls += bt.calls;
+    a[backend].requests += bt.requests;
     a[backend].phases += bt.phases;
   }
 }
@@ -52,12 +59,12 @@ void merge_time_breakdown(TimeBreakdown& a, const TimeBreakdown& b) {
 std::string render_time_breakdown(const TimeBreakdown& t) {
   if (t.empty()) return "";
   std::string s = "time per worker call (us): where the backends' calls spent their time\n";
-  s += fmt::format("  {:<22} {:>9}", "backend", "calls");
+  s += fmt::format("  {:<22} {:>9} {:>9}", "backend", "calls", "requests");
   for (int i = 0; i < kPhaseCount; ++i)
     s += fmt::format(" {:>9}", phase_name(static_cast<Phase>(i)));
   s += "\n";
   for (const auto& [backend, bt] : t) {
-    s += fmt::format("  {:<22} {:>9}", backend, bt.calls);
+    s += fmt::format("  {:<22} {:>9} {:>9}", backend, bt.calls, bt.requests);
     for (int i = 0; i < kPhaseCount; ++i) {
       const double us = bt.calls > 0 ? 1e6 * bt.phases.seconds[i] / bt.calls : 0;
       s += fmt::format(" {:>9.1f}", us);

@@ -14,11 +14,12 @@ namespace mlafuzz::campaign {
 
 struct BackendTime {
   int64_t calls = 0;
-  CallPhases phases;  // summed over the calls
+  int64_t requests = 0;  // round trips to the workers that carried the calls (a batch: one)
+  CallPhases phases;     // summed over the calls
 };
 using TimeBreakdown = std::map<std::string, BackendTime>;  // by backend name
 
-// {"cuda-mma": {"calls": 123, "queue": 0.5, "encode": 0.01, ...}, ...}
+// {"cuda-mma": {"calls": 123, "requests": 24, "queue": 0.5, "encode": 0.01, ...}, ...}
 nlohmann::ordered_json time_breakdown_to_json(const TimeBreakdown& t);
 // Reads what time_breakdown_to_json wrote; throws std::runtime_error naming `path` and the key.
 TimeBreakdown time_breakdown_from_json(const nlohmann::ordered_json& j, const std::string& path);

@@ -76,16 +76,15 @@ WorkerInfo describe(const Backend& backend) {
   i.is_reference = backend.is_reference();
   i.simt_partner = backend.simt_partner();
   i.pid = static_cast<int32_t>(::getpid());
+  i.envelope = backend.envelope();
+  i.inexact_invariants = backend.inexact_invariants();
   return i;
 }
 
-// A kRun request: decode, the test hooks, run, and the reply. Returns the exit code when the
-// worker must exit (4 after a sticky device fault, 3 when the reply cannot be written).
-std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkArea& bulk,
-                             const TestFault& tf, int reply_fd) {
-  const auto t_decode = Clock::now();
-  const MaterializedCase m = decode_case(payload, &bulk);
-  const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
+// One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
+// must exit (4 after a sticky device fault: `r` is then the fault to report).
+std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
+                           const TestFault& tf, RunResult& r) {
   const bool hooked = !tf.kind.empty() && m.heads >= tf.min_heads;
   if (hooked && tf.kind == "crash") {
     ::signal(SIGSEGV, SIG_DFL);
@@ -96,7 +95,7 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
     while (true) ::pause();
   }
   const auto t0 = Clock::now();
-  RunResult r = backend.run(m);
+  r = backend.run(m);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.phases[Phase::kDecode] = decode_s;
   r.phases[Phase::kRun] = r.seconds;
@@ -106,16 +105,60 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
   } else if (!r.ok() && backend.on_device()) {
     sticky = sticky_device_error();
   }
-  if (sticky) {
-    // The context is poisoned for good: report, then exit so that a fresh worker follows.
-    RunResult f;
-    f.status = RunStatus::kFault;
-    f.message = "device fault: " + *sticky + (r.message.empty() ? "" : " (" + r.message + ")");
-    write_frame_blocking(reply_fd, MsgType::kRun, encode_result(f));
-    return 4;
+  if (!sticky) return std::nullopt;
+  // The context is poisoned for good: report, then exit so that a fresh worker follows.
+  RunResult f;
+  f.status = RunStatus::kFault;
+  f.message = "device fault: " + *sticky + (r.message.empty() ? "" : " (" + r.message + ")");
+  r = std::move(f);
+  return 4;
+}
+
+// A kRun request: decode, run, and the reply. Returns the exit code when the worker must exit
+// (4 after a sticky device fault, 3 when the reply cannot be written).
+std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkArea& bulk,
+                             const TestFault& tf, int reply_fd) {
+  const auto t_decode = Clock::now();
+  const MaterializedCase m = decode_case(payload, &bulk);
+  const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
+  RunResult r;
+  if (const auto code = run_one(backend, m, decode_s, tf, r)) {
+    write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r));
+    return code;
   }
   // The case was copied out of the shared memory: the reply's vectors reuse it.
   if (!write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r, &bulk))) return 3;
+  return std::nullopt;
+}
+
+// A kRunBatch request: every case checked (unsupported) and run in order, one reply per case
+// as soon as it is done, so that a fault or hang is the case's own. The replies' vectors follow
+// each other in the shared memory (the parent reads one while the next is written). A later
+// case's vectors that equal the first case's are lent from it for the run (no copy).
+std::optional<int> serve_batch(Backend& backend, const std::string& payload, BulkArea& bulk,
+                               const TestFault& tf, int reply_fd) {
+  const auto t_decode = Clock::now();
+  DecodedBatch batch = decode_batch(payload, &bulk);
+  const size_t n = batch.cases.size();
+  const double decode_s =
+      std::chrono::duration<double>(Clock::now() - t_decode).count() / std::max<size_t>(n, 1);
+  for (size_t k = 0; k < n; ++k) {
+    MaterializedCase& m = batch.cases[k];
+    const uint32_t lent = batch.same_as_first[k];
+    swap_vectors(batch.cases[0], m, lent);
+    std::optional<std::string> why = backend.unsupported(m);
+    RunResult r;
+    std::optional<int> code;
+    if (!why) code = run_one(backend, m, decode_s, tf, r);
+    swap_vectors(batch.cases[0], m, lent);
+    if (code) {
+      write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(std::nullopt, r, nullptr));
+      return code;
+    }
+    if (!write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(why, r, &bulk))) {
+      return 3;
+    }
+  }
   return std::nullopt;
 }
 
@@ -123,7 +166,8 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
 std::optional<int> serve(Backend& backend, MsgType type, const std::string& payload,
                          ipc::SharedMemoryView* shm, const TestFault& tf, int reply_fd) {
   BulkArea bulk;
-  if (shm != nullptr && (type == MsgType::kRun || type == MsgType::kUnsupported)) {
+  if (shm != nullptr &&
+      (type == MsgType::kRun || type == MsgType::kUnsupported || type == MsgType::kRunBatch)) {
     shm->refresh();  // the parent may have grown it for this case
     bulk = BulkArea{shm->data(), shm->size(), 0};
   }
@@ -136,6 +180,8 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
     if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
   } else if (type == MsgType::kRun) {
     return serve_run(backend, payload, bulk, tf, reply_fd);
+  } else if (type == MsgType::kRunBatch) {
+    return serve_batch(backend, payload, bulk, tf, reply_fd);
   } else {
     write_frame_blocking(reply_fd, MsgType::kError, "unknown request type");
     return 3;
@@ -290,11 +336,7 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
     res.message = r.fault;
     return res;
   }
-  if (r.type == MsgType::kError) {
-    res.status = RunStatus::kFault;
-    res.message = kill_and_describe("reported: " + r.payload);
-    return res;
-  }
+  if (r.type == MsgType::kError) return fault_from("reported: " + r.payload);
   try {
     res = decode_result(r.payload, &bulk);
   } catch (const std::exception& e) {
@@ -309,6 +351,80 @@ RunResult WorkerProcess::run(const MaterializedCase& m, double timeout_s) {
   }
   res.phases[Phase::kEncode] = encode_s;
   return res;
+}
+
+RunResult WorkerProcess::fault_from(const std::string& why) {
+  RunResult res;
+  res.status = RunStatus::kFault;
+  res.message = kill_and_describe(why);
+  return res;
+}
+
+std::vector<CheckedRun> WorkerProcess::run_batch(const std::vector<const MaterializedCase*>& cases,
+                                                 double timeout_s) {
+  std::vector<CheckedRun> out(cases.size());
+  if (cases.empty()) return out;
+  if (!child_.running()) {
+    try {
+      info();  // a fresh worker: start it (device init) outside the case's timeout
+    } catch (const std::exception& e) {
+      for (CheckedRun& c : out) {
+        c.result.status = RunStatus::kFault;
+        c.result.message = std::string("worker restart failed: ") + e.what();
+      }
+      return out;
+    }
+  }
+  const auto t_encode = Clock::now();
+  size_t need = 0;
+  for (const MaterializedCase* m : cases) need += bulk_bytes_needed(*m);
+  shm_->reserve(need);
+  BulkArea bulk{shm_->data(), shm_->size(), 0};
+  const std::string request = encode_batch(cases, &bulk);
+  const double encode_s =
+      std::chrono::duration<double>(Clock::now() - t_encode).count() / cases.size();
+  // The worker writes its replies' vectors from the start of the area (it copied the request
+  // out first), each after the previous one; a reply names its vectors' offsets.
+  std::string fault = child_.send(static_cast<uint32_t>(MsgType::kRunBatch), request, timeout_s);
+  size_t k = 0;
+  for (; k < cases.size() && fault.empty(); ++k) {
+    const ipc::Child::Reply r = child_.receive(timeout_s);
+    if (!r.fault.empty()) {
+      fault = r.fault;
+      break;
+    }
+    const auto type = static_cast<MsgType>(r.type);
+    if (type != MsgType::kRunBatch) {
+      out[k].result = fault_from(type == MsgType::kError ? "reported: " + r.payload
+                                                         : std::string("sent an unexpected reply"));
+      ++k;
+      break;
+    }
+    try {
+      out[k] = decode_checked(r.payload, &bulk);
+    } catch (const std::exception& e) {
+      out[k].result = fault_from(std::string("sent a malformed result: ") + e.what());
+      ++k;
+      break;
+    }
+    if (!out[k].unsupported && out[k].result.status == RunStatus::kFault) {
+      out[k].result.message = kill_and_describe(out[k].result.message);
+      ++k;
+      break;
+    }
+    out[k].result.phases[Phase::kEncode] = encode_s;
+  }
+  if (!fault.empty() && k < cases.size()) {
+    out[k].result.status = RunStatus::kFault;
+    out[k].result.message = fault;
+    ++k;
+  }
+  // After a fault: the rest of the batch one by one, on a fresh worker, as unbatched calls.
+  for (; k < cases.size(); ++k) {
+    out[k].unsupported = unsupported(*cases[k], timeout_s);
+    if (!out[k].unsupported) out[k].result = run(*cases[k], timeout_s);
+  }
+  return out;
 }
 
 std::optional<std::string> WorkerProcess::unsupported(const MaterializedCase& m, double timeout_s) {
@@ -362,6 +478,47 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
     faults_.push_back({info_.name, r.message});
   }
   return r;
+}
+
+std::vector<CheckedRun> ProxyBackend::check_and_run(
+    const std::vector<const MaterializedCase*>& cases) {
+  static const bool batched = [] {
+    const char* v = std::getenv("MLAFUZZ_WORKER_BATCH");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  if (!batched || cases.empty()) return Backend::check_and_run(cases);
+  std::vector<CheckedRun> out;
+  const auto t_wait = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(slot_->mu);
+    const auto t_call = Clock::now();
+    out = slot_->proc.run_batch(cases, timeout_s_);
+    const auto t_end = Clock::now();
+    const double n = static_cast<double>(cases.size());
+    const double queue_s = std::chrono::duration<double>(t_call - t_wait).count() / n;
+    const double call_s = std::chrono::duration<double>(t_end - t_call).count() / n;
+    double inside = 0;  // the calls' own encode, decode and run, summed
+    for (const CheckedRun& c : out) {
+      inside += c.result.phases[Phase::kEncode] + c.result.phases[Phase::kDecode] +
+                c.result.phases[Phase::kRun];
+    }
+    const double transport_s = std::max(0.0, call_s - inside / n);
+    for (CheckedRun& c : out) {
+      if (c.result.status == RunStatus::kFault) ++slot_->faults;
+      c.result.phases[Phase::kQueue] = queue_s;
+      c.result.phases[Phase::kTransport] = transport_s;
+      c.seconds = queue_s + call_s;
+    }
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    // One request carried the whole batch: counted with its first call.
+    totals_->add(out[i].result.phases, i == 0 ? 1 : 0);
+    if (out[i].result.status == RunStatus::kFault) {
+      std::lock_guard<std::mutex> lock(faults_mu_);
+      faults_.push_back({info_.name, out[i].result.message});
+    }
+  }
+  return out;
 }
 
 std::vector<FaultRecord> ProxyBackend::take_faults() {

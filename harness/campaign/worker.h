@@ -64,6 +64,12 @@ class WorkerProcess {
   Reply call(MsgType type, const std::string& payload, double timeout_s);
   RunResult run(const MaterializedCase& m, double timeout_s);
   std::optional<std::string> unsupported(const MaterializedCase& m, double timeout_s);
+  // unsupported() and run() of every case in one kRunBatch request (each reply within
+  // timeout_s of the previous one). When the worker faults on case k, k is the fault and the
+  // cases after it run one by one as run() and unsupported() would (on a fresh worker).
+  // Each result's phases hold its share of the batch's encode and decode.
+  std::vector<CheckedRun> run_batch(const std::vector<const MaterializedCase*>& cases,
+                                    double timeout_s);
   int starts() const { return starts_; }
   const WorkerSpec& spec() const { return spec_; }
   void stop();
@@ -73,6 +79,9 @@ class WorkerProcess {
   std::string kill_and_describe(const std::string& why);
   // The shared memory grown for `m`'s request and reply (starts the worker if needed).
   BulkArea bulk_for(const MaterializedCase& m);
+  // A reply that is an error or carries a sticky fault: the worker is killed or reaped and the
+  // result is a kFault describing it.
+  RunResult fault_from(const std::string& why);
 
   WorkerSpec spec_;
   ipc::Child child_;
@@ -90,22 +99,28 @@ struct WorkerSlot {
   int64_t faults = 0;
 };
 
-// Calls of one backend and where their time went (Phase), summed; thread-safe.
+// Calls of one backend, the requests (round trips) that carried them, and where their time went
+// (Phase), summed; thread-safe.
 class CallTotals {
  public:
-  void add(const CallPhases& p) {
+  void add(const CallPhases& p, int64_t requests = 1) {
     std::lock_guard<std::mutex> lock(mu_);
     ++calls_;
+    requests_ += requests;
     phases_ += p;
   }
   std::pair<int64_t, CallPhases> get() const {
     std::lock_guard<std::mutex> lock(mu_);
     return {calls_, phases_};
   }
+  int64_t requests() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
 
  private:
   mutable std::mutex mu_;
-  int64_t calls_ = 0;
+  int64_t calls_ = 0, requests_ = 0;
   CallPhases phases_;
 };
 
@@ -129,7 +144,13 @@ class ProxyBackend final : public Backend {
   bool needs_worker() const override { return info_.needs_worker; }
   bool is_reference() const override { return info_.is_reference; }
   std::string simt_partner() const override { return info_.simt_partner; }
+  Envelope envelope() const override { return info_.envelope; }
+  uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
   RunResult run(const MaterializedCase& m) override;
+  // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
+  // and run(), as before batches). The queue, encode and transport time of the request are
+  // split evenly over its calls in the time breakdown.
+  std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases) override;
 
   std::vector<FaultRecord> take_faults();
   int device() const { return slot_->proc.spec().device; }

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <type_traits>
 
 #include "harness/core/case.h"
+#include "harness/core/envelope.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -30,6 +32,19 @@ class Writer {
   void str(const std::string& s) {
     pod<uint64_t>(s.size());
     out_.append(s);
+  }
+  // As vec(v), or a reference (flag 2) when `base` holds the same bytes: returns whether.
+  template <typename T>
+  bool vec_or_same(const std::vector<T>& v, const std::vector<T>* base) {
+    const size_t bytes = v.size() * sizeof(T);
+    if (base != nullptr && bytes >= kBulkThreshold && base->size() == v.size() &&
+        std::memcmp(base->data(), v.data(), bytes) == 0) {
+      pod<uint64_t>(v.size());
+      pod<uint8_t>(2);
+      return true;
+    }
+    vec(v);
+    return false;
   }
   template <typename T>
   void vec(const std::vector<T>& v) {
@@ -72,10 +87,26 @@ class Reader {
     pos_ += n;
     return s;
   }
+  // As vec(), also accepting a reference to another case's vector (flag 2): then the vector is
+  // left empty and *same is set.
+  template <typename T>
+  std::vector<T> vec_or_same(bool* same) {
+    const size_t at = pos_;
+    (void)pod<uint64_t>();
+    if (pod<uint8_t>() == 2) {
+      *same = true;
+      return {};
+    }
+    pos_ = at;
+    *same = false;
+    return vec<T>();
+  }
   template <typename T>
   std::vector<T> vec() {
     const uint64_t n = pod<uint64_t>();
-    if (pod<uint8_t>() != 0) {
+    const uint8_t flag = pod<uint8_t>();
+    if (flag > 1) throw ProtocolError("vector reference outside a batch");
+    if (flag != 0) {
       const uint64_t at = pod<uint64_t>();
       if (bulk_ == nullptr || at > bulk_->size || n > (bulk_->size - at) / sizeof(T)) {
         throw ProtocolError("vector outside the bulk area");
@@ -106,10 +137,15 @@ class Reader {
 
 }  // namespace
 
-std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
+namespace {
+
+// One case into `w`; the vectors equal to `base`'s (when given) as references, their bits set
+// in the returned mask (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink, 5 extra_cache,
+// 6 extra_indices, 7 extra_topk_length).
+uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase* base) {
   // The recipe does not travel: backends read the buffers and the fields below (the recipe's JSON
   // cost a third of a small call's host time on the H200).
-  Writer w(bulk);
+  uint32_t same = 0;
   w.pod(m.geom);
   w.pod(m.batch);
   w.pod(m.heads);
@@ -117,12 +153,12 @@ std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
   w.pod(m.sm_scale);
   w.pod(m.sm_scale64);
   w.pod(m.conv);
-  w.vec(m.q);
+  if (w.vec_or_same(m.q, base ? &base->q : nullptr)) same |= 1u << 0;
   w.pod(m.q_head_stride);
-  w.vec(m.cache);
-  w.vec(m.indices);
-  w.vec(m.topk_length);
-  w.vec(m.sink);
+  if (w.vec_or_same(m.cache, base ? &base->cache : nullptr)) same |= 1u << 1;
+  if (w.vec_or_same(m.indices, base ? &base->indices : nullptr)) same |= 1u << 2;
+  if (w.vec_or_same(m.topk_length, base ? &base->topk_length : nullptr)) same |= 1u << 3;
+  if (w.vec_or_same(m.sink, base ? &base->sink : nullptr)) same |= 1u << 4;
   w.pod(m.out_head_stride);
   // The production decode (case format version 2): query tokens, every stride, the extra cache.
   w.pod(m.s_q);
@@ -133,19 +169,22 @@ std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
   }
   w.pod(static_cast<int32_t>(m.has_extra));
   if (m.has_extra) {
+    const MaterializedCase* xb = base != nullptr && base->has_extra ? base : nullptr;
     w.pod(m.extra_geom);
     w.pod(m.extra_topk);
-    w.vec(m.extra_cache);
-    w.vec(m.extra_indices);
+    if (w.vec_or_same(m.extra_cache, xb ? &xb->extra_cache : nullptr)) same |= 1u << 5;
+    if (w.vec_or_same(m.extra_indices, xb ? &xb->extra_indices : nullptr)) same |= 1u << 6;
     w.pod(m.extra_indices_token_stride);
     w.pod(m.extra_indices_batch_stride);
-    w.vec(m.extra_topk_length);
+    if (w.vec_or_same(m.extra_topk_length, xb ? &xb->extra_topk_length : nullptr)) {
+      same |= 1u << 7;
+    }
   }
-  return w.take();
+  return same;
 }
 
-MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
-  Reader r(bytes, bulk);
+// One case from `r`; references allowed only when `same` is given (a batch's later cases).
+MaterializedCase read_case(Reader& r, uint32_t* same) {
   MaterializedCase m;
   m.geom = r.pod<mla::CacheGeometry>();
   m.batch = r.pod<int32_t>();
@@ -159,12 +198,21 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   m.sm_scale = r.pod<float>();
   m.sm_scale64 = r.pod<double>();
   m.conv = r.pod<mla::Conventions>();
-  m.q = r.vec<uint16_t>();
+  auto vec = [&]<typename T>(int bit, std::vector<T>& out) {
+    if (same == nullptr) {
+      out = r.vec<T>();
+      return;
+    }
+    bool s = false;
+    out = r.vec_or_same<T>(&s);
+    if (s) *same |= 1u << bit;
+  };
+  vec(0, m.q);
   m.q_head_stride = r.pod<int64_t>();
-  m.cache = r.vec<uint8_t>();
-  m.indices = r.vec<int32_t>();
-  m.topk_length = r.vec<int32_t>();
-  m.sink = r.vec<float>();
+  vec(1, m.cache);
+  vec(2, m.indices);
+  vec(3, m.topk_length);
+  vec(4, m.sink);
   m.out_head_stride = r.pod<int64_t>();
   m.s_q = r.pod<int32_t>();
   m.recipe.s_q = m.s_q;
@@ -177,26 +225,77 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   if (m.has_extra) {
     m.extra_geom = r.pod<mla::CacheGeometry>();
     m.extra_topk = r.pod<int32_t>();
-    m.extra_cache = r.vec<uint8_t>();
-    m.extra_indices = r.vec<int32_t>();
+    vec(5, m.extra_cache);
+    vec(6, m.extra_indices);
     m.extra_indices_token_stride = r.pod<int64_t>();
     m.extra_indices_batch_stride = r.pod<int64_t>();
-    m.extra_topk_length = r.vec<int32_t>();
+    vec(7, m.extra_topk_length);
     // What of the recipe describes the extra cache (backends' unsupported() may look).
     ExtraCache e;
     e.page_size = m.extra_geom.page_size;
     e.page_stride = m.extra_geom.page_stride;
     e.num_pages = m.extra_geom.num_pages;
     e.topk = m.extra_topk;
-    if (!m.extra_topk_length.empty()) e.topk_length = m.extra_topk_length;
+    // A lent vector arrives empty; the lengths' presence is what the recipe needs.
+    if (!m.extra_topk_length.empty() || (same != nullptr && (*same & (1u << 7)))) {
+      e.topk_length = m.extra_topk_length;
+    }
     m.recipe.extra = e;
   }
+  return m;
+}
+
+}  // namespace
+
+std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
+  Writer w(bulk);
+  write_case(w, m, nullptr);
+  return w.take();
+}
+
+MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
+  MaterializedCase m = read_case(r, nullptr);
   r.end();
   return m;
 }
 
-std::string encode_result(const RunResult& x, BulkArea* bulk) {
+std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk) {
   Writer w(bulk);
+  w.pod(static_cast<uint32_t>(cases.size()));
+  for (size_t k = 0; k < cases.size(); ++k) write_case(w, *cases[k], k == 0 ? nullptr : cases[0]);
+  return w.take();
+}
+
+DecodedBatch decode_batch(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
+  DecodedBatch b;
+  const uint32_t n = r.pod<uint32_t>();
+  if (n > bytes.size()) throw ProtocolError("batch count larger than its frame");
+  b.cases.reserve(n);
+  for (uint32_t k = 0; k < n; ++k) {
+    uint32_t same = 0;
+    b.cases.push_back(read_case(r, k == 0 ? nullptr : &same));
+    b.same_as_first.push_back(same);
+  }
+  r.end();
+  return b;
+}
+
+void swap_vectors(MaterializedCase& a, MaterializedCase& b, uint32_t mask) {
+  if (mask & (1u << 0)) a.q.swap(b.q);
+  if (mask & (1u << 1)) a.cache.swap(b.cache);
+  if (mask & (1u << 2)) a.indices.swap(b.indices);
+  if (mask & (1u << 3)) a.topk_length.swap(b.topk_length);
+  if (mask & (1u << 4)) a.sink.swap(b.sink);
+  if (mask & (1u << 5)) a.extra_cache.swap(b.extra_cache);
+  if (mask & (1u << 6)) a.extra_indices.swap(b.extra_indices);
+  if (mask & (1u << 7)) a.extra_topk_length.swap(b.extra_topk_length);
+}
+
+namespace {
+
+void write_result(Writer& w, const RunResult& x) {
   w.pod(static_cast<int32_t>(x.status));
   w.str(x.message);
   w.vec(x.out);
@@ -206,11 +305,9 @@ std::string encode_result(const RunResult& x, BulkArea* bulk) {
   w.pod(x.guard_violations);
   w.pod(x.seconds);
   for (double s : x.phases.seconds) w.pod(s);
-  return w.take();
 }
 
-RunResult decode_result(std::string_view bytes, const BulkArea* bulk) {
-  Reader r(bytes, bulk);
+RunResult read_result(Reader& r) {
   RunResult x;
   const int32_t status = r.pod<int32_t>();
   if (status < 0 || status > static_cast<int32_t>(RunStatus::kFault)) {
@@ -225,8 +322,46 @@ RunResult decode_result(std::string_view bytes, const BulkArea* bulk) {
   x.guard_violations = r.pod<int64_t>();
   x.seconds = r.pod<double>();
   for (double& s : x.phases.seconds) s = r.pod<double>();
+  return x;
+}
+
+}  // namespace
+
+std::string encode_result(const RunResult& x, BulkArea* bulk) {
+  Writer w(bulk);
+  write_result(w, x);
+  return w.take();
+}
+
+RunResult decode_result(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
+  RunResult x = read_result(r);
   r.end();
   return x;
+}
+
+std::string encode_checked(const std::optional<std::string>& unsupported, const RunResult& x,
+                           BulkArea* bulk) {
+  Writer w(bulk);
+  w.pod<uint8_t>(unsupported ? 1 : 0);
+  if (unsupported) {
+    w.str(*unsupported);
+  } else {
+    write_result(w, x);
+  }
+  return w.take();
+}
+
+CheckedRun decode_checked(std::string_view bytes, const BulkArea* bulk) {
+  Reader r(bytes, bulk);
+  CheckedRun c;
+  if (r.pod<uint8_t>() != 0) {
+    c.unsupported = r.str();
+  } else {
+    c.result = read_result(r);
+  }
+  r.end();
+  return c;
 }
 
 std::string encode_info(const WorkerInfo& i) {
@@ -242,6 +377,8 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod<uint8_t>(i.is_reference);
   w.str(i.simt_partner);
   w.pod(i.pid);
+  w.str(envelope_to_json(i.envelope).dump());
+  w.pod(i.inexact_invariants);
   return w.take();
 }
 
@@ -259,6 +396,12 @@ WorkerInfo decode_info(std::string_view bytes) {
   i.is_reference = r.pod<uint8_t>() != 0;
   i.simt_partner = r.str();
   i.pid = r.pod<int32_t>();
+  try {
+    i.envelope = envelope_from_json(nlohmann::ordered_json::parse(r.str()));
+  } catch (const std::exception& e) {
+    throw ProtocolError(std::string("info: bad envelope: ") + e.what());
+  }
+  i.inexact_invariants = r.pod<uint32_t>();
   r.end();
   return i;
 }
@@ -268,9 +411,14 @@ size_t bulk_bytes_needed(const MaterializedCase& m) {
   // guard bands included), each aligned.
   const size_t heads = static_cast<size_t>(m.query_rows()) * m.heads;
   const size_t out = heads * m.d_v();
+  const size_t rows = static_cast<size_t>(m.batch);
   const size_t out_raw =
-      2 * OutputBuffers::kGuard + heads * std::max<size_t>(m.out_head_stride, m.d_v());
-  const size_t lse_raw = 2 * OutputBuffers::kGuard + heads;
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.out_batch_stride, 0)),
+               heads * std::max<size_t>(m.out_head_stride, m.d_v()));
+  const size_t lse_raw =
+      2 * OutputBuffers::kGuard +
+      std::max(rows * static_cast<size_t>(std::max<int64_t>(m.lse_batch_stride, 0)), heads);
   const size_t sizes[] = {m.q.size() * 2,
                           m.cache.size(),
                           m.indices.size() * 4,

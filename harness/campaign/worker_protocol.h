@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "harness/core/backend.h"
 #include "harness/core/materialize.h"
@@ -25,6 +27,7 @@ enum class MsgType : uint32_t {
   kRun = 3,          // request: case; reply kRun: RunResult
   kQuit = 4,         // request: empty; the worker exits 0
   kError = 5,        // reply: text (the worker could not serve the request; it exits after)
+  kRunBatch = 6,     // request: batch of cases; one reply kRunBatch per case, in order: CheckedRun
 };
 
 struct WorkerInfo {
@@ -38,6 +41,8 @@ struct WorkerInfo {
   bool is_reference = false;
   std::string simt_partner;
   int32_t pid = 0;
+  Envelope envelope;                // Backend::envelope()
+  uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
 };
 
 // Thrown on a malformed payload.
@@ -61,6 +66,25 @@ std::string encode_result(const RunResult& r, BulkArea* bulk = nullptr);
 RunResult decode_result(std::string_view bytes, const BulkArea* bulk = nullptr);
 // Bulk bytes a request for `m` and its reply take at most (what the parent reserves).
 size_t bulk_bytes_needed(const MaterializedCase& m);
+
+// A batch (kRunBatch): u32 count, then each case as encode_case writes it, except that a vector
+// of 4 KiB or more byte-identical to the same vector of the batch's first case (the property
+// variants share most of their buffers with each other) travels as a reference to it (flag 2):
+// its bytes cross once per batch.
+std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk);
+struct DecodedBatch {
+  std::vector<MaterializedCase> cases;
+  // Per case, bit i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink): the vector is left empty
+  // in `cases[k]` and equals cases[0]'s (share_first lends it for the run).
+  std::vector<uint32_t> same_as_first;
+};
+DecodedBatch decode_batch(std::string_view bytes, const BulkArea* bulk);
+// Swaps the vectors named by `mask` between a and b (call again to swap back).
+void swap_vectors(MaterializedCase& a, MaterializedCase& b, uint32_t mask);
+// The reply to one case of a batch: u8 1 + reason when unsupported, else u8 0 + the result.
+std::string encode_checked(const std::optional<std::string>& unsupported, const RunResult& r,
+                           BulkArea* bulk);
+CheckedRun decode_checked(std::string_view bytes, const BulkArea* bulk);
 std::string encode_info(const WorkerInfo& w);
 WorkerInfo decode_info(std::string_view bytes);
 

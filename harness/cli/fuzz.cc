@@ -39,6 +39,7 @@ struct FuzzOptions {
   int shrink_evals = campaign::CampaignOptions{}.shrink_evals;
   std::string case_timeout = "60s";
   std::string profile = "default";
+  std::string envelope;  // --envelope FILE.json
   std::string isolate = "device";
   std::string report_interval = "30s";
   std::string progress = "auto";
@@ -104,6 +105,10 @@ int fuzz_command(const FuzzOptions& f) {
     o.report_interval_s = campaign::parse_duration(f.report_interval);
     o.profile = f.profile;
     (void)campaign::gen_config_for_profile(f.profile);
+    if (!f.envelope.empty()) {
+      o.envelope = load_envelope(f.envelope);  // std::invalid_argument naming the field
+      o.envelope_path = f.envelope;
+    }
     o.isolate = f.isolate;
     if (f.progress == "live") {
       o.live_progress = 1;
@@ -173,6 +178,9 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
   sub->add_option("--profile", f->profile,
                   "case generator: default (every family) or one family, e.g. production")
       ->capture_default_str();
+  sub->add_option("--envelope", f->envelope,
+                  "generate only cases inside this envelope (JSON, README \"Envelopes\"), "
+                  "intersected with what the backends declare");
   sub->add_option("--isolate", f->isolate,
                   "which backends run in worker processes: device (GPU backends and plugins), "
                   "all, none")

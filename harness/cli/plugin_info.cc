@@ -1,5 +1,6 @@
 // `mlafuzz plugin-info PATH`: loads a plugin and prints what it declares, without running it.
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "harness/backends/plugin_backend.h"
@@ -8,6 +9,19 @@
 
 namespace mlafuzz::cli {
 namespace {
+
+// The envelope, one constrained field a line ("accepts anything" when none).
+void print_envelope(const std::string& how, const Envelope& e) {
+  const std::string text = e.describe();
+  if (how.empty() || text.empty()) {
+    std::cout << "  envelope:    " << (how.empty() ? "none declared" : "declared")
+              << " (accepts every case the generator draws)\n";
+    return;
+  }
+  std::cout << "  envelope:    " << how << " (cases are generated inside it):\n";
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) std::cout << "    " << line << '\n';
+}
 
 // `mlafuzz plugin-info python:FILE.py:FUNC`: what a Python kernel declares.
 int python_info(const std::string& name) {
@@ -25,7 +39,13 @@ int python_info(const std::string& name) {
             << (d.has_supports ? "defined (cases outside it are reported as not applicable)"
                                : "not defined (every case is run)")
             << '\n'
-            << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
+            << "  exact:       "
+            << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
+                                          : "all but " + describe_invariants(d.inexact_invariants) +
+                                                " (checked within the tolerance bound)")
+            << '\n';
+  print_envelope(d.has_envelope ? "declared" : "", d.envelope);
+  std::cout << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
             << d.numpy_version << ")\n"
             << "  available:   " << (d.available ? "yes" : "no: " + d.reason) << '\n'
             << "use it as: mlafuzz fuzz --backends " << d.backend << '\n';
@@ -51,7 +71,13 @@ int plugin_info(const std::string& path) {
             << (d.has_supports ? "exported (cases outside it are reported as not applicable)"
                                : "not exported (every case is run)")
             << '\n'
-            << "  available:   " << (a.available ? "yes" : "no: " + a.reason) << '\n'
+            << "  exact:       "
+            << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
+                                          : "all but " + describe_invariants(d.inexact_invariants) +
+                                                " (checked within the tolerance bound)")
+            << '\n';
+  print_envelope(d.has_envelope ? "exported" : "", d.envelope);
+  std::cout << "  available:   " << (a.available ? "yes" : "no: " + a.reason) << '\n'
             << "use it as: mlafuzz fuzz --backends plugin:" << d.path << '\n';
   return kExitOk;
 }

@@ -157,15 +157,32 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
                 const std::vector<Ran>& runs) {
   make_dirs(dir);
   const auto path = [&](const std::string& f) { return dir + "/" + f; };
-  write_npy(path("q.npy"), m.q, with_tokens(m, {m.heads, m.q_head_stride}));
+  // q with its head padding, the index lists as [B, (s_q,) topk]: the batch-row gaps
+  // (q_batch_pad, indices_row_pad) are left out, their strides recorded in params.json.
+  std::vector<uint16_t> q;
+  std::vector<int32_t> idx, xidx;
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      const auto row = m.q.begin() + b * m.q_batch_stride + s * m.q_token_stride;
+      q.insert(q.end(), row, row + m.heads * m.q_head_stride);
+      const auto irow = m.indices.begin() + b * m.indices_batch_stride + s * m.indices_token_stride;
+      idx.insert(idx.end(), irow, irow + m.topk);
+      if (m.has_extra) {
+        const auto xrow = m.extra_indices.begin() + b * m.extra_indices_batch_stride +
+                          s * m.extra_indices_token_stride;
+        xidx.insert(xidx.end(), xrow, xrow + m.extra_topk);
+      }
+    }
+  }
+  write_npy(path("q.npy"), q, with_tokens(m, {m.heads, m.q_head_stride}));
   write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
-  write_npy(path("indices.npy"), m.indices, with_tokens(m, {m.topk}));
+  write_npy(path("indices.npy"), idx, with_tokens(m, {m.topk}));
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
   if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
   if (m.has_extra) {
     write_npy(path("extra_kv_cache.npy"), m.extra_cache,
               {m.extra_geom.num_pages, m.extra_geom.page_stride});
-    write_npy(path("extra_indices.npy"), m.extra_indices, with_tokens(m, {m.extra_topk}));
+    write_npy(path("extra_indices.npy"), xidx, with_tokens(m, {m.extra_topk}));
     if (!m.extra_topk_length.empty()) {
       write_npy(path("extra_topk_length.npy"), m.extra_topk_length, {m.batch});
     }
@@ -197,6 +214,21 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   p["d_qk"] = m.d_qk();
   p["d_v"] = m.d_v();
   p["q_head_stride"] = m.q_head_stride;
+  // The call's batch strides (the .npy inputs above are without the row gaps).
+  p["q_batch_stride"] = m.q_batch_stride;
+  p["indices_batch_stride"] = m.indices_batch_stride;
+  p["out_head_stride"] = m.out_head_stride;
+  p["out_batch_stride"] = m.out_batch_stride;
+  p["lse_batch_stride"] = m.lse_batch_stride;
+  // The token strides (s_q query tokens per batch row).
+  p["q_token_stride"] = m.q_token_stride;
+  p["indices_token_stride"] = m.indices_token_stride;
+  p["out_token_stride"] = m.out_token_stride;
+  p["lse_token_stride"] = m.lse_token_stride;
+  if (m.has_extra) {
+    p["extra_indices_token_stride"] = m.extra_indices_token_stride;
+    p["extra_indices_batch_stride"] = m.extra_indices_batch_stride;
+  }
   p["sm_scale"] = m.sm_scale64;  // the fp32 value the kernels get, exactly
   p["conventions"] = case_to_json_value(c)["conventions"];
   p["content_hash"] = fmt::format("{:016x}", content_hash(m));
@@ -210,7 +242,11 @@ int run_command(const RunOptions& o) {
   bool have_reference = false;
   for (const std::string& name : parse_backend_list(o.backends)) {
     have_reference = have_reference || name == kReference;
-    runs.push_back(Ran{name, make_backend(name), {}, true, false});
+    // Named as the backend names itself, as `fuzz` does: a plugin given by its path prints as
+    // plugin:<declared name> (and its .npy files are named so).
+    std::unique_ptr<Backend> be = make_backend(name);
+    const std::string own = be->name();
+    runs.push_back(Ran{own, std::move(be), {}, true, false});
   }
   if (!have_reference) {
     runs.insert(runs.begin(), Ran{kReference, make_backend(kReference), {}, false, false});

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/envelope.h"
 #include "harness/core/materialize.h"
 
 namespace mlafuzz {
@@ -34,16 +35,19 @@ enum class RunStatus {
 };
 
 // Canary-guarded output buffers. `out` holds kGuard elements before and after the strided
-// [B, s_q, H, out_head_stride] region; elements between d_v and out_head_stride are guard too.
-// lse is [B, s_q, H] contiguous.
+// [B, out_batch_stride] region: a batch row holds s_q tokens out_token_stride apart, each H heads
+// out_head_stride apart. Elements between d_v and out_head_stride, after the H heads of a token
+// and after the s_q tokens of a batch row are guard too. `lse` likewise: kGuard before and after
+// [B, lse_batch_stride], tokens lse_token_stride apart; every element of a row that is not
+// (token, head) is guard.
 struct OutputBuffers {
   static constexpr int64_t kGuard = 64;
   static constexpr uint16_t kCanaryBits = 0x7fa5;  // a bf16 NaN with a recognisable payload
   static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
   std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
-  std::vector<float> lse;     // kGuard + B*s_q*H + kGuard
+  std::vector<float> lse;     // kGuard + B*lse_batch_stride + kGuard
   int64_t out_head_stride = 0, out_batch_stride = 0, out_token_stride = 0;
-  int64_t lse_token_stride = 0, lse_batch_stride = 0;  // H, s_q * H
+  int64_t lse_token_stride = 0, lse_batch_stride = 0;
 
   explicit OutputBuffers(const MaterializedCase& m);
   uint16_t* out_begin() { return out.data() + kGuard; }
@@ -67,6 +71,8 @@ struct OutputBuffers {
 // the transport less the worker's own time), the worker (decoding the case), and the CUDA staging
 // (device allocation, copies to and from the device, the kernel with its synchronization). What a
 // backend does not measure stays 0; `run` is the backend's whole run() as the worker saw it.
+// A CUDA backend's resident path (one synchronization per call) measures upload, kernel and
+// download as device-side durations between CUDA events, alloc and stage as host wall time.
 enum class Phase : int {
   kQueue,      // waiting for a free worker (another thread's call in flight)
   kEncode,     // case -> frame (proxy side)
@@ -77,6 +83,8 @@ enum class Phase : int {
   kUpload,     // host -> device copies inside kRun
   kKernel,     // launch and synchronize inside kRun
   kDownload,   // device -> host copies inside kRun
+  kStage,      // inside kRun, host side: inputs compared with the device-resident copies, changed
+               // ones and the output canaries copied into pinned memory (cuda_backends.cu)
   kCount,
 };
 inline constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
@@ -108,6 +116,14 @@ struct RunResult {
   bool ok() const { return status == RunStatus::kOk; }
 };
 
+// One call of a batch (Backend::check_and_run): the case's unsupported() verdict, and run()'s
+// result when the case is supported.
+struct CheckedRun {
+  std::optional<std::string> unsupported;  // set: run() was not called for this case
+  RunResult result;
+  double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
+};
+
 struct Availability {
   bool available = true;
   std::string reason;  // why not, when unavailable
@@ -124,6 +140,12 @@ class Backend {
     (void)m;
     return std::nullopt;
   }
+  // What the backend accepts (envelope.h): the generator draws inside the intersection of the
+  // selected backends' envelopes; unsupported() stays the final word. Default: anything.
+  virtual Envelope envelope() const { return {}; }
+  // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
+  // properties are checked within the tolerance bound instead. Default 0: every one exact.
+  virtual uint32_t inexact_invariants() const { return 0; }
   // Explicit tolerances for kCustom backends.
   virtual double abs_tol() const { return 0; }
   virtual double rel_tol() const { return 0; }
@@ -139,6 +161,10 @@ class Backend {
   // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
   virtual std::string simt_partner() const { return ""; }
   virtual RunResult run(const MaterializedCase& m) = 0;
+  // unsupported() and, when supported, run() for each case in order: the property variants of
+  // a case. The default calls them one by one; a worker proxy sends all cases in one request
+  // (harness/campaign/worker.h), its results the same as the calls one by one.
+  virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers.

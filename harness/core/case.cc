@@ -425,6 +425,14 @@ Case read_case(const json& j, const std::string& prefix) {
              [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
   r.optional("out_head_pad",
              [&](const json& v, const std::string& p) { c.out_head_pad = read_i32(v, p); });
+  r.optional("q_batch_pad",
+             [&](const json& v, const std::string& p) { c.q_batch_pad = read_i32(v, p); });
+  r.optional("out_batch_pad",
+             [&](const json& v, const std::string& p) { c.out_batch_pad = read_i32(v, p); });
+  r.optional("indices_row_pad",
+             [&](const json& v, const std::string& p) { c.indices_row_pad = read_i32(v, p); });
+  r.optional("lse_row_pad",
+             [&](const json& v, const std::string& p) { c.lse_row_pad = read_i32(v, p); });
   r.optional("q_values",
              [&](const json& v, const std::string& p) { c.q_values = read_value_spec(v, p); });
   r.optional("kv_values",
@@ -453,6 +461,20 @@ Case read_case(const json& j, const std::string& prefix) {
     c.data_seed = v.get<uint64_t>();
   });
   r.finish();
+  // A version-1 file means what it always meant (every version-2 field absent is 0); the case
+  // is upgraded in memory and written back as the current version.
+  if (file_version < 2) {
+    for (const auto& [value, field] :
+         {std::pair{c.q_batch_pad, "q_batch_pad"}, std::pair{c.out_batch_pad, "out_batch_pad"},
+          std::pair{c.indices_row_pad, "indices_row_pad"},
+          std::pair{c.lse_row_pad, "lse_row_pad"}}) {
+      if (value != 0) {
+        throw CaseError(prefix + field, "needs case format version 2 (the file says version " +
+                                            std::to_string(file_version) + ")");
+      }
+    }
+  }
+  c.version = kCaseFormatVersion;
   return c;
 }
 
@@ -667,7 +689,7 @@ Case extra_as_main(const Case& c) {
 }
 
 void validate(const Case& c) {
-  check(c.version == kCaseFormatVersion, "version",
+  check(c.version >= kOldestCaseFormatVersion && c.version <= kCaseFormatVersion, "version",
         "unsupported case format version " + std::to_string(c.version));
   const auto& g = c.geom;
   check(g.layout == mla::Layout::kModel1 || g.layout == mla::Layout::kV32, "geometry.layout",
@@ -692,13 +714,26 @@ void validate(const Case& c) {
   check(c.q_head_pad >= 0 && c.q_head_pad <= kMaxHeadPad, "q_head_pad", "must be in [0, 65536]");
   check(c.out_head_pad >= 0 && c.out_head_pad <= kMaxHeadPad, "out_head_pad",
         "must be in [0, 65536]");
-  const int64_t bh = int64_t{c.batch} * c.s_q * c.heads;
-  check(bh * (c.d_qk() + c.q_head_pad) <= kMaxElements, "batch",
-        "batch * s_q * heads * (d_qk + q_head_pad) exceeds 2^28 elements");
-  check(bh * (c.d_v() + c.out_head_pad) <= kMaxElements, "batch",
-        "batch * s_q * heads * (d_v + out_head_pad) exceeds 2^28 elements");
-  check(int64_t{c.query_rows()} * c.topk <= kMaxElements, "topk",
-        "batch * s_q * topk exceeds 2^28 elements");
+  const struct {
+    int32_t value;
+    const char* field;
+  } row_pads[] = {{c.q_batch_pad, "q_batch_pad"},
+                  {c.out_batch_pad, "out_batch_pad"},
+                  {c.indices_row_pad, "indices_row_pad"},
+                  {c.lse_row_pad, "lse_row_pad"}};
+  for (const auto& rp : row_pads) {
+    check(rp.value >= 0 && rp.value <= kMaxHeadPad, rp.field, "must be in [0, 65536]");
+  }
+  const int64_t nb = c.batch;
+  const int64_t sh = int64_t{c.s_q} * c.heads;
+  check(nb * (sh * (c.d_qk() + c.q_head_pad) + c.q_batch_pad) <= kMaxElements, "batch",
+        "batch * (s_q * heads * (d_qk + q_head_pad) + q_batch_pad) exceeds 2^28 elements");
+  check(nb * (sh * (c.d_v() + c.out_head_pad) + c.out_batch_pad) <= kMaxElements, "batch",
+        "batch * (s_q * heads * (d_v + out_head_pad) + out_batch_pad) exceeds 2^28 elements");
+  check(nb * (int64_t{c.s_q} * c.topk + c.indices_row_pad) <= kMaxElements, "topk",
+        "batch * (s_q * topk + indices_row_pad) exceeds 2^28 elements");
+  check(nb * (sh + c.lse_row_pad) <= kMaxElements, "lse_row_pad",
+        "batch * (s_q * heads + lse_row_pad) exceeds 2^28 elements");
 
   validate_lists(c, c.indices, c.topk, slots, "indices");
   check_fraction(c.index_spec.invalid_fraction, "index_spec.invalid_fraction");
@@ -707,8 +742,8 @@ void validate(const Case& c) {
   if (c.extra) {
     const ExtraCache& e = *c.extra;
     check(e.topk > 0, "extra.topk", "must be > 0");
-    check(int64_t{c.query_rows()} * e.topk <= kMaxElements, "extra.topk",
-          "batch * s_q * extra.topk exceeds 2^28 elements");
+    check(nb * (int64_t{c.s_q} * e.topk + c.indices_row_pad) <= kMaxElements, "extra.topk",
+          "batch * (s_q * extra.topk + indices_row_pad) exceeds 2^28 elements");
     validate_lists(c, e.indices, e.topk, mla::num_slots(c.extra_geom()), "extra.indices");
     check_fraction(e.index_spec.invalid_fraction, "extra.index_spec.invalid_fraction");
     check_fraction(e.index_spec.duplicate_fraction, "extra.index_spec.duplicate_fraction");
@@ -816,6 +851,11 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
   }
   j["q_head_pad"] = c.q_head_pad;
   j["out_head_pad"] = c.out_head_pad;
+  // Version-2 fields only when set (0 is their meaning in a version-1 file).
+  if (c.q_batch_pad) j["q_batch_pad"] = c.q_batch_pad;
+  if (c.out_batch_pad) j["out_batch_pad"] = c.out_batch_pad;
+  if (c.indices_row_pad) j["indices_row_pad"] = c.indices_row_pad;
+  if (c.lse_row_pad) j["lse_row_pad"] = c.lse_row_pad;
   j["q_values"] = write_value_spec(c.q_values);
   j["kv_values"] = write_value_spec(c.kv_values);
   j["rope_values"] = write_value_spec(c.rope_values);

@@ -17,8 +17,9 @@
 namespace mlafuzz {
 
 // Version 2 added the production decode of DeepSeek-V4-Flash (SPEC.md section 8): `s_q` query
-// tokens per batch row and the `extra` cache. Version-1 files load unchanged and mean the same
-// (every version-2 field absent: s_q = 1, no extra cache).
+// tokens per batch row and the `extra` cache, and the batch-row pads (q_batch_pad,
+// out_batch_pad, indices_row_pad, lse_row_pad). Version-1 files load unchanged and mean the same
+// (every version-2 field absent: s_q = 1, no extra cache, pads 0).
 inline constexpr int kCaseFormatVersion = 2;
 inline constexpr int kOldestCaseFormatVersion = 1;
 
@@ -144,6 +145,17 @@ struct Case {
   // Extra elements per head row of q and out (strided buffers), filled per `pad_fill`.
   int32_t q_head_pad = 0;
   int32_t out_head_pad = 0;
+  // Extra elements after each batch row (version 2). A batch row spans its s_q query tokens:
+  // q and out rows beyond s_q * heads * head stride, index rows beyond s_q * topk
+  // (indices_batch_stride = s_q * topk + indices_row_pad; the tokens of a row are contiguous,
+  // token stride topk) and LSE rows beyond s_q * heads (lse_batch_stride = s_q * heads +
+  // lse_row_pad). The extra cache's index rows use the same pad (s_q * extra topk +
+  // indices_row_pad). Input gaps are filled per `pad_fill`; output gaps are canaries a kernel
+  // must not write.
+  int32_t q_batch_pad = 0;
+  int32_t out_batch_pad = 0;
+  int32_t indices_row_pad = 0;
+  int32_t lse_row_pad = 0;
 
   ValueSpec q_values;
   ValueSpec kv_values;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_set>
 
 #include "harness/core/rng.h"
@@ -141,6 +142,19 @@ uint16_t q_pad_bits(Fill f, uint64_t seed, uint64_t element) {
       return 0x7fc0;  // bf16 quiet NaN: any read of a pad element poisons the result
     case Fill::kGarbage:
       return static_cast<uint16_t>(CounterRng(seed, Stream::kPadding, 1).at(element));
+  }
+  return 0;
+}
+
+int32_t index_pad_value(Fill f, uint64_t seed, uint64_t element, int64_t slots) {
+  switch (f) {
+    case Fill::kZero:
+      return 0;  // slot 0: a valid-looking entry, so a kernel that reads it counts one more token
+    case Fill::kNaN:
+      return std::numeric_limits<int32_t>::max();  // out of every cache: reading it is a bug
+    case Fill::kGarbage:
+      return static_cast<int32_t>(CounterRng(seed, Stream::kPadding, 2).at(element) %
+                                  static_cast<uint64_t>(slots));  // valid-looking slots
   }
   return 0;
 }
@@ -406,11 +420,18 @@ MaterializedCase materialize(const Case& c) {
   m.out_head_stride = m.d_v() + c.out_head_pad;
   m.extra_topk = c.extra ? c.extra->topk : 0;
   m.set_contiguous_strides();
+  // A batch row spans its s_q tokens, then its pad (README, "Case and corpus format").
+  m.q_batch_stride += c.q_batch_pad;
+  m.out_batch_stride += c.out_batch_pad;
+  m.indices_batch_stride += c.indices_row_pad;
+  m.extra_indices_batch_stride += c.extra ? c.indices_row_pad : 0;
+  m.lse_batch_stride += c.lse_row_pad;
   m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
   for (int32_t b = 0; b < m.batch; ++b) {
+    const int64_t row = int64_t{b} * m.q_batch_stride;
     for (int32_t t = 0; t < m.s_q; ++t) {
       for (int32_t h = 0; h < m.heads; ++h) {
-        const int64_t base = b * m.q_batch_stride + t * m.q_token_stride + h * m.q_head_stride;
+        const int64_t base = row + t * m.q_token_stride + h * m.q_head_stride;
         for (int32_t d = 0; d < dqk; ++d) {
           m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, t, h, d));
         }
@@ -419,6 +440,9 @@ MaterializedCase materialize(const Case& c) {
               q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(base + d));
         }
       }
+    }
+    for (int64_t i = row + m.s_q * m.q_token_stride; i < row + m.q_batch_stride; ++i) {
+      m.q[static_cast<size_t>(i)] = q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(i));
     }
   }
 
@@ -429,8 +453,18 @@ MaterializedCase materialize(const Case& c) {
   write_tokens(placed, m.geom, m.cache);
 
   m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
-  for (const auto& row : m.recipe.indices) {
-    for (int32_t t : row) m.indices.push_back(static_cast<int32_t>(physical_slot(c, t)));
+  const int64_t slots = mla::num_slots(m.geom);
+  // The s_q lists of a batch row are contiguous (token stride topk), then the row's pad.
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t t = 0; t < m.s_q; ++t) {
+      for (int32_t x : m.recipe.indices[static_cast<size_t>(b * m.s_q + t)]) {
+        m.indices.push_back(static_cast<int32_t>(physical_slot(c, x)));
+      }
+    }
+    for (int64_t k = int64_t{m.s_q} * m.topk; k < m.indices_batch_stride; ++k) {
+      const auto e = static_cast<uint64_t>(m.indices.size());
+      m.indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, slots));
+    }
   }
   if (c.topk_length) m.topk_length = *c.topk_length;
   if (c.sink) {
@@ -451,9 +485,18 @@ MaterializedCase materialize(const Case& c) {
     view.geom = m.extra_geom;
     write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));
     m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
-    for (const auto& row : m.recipe.extra->indices) {
-      for (int32_t t : row)
-        m.extra_indices.push_back(static_cast<int32_t>(extra_physical_slot(c, t)));
+    const int64_t extra_slots = mla::num_slots(m.extra_geom);
+    for (int32_t b = 0; b < m.batch; ++b) {
+      for (int32_t t = 0; t < m.s_q; ++t) {
+        for (int32_t x : m.recipe.extra->indices[static_cast<size_t>(b * m.s_q + t)]) {
+          m.extra_indices.push_back(static_cast<int32_t>(extra_physical_slot(c, x)));
+        }
+      }
+      for (int64_t k = int64_t{m.s_q} * m.extra_topk; k < m.extra_indices_batch_stride; ++k) {
+        // Element numbers past the main lists', so that the two pads differ.
+        const auto e = static_cast<uint64_t>(m.indices.size() + m.extra_indices.size());
+        m.extra_indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, extra_slots));
+      }
     }
     if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
   }
@@ -534,6 +577,18 @@ uint64_t content_hash(const MaterializedCase& m) {
     hash_bytes(h, m.extra_cache.data(), m.extra_cache.size());
     hash_vector(h, m.extra_indices);
     hash_vector(h, m.extra_topk_length);
+  }
+  // The batch strides count only when they leave the contiguous minimum, so every hash of a
+  // case without row pads stays what it was before the strides existed.
+  const bool padded = m.q_batch_stride != m.s_q * m.q_token_stride ||
+                      m.out_batch_stride != m.s_q * m.out_token_stride ||
+                      m.indices_batch_stride != m.s_q * m.indices_token_stride ||
+                      m.lse_batch_stride != m.s_q * m.lse_token_stride;
+  if (padded) {
+    for (int64_t v :
+         {m.q_batch_stride, m.out_batch_stride, m.indices_batch_stride, m.lse_batch_stride}) {
+      hash_int(h, v);
+    }
   }
   hash_vector(h, m.q);
   hash_int(h, static_cast<int64_t>(m.cache.size()));

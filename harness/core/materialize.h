@@ -23,25 +23,28 @@ struct MaterializedCase {
 
   // Query tokens per batch row (SPEC.md section 8): q, out and lse are [B, s_q, H, ...] and the
   // index lists [B, s_q, topk]. Every *_token_stride steps over one query token of a row, every
-  // *_batch_stride over a batch row (all its tokens). A "query row" r = b * s_q + s is one
-  // (batch row, token) pair; the logical outputs of RunResult are [B * s_q, H, d_v].
+  // *_batch_stride over a batch row (all its tokens plus the row's pad). A "query row"
+  // r = b * s_q + s is one (batch row, token) pair; the logical outputs of RunResult are
+  // [B * s_q, H, d_v]. Every buffer is strided as the kernels see it; the gaps are filled per
+  // the recipe's pad_fill (and poisoned by the poison property). Every stride must be set (>= its
+  // minimum).
   int32_t s_q = 1;
 
-  std::vector<uint16_t> q;           // [B, s_q, H, q_head_stride] bf16 bits (pad per recipe)
+  std::vector<uint16_t> q;           // [B, q_batch_stride] bf16 bits, tokens and heads strided
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
   int64_t q_token_stride = 0;        // H * q_head_stride
-  int64_t q_batch_stride = 0;        // s_q * q_token_stride
+  int64_t q_batch_stride = 0;        // s_q * q_token_stride + q_batch_pad
   std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
-  std::vector<int32_t> indices;      // [B, s_q, topk] physical global slots (invalid kept)
+  std::vector<int32_t> indices;      // [B, indices_batch_stride] physical global slots
   int64_t indices_token_stride = 0;  // topk
-  int64_t indices_batch_stride = 0;  // s_q * topk
+  int64_t indices_batch_stride = 0;  // s_q * topk + indices_row_pad
   std::vector<int32_t> topk_length;  // [B] or empty (shared by a row's s_q tokens)
   std::vector<float> sink;           // [H] or empty
   int64_t out_head_stride = 0;       // d_v + out_head_pad
   int64_t out_token_stride = 0;      // H * out_head_stride
-  int64_t out_batch_stride = 0;      // s_q * out_token_stride
+  int64_t out_batch_stride = 0;      // s_q * out_token_stride + out_batch_pad
   int64_t lse_token_stride = 0;      // H
-  int64_t lse_batch_stride = 0;      // s_q * H
+  int64_t lse_batch_stride = 0;      // s_q * H + lse_row_pad
 
   // The extra cache (SPEC.md section 8), read in the same softmax: the main layout and dims,
   // its own paging, bytes (padding filled per the recipe), index lists and lengths.
@@ -49,15 +52,16 @@ struct MaterializedCase {
   mla::CacheGeometry extra_geom;  // page_stride resolved
   int32_t extra_topk = 0;
   std::vector<uint8_t> extra_cache;        // [extra num_pages * page_stride]
-  std::vector<int32_t> extra_indices;      // [B, s_q, extra_topk] physical global slots
+  std::vector<int32_t> extra_indices;      // [B, extra_indices_batch_stride] physical slots
   int64_t extra_indices_token_stride = 0;  // extra_topk
-  int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk
+  int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk + indices_row_pad
   std::vector<int32_t> extra_topk_length;  // [B] or empty
 
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
   int32_t query_rows() const { return batch * s_q; }
-  // Entry k of the main (extra) list of token s of batch row b; q of (b, s, h).
+  // Entry k of the main (extra) list of token s of batch row b; q of (b, s, h): the strided
+  // addressing in one place.
   int32_t index_at(int64_t b, int64_t s, int64_t k) const {
     return indices[static_cast<size_t>(b * indices_batch_stride + s * indices_token_stride + k)];
   }
@@ -68,8 +72,8 @@ struct MaterializedCase {
   const uint16_t* q_row(int64_t b, int64_t s, int64_t h) const {
     return q.data() + b * q_batch_stride + s * q_token_stride + h * q_head_stride;
   }
-  // Sets every token and batch stride to the contiguous layout of the current shapes (for
-  // hand-built and edited cases); the head strides are kept and no buffer is resized.
+  // Sets every token and batch stride to the contiguous layout of the current shapes (no batch
+  // pads; for hand-built and edited cases); the head strides are kept and no buffer is resized.
   void set_contiguous_strides();
 
   // Params pointing at this struct's host buffers (out and lse left null).

@@ -24,8 +24,9 @@
  *
  * Rules a plugin must follow:
  * - Pure C ABI: no C++ type crosses it. Every struct begins with struct_size and abi_version;
- *   mlafuzz never calls a plugin whose mlafuzz_plugin_abi_version() differs from the
- *   MLAFUZZ_PLUGIN_ABI_VERSION it was built with.
+ *   mlafuzz never calls a plugin whose mlafuzz_plugin_abi_version() lies outside
+ *   MLAFUZZ_PLUGIN_ABI_VERSION_MIN..MLAFUZZ_PLUGIN_ABI_VERSION of the header mlafuzz was built
+ *   with (see Versioning below).
  * - Write only out (d_v elements per head, never the padding between heads: those elements are
  *   canaries) and lse. Read only what a correct kernel needs: mlafuzz poisons everything else
  *   with NaNs and garbage and checks that no output bit changes.
@@ -331,7 +332,8 @@ typedef struct MlafuzzEnvelope {
  *                               the call are NULL here: decide from the sizes only.
  *                               Missing: every call is supported.
  *   mlafuzz_plugin_envelope     (ABI version 2) fills *env (zeroed by mlafuzz, struct_size set)
- *                               with what the kernel accepts; returns 0, or nonzero on failure.
+ *                               with what the kernel accepts and sets env->abi_version to its
+ *                               own version; returns 0, or nonzero on failure.
  *                               Missing: the envelope accepts anything. */
 typedef int (*MlafuzzPluginAbiVersionFn)(void);
 typedef int (*MlafuzzPluginInfoFn)(MlafuzzPluginInfo* info);

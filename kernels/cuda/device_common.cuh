@@ -115,6 +115,8 @@ inline std::optional<std::string> common_unsupported(const DecodeParams& p) {
     return "q strides too small";
   if (p.out_head_stride < d_v(g) || p.out_batch_stride < p.out_head_stride * p.heads)
     return "out strides too small";
+  if (p.indices_batch_stride < p.topk) return "indices_batch_stride below topk";
+  if (p.lse_batch_stride < p.heads) return "lse_batch_stride below H";
   if (num_slots(g) > 0x7fffffffLL) return "more than 2^31-1 cache slots";
   return std::nullopt;
 }

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   const int b = blockIdx.y;
   const int h0 = blockIdx.x * BH;
   const int nope = p.geom.nope_dim;
-  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.topk;
+  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
   const bool model1 = p.geom.layout == Layout::kModel1;
 
@@ -519,7 +519,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
       if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
       float lse = softmax_lse(st, p.sink, head, conv);
       if constexpr (M == Mutant::kLseLog2) lse *= 1.4426950408889634f;  // log2(e)
-      p.lse[static_cast<int64_t>(b) * p.heads + head] = lse;
+      p.lse[static_cast<int64_t>(b) * p.lse_batch_stride + head] = lse;
     }
   }
 }

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x, b = blockIdx.y;
   const int nope = p.geom.nope_dim;
-  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.topk;
+  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride;
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
   int n_eff = p.topk;
   if constexpr (M != Mutant::kTopkLengthIgnored) {
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
     if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
     float lse = softmax_lse(st, p.sink, head, conv);
     if constexpr (M == Mutant::kLseLog2) lse *= 1.4426950408889634f;
-    p.lse[static_cast<int64_t>(b) * p.heads + head] = lse;
+    p.lse[static_cast<int64_t>(b) * p.lse_batch_stride + head] = lse;
   }
 }
 

@@ -210,6 +210,8 @@ class CpuMmaBackend final : public Backend {
     return n;
   }
   Precision precision() const override { return Precision::kMmaBf16; }
+  // The kernel's envelope: a host model runs what the kernel it models runs.
+  Envelope envelope() const override { return builtin_kernel_envelope(); }
   std::string simt_partner() const override { return "cpu-simt"; }
   RunResult run(const MaterializedCase& m) override {
     return run_guarded(m, [this](const HostCall& c) { mma_head_tiled<M>(c, block_h_, scratch_); });

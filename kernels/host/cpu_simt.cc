@@ -154,6 +154,8 @@ class CpuSimtBackend final : public Backend {
  public:
   std::string name() const override { return "cpu-simt"; }
   Precision precision() const override { return Precision::kSimtFp32; }
+  // The kernel's envelope: a host model runs what the kernel it models runs.
+  Envelope envelope() const override { return builtin_kernel_envelope(); }
   RunResult run(const MaterializedCase& m) override {
     return run_guarded(m, [this](const HostCall& c) { simt_per_head<Mutant::kNone>(c, scratch_); });
   }

@@ -55,7 +55,11 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
   const mla::DecodeParams p = m.host_params();
   const int64_t d_qk = mla::d_qk(g);
   if (m.s_q < 1) return "s_q must be >= 1";
-  if (p.q_head_stride < d_qk || p.q_batch_stride < 0) return "q_head_stride is below d_qk";
+  if (p.q_head_stride < d_qk) return "q_head_stride is below d_qk";
+  if (p.q_token_stride < m.heads * p.q_head_stride)
+    return "q_token_stride is below H * q_head_stride";
+  if (p.q_batch_stride < m.s_q * p.q_token_stride)
+    return "q_batch_stride is below s_q * q_token_stride";
   if (m.batch > 0 && m.heads > 0) {
     const int64_t need = (m.batch - 1) * p.q_batch_stride + (m.s_q - 1) * p.q_token_stride +
                          (m.heads - 1) * p.q_head_stride + d_qk;
@@ -65,6 +69,24 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
     }
   }
   if (m.out_head_stride < mla::d_v(g)) return "out_head_stride is below d_v";
+  if (m.out_token_stride < m.heads * m.out_head_stride) {
+    return "out_token_stride is below H * out_head_stride";
+  }
+  if (m.out_batch_stride < m.s_q * m.out_token_stride) {
+    return "out_batch_stride is below s_q * out_token_stride";
+  }
+  if (m.lse_token_stride < m.heads) return "lse_token_stride is below H";
+  if (m.lse_batch_stride < m.s_q * m.lse_token_stride) {
+    return "lse_batch_stride is below s_q * lse_token_stride";
+  }
+  if (m.indices_token_stride < m.topk) return "indices_token_stride is below topk";
+  if (m.indices_batch_stride < m.s_q * m.indices_token_stride) {
+    return "indices_batch_stride is below s_q * indices_token_stride";
+  }
+  if (m.has_extra && (m.extra_indices_token_stride < m.extra_topk ||
+                      m.extra_indices_batch_stride < m.s_q * m.extra_indices_token_stride)) {
+    return "the extra cache's index strides are below s_q * extra_topk";
+  }
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) < m.heads) {
     return "sink holds fewer than heads entries";
   }

@@ -19,6 +19,11 @@ MMA_BLOCK_H = (16, 32, 64)
 MAX_NOPE = 512
 MAX_ROPE = 64
 
+#: What both kernels accept, declared so that mlafuzz generates only such cases (README,
+#: "Envelopes"): supports() below checks the same limits; one query token, no extra cache.
+ENVELOPE = mlafuzz.Envelope(nope_dim=range(1, MAX_NOPE + 1), rope_dim=range(0, MAX_ROPE + 1),
+                            s_q=[1], refuses=["extra_cache", "extra_topk_length"])
+
 _JIT: Any = None
 _IMPORT_ERROR: Optional[str] = None
 # (kernel, constexpr values) of every launch configuration used in this process.

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Callable, Dict, Optional
 
 import mlafuzz
-from mla_triton import compilations, launch, supports as _supports, unavailable  # noqa: F401
+from mla_triton import ENVELOPE, compilations, launch, unavailable  # noqa: F401
+from mla_triton import supports as _supports
 
 #: The planted bugs of this kernel: name -> what is wrong (mutant names follow
 #: kernels/common/mutants.h where the class exists there).
@@ -51,19 +52,22 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     return _supports(call)
 
 
-@mlafuzz.kernel(name="triton-mma", precision="bf16_mma", device="cuda")
+@mlafuzz.kernel(name="triton-mma", precision="bf16_mma", device="cuda",
+                envelope=ENVELOPE)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel (tl.dot bf16, fp32 accumulation, BLOCK_H 32)."""
     launch(call, "mma_kernel", block_h=32)
 
 
-@mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda")
+@mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda",
+                envelope=ENVELOPE)
 def decode_h16(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 16."""
     launch(call, "mma_kernel", block_h=16)
 
 
-@mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda")
+@mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda",
+                envelope=ENVELOPE)
 def decode_h64(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 64."""
     launch(call, "mma_kernel", block_h=64)
@@ -77,7 +81,8 @@ def _make_mutant(name: str) -> Callable[[mlafuzz.DecodeCall], None]:
 
     run.__name__ = "mutant_" + name.replace("-", "_")
     return mlafuzz.kernel(name=f"triton-mma.{name}", precision="bf16_mma", device="cuda",
-                          description=f"planted bug '{name}' in triton-mma: {MUTANTS[name]}")(run)
+                          description=f"planted bug '{name}' in triton-mma: {MUTANTS[name]}",
+                          envelope=ENVELOPE)(run)
 
 
 # mutant_unmasked_pad_columns, mutant_wrong_scale_group, ...: python:triton_mma.py:mutant_<name>

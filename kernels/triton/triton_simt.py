@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 import mlafuzz
-from mla_triton import compilations, launch, supports as _supports, unavailable  # noqa: F401
+from mla_triton import ENVELOPE, compilations, launch, unavailable  # noqa: F401
+from mla_triton import supports as _supports
 
 
 def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
@@ -24,7 +25,8 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     return _supports(call)
 
 
-@mlafuzz.kernel(name="triton-simt", precision="fp32_simt", device="cuda")
+@mlafuzz.kernel(name="triton-simt", precision="fp32_simt", device="cuda",
+                envelope=ENVELOPE)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton SIMT per-head kernel (fp32; one program per row and head)."""
     launch(call, "simt_kernel")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -33,7 +33,9 @@ PROTOCOL_VERSION = 1
 __all__ = [
     "DecodeCall",
     "Dump",
+    "Envelope",
     "KernelInfo",
+    "Multiple",
     "PROTOCOL_VERSION",
     "Tolerance",
     "bf16_to_float32",
@@ -62,6 +64,159 @@ class Tolerance:
             )
 
 
+@dataclasses.dataclass(frozen=True)
+class Multiple:
+    """The integers that are multiples of ``of`` (and within ``[min, max]`` when given).
+
+    ``mlafuzz.Multiple(64)`` accepts 64, 128, 192, ...; ``mlafuzz.Multiple(16, max=64)`` accepts
+    16, 32, 48 and 64.
+    """
+
+    of: int
+    min: int = 0
+    max: int = 0
+
+
+#: What an integer field of an Envelope may be: one value, a list, a range or a Multiple.
+IntSpec = Union[int, Sequence[int], range, Multiple]
+
+_LAYOUTS = ("model1", "v32")
+_INVALID_RULES = ("minus_one_only", "any_negative")
+_EMPTY_LSES = ("+inf", "-inf")
+_FEATURES = (
+    "sink",
+    "infinite_sink",
+    "topk_length",
+    "extra_cache",
+    "extra_topk_length",
+    "q_head_pad",
+    "out_head_pad",
+    "row_pad",
+)
+_INVARIANTS = ("batch", "head", "deterministic", "page_placement", "query")
+_INT_FIELDS = (
+    "nope_dim",
+    "rope_dim",
+    "scale_tile",
+    "page_size",
+    "batch",
+    "heads",
+    "topk",
+    "s_q",
+    "extra_topk",
+    "extra_page_size",
+)
+
+
+def _int_set(field: str, v: IntSpec) -> Dict[str, Any]:
+    """An IntSpec -> the envelope JSON's integer set (docs/WORKER_PROTOCOL.md)."""
+    where = f"mlafuzz.Envelope({field}=...)"
+    if isinstance(v, bool):
+        raise TypeError(f"{where}: expected an int, a list, a range or mlafuzz.Multiple")
+    if isinstance(v, int):
+        v = [v]
+    if isinstance(v, Multiple):
+        if v.of < 1 or v.min < 0 or v.max < 0 or (v.max and v.min > v.max):
+            raise ValueError(f"{where}: {v!r} needs of >= 1 and 0 <= min <= max")
+        out: Dict[str, Any] = {"multiple_of": int(v.of)}
+        if v.min:
+            out["min"] = int(v.min)
+        if v.max:
+            out["max"] = int(v.max)
+        return out
+    if isinstance(v, range):
+        if len(v) == 0 or v.step < 1 or v.start < 0:
+            raise ValueError(f"{where}: {v!r} must be a non-empty ascending range of values >= 0")
+        if v.step == 1 or v.start % v.step == 0:
+            out = {"min": int(v.start), "max": int(v[-1])}
+            if v.step > 1:
+                out["multiple_of"] = int(v.step)
+            return out
+        v = list(v)
+    values = [int(x) for x in v]
+    if not values or any(x < 1 for x in values) or len(values) > 16:
+        raise ValueError(f"{where}: a list of 1 to 16 values >= 1, got {values!r}")
+    return {"values": values}
+
+
+def _names(field: str, given: Iterable[str], known: Sequence[str]) -> List[str]:
+    out = [str(x) for x in given]
+    for x in out:
+        if x not in known:
+            raise ValueError(
+                f"mlafuzz.Envelope({field}=...): unknown {x!r} (known: {', '.join(known)})"
+            )
+    if not out:
+        raise ValueError(f"mlafuzz.Envelope({field}=[]) allows nothing; leave it out for 'any'")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Envelope:
+    """What a kernel accepts; mlafuzz generates cases inside it (README, "Envelopes").
+
+    Every field left ``None`` accepts anything. Integer fields take an int, a list of ints, a
+    ``range`` or :class:`Multiple`; e.g. a FlashMLA-like kernel::
+
+        mlafuzz.Envelope(layouts=["model1"], nope_dim=[448], rope_dim=[64], heads=range(1, 65),
+                         topk=mlafuzz.Multiple(64), page_stride_multiple=16,
+                         invalid_index_rules=["minus_one_only"], empty_row_lses=["+inf"],
+                         sink_in_lse=[False])
+
+    ``refuses`` lists features the kernel cannot take: "sink", "infinite_sink", "topk_length",
+    "extra_cache", "extra_topk_length", "q_head_pad", "out_head_pad", "row_pad". A kernel's
+    ``supports()`` stays the final word.
+    """
+
+    layouts: Optional[Sequence[str]] = None
+    nope_dim: Optional[IntSpec] = None
+    rope_dim: Optional[IntSpec] = None
+    scale_tile: Optional[IntSpec] = None
+    page_size: Optional[IntSpec] = None
+    page_stride_multiple: Optional[int] = None
+    batch: Optional[IntSpec] = None
+    heads: Optional[IntSpec] = None
+    topk: Optional[IntSpec] = None
+    s_q: Optional[IntSpec] = None
+    extra_topk: Optional[IntSpec] = None
+    extra_page_size: Optional[IntSpec] = None
+    invalid_index_rules: Optional[Sequence[str]] = None
+    empty_row_lses: Optional[Sequence[str]] = None
+    sink_in_lse: Optional[Sequence[bool]] = None
+    refuses: Optional[Sequence[str]] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The envelope JSON (the format of ``mlafuzz fuzz --envelope``); validates the fields."""
+        j: Dict[str, Any] = {"format": "mlafuzz-envelope", "version": 1}
+        if self.layouts is not None:
+            j["layouts"] = _names("layouts", self.layouts, _LAYOUTS)
+        for f in _INT_FIELDS:
+            v = getattr(self, f)
+            if v is not None:
+                j[f] = _int_set(f, v)
+        if self.page_stride_multiple is not None:
+            m = self.page_stride_multiple
+            if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+                raise ValueError(f"mlafuzz.Envelope(page_stride_multiple={m!r}): an int >= 0")
+            j["page_stride_multiple"] = m
+        if self.invalid_index_rules is not None:
+            j["invalid_index_rules"] = _names(
+                "invalid_index_rules", self.invalid_index_rules, _INVALID_RULES
+            )
+        if self.empty_row_lses is not None:
+            j["empty_row_lses"] = _names("empty_row_lses", self.empty_row_lses, _EMPTY_LSES)
+        if self.sink_in_lse is not None:
+            vals = list(self.sink_in_lse)
+            if not vals or any(not isinstance(x, bool) for x in vals):
+                raise ValueError(
+                    f"mlafuzz.Envelope(sink_in_lse={self.sink_in_lse!r}): a list of booleans"
+                )
+            j["sink_in_lse"] = vals
+        if self.refuses is not None:
+            j["refuses"] = _names("refuses", self.refuses, _FEATURES)
+        return j
+
+
 _PRECISIONS = ("bf16_mma", "fp32_simt")
 _DEVICES = ("cpu", "cuda")
 
@@ -76,6 +231,8 @@ class KernelInfo:
     rel_tol: float
     device: str  # "cpu" or "cuda"
     description: str
+    envelope: Optional[Dict[str, Any]] = None  # Envelope.to_json(); None: accepts anything
+    inexact: tuple = ()  # invariants not promised bit for bit ("batch", "head", ...)
 
 
 def _valid_name(name: str) -> bool:
@@ -88,6 +245,8 @@ def kernel(
     precision: Union[str, Tolerance] = "fp32_simt",
     device: str = "cpu",
     description: Optional[str] = None,
+    envelope: Optional[Envelope] = None,
+    inexact: Sequence[str] = (),
 ) -> Callable[[Callable[["DecodeCall"], None]], Callable[["DecodeCall"], None]]:
     """Declares a function as an mlafuzz kernel; returns the function unchanged.
 
@@ -99,6 +258,10 @@ def kernel(
         device: ``"cpu"`` (the call's arrays are numpy arrays) or ``"cuda"`` (torch tensors on
             the current device; torch is imported only then).
         description: one line for list-backends (default: the docstring's first line).
+        envelope: what the kernel accepts (:class:`Envelope`); cases are generated inside it.
+        inexact: the invariants the kernel does NOT promise bit for bit: "batch" (a row alone
+            gives the same bits), "head", "deterministic", "page_placement", "query". Those are
+            checked within the tolerance bound instead (reported as bounded), never skipped.
     """
     if not _valid_name(name):
         raise ValueError(
@@ -115,6 +278,17 @@ def kernel(
         )
     if device not in _DEVICES:
         raise ValueError(f"mlafuzz.kernel(device={device!r}): use 'cpu' or 'cuda'")
+    if envelope is not None and not isinstance(envelope, Envelope):
+        raise TypeError("mlafuzz.kernel(envelope=...): use mlafuzz.Envelope(...)")
+    env_json = envelope.to_json() if envelope is not None else None
+    if isinstance(inexact, str):
+        inexact = [inexact]
+    for inv in inexact:
+        if inv not in _INVARIANTS:
+            raise ValueError(
+                f"mlafuzz.kernel(inexact=[{inv!r}]): unknown invariant (known: "
+                f"{', '.join(_INVARIANTS)})"
+            )
 
     def wrap(func: Callable[["DecodeCall"], None]) -> Callable[["DecodeCall"], None]:
         if not callable(func):
@@ -124,7 +298,7 @@ def kernel(
             lines = (func.__doc__ or "").strip().splitlines()
             doc = lines[0].strip() if lines else ""
         func.__mlafuzz_kernel__ = KernelInfo(  # type: ignore[attr-defined]
-            name, prec, abs_tol, rel_tol, device, doc
+            name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact)
         )
         return func
 

@@ -257,6 +257,10 @@ class Server:
             "python": sys.executable,
             "python_version": sys.version.split()[0],
             "numpy": np.__version__,
+            # Protocol 1 additions (readers ignore unknown fields): what the kernel accepts and
+            # the invariants it does not promise bit for bit.
+            "envelope": i.envelope,
+            "inexact": list(i.inexact),
         }
 
     def supports_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:
@@ -329,7 +333,10 @@ class Server:
             )
             call.lse = lse_raw.as_strided(lead + (h,), l_st + (1,), int(req["lse_guard"]))
             call.kv_cache = upload(a["kv_cache"])
-            call.indices = upload(a["indices"])
+            # The index rows keep their gaps on the device too (indices_batch_stride).
+            call.indices = upload(a["indices_raw"]).as_strided(
+                (b, call.topk), (call.indices_batch_stride, 1)
+            )
             call.topk_length = upload(a.get("topk_length"))
             call.extra_kv_cache = upload(a.get("extra_kv_cache"))
             call.extra_indices = upload(a.get("extra_indices"))

@@ -37,12 +37,66 @@ TEST(LogHistogram, BinsAndQuantiles) {
   for (int i = 0; i < 10; ++i) h.add(0.5);
   EXPECT_EQ(h.total(), 100);
   EXPECT_NEAR(h.quantile(0.5), 0.01, 0.01 * 0.26);  // upper edge of the bin (10 per decade)
-  EXPECT_GE(h.quantile(0.99), 0.5);
+  // Interpolated inside the bin of 0.5; never above the maximum when it is given.
+  EXPECT_GE(h.quantile(0.99), LogHistogram::lower_edge(LogHistogram::bin_of(0.5)));
   EXPECT_LE(h.quantile(0.99), 0.5 * 1.26);
+  EXPECT_LE(h.quantile(0.99, 0.5), 0.5);
   LogHistogram g;
   g.add(0.5);
   h.merge(g);
   EXPECT_EQ(h.total(), 101);
+}
+
+// A percentile is never above the maximum: the bin of 0.721 reaches 0.794, and the p99 used to
+// print that edge beside "max 0.721". Inside a bin the rank is interpolated on the log scale.
+TEST(LogHistogram, PercentilesNeverExceedTheMaximumAndInterpolate) {
+  LogHistogram h;
+  for (int i = 0; i < 100; ++i) h.add(0.7 + 0.021 * i / 99.0);  // 0.700 .. 0.721, one bin
+  const int b = LogHistogram::bin_of(0.721);
+  ASSERT_EQ(LogHistogram::bin_of(0.7), b);
+  EXPECT_GT(LogHistogram::upper_edge(b), 0.79);
+  EXPECT_LE(h.quantile(0.99, 0.721), 0.721);
+  EXPECT_EQ(h.quantile(1.0, 0.721), 0.721);
+  // Without the max: interpolated inside the bin, ordered, between the bin's edges.
+  const double p50 = h.quantile(0.5), p90 = h.quantile(0.9), p99 = h.quantile(0.99);
+  EXPECT_GT(p50, LogHistogram::lower_edge(b));
+  EXPECT_LT(p50, p90);
+  EXPECT_LT(p90, p99);
+  EXPECT_LT(p99, LogHistogram::upper_edge(b));
+  EXPECT_NEAR(p50, std::sqrt(LogHistogram::lower_edge(b) * LogHistogram::upper_edge(b)),
+              1e-12);  // the middle rank sits at the bin's geometric middle
+  LogHistogram big;
+  big.add(INFINITY);
+  EXPECT_EQ(big.quantile(0.5), LogHistogram::kHi);
+}
+
+// The summary's tag list is grouped: one line per family with its top values, not a hundred
+// `page_size=N` lines.
+TEST(ReportRender, TagsGroupedByFamilyWithTopValues) {
+  std::map<std::string, int64_t> tags{
+      {"layout=model1", 60}, {"layout=v32", 40}, {"has_invalid", 7}};
+  for (int p = 1; p <= 100; ++p) tags["page_size=" + std::to_string(p)] = p;
+  const std::vector<TagFamily> g = group_tags(tags, 8);
+  ASSERT_EQ(g.size(), 3u);
+  EXPECT_EQ(g[0].family, "flags");
+  EXPECT_EQ(g[1].family, "layout");
+  ASSERT_EQ(g[1].values.size(), 2u);
+  EXPECT_EQ(g[1].values[0], (std::pair<std::string, int64_t>{"model1", 60}));
+  EXPECT_EQ(g[2].family, "page_size");
+  ASSERT_EQ(g[2].values.size(), 8u);
+  EXPECT_EQ(g[2].values[0].first, "100");  // most frequent first
+  EXPECT_EQ(g[2].others, 92);
+  EXPECT_EQ(g[2].other_count, 92 * 93 / 2);
+  Report r;
+  r.cases = 100;
+  r.tags = tags;
+  const std::string text = render_summary(r);
+  EXPECT_NE(text.find("    page_size: 100 100, 99 99, 98 98, 97 97, 96 96, 95 95, 94 94, 93 93, "
+                      "+92 more (4278)\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("    layout: model1 60, v32 40\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("page_size=5"), std::string::npos) << text;
 }
 
 PropertyStats some_stats(const std::string& backend, const std::string& property, double t) {
@@ -357,10 +411,12 @@ TEST(ReportRender, HtmlIsSelfContainedAndWellFormed) {
   EXPECT_GE(std::count(h.begin(), h.end(), '\n'), 10);
   size_t svgs = 0;
   for (size_t p = h.find("<svg"); p != std::string::npos; p = h.find("<svg", p + 1)) ++svgs;
-  EXPECT_GE(svgs, 6u);  // histograms, three scatter plots, tag distribution
+  EXPECT_GE(svgs, 5u);  // histograms, three scatter plots (the tags are a table)
   EXPECT_NE(h.find("<circle"), std::string::npos);  // sampled points plotted
   EXPECT_NE(h.find("tolerance|cpu-mma|model1 B1 H1 T1-2"), std::string::npos);  // findings
-  EXPECT_NE(h.find("layout=v32"), std::string::npos);                           // distribution
+  // The distribution: one row per tag family with its values.
+  EXPECT_NE(h.find("<td class=\"l\">layout</td><td class=\"l\">"), std::string::npos);
+  EXPECT_EQ(h.find("layout=v32"), std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "harness/core/backend.h"
 #include "harness/core/materialize.h"
 #include "properties/evaluate.h"
+#include "properties/properties.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -51,7 +52,7 @@ TEST(WorkerProtocol, LargeVectorsTravelThroughTheBulkArea) {
   EXPECT_THROW(decode_case(frame), ProtocolError);
   RunResult r;
   r.out.assign(static_cast<size_t>(m.batch) * m.heads * m.d_v(), 0.25);  // out of line
-  r.lse = {};                                                             // empty, inline
+  r.lse = {};                                                            // empty, inline
   BulkArea reply{area.data(), area.size(), 0};
   const RunResult rb = decode_result(encode_result(r, &reply), &reply);
   EXPECT_EQ(rb.out, r.out);
@@ -126,6 +127,58 @@ TEST(WorkerProtocol, EmptyVectorsRoundTrip) {
   EXPECT_TRUE(rb.lse_raw.empty());
 }
 
+// A batch: vectors equal to the first case's travel as references (their bytes once per
+// batch), different ones in full; decoding and lending the first case's vectors gives every
+// case back.
+TEST(WorkerProtocol, BatchSendsSharedVectorsOnce) {
+  const MaterializedCase m = small_case(3);
+  ASSERT_GE(m.cache.size(), 4096u);
+  const MaterializedCase poisoned = poison_case(m, 0);  // q padding and cache bytes differ
+  const MaterializedCase permuted = permute_indices(m, 7);
+  ASSERT_NE(poisoned.cache, m.cache);
+  const std::vector<const MaterializedCase*> cases{&m, &m, &poisoned, &permuted};
+  size_t need = 0;
+  for (const auto* c : cases) need += bulk_bytes_needed(*c);
+  std::vector<uint8_t> area(need);
+  BulkArea bulk{area.data(), area.size(), 0};
+  const std::string frame = encode_batch(cases, &bulk);
+  // The cache crossed twice (m's and the poisoned one), not four times.
+  EXPECT_LT(bulk.used, 3 * m.cache.size());
+  EXPECT_GE(bulk.used, 2 * m.cache.size());
+  DecodedBatch back = decode_batch(frame, &bulk);
+  ASSERT_EQ(back.cases.size(), 4u);
+  EXPECT_EQ(back.same_as_first[0], 0u);
+  EXPECT_NE(back.same_as_first[1] & 2u, 0u);  // the cache of the repeated case: a reference
+  EXPECT_EQ(back.same_as_first[2] & 2u, 0u);  // the poisoned cache: in full
+  EXPECT_NE(back.same_as_first[3] & 2u, 0u);  // permuted indices, the same cache
+  EXPECT_TRUE(back.cases[1].cache.empty());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    swap_vectors(back.cases[0], back.cases[k], back.same_as_first[k]);
+    EXPECT_EQ(back.cases[k].q, cases[k]->q) << k;
+    EXPECT_EQ(back.cases[k].cache, cases[k]->cache) << k;
+    EXPECT_EQ(back.cases[k].indices, cases[k]->indices) << k;
+    EXPECT_EQ(back.cases[k].topk_length, cases[k]->topk_length) << k;
+    EXPECT_EQ(back.cases[k].sink, cases[k]->sink) << k;
+    swap_vectors(back.cases[0], back.cases[k], back.same_as_first[k]);
+  }
+  EXPECT_EQ(back.cases[0].cache, m.cache);  // lent and given back
+  // A reference outside a batch is refused, and so is a truncated batch.
+  const std::string single = encode_batch({&m, &m}, nullptr);
+  EXPECT_THROW(decode_case(std::string_view(single).substr(4)), ProtocolError);
+  EXPECT_THROW(decode_batch(std::string_view(frame).substr(0, frame.size() - 1), &bulk),
+               ProtocolError);
+  // The per-case reply: an unsupported verdict, or a result.
+  const CheckedRun u =
+      decode_checked(encode_checked(std::string("too wide"), {}, nullptr), nullptr);
+  ASSERT_TRUE(u.unsupported.has_value());
+  EXPECT_EQ(*u.unsupported, "too wide");
+  RunResult r;
+  r.out = {0.5, 1.5};
+  const CheckedRun ok = decode_checked(encode_checked(std::nullopt, r, nullptr), nullptr);
+  EXPECT_FALSE(ok.unsupported.has_value());
+  EXPECT_EQ(ok.result.out, r.out);
+}
+
 WorkerSpec spec(const std::string& backend) {
   WorkerSpec s;
   s.exe = MLAFUZZ_BINARY;
@@ -186,6 +239,95 @@ TEST(Worker, AbortBecomesFault) { expect_fault_then_recovery("abort:2", "signal 
 TEST(Worker, HangBecomesFault) { expect_fault_then_recovery("hang:2", "hang", 1.0); }
 TEST(Worker, StickyDeviceErrorBecomesFault) {
   expect_fault_then_recovery("sticky:2", "illegal memory access", 60);
+}
+
+// The property variants of a case in one request: the same bits as the in-process backend run
+// case by case, one round trip for all of them.
+TEST(Worker, BatchGivesTheCallsOneByOne) {
+  const MaterializedCase m = small_case(3);
+  const MaterializedCase poisoned = poison_case(m, 1), alone = head_alone(m, 2),
+                         relocated = relocate_pages(m, 3), permuted = permute_indices(m, 4);
+  const std::vector<const MaterializedCase*> cases{&m,         &m,     &poisoned,
+                                                   &relocated, &alone, &permuted};
+  auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma"));
+  ProxyBackend proxy(slot, 60);
+  const std::vector<CheckedRun> got = proxy.check_and_run(cases);
+  ASSERT_EQ(got.size(), cases.size());
+  const auto local = make_backend("cpu-mma");
+  for (size_t k = 0; k < cases.size(); ++k) {
+    ASSERT_FALSE(got[k].unsupported.has_value()) << k;
+    const RunResult want = local->run(*cases[k]);
+    ASSERT_EQ(got[k].result.status, RunStatus::kOk) << k << ": " << got[k].result.message;
+    EXPECT_EQ(got[k].result.out_raw, want.out_raw) << k;
+    ASSERT_EQ(got[k].result.lse_raw.size(), want.lse_raw.size()) << k;
+    EXPECT_EQ(
+        0, std::memcmp(got[k].result.lse_raw.data(), want.lse_raw.data(), want.lse_raw.size() * 4))
+        << k;
+    EXPECT_EQ(got[k].result.out, want.out) << k;
+    EXPECT_EQ(got[k].result.guard_violations, want.guard_violations) << k;
+  }
+  EXPECT_EQ(proxy.totals()->get().first, static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(proxy.totals()->requests(), 1);
+  EXPECT_EQ(slot->proc.starts(), 1);
+}
+
+// A fault inside a batch costs that case only: the cases before it keep their results, the
+// cases after it run on a fresh worker.
+void expect_batch_fault_isolated(const char* hook, const std::string& needle, double timeout) {
+  const MaterializedCase big = small_case(4), small = small_case(1);
+  std::shared_ptr<WorkerSlot> slot;
+  {
+    FaultEnv env(hook);  // this worker faults on cases with >= 2 heads; fresh ones do not
+    slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+    slot->proc.info();
+  }
+  ProxyBackend proxy(slot, timeout);
+  const std::vector<CheckedRun> got = proxy.check_and_run({&small, &big, &big, &small});
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[0].result.status, RunStatus::kOk) << got[0].result.message;
+  EXPECT_EQ(got[1].result.status, RunStatus::kFault);
+  EXPECT_NE(got[1].result.message.find(needle), std::string::npos) << got[1].result.message;
+  EXPECT_EQ(got[2].result.status, RunStatus::kOk) << got[2].result.message;
+  EXPECT_EQ(got[3].result.status, RunStatus::kOk) << got[3].result.message;
+  const auto want = make_backend("cpu-simt")->run(big);
+  EXPECT_EQ(got[2].result.out_raw, want.out_raw);
+  const auto faults = proxy.take_faults();
+  ASSERT_EQ(faults.size(), 1u);
+  EXPECT_EQ(slot->proc.starts(), 2);
+  EXPECT_EQ(slot->faults, 1);
+}
+
+TEST(Worker, CrashInABatchCostsOneCase) { expect_batch_fault_isolated("crash:2", "signal 11", 60); }
+TEST(Worker, HangInABatchCostsOneCase) { expect_batch_fault_isolated("hang:2", "hang", 1.0); }
+TEST(Worker, StickyErrorInABatchCostsOneCase) {
+  expect_batch_fault_isolated("sticky:2", "illegal memory access", 60);
+}
+
+// evaluate_case through a worker (every property's variants batched) judges as in-process.
+TEST(Worker, EvaluationThroughABatchingWorkerMatchesInProcess) {
+  auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma"));
+  ProxyBackend proxy(slot, 60);
+  const auto local = make_backend("cpu-mma");
+  GenConfig cfg;
+  int compared = 0;
+  for (uint64_t i = 0; compared < 6 && i < 40; ++i) {
+    const Case c = generate_case(13, i, cfg, nullptr);
+    if (c.batch * c.heads * c.topk > 8192) continue;
+    const CaseEvaluation a = evaluate_case(c, {&proxy}, {});
+    const CaseEvaluation b = evaluate_case(c, {local.get()}, {});
+    ASSERT_EQ(a.outcomes.size(), b.outcomes.size()) << "case " << i;
+    for (size_t k = 0; k < a.outcomes.size(); ++k) {
+      EXPECT_EQ(a.outcomes[k].property, b.outcomes[k].property) << "case " << i;
+      EXPECT_EQ(a.outcomes[k].applicable, b.outcomes[k].applicable) << "case " << i;
+      EXPECT_EQ(a.outcomes[k].passed, b.outcomes[k].passed) << "case " << i;
+      EXPECT_EQ(a.outcomes[k].detail, b.outcomes[k].detail) << "case " << i;
+      EXPECT_EQ(a.outcomes[k].tightness, b.outcomes[k].tightness) << "case " << i;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 6);
+  // The clean run and the variants: two requests per case.
+  EXPECT_EQ(proxy.totals()->requests(), 2 * compared);
 }
 
 TEST(Worker, UnknownBackendIsAClearError) {

@@ -24,7 +24,7 @@ void write_all(const MaterializedCase& m, OutputBuffers& b) {
         b.out_begin()[bb * b.out_batch_stride + h * b.out_head_stride + d] =
             mla::float_to_bf16(static_cast<float>(d) * 0.5f + static_cast<float>(h));
       }
-      b.lse_begin()[bb * m.heads + h] = static_cast<float>(bb * 10 + h);
+      b.lse_begin()[bb * b.lse_batch_stride + h] = static_cast<float>(bb * 10 + h);
     }
   }
 }
@@ -67,6 +67,31 @@ TEST(OutputBuffers, CollectOutputsWidensTheLogicalRegion) {
   EXPECT_EQ(r.out_raw, b.out);
   EXPECT_EQ(r.guard_violations, 0);
   EXPECT_STREQ(precision_name(Precision::kMmaBf16), "mma-bf16");
+}
+
+// Batch-row gaps of out and lse are canaries like the guard bands: a kernel that writes row b at
+// b * H * out_head_stride (or lse at b * H) instead of the strides it was given is caught.
+TEST(OutputBuffers, RowGapsOfOutAndLseAreCanaries) {
+  Case c = testing::small_case();
+  c.out_head_pad = 4;
+  c.out_batch_pad = 9;
+  c.lse_row_pad = 2;
+  const MaterializedCase m = materialize(c);
+  OutputBuffers b(m);
+  EXPECT_EQ(b.out_batch_stride, 3 * 516 + 9);
+  EXPECT_EQ(b.lse_batch_stride, 3 + 2);
+  EXPECT_EQ(b.out.size(), size_t(2 * OutputBuffers::kGuard + 2 * (3 * 516 + 9)));
+  EXPECT_EQ(b.lse.size(), size_t(2 * OutputBuffers::kGuard + 2 * 5));
+  write_all(m, b);
+  EXPECT_EQ(b.guard_violations(m), 0);
+  const RunResult r = collect_outputs(m, b);
+  EXPECT_EQ(r.lse[1 * 3 + 2], 12.0);  // read at b * lse_batch_stride + h
+  EXPECT_EQ(r.out[(1 * 3 + 2) * 512 + 7], 3.5 + 2);
+  b.out_begin()[3 * 516] = 0;                 // the gap after row 0's last head
+  b.out_begin()[b.out_batch_stride - 1] = 0;  // its last element
+  b.lse_begin()[3] = 0;                       // lse gap of row 0
+  b.lse_begin()[b.lse_batch_stride + 4] = 0;  // lse gap of row 1
+  EXPECT_EQ(b.guard_violations(m), 4);
 }
 
 }  // namespace

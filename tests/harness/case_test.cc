@@ -333,5 +333,40 @@ TEST(CaseFiles, ErrorsNameTheFile) {
   }
 }
 
+// Version 2: the batch-row pads round-trip, are omitted when 0, and are validated by name; a
+// version-1 file loads and means the same (no pads), and cannot carry version-2 fields.
+TEST(CaseJson, RowPadsRoundTripAndVersionOneStillLoads) {
+  Case c = testing::small_case();
+  c.q_batch_pad = 5;
+  c.out_batch_pad = 6;
+  c.indices_row_pad = 7;
+  c.lse_row_pad = 8;
+  const std::string text = to_json(c);
+  EXPECT_NE(text.find("\"version\": 2"), std::string::npos);
+  EXPECT_NE(text.find("\"indices_row_pad\": 7"), std::string::npos);
+  expect_same(case_from_json(text), c);
+  EXPECT_EQ(to_json(testing::small_case()).find("row_pad"), std::string::npos);
+  EXPECT_EQ(to_json(testing::small_case()).find("batch_pad"), std::string::npos);
+
+  const Case v1 = case_from_json(R"({"version": 1, "batch": 2, "heads": 3, "topk": 7})");
+  EXPECT_EQ(v1.version, kCaseFormatVersion);
+  EXPECT_EQ(v1.q_batch_pad + v1.out_batch_pad + v1.indices_row_pad + v1.lse_row_pad, 0);
+  try {
+    case_from_json(R"({"version": 1, "lse_row_pad": 2})");
+    ADD_FAILURE() << "a version-1 file with a version-2 field must not load";
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.field(), "lse_row_pad");
+    EXPECT_NE(e.reason().find("version 2"), std::string::npos) << e.what();
+  }
+  for (const char* field : {"q_batch_pad", "out_batch_pad", "indices_row_pad", "lse_row_pad"}) {
+    try {
+      case_from_json(std::string(R"({"version": 2, ")") + field + R"(": -1})");
+      ADD_FAILURE() << field << " -1 accepted";
+    } catch (const CaseError& e) {
+      EXPECT_EQ(e.field(), field);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mlafuzz

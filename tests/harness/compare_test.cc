@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "harness/core/value_format.h"
+
 namespace mlafuzz {
 namespace {
 
@@ -94,6 +96,28 @@ TEST(Compare, FlashMlaTolerances) {
   EXPECT_EQ(kFlashMlaOutTol.cos_tol, 5e-6);
   EXPECT_EQ(kFlashMlaLseTol.abs_tol, 1e-6);
   EXPECT_EQ(kFlashMlaLseTol.rel_tol, 8.01 / 65536);
+}
+
+// Failure details print every digit: fp32 with %.9g and its bits, bf16 with its bits, and the
+// distance in ulps (two LSEs one bit apart no longer both read "8.66268").
+TEST(ValueFormat, FullPrecisionBitsAndUlps) {
+  const float a = 8.66268063f;
+  const float b = std::nextafter(a, 100.0f);
+  EXPECT_NE(format_value(a, ValueFormat::kFp32), format_value(b, ValueFormat::kFp32));
+  EXPECT_EQ(format_value(a, ValueFormat::kFp32), "8.66268063 (fp32 0x410a9a57)");
+  EXPECT_EQ(format_value(b, ValueFormat::kFp32), "8.66268158 (fp32 0x410a9a58)");
+  EXPECT_EQ(ulp_distance_fp32(mla::float_to_bits(a), mla::float_to_bits(b)), 1);
+  EXPECT_EQ(format_bf16_bits(0x3fc0), "1.5 (bf16 0x3fc0)");
+  EXPECT_EQ(ulp_distance_bf16(0x3f80, 0x3f81), 1);
+  EXPECT_EQ(ulp_distance_bf16(0x0000, 0x8000), 1);   // +0 and -0 are neighbours
+  EXPECT_EQ(ulp_distance_bf16(0x0001, 0x8001), 3);   // across zero
+  EXPECT_EQ(ulp_distance_bf16(0x7fc0, 0x3f80), -1);  // NaN
+  EXPECT_EQ(format_value(0.1, ValueFormat::kFp64), "0.10000000000000001 (fp64)");
+  EXPECT_EQ(ulp_of(1.0, ValueFormat::kBf16), 0x1p-7);
+  EXPECT_EQ(ulp_of(1.0, ValueFormat::kFp32), 0x1p-23);
+  EXPECT_EQ(ulp_of(0x1p-140, ValueFormat::kFp32), 0x1p-149);  // subnormal spacing
+  EXPECT_EQ(ulps_text(1.0078125, 1.0, ValueFormat::kBf16), "1 ulp (bf16)");
+  EXPECT_EQ(ulps_text(1.0, 1.0 + 0x1p-9, ValueFormat::kBf16), "0.25 ulp (bf16)");
 }
 
 }  // namespace

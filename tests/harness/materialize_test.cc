@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "tests/harness/test_util.h"
@@ -377,6 +378,66 @@ TEST(PadFill, Model1NarrowNopeLeavesMoreUnusedScaleBytes) {
   c.geom.nope_dim = 128;  // 2 scales in an 8-byte scale row: 6 unused bytes per token
   c.geom.page_size = 61;
   expect_fill_lands_only_on_padding(c);
+}
+
+// Every batch stride is real: the rows sit at b * stride, and the gaps hold the pad fill
+// (index gaps: slot 0, a slot out of every cache, random slots in range).
+TEST(Materialize, BatchRowGapsAreStridedAndFilled) {
+  Case c = testing::small_case();
+  c.q_head_pad = 2;
+  c.q_batch_pad = 5;
+  c.out_batch_pad = 4;
+  c.indices_row_pad = 3;
+  c.lse_row_pad = 1;
+  Case plain = c;
+  plain.q_batch_pad = plain.out_batch_pad = plain.indices_row_pad = plain.lse_row_pad = 0;
+  const MaterializedCase p = materialize(plain);
+  for (Fill f : {Fill::kZero, Fill::kNaN, Fill::kGarbage}) {
+    c.pad_fill = plain.pad_fill = f;
+    const MaterializedCase m = materialize(c), q = materialize(plain);
+    ASSERT_EQ(m.q_batch_stride, 3 * (m.d_qk() + 2) + 5);
+    ASSERT_EQ(m.indices_batch_stride, 7 + 3);
+    ASSERT_EQ(m.out_batch_stride, 3 * m.d_v() + 4);
+    ASSERT_EQ(m.lse_batch_stride, 3 + 1);
+    ASSERT_EQ(m.q.size(), size_t(2 * m.q_batch_stride));
+    ASSERT_EQ(m.indices.size(), size_t(2 * 10));
+    const mla::DecodeParams hp = m.host_params();
+    EXPECT_EQ(hp.indices_batch_stride, 10);
+    EXPECT_EQ(hp.lse_batch_stride, 4);
+    EXPECT_EQ(hp.q_batch_stride, m.q_batch_stride);
+    EXPECT_EQ(hp.out_batch_stride, m.out_batch_stride);
+    for (int b = 0; b < 2; ++b) {
+      for (int k = 0; k < 7; ++k) EXPECT_EQ(m.index_at(b, 0, k), q.index_at(b, 0, k));
+      for (int h = 0; h < 3; ++h) {
+        for (int d = 0; d < m.d_qk(); ++d) ASSERT_EQ(m.q_row(b, 0, h)[d], q.q_row(b, 0, h)[d]);
+      }
+      for (int64_t i = 3 * m.q_head_stride; i < m.q_batch_stride; ++i) {
+        const uint16_t v = m.q[static_cast<size_t>(b * m.q_batch_stride + i)];
+        if (f == Fill::kZero) {
+          EXPECT_EQ(v, 0);
+        }
+        if (f == Fill::kNaN) {
+          EXPECT_EQ(v, 0x7fc0);
+        }
+      }
+      for (int k = 7; k < 10; ++k) {
+        const int32_t v = m.index_at(b, 0, k);
+        if (f == Fill::kZero) {
+          EXPECT_EQ(v, 0);
+        }
+        if (f == Fill::kNaN) {
+          EXPECT_EQ(v, std::numeric_limits<int32_t>::max());
+        }
+        if (f == Fill::kGarbage) {
+          EXPECT_TRUE(v >= 0 && v < mla::num_slots(m.geom)) << v;
+        }
+      }
+    }
+    // The pads change the hash; a case without them hashes as it always did (golden hashes).
+    EXPECT_NE(content_hash(m), content_hash(q));
+  }
+  EXPECT_EQ(p.q_batch_stride, 3 * p.q_head_stride);
+  EXPECT_EQ(p.indices_batch_stride, p.topk);
 }
 
 }  // namespace

@@ -103,12 +103,11 @@ inline Case random_recipe(CounterRng& rng) {
 // The sub-case made of batch rows [b0, b0 + nb) (same cache, sinks and conventions).
 inline MaterializedCase slice_batch(const MaterializedCase& m, int32_t b0, int32_t nb) {
   MaterializedCase s = m;
-  const int64_t q_row = m.q_head_stride * m.heads;
+  const int64_t q_row = m.q_batch_stride, i_row = m.indices_batch_stride;
   s.batch = nb;
   s.recipe.batch = nb;
   s.q.assign(m.q.begin() + b0 * q_row, m.q.begin() + (b0 + nb) * q_row);
-  s.indices.assign(m.indices.begin() + int64_t{b0} * m.topk,
-                   m.indices.begin() + int64_t{b0 + nb} * m.topk);
+  s.indices.assign(m.indices.begin() + b0 * i_row, m.indices.begin() + (b0 + nb) * i_row);
   if (!m.topk_length.empty()) {
     s.topk_length.assign(m.topk_length.begin() + b0, m.topk_length.begin() + b0 + nb);
   }
@@ -120,10 +119,17 @@ inline MaterializedCase slice_heads(const MaterializedCase& m, int32_t h0, int32
   MaterializedCase s = m;
   s.heads = nh;
   s.recipe.heads = nh;
+  // The row gaps keep their size; each batch stride loses the heads left out.
+  const int64_t q_gap = m.q_batch_stride - int64_t{m.heads} * m.q_head_stride;
+  s.q_batch_stride = int64_t{nh} * m.q_head_stride + q_gap;
+  s.out_batch_stride = m.out_batch_stride - int64_t{m.heads - nh} * m.out_head_stride;
+  s.lse_batch_stride = m.lse_batch_stride - (m.heads - nh);
   s.q.clear();
   for (int32_t b = 0; b < m.batch; ++b) {
-    const auto first = m.q.begin() + (int64_t{b} * m.heads + h0) * m.q_head_stride;
+    const auto row = m.q.begin() + b * m.q_batch_stride;
+    const auto first = row + h0 * m.q_head_stride;
     s.q.insert(s.q.end(), first, first + int64_t{nh} * m.q_head_stride);
+    s.q.insert(s.q.end(), row + m.heads * m.q_head_stride, row + m.q_batch_stride);
   }
   if (!m.sink.empty()) s.sink.assign(m.sink.begin() + h0, m.sink.begin() + h0 + nh);
   s.set_contiguous_strides();
@@ -133,12 +139,13 @@ inline MaterializedCase slice_heads(const MaterializedCase& m, int32_t h0, int32
 // Output bits of head h in batch row b ([d_v] elements) and its lse bits.
 inline std::vector<uint16_t> head_out_bits(const MaterializedCase& m, const RunResult& r, int32_t b,
                                            int32_t h) {
-  const int64_t at = OutputBuffers::kGuard + (int64_t{b} * m.heads + h) * m.out_head_stride;
+  const int64_t at = OutputBuffers::kGuard + b * m.out_batch_stride + h * m.out_head_stride;
   return {r.out_raw.begin() + at, r.out_raw.begin() + at + m.d_v()};
 }
 inline uint32_t head_lse_bits(const MaterializedCase& m, const RunResult& r, int32_t b, int32_t h) {
   uint32_t u;
-  std::memcpy(&u, &r.lse_raw[static_cast<size_t>(OutputBuffers::kGuard + b * m.heads + h)], 4);
+  std::memcpy(
+      &u, &r.lse_raw[static_cast<size_t>(OutputBuffers::kGuard + b * m.lse_batch_stride + h)], 4);
   return u;
 }
 
@@ -155,13 +162,15 @@ inline void poison_unread(MaterializedCase& m, int poison, uint64_t seed) {
   const int32_t tiles = mla::num_scale_tiles(g);
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t len = m.topk_length.empty() ? -1 : m.topk_length[static_cast<size_t>(b)];
-    for (int32_t k = 0; k < m.topk; ++k) {
-      const int32_t idx = m.indices[static_cast<size_t>(b) * m.topk + k];
-      if (!mla::index_valid(idx, k, len, m.conv)) continue;
-      const mla::TokenAddress a = mla::token_address(g, idx);
-      mark(a.nope, g.nope_dim);
-      mark(a.rope, 2 * int64_t{g.rope_dim});
-      mark(a.scale, g.layout == mla::Layout::kModel1 ? tiles : 4 * tiles);
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      for (int32_t k = 0; k < m.topk; ++k) {
+        const int32_t idx = m.index_at(b, s, k);
+        if (!mla::index_valid(idx, k, len, m.conv)) continue;
+        const mla::TokenAddress a = mla::token_address(g, idx);
+        mark(a.nope, g.nope_dim);
+        mark(a.rope, 2 * int64_t{g.rope_dim});
+        mark(a.scale, g.layout == mla::Layout::kModel1 ? tiles : 4 * tiles);
+      }
     }
   }
   CounterRng rng(seed, Stream::kPoison);
@@ -169,18 +178,26 @@ inline void poison_unread(MaterializedCase& m, int poison, uint64_t seed) {
     if (!read[i]) m.cache[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
   }
   for (size_t i = 0; i < m.q.size(); ++i) {
-    if (static_cast<int64_t>(i) % m.q_head_stride >= m.d_qk()) m.q[i] = 0x7fc1;
+    const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
+    const int64_t in_token = in_row % m.q_token_stride;
+    if (in_row >= m.s_q * m.q_token_stride || in_token >= m.heads * m.q_head_stride ||
+        in_token % m.q_head_stride >= m.d_qk()) {
+      m.q[i] = 0x7fc1;
+    }
   }
   const int64_t slots = mla::num_slots(g);
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t len = m.topk_length.empty() ? -1 : m.topk_length[static_cast<size_t>(b)];
-    for (int32_t k = 0; k < m.topk; ++k) {
-      int32_t& idx = m.indices[static_cast<size_t>(b) * m.topk + k];
-      if (mla::index_valid(idx, k, len, m.conv)) continue;
-      if (len >= 0 && k >= len && idx >= 0) {
-        idx = static_cast<int32_t>(rng.uniform_int(0, slots - 1));
-      } else if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) {
-        idx = -static_cast<int32_t>(rng.uniform_int(1, 1 << 30));
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      for (int32_t k = 0; k < m.topk; ++k) {
+        int32_t& idx = m.indices[static_cast<size_t>(b * m.indices_batch_stride +
+                                                     s * m.indices_token_stride + k)];
+        if (mla::index_valid(idx, k, len, m.conv)) continue;
+        if (len >= 0 && k >= len && idx >= 0) {
+          idx = static_cast<int32_t>(rng.uniform_int(0, slots - 1));
+        } else if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) {
+          idx = -static_cast<int32_t>(rng.uniform_int(1, 1 << 30));
+        }
       }
     }
   }

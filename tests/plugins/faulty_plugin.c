@@ -1,20 +1,21 @@
 /* Deliberately broken plugins for the plugin tests: one source, one shared library per fault,
  * selected by FAULT (see tests/plugins/CMakeLists.txt). Each shows one way a user's plugin can
  * go wrong; mlafuzz must report it clearly and carry on.
- *   FAULT_ABI_V2        mlafuzz_plugin_abi_version() returns 2
+ *   FAULT_ABI_V3        mlafuzz_plugin_abi_version() returns 3 (newer than mlafuzz)
  *   FAULT_MISSING_RUN   mlafuzz_plugin_run is not exported
  *   FAULT_BAD_TOLERANCE custom precision with both tolerances 0
  *   FAULT_RUN_ERROR     run returns 7 with a message
  *   FAULT_UNSUPPORTED   supports() refuses topk > 4
  *   FAULT_ZEROS         runs, but writes zeros (a wrong kernel: properties must fail)
  *   FAULT_CRASH         run dereferences a null pointer (SIGSEGV)
- *   FAULT_HANG          run never returns */
+ *   FAULT_HANG          run never returns
+ *   FAULT_ABI_V0        mlafuzz_plugin_abi_version() returns 0 (older than any mlafuzz loads) */
 #include <stdio.h>
 #include <unistd.h>
 
 #include "mlafuzz/plugin.h"
 
-#define FAULT_ABI_V2 1
+#define FAULT_ABI_V3 1
 #define FAULT_MISSING_RUN 2
 #define FAULT_BAD_TOLERANCE 3
 #define FAULT_RUN_ERROR 4
@@ -22,14 +23,17 @@
 #define FAULT_ZEROS 6
 #define FAULT_CRASH 7
 #define FAULT_HANG 8
+#define FAULT_ABI_V0 9
 
 #ifndef FAULT
 #error "define FAULT"
 #endif
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_abi_version(void) {
-#if FAULT == FAULT_ABI_V2
-  return 2;
+#if FAULT == FAULT_ABI_V3
+  return 3;
+#elif FAULT == FAULT_ABI_V0
+  return 0;
 #else
   return MLAFUZZ_PLUGIN_ABI_VERSION;
 #endif

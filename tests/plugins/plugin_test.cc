@@ -146,8 +146,11 @@ TEST(PluginErrors, NotASharedLibrary) {
 }
 
 TEST(PluginErrors, WrongAbiVersion) {
-  EXPECT_EQ(load_error(faulty("abi_v2")),
-            "plugin " + faulty("abi_v2") + ": ABI version 2, mlafuzz supports 1");
+  // Newer than this mlafuzz and older than any it loads: both named, with the supported range.
+  EXPECT_EQ(load_error(faulty("abi_v3")),
+            "plugin " + faulty("abi_v3") + ": ABI version 3, mlafuzz supports 1 and 2");
+  EXPECT_EQ(load_error(faulty("abi_v0")),
+            "plugin " + faulty("abi_v0") + ": ABI version 0, mlafuzz supports 1 and 2");
 }
 
 TEST(PluginErrors, MissingSymbol) {

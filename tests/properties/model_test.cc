@@ -583,5 +583,31 @@ TEST(Evaluate, JudgeRunsMatchesEvaluateCase) {
   }
 }
 
+// The worst element of a bound check is described with every digit: the bf16 value with its bits,
+// the float64 reference with 17 digits, and the error in ulps of bf16 (out) or fp32 (lse).
+TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
+  const std::vector<double> out_a{1.0078125}, out_b{1.0}, lse_a{8.662681579589844},
+      lse_b{8.6626806259155273};
+  Bounds bound;
+  bound.out = {1e-9};
+  bound.lse = {1e-12};
+  const BoundCheck out_fail =
+      check_bounds({&out_a, &lse_b, true}, {&out_b, &lse_b, false}, bound, 1, 1, 1);
+  EXPECT_FALSE(out_fail.passed);
+  const std::string d = out_fail.describe();
+  EXPECT_NE(d.find("out[b=0,h=0,d=0] value 1.0078125 (bf16 0x3f81) reference 1 "),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("= 1 ulp (bf16)"), std::string::npos) << d;
+  const std::vector<double> out_same{1.0};
+  const BoundCheck lse_fail =
+      check_bounds({&out_same, &lse_a, true}, {&out_same, &lse_b, false}, bound, 1, 1, 1);
+  const std::string l = lse_fail.describe();
+  EXPECT_NE(l.find("lse[b=0,h=0] value 8.66268158 (fp32 0x410a9a58) reference "
+                   "8.6626806259155273 |error| 9.5367431640625e-07 = 1 ulp (fp32)"),
+            std::string::npos)
+      << l;
+}
+
 }  // namespace
 }  // namespace mlafuzz

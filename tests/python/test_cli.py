@@ -46,3 +46,28 @@ def test_missing_interpreter_is_a_clear_error() -> None:
     assert proc.returncode == 2, describe(proc)
     assert "python interpreter /nonexistent/python3 is not an executable file" in proc.stdout
     assert "--python PATH or MLAFUZZ_PYTHON" in proc.stdout, describe(proc)
+
+
+ENVELOPE_KERNEL = "python:tests/python/envelope_kernels.py:decode"
+
+
+def test_plugin_info_prints_the_declared_envelope_and_claims() -> None:
+    proc = mlafuzz_cmd("plugin-info", ENVELOPE_KERNEL)
+    assert proc.returncode == 0, describe(proc)
+    for want in ("envelope:    declared", "nope_dim {448}", "heads [1, 64]",
+                 "topk multiple of 64", "page_stride multiple of 16",
+                 "all but batch (checked within the tolerance bound)"):
+        assert want in proc.stdout, describe(proc)
+
+
+def test_fuzz_generates_inside_a_python_kernels_envelope(tmp_path) -> None:
+    proc = mlafuzz_cmd("fuzz", "--backends", ENVELOPE_KERNEL, "--cases", "4", "--jobs", "1",
+                       "--progress", "plain", "--corpus", str(tmp_path / "c"),
+                       "--report", str(tmp_path / "r"))
+    assert proc.returncode == 0, describe(proc)
+    assert "generating inside the envelope: layouts model1; nope_dim {448}" in proc.stdout, \
+        describe(proc)
+    run = [line.split() for line in proc.stdout.splitlines()
+           if line.split()[:2] == [ENVELOPE_KERNEL, "run"]]
+    # backend, property, cases, n/a, failures: every case applicable and passing.
+    assert run and run[0][2:5] == ["4", "0", "0"], describe(proc)

@@ -58,3 +58,35 @@ def test_load_dump_returns_inputs_outputs_and_params(tmp_path) -> None:
 def test_load_dump_names_the_fix_for_a_missing_folder(tmp_path) -> None:
     with pytest.raises(FileNotFoundError, match="mlafuzz run --case CASE.json --dump"):
         mlafuzz.load_dump(tmp_path / "nothing")
+
+
+def test_envelope_serializes_every_kind_of_integer_set() -> None:
+    env = mlafuzz.Envelope(layouts=["model1"], nope_dim=448, heads=range(1, 65),
+                           topk=mlafuzz.Multiple(64, max=512), page_size=range(16, 257, 16),
+                           batch=range(3, 20, 7), sink_in_lse=[False], refuses=["sink"])
+    assert env.to_json() == {
+        "format": "mlafuzz-envelope", "version": 1, "layouts": ["model1"],
+        "nope_dim": {"values": [448]}, "page_size": {"min": 16, "max": 256, "multiple_of": 16},
+        "batch": {"values": [3, 10, 17]}, "heads": {"min": 1, "max": 64},
+        "topk": {"multiple_of": 64, "max": 512}, "sink_in_lse": [False], "refuses": ["sink"],
+    }
+    info = mlafuzz.kernel(name="k", envelope=env, inexact=["batch"])(
+        lambda call: None).__mlafuzz_kernel__
+    assert info.envelope == env.to_json() and info.inexact == ("batch",)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"layouts": ["model2"]}, "unknown 'model2'"),
+    ({"heads": []}, "a list of 1 to 16 values"),
+    ({"topk": mlafuzz.Multiple(0)}, "needs of >= 1"),
+    ({"refuses": ["sinks"]}, "unknown 'sinks'"),
+    ({"sink_in_lse": [0]}, "a list of booleans"),
+])
+def test_envelope_rejects_bad_fields(kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        mlafuzz.kernel(name="k", envelope=mlafuzz.Envelope(**kwargs))
+
+
+def test_unknown_inexact_invariant_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown invariant"):
+        mlafuzz.kernel(name="k", inexact=["batches"])
