@@ -31,8 +31,8 @@ class Writer {
     pod<uint64_t>(s.size());
     out_.append(s);
   }
-  template <typename T>
-  void vec(const std::vector<T>& v) {
+  template <typename T, typename A>
+  void vec(const std::vector<T, A>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     pod<uint64_t>(v.size());
     const size_t bytes = v.size() * sizeof(T);
@@ -72,20 +72,20 @@ class Reader {
     pos_ += n;
     return s;
   }
-  template <typename T>
-  std::vector<T> vec() {
+  template <typename T, typename A = std::allocator<T>>
+  std::vector<T, A> vec() {
     const uint64_t n = pod<uint64_t>();
     if (pod<uint8_t>() != 0) {
       const uint64_t at = pod<uint64_t>();
       if (bulk_ == nullptr || at > bulk_->size || n > (bulk_->size - at) / sizeof(T)) {
         throw ProtocolError("vector outside the bulk area");
       }
-      std::vector<T> v(n);
+      std::vector<T, A> v(n);
       std::memcpy(v.data(), bulk_->data + at, n * sizeof(T));
       return v;
     }
     if (n > (b_.size() - pos_) / sizeof(T)) throw ProtocolError("truncated vector in frame");
-    std::vector<T> v(n);
+    std::vector<T, A> v(n);
     // memcpy needs valid pointers even for 0 bytes: an empty vector's data() may be null.
     if (n > 0) std::memcpy(v.data(), b_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
@@ -142,9 +142,9 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   m.sm_scale = r.pod<float>();
   m.sm_scale64 = r.pod<double>();
   m.conv = r.pod<mla::Conventions>();
-  m.q = r.vec<uint16_t>();
+  m.q = r.vec<uint16_t, SharedAllocator<uint16_t>>();
   m.q_head_stride = r.pod<int64_t>();
-  m.cache = r.vec<uint8_t>();
+  m.cache = r.vec<uint8_t, SharedAllocator<uint8_t>>();
   m.indices = r.vec<int32_t>();
   m.topk_length = r.vec<int32_t>();
   m.sink = r.vec<float>();

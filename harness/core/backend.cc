@@ -2,6 +2,8 @@
 // conversion into a RunResult.
 #include "harness/core/backend.h"
 
+#include <algorithm>
+
 namespace mlafuzz {
 
 const char* phase_name(Phase p) {
@@ -29,23 +31,39 @@ OutputBuffers::OutputBuffers(const MaterializedCase& m)
     : out_head_stride(m.out_head_stride), out_batch_stride(m.out_head_stride * m.heads) {
   // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
   // the call was never written, and a guard element that lost it was written out of bounds.
-  out.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * out_batch_stride), kCanaryBits);
-  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.heads),
-             mla::bits_to_float(kLseCanaryBits));
+  out.assign(out_elements(m), kCanaryBits);
+  lse.assign(lse_elements(m), mla::bits_to_float(kLseCanaryBits));
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw,
+                             const float* lse_raw)
+    : out(out_raw, out_raw + out_elements(m)),
+      lse(lse_raw, lse_raw + lse_elements(m)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_head_stride * m.heads) {}
+
+void OutputBuffers::fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n) {
+  std::fill_n(out_raw, out_n, kCanaryBits);
+  std::fill_n(lse_raw, lse_n, mla::bits_to_float(kLseCanaryBits));
 }
 
 int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
   int64_t bad = 0;
-  const int64_t body = int64_t{m.batch} * out_batch_stride;
+  const auto count = [&](int64_t from, int64_t to) {  // out elements [from, to) are guard
+    for (int64_t i = from; i < to; ++i) bad += out[static_cast<size_t>(i)] != kCanaryBits;
+  };
+  const int64_t rows = int64_t{m.batch} * m.heads;
   const int32_t dv = m.d_v();
-  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
-    const int64_t rel = i - kGuard;
-    bool guard = rel < 0 || rel >= body;
-    // The gap between d_v and the head stride belongs to nobody: writing it is a bug too.
-    if (!guard) guard = rel % out_head_stride >= dv;
-    if (guard && out[static_cast<size_t>(i)] != kCanaryBits) ++bad;
+  count(0, kGuard);
+  // The gap between d_v and the head stride belongs to nobody: writing it is a bug too.
+  if (out_head_stride > dv) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t head = kGuard + r * out_head_stride;
+      count(head + dv, head + out_head_stride);
+    }
   }
-  const int64_t lse_body = int64_t{m.batch} * m.heads;
+  count(kGuard + rows * out_head_stride, static_cast<int64_t>(out.size()));
+  const int64_t lse_body = rows;
   for (int64_t i = 0; i < static_cast<int64_t>(lse.size()); ++i) {
     const int64_t rel = i - kGuard;
     // Compare bits: the canary is a NaN, and NaN != NaN as floats.
@@ -57,7 +75,10 @@ int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
   return bad;
 }
 
-RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+namespace {
+
+// The logical outputs, widened; the raw buffers are the caller's to fill.
+RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
   RunResult r;
   const int32_t dv = m.d_v();
   r.out.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * dv));
@@ -65,18 +86,30 @@ RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) 
   for (int32_t b = 0; b < m.batch; ++b) {
     for (int32_t h = 0; h < m.heads; ++h) {
       const int64_t row = int64_t{b} * m.heads + h;
-      const int64_t src =
-          OutputBuffers::kGuard + b * bufs.out_batch_stride + h * bufs.out_head_stride;
-      for (int32_t d = 0; d < dv; ++d) {
-        r.out[static_cast<size_t>(row * dv + d)] =
-            mla::bf16_to_float(bufs.out[static_cast<size_t>(src + d)]);  // exact widening
-      }
+      const uint16_t* src = bufs.out.data() + OutputBuffers::kGuard + b * bufs.out_batch_stride +
+                            h * bufs.out_head_stride;
+      double* dst = r.out.data() + row * dv;
+      for (int32_t d = 0; d < dv; ++d) dst[d] = mla::bf16_to_float(src[d]);  // exact widening
       r.lse[static_cast<size_t>(row)] = bufs.lse[static_cast<size_t>(OutputBuffers::kGuard + row)];
     }
   }
+  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+}  // namespace
+
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r = widen_outputs(m, bufs);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
-  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
+  RunResult r = widen_outputs(m, bufs);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
   return r;
 }
 

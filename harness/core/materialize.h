@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/core/case.h"
+#include "harness/core/shared_arena.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz {
@@ -21,9 +22,11 @@ struct MaterializedCase {
   double sm_scale64 = 0;  // the same value widened (the oracle uses this, not the recipe's)
   mla::Conventions conv;
 
-  std::vector<uint16_t> q;           // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
+  // q and the cache live in the shared arena (harness/core/shared_arena.h) when it is on, so that
+  // worker processes read them without a copy.
+  SharedVector<uint16_t> q;          // [B, H, q_head_stride] bf16 bits (pad filled per recipe)
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
-  std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
+  SharedVector<uint8_t> cache;       // [num_pages * page_stride] exact layout bytes
   std::vector<int32_t> indices;      // [B, topk] physical global slots (invalid entries kept)
   std::vector<int32_t> topk_length;  // [B] or empty
   std::vector<float> sink;           // [H] or empty

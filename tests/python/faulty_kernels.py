@@ -55,3 +55,10 @@ def decode_writes_between_heads(call: mlafuzz.DecodeCall) -> None:
 
 def not_decorated(call: mlafuzz.DecodeCall) -> None:
     """A plain function: mlafuzz must refuse it."""
+
+
+@mlafuzz.kernel(name="writes-its-input", precision="fp32_simt")
+def decode_writes_input(call: mlafuzz.DecodeCall) -> None:
+    """Writes into the cache (inputs are read-only: the kernel's write raises)."""
+    call.kv_cache[0, 0] = 0
+    numpy_decode.attend(call)
