@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -149,6 +150,30 @@ std::vector<std::string> mutant_backend_names(bool gpu) {
   return out;
 }
 
+std::string absolute_backend_name(const std::string& name) {
+  const auto absolute = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::absolute(path, ec);
+    return ec ? path : p.lexically_normal().string();
+  };
+  if (name.rfind(kPluginPrefix, 0) == 0) {
+    const std::string target = name.substr(std::strlen(kPluginPrefix));
+    // A declared name has no slash: it resolves through the loaded plugins and the search path.
+    if (target.find('/') == std::string::npos) return name;
+    return kPluginPrefix + absolute(target);
+  }
+  if (name.rfind(kPythonPrefix, 0) == 0) {
+    const std::string spec = name.substr(std::strlen(kPythonPrefix));
+    const size_t colon = spec.rfind(':');
+    if (colon == std::string::npos) return name;
+    const std::string target = spec.substr(0, colon);
+    const bool file = target.size() > 3 && target.compare(target.size() - 3, 3, ".py") == 0;
+    if (!file && target.find('/') == std::string::npos) return name;  // package.module
+    return kPythonPrefix + absolute(target) + spec.substr(colon);
+  }
+  return name;
+}
+
 BackendSpec resolve_backend(const std::string& name) {
   if (name.rfind(kPluginPrefix, 0) == 0) {
     // "plugin:/path/lib.so", or "plugin:<name>" (plugin_backend.h, resolve_plugin). Resolving
@@ -159,7 +184,8 @@ BackendSpec resolve_backend(const std::string& name) {
   if (name.rfind(kPythonPrefix, 0) == 0) {
     // Isolated already: the kernel runs in its own Python worker process
     // (harness/backends/python_backend.h).
-    return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); }};
+    return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); },
+            true};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {
     return resolve_mutant(name, name.substr(0, tilde), name.substr(tilde + 1));

@@ -8,8 +8,10 @@
  *   FAULT_UNSUPPORTED   supports() refuses topk > 4
  *   FAULT_ZEROS         runs, but writes zeros (a wrong kernel: properties must fail)
  *   FAULT_CRASH         run dereferences a null pointer (SIGSEGV)
- *   FAULT_HANG          run never returns */
+ *   FAULT_HANG          run never returns
+ *   FAULT_EXIT          run calls exit(3), as a wrapped library that gives up does */
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "mlafuzz/plugin.h"
@@ -22,6 +24,7 @@
 #define FAULT_ZEROS 6
 #define FAULT_CRASH 7
 #define FAULT_HANG 8
+#define FAULT_EXIT 9
 
 #ifndef FAULT
 #error "define FAULT"
@@ -83,6 +86,8 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* call, char
   crash();
 #elif FAULT == FAULT_HANG
   for (;;) pause();
+#elif FAULT == FAULT_EXIT
+  exit(3);
 #endif
   (void)err, (void)err_len;
   for (b = 0; b < call->batch; ++b) {

@@ -65,3 +65,10 @@ def test_inputs_are_read_only(monkeypatch: pytest.MonkeyPatch, arena: str) -> No
     assert proc.returncode == 1, describe(proc)
     assert "the kernel raised an exception" in proc.stdout, describe(proc)
     assert "read-only" in proc.stdout, describe(proc)
+
+
+def test_the_campaign_talks_to_the_python_worker_directly() -> None:
+    # One hop: the Python worker's parent is the campaign (mlafuzz fuzz), not a `mlafuzz worker`.
+    result = mlafuzz.testing.fuzz(f"{FAULTY}:decode_one_hop", time="100s", cases=3, seed=4,
+                                  jobs=2, properties=["run"])
+    assert all(r["failures"] == 0 for r in result.report["results"]), result.report["results"]
