@@ -45,3 +45,10 @@ install(FILES ${PROJECT_BINARY_DIR}/mlafuzzConfig.cmake
 
 # The command-line tool and the example plugins.
 install(TARGETS mlafuzz RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT mlafuzz_tools)
+
+# python: backends of an installed tree: the mlafuzz Python package and the shipped Triton
+# kernels, found beside the executable (<bin>/../share/mlafuzz/{python,triton}).
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/mlafuzz DESTINATION ${CMAKE_INSTALL_DATADIR}/mlafuzz/python
+        COMPONENT mlafuzz_tools FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/kernels/triton/ DESTINATION ${CMAKE_INSTALL_DATADIR}/mlafuzz/triton
+        COMPONENT mlafuzz_tools FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
 
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
@@ -31,13 +32,32 @@ bool executable_file(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
-// The folder holding the mlafuzz Python package of this source tree, when it exists.
+bool regular_file(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The folder of the running executable (so an installed or copied tree finds its own files).
+std::string executable_dir() {
+  std::string buf(4096, '\0');
+  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
+  if (n <= 0) return "";
+  buf.resize(static_cast<size_t>(n));
+  const size_t slash = buf.rfind('/');
+  return slash == std::string::npos ? "" : buf.substr(0, slash);
+}
+
+// The folder holding the mlafuzz Python package: MLAFUZZ_PYTHON_PACKAGE_DIR, else the installed
+// tree's share/mlafuzz/python beside the executable, else this source tree's python/.
 std::string package_dir() {
   if (const char* e = std::getenv("MLAFUZZ_PYTHON_PACKAGE_DIR"); e != nullptr && *e) return e;
+  if (const std::string exe = executable_dir(); !exe.empty()) {
+    const std::string dir = exe + "/../share/mlafuzz/python";
+    if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
+  }
 #ifdef MLAFUZZ_PYTHON_SOURCE_DIR
-  struct stat st {};
   const std::string dir = MLAFUZZ_PYTHON_SOURCE_DIR;
-  if (stat((dir + "/mlafuzz/_worker.py").c_str(), &st) == 0) return dir;
+  if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
 #endif
   return "";
 }
@@ -348,7 +368,80 @@ class PythonBackend final : public Backend {
   mutable PythonDescription desc_;
 };
 
+// A shipped kernel under its short name; the python: backend inside does the work.
+class ShippedPythonBackend final : public Backend {
+ public:
+  ShippedPythonBackend(std::string alias, const std::string& file, const std::string& func,
+                       Precision declared, std::string partner, bool strict)
+      : alias_(std::move(alias)), declared_(declared), partner_(std::move(partner)) {
+    const std::string dir = shipped_python_kernel_dir("triton", file);
+    if (dir.empty()) {
+      reason_ = "kernel file " + file +
+                " not found (looked in $MLAFUZZ_TRITON_DIR, <executable>/../share/mlafuzz/triton "
+                "and the source tree's kernels/triton)";
+      if (strict) throw PythonBackendError(alias_ + ": " + reason_);
+      return;
+    }
+    try {
+      inner_ = std::make_unique<PythonBackend>(std::string(kPythonPrefix) + dir + "/" + file + ":" +
+                                               func);
+    } catch (const std::exception& e) {
+      if (strict) throw;
+      reason_ = e.what();
+    }
+  }
+
+  std::string name() const override { return alias_; }
+  Precision precision() const override { return inner_ ? inner_->precision() : declared_; }
+  Availability availability() const override {
+    return inner_ ? inner_->availability() : Availability{false, reason_};
+  }
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    return inner_ ? inner_->unsupported(m) : std::nullopt;
+  }
+  bool on_device() const override { return true; }
+  bool needs_worker() const override { return true; }
+  std::string simt_partner() const override { return partner_; }
+  RunResult run(const MaterializedCase& m) override {
+    if (inner_) return inner_->run(m);
+    RunResult r;
+    r.status = RunStatus::kError;
+    r.message = alias_ + " is not available: " + reason_;
+    return r;
+  }
+
+ private:
+  std::string alias_;
+  Precision declared_;
+  std::string partner_, reason_;
+  std::unique_ptr<PythonBackend> inner_;
+};
+
 }  // namespace
+
+std::string shipped_python_kernel_dir(const std::string& kind, const std::string& file) {
+  std::vector<std::string> dirs;
+  if (const char* e = std::getenv("MLAFUZZ_TRITON_DIR"); e != nullptr && *e && kind == "triton") {
+    dirs.emplace_back(e);
+  }
+  if (const std::string exe = executable_dir(); !exe.empty()) {
+    dirs.push_back(exe + "/../share/mlafuzz/" + kind);
+  }
+#ifdef MLAFUZZ_KERNELS_SOURCE_DIR
+  dirs.push_back(std::string(MLAFUZZ_KERNELS_SOURCE_DIR) + "/" + kind);
+#endif
+  for (const std::string& d : dirs) {
+    if (regular_file(d + "/" + file)) return d;
+  }
+  return "";
+}
+
+std::unique_ptr<Backend> make_shipped_python_backend(const std::string& alias,
+                                                     const std::string& file,
+                                                     const std::string& func, Precision declared,
+                                                     const std::string& simt_partner, bool strict) {
+  return std::make_unique<ShippedPythonBackend>(alias, file, func, declared, simt_partner, strict);
+}
 
 std::string python_interpreter() {
   const char* env = std::getenv("MLAFUZZ_PYTHON");

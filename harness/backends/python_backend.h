@@ -55,6 +55,22 @@ PythonDescription describe_python_backend(const std::string& backend_name);
 // up on PATH. Throws PythonBackendError when it is not an executable file.
 std::string python_interpreter();
 
+// A python: kernel shipped with mlafuzz under a short name (triton-simt, triton-mma,
+// triton-mma~<mutant>): `file` is looked up in shipped_python_kernel_dir(). Never throws unless
+// `strict`: where the file, the interpreter, torch, triton or a GPU is missing the backend is
+// unavailable and says why (list-backends prints it); with `strict` (planted-bug variants, named
+// explicitly) a kernel that cannot be loaded throws PythonBackendError as a python: name does.
+std::unique_ptr<Backend> make_shipped_python_backend(const std::string& alias,
+                                                     const std::string& file,
+                                                     const std::string& func, Precision declared,
+                                                     const std::string& simt_partner,
+                                                     bool strict = false);
+
+// The folder holding the shipped kernels of `kind` ("triton"), or "" when none has them:
+// MLAFUZZ_TRITON_DIR, else <executable>/../share/mlafuzz/triton (an installed tree), else this
+// source tree's kernels/triton. Never the working directory.
+std::string shipped_python_kernel_dir(const std::string& kind, const std::string& file);
+
 // Seconds a call may take before the worker counts as hung: MLAFUZZ_PYTHON_TIMEOUT (`mlafuzz
 // fuzz` sets it a little above --case-timeout, so the campaign's own timeout fires first),
 // else 60.

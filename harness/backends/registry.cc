@@ -83,13 +83,37 @@ std::vector<BackendSpec> make_table() {
   t.push_back(
       {"cuda-mma-h64", h64, false, unavailable("cuda-mma-h64", Precision::kMmaBf16, "cuda-simt")});
 #endif
+  // The story's kernels in Triton (kernels/triton, python: backends under short names; they
+  // need python3 with torch, triton and a GPU, and say which is missing otherwise).
+  t.push_back({"triton-simt", "Triton SIMT per-head kernel (fp32; kernels/triton/triton_simt.py)",
+               false, [] {
+                 return make_shipped_python_backend("triton-simt", "triton_simt.py", "decode",
+                                                    Precision::kSimtFp32, "");
+               }});
+  t.push_back({"triton-mma",
+               "Triton head-tiled kernel (tl.dot bf16, BLOCK_H 32; kernels/triton/triton_mma.py)",
+               false, [] {
+                 return make_shipped_python_backend("triton-mma", "triton_mma.py", "decode",
+                                                    Precision::kMmaBf16, "triton-simt");
+               }});
   return t;
+}
+
+// "triton-mma~<mutant>": the planted bugs of kernels/triton/triton_mma.py (its MUTANTS), the
+// function mutant_<mutant with '_' for '-'>. An unknown mutant is refused when it is made.
+BackendSpec resolve_triton_mutant(const std::string& name, const std::string& mutant) {
+  std::string func = "mutant_" + mutant;
+  std::replace(func.begin(), func.end(), '-', '_');
+  return {name, "planted bug '" + mutant + "' in triton-mma", false, [name, func] {
+            return make_shipped_python_backend(name, "triton_mma.py", func, Precision::kMmaBf16,
+                                               "triton-simt", /*strict=*/true);
+          }};
 }
 
 std::string known_names() {
   std::string s;
   for (const auto& spec : builtin_backends()) s += " " + spec.name;
-  s += " plugin:<path or name>";
+  s += " plugin:<path or name> python:<file.py or module>:<function> triton-mma~<mutant>";
   for (const auto& n : mutant_backend_names(true)) s += " " + n;
   return s;
 }
@@ -188,6 +212,9 @@ BackendSpec resolve_backend(const std::string& name) {
             true};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {
+    if (name.substr(0, tilde) == "triton-mma") {
+      return resolve_triton_mutant(name, name.substr(tilde + 1));
+    }
     return resolve_mutant(name, name.substr(0, tilde), name.substr(tilde + 1));
   }
   for (const auto& spec : builtin_backends()) {

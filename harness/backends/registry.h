@@ -1,8 +1,10 @@
 // The one backend registry: every backend name mlafuzz accepts resolves here.
-//   built-ins      oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma, cuda-mma-h64
+//   built-ins      oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma, cuda-mma-h64,
+//                  triton-simt, triton-mma (python: kernels shipped in kernels/triton)
 //   plugins        "plugin:/path/libk.so" or "plugin:<declared name>" (plugin_backend.h)
 //   mutants        "<base>~<mutant>": cpu-mma~<mutant> (host models), cuda-mma~<mutant> (CUDA),
-//                  in builds with MLAFUZZ_MUTANTS (kernels/common/mutants.h lists them)
+//                  in builds with MLAFUZZ_MUTANTS (kernels/common/mutants.h lists them);
+//                  triton-mma~<mutant> (kernels/triton/triton_mma.py MUTANTS, every build)
 // A backend then says what it is itself (Backend::is_reference, simt_partner, on_device,
 // needs_worker); nothing above this layer recognises a backend by its name.
 #pragma once
@@ -30,7 +32,7 @@ struct BackendSpec {
 };
 
 // Every built-in backend (oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma,
-// cuda-mma-h64), available or not, in a stable order.
+// cuda-mma-h64, triton-simt, triton-mma), available or not, in a stable order.
 const std::vector<BackendSpec>& builtin_backends();
 
 // Resolves any backend name without constructing it (a plugin's library is found, not loaded).

@@ -228,6 +228,21 @@ class Server:
         self.reason = ""
         if self.info.device == "cuda":
             self.reason = self._init_cuda()
+        # The module may say what else it needs (e.g. triton): unavailable() -> reason or None.
+        extra = self._module_unavailable()
+        if extra:
+            self.reason = f"{self.reason}; {extra}" if self.reason else extra
+
+    def _module_unavailable(self) -> str:
+        module = sys.modules.get(getattr(self.func, "__module__", ""), None)
+        hook = getattr(module, "unavailable", None)
+        if not callable(hook):
+            return ""
+        try:
+            why = hook()
+        except Exception:  # noqa: BLE001 - a broken hook is the kernel's error: say so
+            return "the module's unavailable() raised:\n" + traceback.format_exc()
+        return "" if why is None else str(why)
 
     def _init_cuda(self) -> str:
         try:

@@ -1,0 +1,86 @@
+"""triton-mma: the head-tiled sparse-decode kernel in Triton, on tl.dot (SPEC.md section 4, MMA).
+
+    mlafuzz fuzz --backends triton-mma,triton-simt --time 5m
+    (aliases of python:<mlafuzz>/kernels/triton/triton_mma.py:decode and triton_simt.py:decode)
+
+One program per (batch row, block of BLOCK_H heads; BLOCK_H a tl.constexpr, 16, 32 or 64, 32 by
+default). Each tile of 32 tokens is gathered from the paged cache and dequantized once for all
+heads of the block: K in bf16 (exact with power-of-two scales), Q*K^T with tl.dot (bf16 inputs,
+fp32 accumulation), logits scaled by sm_scale in fp32 after the product, online softmax with
+p = exp(x - m) in fp32, p rounded to bf16 for the P*V tl.dot while the row sum adds the fp32 p,
+O in fp32, divided by l plus the sink term and rounded to bf16. Nope is padded to NOPE_PAD (the
+next power of two: 448 -> 512) with the padded columns masked on load and never stored.
+
+Planted bugs (MUTANTS below): ``mutant_<name>`` functions, backend ``triton-mma~<name>``, each a
+MUTANT tl.constexpr value, so its code is compiled only when that variant runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+import mlafuzz
+from mla_triton import compilations, launch, supports as _supports, unavailable  # noqa: F401
+
+#: The planted bugs of this kernel: name -> what is wrong (mutant names follow
+#: kernels/common/mutants.h where the class exists there).
+MUTANTS: Dict[str, str] = {
+    "unmasked-pad-columns": "q and K columns nope..NOPE_PAD-1 not masked on load (read from the "
+                            "bytes after the nope part, with the scale byte past the last tile)",
+    "wrong-scale-group": "the last nope tile (beside the padding) uses the previous tile's scale",
+    "page-size-pow2": "page = idx // next_pow2(P), slot = idx % next_pow2(P): wrong for P = 61",
+    "invalid-index-unmasked": "-1 entries masked in Q*K^T but their rows (slot 0) still loaded "
+                              "into P*V",
+    "no-rescale": "online softmax does not rescale O and l when the running max grows",
+    "store-padded-columns": "padded columns nope..NOPE_PAD-1 stored (over the rope dims, or past "
+                            "d_v into the next head's row)",
+    "topk-length-off-by-one": "one entry past topk_length counts",
+    "drop-partial-tile": "the partial last token tile is skipped",
+    "sink-ignored": "the sink term left out of the denominator",
+}
+
+_MUTANT_IDS = {
+    "unmasked-pad-columns": 1, "wrong-scale-group": 2, "page-size-pow2": 3,
+    "invalid-index-unmasked": 4, "no-rescale": 5, "store-padded-columns": 6,
+    "topk-length-off-by-one": 7, "drop-partial-tile": 8, "sink-ignored": 9,
+}
+
+
+def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
+    """Sizes only (the arrays are None here)."""
+    return _supports(call)
+
+
+@mlafuzz.kernel(name="triton-mma", precision="bf16_mma", device="cuda")
+def decode(call: mlafuzz.DecodeCall) -> None:
+    """Triton head-tiled kernel (tl.dot bf16, fp32 accumulation, BLOCK_H 32)."""
+    launch(call, "mma_kernel", block_h=32)
+
+
+@mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda")
+def decode_h16(call: mlafuzz.DecodeCall) -> None:
+    """Triton head-tiled kernel, BLOCK_H 16."""
+    launch(call, "mma_kernel", block_h=16)
+
+
+@mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda")
+def decode_h64(call: mlafuzz.DecodeCall) -> None:
+    """Triton head-tiled kernel, BLOCK_H 64."""
+    launch(call, "mma_kernel", block_h=64)
+
+
+def _make_mutant(name: str) -> Callable[[mlafuzz.DecodeCall], None]:
+    mutant_id = _MUTANT_IDS[name]
+
+    def run(call: mlafuzz.DecodeCall) -> None:
+        launch(call, "mma_kernel", block_h=32, mutant=mutant_id)
+
+    run.__name__ = "mutant_" + name.replace("-", "_")
+    return mlafuzz.kernel(name=f"triton-mma.{name}", precision="bf16_mma", device="cuda",
+                          description=f"planted bug '{name}' in triton-mma: {MUTANTS[name]}")(run)
+
+
+# mutant_unmasked_pad_columns, mutant_wrong_scale_group, ...: python:triton_mma.py:mutant_<name>
+for _name in MUTANTS:
+    globals()["mutant_" + _name.replace("-", "_")] = _make_mutant(_name)
+del _name

@@ -1,0 +1,135 @@
+"""triton-simt / triton-mma without a GPU: what the modules declare, and what mlafuzz says.
+
+Runs in CI (no torch, triton or GPU there): the kernel modules must import without triton,
+supports() must give reasons, every declared mutant must be a kernel, and list-backends must
+report the backends unavailable with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mlafuzz
+import mlafuzz.testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KDIR = os.path.join(ROOT, "kernels", "triton")
+sys.path.insert(0, KDIR)
+CASE = os.path.join(ROOT, "tests", "plugins", "data", "small_case.json")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location("t_" + name, os.path.join(KDIR, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([mlafuzz.testing.find_mlafuzz(), *args], cwd="/", text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+
+
+def _call(**kw) -> mlafuzz.DecodeCall:
+    base = dict(layout="model1", nope_dim=448, rope_dim=64, scale_tile=64, page_size=61,
+                num_pages=3, page_stride=61 * 584, kv_cache_bytes=3 * 61 * 584, token_bytes=584,
+                d_qk=512, d_v=512, invalid_index_rule="minus_one_only", empty_row_lse="+inf",
+                sink_in_lse=False, batch=2, heads=3, topk=5, sm_scale=512 ** -0.5)
+    base.update(kw)
+    return mlafuzz.DecodeCall(**base)
+
+
+def test_modules_import_without_triton_and_declare_kernels():
+    simt, mma = _load("triton_simt"), _load("triton_mma")
+    assert simt.decode.__mlafuzz_kernel__.precision == "fp32_simt"
+    assert simt.decode.__mlafuzz_kernel__.device == "cuda"
+    assert mma.decode.__mlafuzz_kernel__.precision == "bf16_mma"
+    assert mma.decode.__mlafuzz_kernel__.name == "triton-mma"
+
+
+def test_supports_accepts_both_layouts_and_names_what_it_cannot_do():
+    mma = _load("triton_mma")
+    assert mma.supports(_call()) is None
+    assert mma.supports(_call(layout="v32", nope_dim=512, scale_tile=128, d_qk=576, d_v=512,
+                              token_bytes=656)) is None
+    assert mma.supports(_call(nope_dim=192, d_qk=256, d_v=256)) is None  # padded to 256
+    assert "multiple of scale_tile" in mma.supports(_call(nope_dim=100, d_qk=164, d_v=164))
+    assert "outside" in mma.supports(_call(nope_dim=1024, d_qk=1088, d_v=1088))
+    assert "d_v" in mma.supports(_call(d_v=448))
+    assert "rope_dim" in mma.supports(_call(rope_dim=128, d_qk=576, d_v=576))
+
+
+def test_every_declared_mutant_is_a_kernel_with_its_own_constexpr():
+    mma = _load("triton_mma")
+    assert len(mma.MUTANTS) >= 6
+    ids = set()
+    for name, what in mma.MUTANTS.items():
+        fn = getattr(mma, "mutant_" + name.replace("-", "_"))
+        info = fn.__mlafuzz_kernel__
+        assert info.name == "triton-mma." + name and info.precision == "bf16_mma"
+        assert what and what in info.description
+        ids.add(mma._MUTANT_IDS[name])
+    assert len(ids) == len(mma.MUTANTS) and 0 not in ids
+
+
+def test_jit_module_names_every_mutant_id():
+    # The MUTANT constants of the JIT module match the front module's ids (read as text: the
+    # JIT module imports triton).
+    mma = _load("triton_mma")
+    text = open(os.path.join(KDIR, "mla_triton_jit.py"), encoding="utf-8").read()
+    for name, mid in mma._MUTANT_IDS.items():
+        const = "M_" + name.upper().replace("-", "_")
+        assert f"{const} = tl.constexpr({mid})\n" in text, const
+        assert f"MUTANT == {const}" in text, f"{const} is declared but never planted"
+
+
+@pytest.mark.skipif(_has("triton"), reason="triton is installed here")
+def test_unavailable_names_triton_when_it_is_missing():
+    common = _load("mla_triton")
+    why = common.unavailable()
+    assert why is not None and "triton" in why
+
+
+@pytest.mark.skipif(_has("torch") and _has("triton"), reason="torch and triton are installed")
+def test_list_backends_says_why_triton_backends_are_unavailable():
+    proc = mlafuzz_cmd("list-backends")
+    assert proc.returncode == 0, proc.stdout
+    for name in ("triton-simt", "triton-mma"):
+        rows = [l for l in proc.stdout.splitlines() if l.startswith(name + " ")]
+        assert rows and "unavailable" in rows[0], proc.stdout
+    reasons = [l.strip() for l in proc.stdout.splitlines() if l.strip().startswith("unavailable:")]
+    joined = "\n".join(reasons)
+    missing = [m for m in ("torch", "triton") if not _has(m)]
+    for m in missing:
+        assert m in joined, f"no reason names {m}:\n{proc.stdout}"
+    # found relative to the mlafuzz tree, not the working directory (cwd is /)
+    assert "not found" not in joined, proc.stdout
+
+
+@pytest.mark.skipif(_has("torch") and _has("triton"), reason="torch and triton are installed")
+def test_run_with_an_unavailable_triton_backend_fails_with_the_reason():
+    proc = mlafuzz_cmd("run", "--case", CASE, "--backends", "triton-mma")
+    assert proc.returncode == 1, proc.stdout
+    assert "triton-mma" in proc.stdout and "not available" in proc.stdout, proc.stdout
+
+
+def test_unknown_triton_mutant_is_refused_naming_the_kernels():
+    proc = mlafuzz_cmd("run", "--case", CASE, "--backends", "triton-mma~no-such-bug")
+    assert proc.returncode == 2, proc.stdout
+    assert "mutant_no_such_bug" in proc.stdout and "mutant_no_rescale" in proc.stdout, proc.stdout
+
+
+def test_triton_mutant_resolves_to_the_shipped_file():
+    proc = mlafuzz_cmd("list-backends", "--backends", "triton-mma~no-rescale")
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.startswith("triton-mma~no-rescale"), proc.stdout

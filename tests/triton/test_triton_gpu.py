@@ -1,0 +1,79 @@
+"""triton-simt / triton-mma on a GPU (ctest label gpu): skipped without torch, triton or CUDA.
+
+Every corpus case through `mlafuzz run` (each backend against the float64 oracle, exit 0), a
+short campaign with every property, BLOCK_H 16/32/64 bitwise equal, and no recompilation when
+only runtime sizes change.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+import mlafuzz.testing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "kernels", "triton"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "triton"))
+
+
+def _gpu_reason() -> str:
+    for m in ("torch", "triton"):
+        if importlib.util.find_spec(m) is None:
+            return f"no {m} in {sys.executable}"
+    import torch  # noqa: PLC0415
+
+    return "" if torch.cuda.is_available() else "torch sees no CUDA device"
+
+
+pytestmark = pytest.mark.skipif(bool(_gpu_reason()), reason=_gpu_reason() or "ok")
+CASES = sorted(glob.glob(os.path.join(ROOT, "corpus", "cases", "*.json"))
+               + glob.glob(os.path.join(ROOT, "corpus", "regression", "*.json")))
+
+
+def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([mlafuzz.testing.find_mlafuzz(), *args], cwd=ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[os.path.basename(c) for c in CASES])
+def test_corpus_case_passes_against_the_oracle(case):
+    proc = mlafuzz_cmd("run", "--case", case, "--backends", "triton-mma,triton-simt")
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout.count("verdict PASS") == 2, proc.stdout
+
+
+def test_short_campaign_every_property_no_findings(tmp_path):
+    proc = mlafuzz_cmd("fuzz", "--backends", "triton-mma,triton-simt", "--cases", "150",
+                       "--seed", "16", "--corpus", str(tmp_path / "corpus"),
+                       "--report", str(tmp_path / "report"))
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    outs = []
+    for bh in mla_triton.MMA_BLOCK_H:
+        call = bench_triton.make_call(3, 40, 77, 61, seed=5)
+        mla_triton.launch(call, "mma_kernel", block_h=bh)
+        torch.cuda.synchronize()
+        outs.append((call.out.clone(), call.lse.clone()))
+    for o, l in outs[1:]:
+        assert torch.equal(o.view(torch.int16), outs[0][0].view(torch.int16))
+        assert torch.equal(l, outs[0][1])
+    before = mla_triton.compilations()["mma_kernel"]
+    for b, h, topk, page in ((1, 1, 1, 1), (5, 64, 512, 64), (2, 7, 33, 256)):
+        mla_triton.launch(bench_triton.make_call(b, h, topk, page), "mma_kernel", block_h=32)
+    after = mla_triton.compilations()["mma_kernel"]
+    assert after["configs"] == before["configs"], after
+    if after["triton_compiled"] is not None:
+        assert after["triton_compiled"] == before["triton_compiled"], after
