@@ -86,16 +86,20 @@ std::vector<BackendSpec> make_table() {
   // The story's kernels in Triton (kernels/triton, python: backends under short names; they
   // need python3 with torch, triton and a GPU, and say which is missing otherwise).
   t.push_back({"triton-simt", "Triton SIMT per-head kernel (fp32; kernels/triton/triton_simt.py)",
-               false, [] {
+               false,
+               [] {
                  return make_shipped_python_backend("triton-simt", "triton_simt.py", "decode",
                                                     Precision::kSimtFp32, "");
-               }});
+               },
+               /*isolates_itself=*/true});
   t.push_back({"triton-mma",
                "Triton head-tiled kernel (tl.dot bf16, BLOCK_H 32; kernels/triton/triton_mma.py)",
-               false, [] {
+               false,
+               [] {
                  return make_shipped_python_backend("triton-mma", "triton_mma.py", "decode",
                                                     Precision::kMmaBf16, "triton-simt");
-               }});
+               },
+               /*isolates_itself=*/true});
   return t;
 }
 
@@ -104,10 +108,12 @@ std::vector<BackendSpec> make_table() {
 BackendSpec resolve_triton_mutant(const std::string& name, const std::string& mutant) {
   std::string func = "mutant_" + mutant;
   std::replace(func.begin(), func.end(), '-', '_');
-  return {name, "planted bug '" + mutant + "' in triton-mma", false, [name, func] {
+  return {name, "planted bug '" + mutant + "' in triton-mma", false,
+          [name, func] {
             return make_shipped_python_backend(name, "triton_mma.py", func, Precision::kMmaBf16,
                                                "triton-simt", /*strict=*/true);
-          }};
+          },
+          /*isolates_itself=*/true};
 }
 
 std::string known_names() {
