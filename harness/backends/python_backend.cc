@@ -15,6 +15,7 @@
 
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
+#include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 using json = nlohmann::json;
 
 // docs/WORKER_PROTOCOL.md: the Python worker's version and message types.
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 constexpr uint32_t kMsgInfo = 1, kMsgSupports = 2, kMsgRun = 3, kMsgQuit = 4, kMsgError = 5;
 constexpr double kStartTimeoutS = 120;  // importing torch and initializing CUDA is slow
 
@@ -105,37 +106,48 @@ json scalars(const MaterializedCase& m) {
   };
 }
 
-// Places buffers in the shared memory, 64-byte aligned, and describes them for numpy:
-// [offset, shape, strides in bytes, dtype].
-class ShmLayout {
+// Where each buffer of a call lies, described for numpy: [offset, shape, strides in bytes, dtype,
+// region]. Inputs already in the shared arena (harness/core/shared_arena.h) are read there
+// (region "arena", no copy); the others, and the outputs, get a place in the call's shared
+// memory (region "shm", 64-byte aligned), inputs copied in by copy_in().
+class CallLayout {
  public:
-  template <typename T>
-  int64_t add(const std::vector<T>& v) {
-    const int64_t off = next_;
-    parts_.push_back({off, v.data(), v.size() * sizeof(T)});
-    next_ = (off + static_cast<int64_t>(v.size() * sizeof(T)) + 63) / 64 * 64;
-    return off;
+  // An input: returns its descriptor's [offset, region].
+  std::pair<int64_t, const char*> input(const void* data, size_t bytes) {
+    if (SharedArena* a = SharedArena::get(); a != nullptr && bytes > 0) {
+      if (const int64_t off = a->offset_of(data, bytes); off >= 0) return {off, "arena"};
+    }
+    const int64_t off = place(bytes);
+    copies_.push_back({off, data, bytes});
+    return {off, "shm"};
   }
+  // An output the worker writes: its offset in the call's shared memory.
+  int64_t output(size_t bytes) { return place(bytes); }
   size_t bytes() const { return static_cast<size_t>(next_); }
   void copy_in(uint8_t* base) const {
-    for (const auto& p : parts_) {
+    for (const auto& p : copies_) {
       if (p.bytes > 0) std::memcpy(base + p.offset, p.src, p.bytes);
     }
   }
 
  private:
-  struct Part {
+  int64_t place(size_t bytes) {
+    const int64_t off = next_;
+    next_ = (off + static_cast<int64_t>(bytes) + 63) / 64 * 64;
+    return off;
+  }
+  struct Copy {
     int64_t offset;
     const void* src;
     size_t bytes;
   };
-  std::vector<Part> parts_;
+  std::vector<Copy> copies_;
   int64_t next_ = 0;
 };
 
-json desc(int64_t offset, std::vector<int64_t> shape, std::vector<int64_t> strides,
-          const char* dtype) {
-  return json::array({offset, shape, strides, dtype});
+json desc(std::pair<int64_t, const char*> where, std::vector<int64_t> shape,
+          std::vector<int64_t> strides, const char* dtype) {
+  return json::array({where.first, shape, strides, dtype, where.second});
 }
 
 class PythonBackend final : public Backend {
@@ -183,13 +195,16 @@ class PythonBackend final : public Backend {
     if (!child_.running()) {
       if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
     }
-    OutputBuffers bufs(m);
-    ShmLayout layout;
-    const int64_t q_off = layout.add(m.q), kv_off = layout.add(m.cache);
-    const int64_t idx_off = layout.add(m.indices);
-    const int64_t len_off = m.topk_length.empty() ? -1 : layout.add(m.topk_length);
-    const int64_t sink_off = m.sink.empty() ? -1 : layout.add(m.sink);
-    const int64_t out_off = layout.add(bufs.out), lse_off = layout.add(bufs.lse);
+    const auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
+    CallLayout layout;
+    const auto q_at = layout.input(m.q.data(), bytes_of(m.q));
+    const auto kv_at = layout.input(m.cache.data(), bytes_of(m.cache));
+    const auto idx_at = layout.input(m.indices.data(), bytes_of(m.indices));
+    const auto len_at = layout.input(m.topk_length.data(), bytes_of(m.topk_length));
+    const auto sink_at = layout.input(m.sink.data(), bytes_of(m.sink));
+    const size_t out_n = OutputBuffers::out_elements(m), lse_n = OutputBuffers::lse_elements(m);
+    const int64_t out_off = layout.output(out_n * sizeof(uint16_t));
+    const int64_t lse_off = layout.output(lse_n * sizeof(float));
     try {
       shm_->reserve(layout.bytes());
     } catch (const std::exception& e) {
@@ -199,27 +214,34 @@ class PythonBackend final : public Backend {
       return r;
     }
     layout.copy_in(shm_->data());
+    auto* out_raw = reinterpret_cast<uint16_t*>(shm_->data() + out_off);
+    auto* lse_raw = reinterpret_cast<float*>(shm_->data() + lse_off);
+    // The canaries go straight into the shared memory: no buffer to fill and copy over.
+    OutputBuffers::fill_canaries(out_raw, out_n, lse_raw, lse_n);
 
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
     // Every view carries the real strides: row gaps and head gaps stay outside the views.
     const int64_t qhs = m.q_head_stride, qbs = m.q_batch_stride;
-    const int64_t ohs = bufs.out_head_stride, obs = bufs.out_batch_stride;
-    const int64_t ibs = m.indices_batch_stride, lbs = bufs.lse_batch_stride;
+    const int64_t ohs = m.out_head_stride, obs = m.out_batch_stride;
+    const int64_t ibs = m.indices_batch_stride, lbs = m.lse_batch_stride;
+    const std::pair<int64_t, const char*> out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
+    const std::pair<int64_t, const char*> out_body{out_off + 2 * G, "shm"};
+    const std::pair<int64_t, const char*> lse_body{lse_off + 4 * G, "shm"};
     json req = scalars(m);
     json arrays = {
-        {"q", desc(q_off, {B, H, m.d_qk()}, {2 * qbs, 2 * qhs, 2}, "u2")},
-        {"q_raw", desc(q_off, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
+        {"q", desc(q_at, {B, H, m.d_qk()}, {2 * qbs, 2 * qhs, 2}, "u2")},
+        {"q_raw", desc(q_at, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
         {"kv_cache",
-         desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
-        {"indices", desc(idx_off, {B, m.topk}, {4 * ibs, 4}, "i4")},
-        {"indices_raw", desc(idx_off, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
-        {"out", desc(out_off + 2 * G, {B, H, m.d_v()}, {2 * obs, 2 * ohs, 2}, "u2")},
-        {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
-        {"lse", desc(lse_off + 4 * G, {B, H}, {4 * lbs, 4}, "f4")},
-        {"lse_raw", desc(lse_off, {static_cast<int64_t>(bufs.lse.size())}, {4}, "f4")},
+         desc(kv_at, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
+        {"indices", desc(idx_at, {B, m.topk}, {4 * ibs, 4}, "i4")},
+        {"indices_raw", desc(idx_at, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
+        {"out", desc(out_body, {B, H, m.d_v()}, {2 * obs, 2 * ohs, 2}, "u2")},
+        {"out_raw", desc(out_at, {static_cast<int64_t>(out_n)}, {2}, "u2")},
+        {"lse", desc(lse_body, {B, H}, {4 * lbs, 4}, "f4")},
+        {"lse_raw", desc(lse_at, {static_cast<int64_t>(lse_n)}, {4}, "f4")},
     };
-    if (len_off >= 0) arrays["topk_length"] = desc(len_off, {B}, {4}, "i4");
-    if (sink_off >= 0) arrays["sink"] = desc(sink_off, {H}, {4}, "f4");
+    if (!m.topk_length.empty()) arrays["topk_length"] = desc(len_at, {B}, {4}, "i4");
+    if (!m.sink.empty()) arrays["sink"] = desc(sink_at, {H}, {4}, "f4");
     req["arrays"] = std::move(arrays);
     req["shm_size"] = shm_->size();
     req["out_guard"] = G;
@@ -247,9 +269,7 @@ class PythonBackend final : public Backend {
       r.seconds = seconds;
       return r;
     }
-    std::memcpy(bufs.out.data(), shm_->data() + out_off, bufs.out.size() * sizeof(uint16_t));
-    std::memcpy(bufs.lse.data(), shm_->data() + lse_off, bufs.lse.size() * sizeof(float));
-    RunResult r = collect_outputs(m, bufs);
+    RunResult r = collect_outputs(m, OutputBuffers(m, out_raw, lse_raw));
     r.seconds = seconds;  // the kernel's own time, measured in the worker
     return r;
   }
@@ -282,6 +302,10 @@ class PythonBackend final : public Backend {
                  "--protocol",
                  std::to_string(kProtocolVersion)};
     spec.shm_fd = shm_->fd();
+    if (const SharedArena* a = SharedArena::get()) {
+      spec.arena_fd = a->read_only_fd();
+      spec.argv.insert(spec.argv.end(), {"--arena-fd", std::to_string(ipc::kChildArenaFd)});
+    }
     spec.label = "python worker for " + backend_;
     spec.env.push_back("PYTHONUNBUFFERED=1");
     if (const std::string dir = package_dir(); !dir.empty()) {

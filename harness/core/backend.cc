@@ -2,6 +2,7 @@
 // conversion into a RunResult.
 #include "harness/core/backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace mlafuzz {
@@ -34,40 +35,64 @@ OutputBuffers::OutputBuffers(const MaterializedCase& m)
       lse_batch_stride(m.lse_batch_stride) {
   // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
   // the call was never written, and a guard element that lost it was written out of bounds.
-  out.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * out_batch_stride), kCanaryBits);
-  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * lse_batch_stride),
-             mla::bits_to_float(kLseCanaryBits));
+  out.assign(out_elements(m), kCanaryBits);
+  lse.assign(lse_elements(m), mla::bits_to_float(kLseCanaryBits));
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw,
+                             const float* lse_raw)
+    : out(out_raw, out_raw + out_elements(m)),
+      lse(lse_raw, lse_raw + lse_elements(m)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      lse_batch_stride(m.lse_batch_stride) {}
+
+void OutputBuffers::fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n) {
+  std::fill_n(out_raw, out_n, kCanaryBits);
+  std::fill_n(lse_raw, lse_n, mla::bits_to_float(kLseCanaryBits));
 }
 
 int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
+  // Walks only the guard ranges (no per-element modulo): the bands before and after the body,
+  // and inside each batch row the gap between d_v and the head stride and the gap after the last
+  // head. Writing any of them is a bug.
   int64_t bad = 0;
-  const int64_t body = int64_t{m.batch} * out_batch_stride;
+  const auto count = [&](int64_t from, int64_t to) {  // out elements [from, to) are guard
+    for (int64_t i = from; i < to; ++i) bad += out[static_cast<size_t>(i)] != kCanaryBits;
+  };
+  // Compare bits: the canary is a NaN, and NaN != NaN as floats.
+  const auto count_lse = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      bad += mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits;
+    }
+  };
   const int32_t dv = m.d_v();
   const int64_t heads_span = int64_t{m.heads} * out_head_stride;
-  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
-    const int64_t rel = i - kGuard;
-    bool guard = rel < 0 || rel >= body;
-    // The gaps between d_v and the head stride and after the last head of a row belong to
-    // nobody: writing them is a bug too.
-    if (!guard) {
-      const int64_t in_row = rel % out_batch_stride;
-      guard = in_row >= heads_span || in_row % out_head_stride >= dv;
+  count(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * out_batch_stride;
+    if (out_head_stride > dv) {
+      for (int64_t h = 0; h < m.heads; ++h) {
+        const int64_t head = row + h * out_head_stride;
+        count(head + dv, head + out_head_stride);
+      }
     }
-    if (guard && out[static_cast<size_t>(i)] != kCanaryBits) ++bad;
+    count(row + heads_span, row + out_batch_stride);
   }
-  const int64_t lse_body = int64_t{m.batch} * lse_batch_stride;
-  for (int64_t i = 0; i < static_cast<int64_t>(lse.size()); ++i) {
-    const int64_t rel = i - kGuard;
-    // Compare bits: the canary is a NaN, and NaN != NaN as floats.
-    if ((rel < 0 || rel >= lse_body || rel % lse_batch_stride >= m.heads) &&
-        mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits) {
-      ++bad;
-    }
+  count(kGuard + int64_t{m.batch} * out_batch_stride, static_cast<int64_t>(out.size()));
+  count_lse(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * lse_batch_stride;
+    count_lse(row + m.heads, row + lse_batch_stride);
   }
+  count_lse(kGuard + int64_t{m.batch} * lse_batch_stride, static_cast<int64_t>(lse.size()));
   return bad;
 }
 
-RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+namespace {
+
+// The logical outputs, widened; the raw buffers are the caller's to fill.
+RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
   RunResult r;
   const int32_t dv = m.d_v();
   r.out.resize(static_cast<size_t>(int64_t{m.batch} * m.heads * dv));
@@ -75,19 +100,31 @@ RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) 
   for (int32_t b = 0; b < m.batch; ++b) {
     for (int32_t h = 0; h < m.heads; ++h) {
       const int64_t row = int64_t{b} * m.heads + h;
-      const int64_t src =
-          OutputBuffers::kGuard + b * bufs.out_batch_stride + h * bufs.out_head_stride;
-      for (int32_t d = 0; d < dv; ++d) {
-        r.out[static_cast<size_t>(row * dv + d)] =
-            mla::bf16_to_float(bufs.out[static_cast<size_t>(src + d)]);  // exact widening
-      }
+      const uint16_t* src = bufs.out.data() + OutputBuffers::kGuard + b * bufs.out_batch_stride +
+                            h * bufs.out_head_stride;
+      double* dst = r.out.data() + row * dv;
+      for (int32_t d = 0; d < dv; ++d) dst[d] = mla::bf16_to_float(src[d]);  // exact widening
       r.lse[static_cast<size_t>(row)] =
           bufs.lse[static_cast<size_t>(OutputBuffers::kGuard + b * bufs.lse_batch_stride + h)];
     }
   }
+  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+}  // namespace
+
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r = widen_outputs(m, bufs);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
-  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
+  RunResult r = widen_outputs(m, bufs);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
   return r;
 }
 

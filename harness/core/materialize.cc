@@ -161,7 +161,7 @@ int32_t index_pad_value(Fill f, uint64_t seed, uint64_t element, int64_t slots) 
 
 // Fills the whole cache with the pad pattern; the writer then overwrites every data byte, so
 // what is left is exactly the bytes that hold no data (page padding, unused scale bytes).
-void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed) {
+void fill_cache_padding(SharedVector<uint8_t>& cache, Fill f, uint64_t seed) {
   switch (f) {
     case Fill::kZero:
       std::fill(cache.begin(), cache.end(), uint8_t{0});
@@ -190,7 +190,7 @@ void put_u32(uint8_t* p, uint32_t v) {
 }
 
 // Quantizes and writes every logical token of the cache at its physical slot.
-void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_t>& cache) {
+void write_tokens(const Case& c, const mla::CacheGeometry& g, SharedVector<uint8_t>& cache) {
   const int64_t n = mla::num_slots(g);
   const int32_t tiles = mla::num_scale_tiles(g);
   std::vector<float> v(static_cast<size_t>(g.nope_dim));
@@ -247,8 +247,8 @@ void hash_int(uint64_t& h, int64_t v) {
   hash_bytes(h, b, 8);
 }
 
-template <typename T>
-void hash_vector(uint64_t& h, const std::vector<T>& v) {
+template <typename T, typename A>
+void hash_vector(uint64_t& h, const std::vector<T, A>& v) {
   hash_int(h, static_cast<int64_t>(v.size()));
   for (const T& x : v) {
     if constexpr (std::is_same_v<T, float>) {

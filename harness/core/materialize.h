@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/core/case.h"
+#include "harness/core/shared_arena.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz {
@@ -22,11 +23,13 @@ struct MaterializedCase {
   mla::Conventions conv;
 
   // Every buffer is strided as the kernels see it; the gaps are filled per the recipe's pad_fill
-  // (and poisoned by the poison property). Every stride must be set (>= its minimum).
-  std::vector<uint16_t> q;           // [B, q_batch_stride] bf16 bits, heads q_head_stride apart
+  // (and poisoned by the poison property). Every stride must be set (>= its minimum). q and the
+  // cache live in the shared arena (harness/core/shared_arena.h) when it is on, so that worker
+  // processes read them without a copy.
+  SharedVector<uint16_t> q;          // [B, q_batch_stride] bf16 bits, heads q_head_stride apart
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
   int64_t q_batch_stride = 0;        // H * q_head_stride + q_batch_pad
-  std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
+  SharedVector<uint8_t> cache;       // [num_pages * page_stride] exact layout bytes
   std::vector<int32_t> indices;      // [B, indices_batch_stride] physical global slots
   int64_t indices_batch_stride = 0;  // topk + indices_row_pad
   std::vector<int32_t> topk_length;  // [B] or empty
