@@ -22,7 +22,7 @@ install(TARGETS ${MLAFUZZ_EXPORTED_TARGETS} EXPORT mlafuzzTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT mlafuzz_dev)
 install(FILES harness/core/backend.h harness/core/case.h harness/core/compare.h
               harness/core/envelope.h harness/core/fileio.h harness/core/materialize.h
-              harness/core/npy.h
+              harness/core/npy.h harness/core/shared_arena.h
               harness/core/rng.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/harness/core COMPONENT mlafuzz_dev)
 install(FILES oracle/oracle.h

@@ -74,7 +74,7 @@ double key(const LoopLayout& L, const uint8_t* cache, const Where& w, int64_t d)
 // One cache and its index lists (SPEC.md section 8: the main cache, or the extra cache).
 struct LoopCache {
   LoopLayout L;
-  const std::vector<uint8_t>* bytes;
+  const SharedVector<uint8_t>* bytes;
   int64_t pages;
   const std::vector<int32_t>* indices;  // [B, s_q, topk], list (b, s) at b*bstride + s*tstride
   const std::vector<int32_t>* lengths;  // [B] or empty

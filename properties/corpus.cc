@@ -64,6 +64,7 @@ const fields::Table<Finding>& finding_fields() {
       field("signature", &Finding::signature, kReport),
       field("property", &Finding::property, kBoth),
       field("backend", &Finding::backend, kBoth),
+      field("backend_source", &Finding::backend_source, kBoth),
       field("shape_class", &Finding::shape_class, kReport),
       field("count", &Finding::count, kReport),
       field("seed", &Finding::seed, kReport),

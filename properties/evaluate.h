@@ -224,6 +224,10 @@ inline constexpr int kCorpusFormatVersion = 1;
 struct Finding {
   // Both documents.
   std::string property, backend, signature;
+  // The backends as the campaign was given them, with files made absolute
+  // (absolute_backend_name; "a,b" for a pair): `mlafuzz repro` runs these, from any directory.
+  // Empty in entries written before it existed (repro then uses `backend`).
+  std::string backend_source;
   uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
   double tightness = 0;               // of the finite elements
   bool nonfinite_mismatch = false;    // PropertyOutcome::nonfinite_mismatch

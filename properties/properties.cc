@@ -73,7 +73,7 @@ namespace {
 // One cache and its lists as the transformations see them (the main or the extra cache).
 struct CacheView {
   mla::CacheGeometry* geom;
-  std::vector<uint8_t>* cache;
+  SharedVector<uint8_t>* cache;
   std::vector<int32_t>* indices;
   std::vector<int32_t>* lengths;
   int32_t* topk;
@@ -179,7 +179,7 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
     // Both caches (SPEC.md section 8): every byte no valid selected token of that cache uses.
     const CounterRng rng(seed, Stream::kPoison, c == 0 ? 0 : 7);
     const std::vector<uint8_t> used = c == 0 ? used_cache_bytes(m) : used_extra_cache_bytes(m);
-    std::vector<uint8_t>& bytes = *views[c].cache;
+    SharedVector<uint8_t>& bytes = *views[c].cache;
     for (size_t i = 0; i < bytes.size(); ++i) {
       if (!used[i]) bytes[i] = poison_byte(variant, rng, i);
     }
@@ -250,7 +250,7 @@ namespace {
 void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream,
               int64_t stride_multiple) {
   const mla::CacheGeometry g = *v.geom;
-  const std::vector<uint8_t> old = *v.cache;
+  const std::vector<uint8_t> old(v.cache->begin(), v.cache->end());
   mla::CacheGeometry& ng = *v.geom;
   const int32_t extra = static_cast<int32_t>(rng.uniform_int(0, 2));
   ng.num_pages = g.num_pages + extra;
@@ -316,10 +316,10 @@ namespace {
 
 // Batch row b of a [B, batch_stride] buffer of s_q tokens `token_stride` apart: token s only
 // (every token when s < 0), then the row's gap (the elements after its last token).
-template <typename T>
-std::vector<T> row_tokens(const std::vector<T>& v, int64_t b, int s, int32_t s_q,
-                          int64_t token_stride, int64_t batch_stride) {
-  std::vector<T> out;
+template <typename Vec>  // std::vector or SharedVector
+Vec row_tokens(const Vec& v, int64_t b, int s, int32_t s_q, int64_t token_stride,
+               int64_t batch_stride) {
+  Vec out;
   const auto row = v.begin() + b * batch_stride;
   for (int32_t t = s < 0 ? 0 : s; t < (s < 0 ? s_q : s + 1); ++t) {
     out.insert(out.end(), row + t * token_stride, row + (t + 1) * token_stride);

@@ -168,9 +168,9 @@ void SharedMemoryView::refresh() {
 namespace {
 
 // fork + exec with stdin from `stdin_fd` (-1: /dev/null) and stdout to `stdout_fd`; stderr to
-// spec.log_path when set; the shared memory as kChildShmFd. Everything the child needs is
-// prepared before fork: the child only makes async-signal-safe calls (the campaign is
-// multi-threaded). Throws std::runtime_error when fork fails.
+// spec.log_path when set; the shared memory as kChildShmFd, the arena as kChildArenaFd. Everything
+// the child needs is prepared before fork: the child only makes async-signal-safe calls (the
+// campaign is multi-threaded). Throws std::runtime_error when fork fails.
 pid_t spawn(const ChildSpec& spec, int stdin_fd, int stdout_fd) {
   std::vector<std::string> extra = spec.env;
   extra.push_back("MLAFUZZ_WORKER_PARENT=" + std::to_string(::getpid()));
@@ -204,14 +204,12 @@ pid_t spawn(const ChildSpec& spec, int stdin_fd, int stdout_fd) {
     ::dup2(stdin_fd >= 0 ? stdin_fd : null_fd, STDIN_FILENO);
     ::dup2(stdout_fd, STDOUT_FILENO);
     if (log_fd >= 0) ::dup2(log_fd, STDERR_FILENO);
-    if (spec.shm_fd >= 0) {
-      // dup2 clears close-on-exec on the copy; a descriptor already numbered 3 needs it off.
-      if (spec.shm_fd == kChildShmFd) {
-        ::fcntl(kChildShmFd, F_SETFD, 0);
-      } else {
-        ::dup2(spec.shm_fd, kChildShmFd);
-      }
-    }
+    // The shared memory and the arena at their fixed numbers: first out of the way (a descriptor
+    // may already hold the other's number), then in place; dup2 clears close-on-exec.
+    const int shm_tmp = spec.shm_fd >= 0 ? ::fcntl(spec.shm_fd, F_DUPFD_CLOEXEC, 10) : -1;
+    const int arena_tmp = spec.arena_fd >= 0 ? ::fcntl(spec.arena_fd, F_DUPFD_CLOEXEC, 10) : -1;
+    if (shm_tmp >= 0) ::dup2(shm_tmp, kChildShmFd);
+    if (arena_tmp >= 0) ::dup2(arena_tmp, kChildArenaFd);
     ::signal(SIGPIPE, SIG_DFL);
     ::signal(SIGINT, SIG_IGN);
     ::execve(args[0], args.data(), envp.data());

@@ -25,6 +25,8 @@ inline constexpr uint32_t kFrameMagic = 0x57414c4d;  // "MLAW"
 inline constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 36;
 // The file descriptor number the shared memory has in the child.
 inline constexpr int kChildShmFd = 3;
+// The file descriptor number the shared arena (harness/core/shared_arena.h) has in the child.
+inline constexpr int kChildArenaFd = 4;
 
 // An anonymous shared-memory file (memfd_create), mapped read-write. The child maps the same
 // file through its inherited descriptor; growing it (ftruncate) keeps the descriptor, so the
@@ -72,6 +74,7 @@ struct ChildSpec {
   std::vector<std::string> argv;  // argv[0] is the executable's path
   std::vector<std::string> env;   // "NAME=value" set on top of this process's environment
   int shm_fd = -1;                // inherited as kChildShmFd when >= 0
+  int arena_fd = -1;              // inherited as kChildArenaFd when >= 0
   std::string log_path;           // the child's stderr goes here (appended); "" = inherit
   std::string label;              // names the child in fault descriptions
 };

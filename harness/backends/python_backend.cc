@@ -15,6 +15,7 @@
 
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
+#include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
 namespace {
@@ -22,7 +23,7 @@ namespace {
 using json = nlohmann::json;
 
 // docs/WORKER_PROTOCOL.md: the Python worker's version and message types.
-constexpr int kProtocolVersion = 1;
+constexpr int kProtocolVersion = 2;
 constexpr uint32_t kMsgInfo = 1, kMsgSupports = 2, kMsgRun = 3, kMsgQuit = 4, kMsgError = 5;
 constexpr double kStartTimeoutS = 120;  // importing torch and initializing CUDA is slow
 
@@ -71,13 +72,8 @@ Precision precision_from(const std::string& s, const std::string& who) {
 const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
 
 // The call's scalar fields, under MlafuzzDecodeCall's names (strings for enumerations).
-json scalars(const MaterializedCase& m, const OutputBuffers& bufs) {
-  mla::DecodeParams p = m.host_params();
-  p.out_head_stride = bufs.out_head_stride;
-  p.out_token_stride = bufs.out_token_stride;
-  p.out_batch_stride = bufs.out_batch_stride;
-  p.lse_token_stride = bufs.lse_token_stride;
-  p.lse_batch_stride = bufs.lse_batch_stride;
+json scalars(const MaterializedCase& m) {
+  const mla::DecodeParams p = m.host_params();  // every stride of the case, outputs included
   const MlafuzzDecodeCall c = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
   json j{
       {"layout", layout_str(c.layout)},
@@ -140,37 +136,48 @@ void token_dims(const MaterializedCase& m, int64_t batch_stride, int64_t token_s
   }
 }
 
-// Places buffers in the shared memory, 64-byte aligned, and describes them for numpy:
-// [offset, shape, strides in bytes, dtype].
-class ShmLayout {
+// Where each buffer of a call lies, described for numpy: [offset, shape, strides in bytes, dtype,
+// region]. Inputs already in the shared arena (harness/core/shared_arena.h) are read there
+// (region "arena", no copy); the others, and the outputs, get a place in the call's shared
+// memory (region "shm", 64-byte aligned), inputs copied in by copy_in().
+class CallLayout {
  public:
-  template <typename T>
-  int64_t add(const std::vector<T>& v) {
-    const int64_t off = next_;
-    parts_.push_back({off, v.data(), v.size() * sizeof(T)});
-    next_ = (off + static_cast<int64_t>(v.size() * sizeof(T)) + 63) / 64 * 64;
-    return off;
+  // An input: returns its descriptor's [offset, region].
+  std::pair<int64_t, const char*> input(const void* data, size_t bytes) {
+    if (SharedArena* a = SharedArena::get(); a != nullptr && bytes > 0) {
+      if (const int64_t off = a->offset_of(data, bytes); off >= 0) return {off, "arena"};
+    }
+    const int64_t off = place(bytes);
+    copies_.push_back({off, data, bytes});
+    return {off, "shm"};
   }
+  // An output the worker writes: its offset in the call's shared memory.
+  int64_t output(size_t bytes) { return place(bytes); }
   size_t bytes() const { return static_cast<size_t>(next_); }
   void copy_in(uint8_t* base) const {
-    for (const auto& p : parts_) {
+    for (const auto& p : copies_) {
       if (p.bytes > 0) std::memcpy(base + p.offset, p.src, p.bytes);
     }
   }
 
  private:
-  struct Part {
+  int64_t place(size_t bytes) {
+    const int64_t off = next_;
+    next_ = (off + static_cast<int64_t>(bytes) + 63) / 64 * 64;
+    return off;
+  }
+  struct Copy {
     int64_t offset;
     const void* src;
     size_t bytes;
   };
-  std::vector<Part> parts_;
+  std::vector<Copy> copies_;
   int64_t next_ = 0;
 };
 
-json desc(int64_t offset, std::vector<int64_t> shape, std::vector<int64_t> strides,
-          const char* dtype) {
-  return json::array({offset, shape, strides, dtype});
+json desc(std::pair<int64_t, const char*> where, std::vector<int64_t> shape,
+          std::vector<int64_t> strides, const char* dtype) {
+  return json::array({where.first, shape, strides, dtype, where.second});
 }
 
 class PythonBackend final : public Backend {
@@ -199,7 +206,7 @@ class PythonBackend final : public Backend {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
     if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
-    json req = scalars(m, OutputBuffers(m));
+    json req = scalars(m);
     const ipc::Child::Reply r = child_.call(kMsgSupports, req.dump(), python_call_timeout());
     if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;
     const json j = json::parse(r.payload, nullptr, false);
@@ -218,16 +225,19 @@ class PythonBackend final : public Backend {
     if (!child_.running()) {
       if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
     }
-    OutputBuffers bufs(m);
-    ShmLayout layout;
-    const int64_t q_off = layout.add(m.q), kv_off = layout.add(m.cache);
-    const int64_t idx_off = layout.add(m.indices);
-    const int64_t len_off = m.topk_length.empty() ? -1 : layout.add(m.topk_length);
-    const int64_t sink_off = m.sink.empty() ? -1 : layout.add(m.sink);
-    const int64_t xkv_off = m.has_extra ? layout.add(m.extra_cache) : -1;
-    const int64_t xidx_off = m.has_extra ? layout.add(m.extra_indices) : -1;
-    const int64_t xlen_off = m.extra_topk_length.empty() ? -1 : layout.add(m.extra_topk_length);
-    const int64_t out_off = layout.add(bufs.out), lse_off = layout.add(bufs.lse);
+    const auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
+    CallLayout layout;
+    const auto q_at = layout.input(m.q.data(), bytes_of(m.q));
+    const auto kv_at = layout.input(m.cache.data(), bytes_of(m.cache));
+    const auto idx_at = layout.input(m.indices.data(), bytes_of(m.indices));
+    const auto len_at = layout.input(m.topk_length.data(), bytes_of(m.topk_length));
+    const auto sink_at = layout.input(m.sink.data(), bytes_of(m.sink));
+    const auto xkv_at = layout.input(m.extra_cache.data(), bytes_of(m.extra_cache));
+    const auto xidx_at = layout.input(m.extra_indices.data(), bytes_of(m.extra_indices));
+    const auto xlen_at = layout.input(m.extra_topk_length.data(), bytes_of(m.extra_topk_length));
+    const size_t out_n = OutputBuffers::out_elements(m), lse_n = OutputBuffers::lse_elements(m);
+    const int64_t out_off = layout.output(out_n * sizeof(uint16_t));
+    const int64_t lse_off = layout.output(lse_n * sizeof(float));
     try {
       shm_->reserve(layout.bytes());
     } catch (const std::exception& e) {
@@ -237,41 +247,51 @@ class PythonBackend final : public Backend {
       return r;
     }
     layout.copy_in(shm_->data());
+    auto* out_raw = reinterpret_cast<uint16_t*>(shm_->data() + out_off);
+    auto* lse_raw = reinterpret_cast<float*>(shm_->data() + lse_off);
+    // The canaries go straight into the shared memory: no buffer to fill and copy over.
+    OutputBuffers::fill_canaries(out_raw, out_n, lse_raw, lse_n);
 
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
-    const int64_t qhs = m.q_head_stride, ohs = bufs.out_head_stride;
-    json req = scalars(m, bufs);
+    // Every view carries the real strides: row gaps and head gaps stay outside the views.
+    const int64_t qhs = m.q_head_stride, ohs = m.out_head_stride;
+    const std::pair<int64_t, const char*> out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
+    const std::pair<int64_t, const char*> out_body{out_off + 2 * G, "shm"};
+    const std::pair<int64_t, const char*> lse_body{lse_off + 4 * G, "shm"};
+    json req = scalars(m);
     // [B, (s_q,) ...] views: the s_q axis when s_q > 1.
-    auto tokens = [&](int64_t off, std::vector<int64_t> shape, std::vector<int64_t> strides,
-                      int64_t batch_stride, int64_t token_stride, int64_t elem, const char* t) {
+    auto tokens = [&](std::pair<int64_t, const char*> at, std::vector<int64_t> shape,
+                      std::vector<int64_t> strides, int64_t batch_stride, int64_t token_stride,
+                      int64_t elem, const char* t) {
       token_dims(m, batch_stride, token_stride, elem, shape, strides);
-      return desc(off, std::move(shape), std::move(strides), t);
+      return desc(at, std::move(shape), std::move(strides), t);
     };
     json arrays = {
         {"q",
-         tokens(q_off, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
-        {"q_raw", desc(q_off, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
+         tokens(q_at, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
+        {"q_raw", desc(q_at, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
         {"kv_cache",
-         desc(kv_off, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
+         desc(kv_at, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
         {"indices",
-         tokens(idx_off, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
-        {"indices_raw", desc(idx_off, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
-        {"out", tokens(out_off + 2 * G, {H, m.d_v()}, {2 * ohs, 2}, bufs.out_batch_stride,
-                       bufs.out_token_stride, 2, "u2")},
-        {"out_raw", desc(out_off, {static_cast<int64_t>(bufs.out.size())}, {2}, "u2")},
-        {"lse",
-         tokens(lse_off + 4 * G, {H}, {4}, bufs.lse_batch_stride, bufs.lse_token_stride, 4, "f4")},
-        {"lse_raw", desc(lse_off, {static_cast<int64_t>(bufs.lse.size())}, {4}, "f4")},
+         tokens(idx_at, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
+        {"indices_raw", desc(idx_at, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
+        {"out", tokens(out_body, {H, m.d_v()}, {2 * ohs, 2}, m.out_batch_stride, m.out_token_stride,
+                       2, "u2")},
+        {"out_raw", desc(out_at, {static_cast<int64_t>(out_n)}, {2}, "u2")},
+        {"lse", tokens(lse_body, {H}, {4}, m.lse_batch_stride, m.lse_token_stride, 4, "f4")},
+        {"lse_raw", desc(lse_at, {static_cast<int64_t>(lse_n)}, {4}, "f4")},
     };
-    if (len_off >= 0) arrays["topk_length"] = desc(len_off, {B}, {4}, "i4");
-    if (sink_off >= 0) arrays["sink"] = desc(sink_off, {H}, {4}, "f4");
+    if (!m.topk_length.empty()) arrays["topk_length"] = desc(len_at, {B}, {4}, "i4");
+    if (!m.sink.empty()) arrays["sink"] = desc(sink_at, {H}, {4}, "f4");
     if (m.has_extra) {
       const mla::CacheGeometry& e = m.extra_geom;
       arrays["extra_kv_cache"] =
-          desc(xkv_off, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
-      arrays["extra_indices"] = tokens(xidx_off, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
+          desc(xkv_at, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
+      arrays["extra_indices"] = tokens(xidx_at, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
                                        m.extra_indices_token_stride, 4, "i4");
-      if (xlen_off >= 0) arrays["extra_topk_length"] = desc(xlen_off, {B}, {4}, "i4");
+      if (!m.extra_topk_length.empty()) {
+        arrays["extra_topk_length"] = desc(xlen_at, {B}, {4}, "i4");
+      }
     }
     req["arrays"] = std::move(arrays);
     req["shm_size"] = shm_->size();
@@ -300,9 +320,7 @@ class PythonBackend final : public Backend {
       r.seconds = seconds;
       return r;
     }
-    std::memcpy(bufs.out.data(), shm_->data() + out_off, bufs.out.size() * sizeof(uint16_t));
-    std::memcpy(bufs.lse.data(), shm_->data() + lse_off, bufs.lse.size() * sizeof(float));
-    RunResult r = collect_outputs(m, bufs);
+    RunResult r = collect_outputs(m, OutputBuffers(m, out_raw, lse_raw));
     r.seconds = seconds;  // the kernel's own time, measured in the worker
     return r;
   }
@@ -335,6 +353,10 @@ class PythonBackend final : public Backend {
                  "--protocol",
                  std::to_string(kProtocolVersion)};
     spec.shm_fd = shm_->fd();
+    if (const SharedArena* a = SharedArena::get()) {
+      spec.arena_fd = a->read_only_fd();
+      spec.argv.insert(spec.argv.end(), {"--arena-fd", std::to_string(ipc::kChildArenaFd)});
+    }
     spec.label = "python worker for " + backend_;
     spec.env.push_back("PYTHONUNBUFFERED=1");
     if (const std::string dir = package_dir(); !dir.empty()) {

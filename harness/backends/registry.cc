@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -85,16 +86,20 @@ std::vector<BackendSpec> make_table() {
   // The story's kernels in Triton (kernels/triton, python: backends under short names; they
   // need python3 with torch, triton and a GPU, and say which is missing otherwise).
   t.push_back({"triton-simt", "Triton SIMT per-head kernel (fp32; kernels/triton/triton_simt.py)",
-               false, [] {
+               false,
+               [] {
                  return make_shipped_python_backend("triton-simt", "triton_simt.py", "decode",
                                                     Precision::kSimtFp32, "");
-               }});
+               },
+               /*isolates_itself=*/true});
   t.push_back({"triton-mma",
                "Triton head-tiled kernel (tl.dot bf16, BLOCK_H 32; kernels/triton/triton_mma.py)",
-               false, [] {
+               false,
+               [] {
                  return make_shipped_python_backend("triton-mma", "triton_mma.py", "decode",
                                                     Precision::kMmaBf16, "triton-simt");
-               }});
+               },
+               /*isolates_itself=*/true});
   return t;
 }
 
@@ -103,10 +108,12 @@ std::vector<BackendSpec> make_table() {
 BackendSpec resolve_triton_mutant(const std::string& name, const std::string& mutant) {
   std::string func = "mutant_" + mutant;
   std::replace(func.begin(), func.end(), '-', '_');
-  return {name, "planted bug '" + mutant + "' in triton-mma", false, [name, func] {
+  return {name, "planted bug '" + mutant + "' in triton-mma", false,
+          [name, func] {
             return make_shipped_python_backend(name, "triton_mma.py", func, Precision::kMmaBf16,
                                                "triton-simt", /*strict=*/true);
-          }};
+          },
+          /*isolates_itself=*/true};
 }
 
 std::string known_names() {
@@ -173,6 +180,30 @@ std::vector<std::string> mutant_backend_names(bool gpu) {
   return out;
 }
 
+std::string absolute_backend_name(const std::string& name) {
+  const auto absolute = [](const std::string& path) {
+    std::error_code ec;
+    const std::filesystem::path p = std::filesystem::absolute(path, ec);
+    return ec ? path : p.lexically_normal().string();
+  };
+  if (name.rfind(kPluginPrefix, 0) == 0) {
+    const std::string target = name.substr(std::strlen(kPluginPrefix));
+    // A declared name has no slash: it resolves through the loaded plugins and the search path.
+    if (target.find('/') == std::string::npos) return name;
+    return kPluginPrefix + absolute(target);
+  }
+  if (name.rfind(kPythonPrefix, 0) == 0) {
+    const std::string spec = name.substr(std::strlen(kPythonPrefix));
+    const size_t colon = spec.rfind(':');
+    if (colon == std::string::npos) return name;
+    const std::string target = spec.substr(0, colon);
+    const bool file = target.size() > 3 && target.compare(target.size() - 3, 3, ".py") == 0;
+    if (!file && target.find('/') == std::string::npos) return name;  // package.module
+    return kPythonPrefix + absolute(target) + spec.substr(colon);
+  }
+  return name;
+}
+
 BackendSpec resolve_backend(const std::string& name) {
   if (name.rfind(kPluginPrefix, 0) == 0) {
     // "plugin:/path/lib.so", or "plugin:<name>" (plugin_backend.h, resolve_plugin). Resolving
@@ -183,7 +214,8 @@ BackendSpec resolve_backend(const std::string& name) {
   if (name.rfind(kPythonPrefix, 0) == 0) {
     // Isolated already: the kernel runs in its own Python worker process
     // (harness/backends/python_backend.h).
-    return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); }};
+    return {name, "Python kernel " + name, false, [name] { return make_python_backend(name); },
+            true};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {
     if (name.substr(0, tilde) == "triton-mma") {

@@ -26,6 +26,9 @@ struct BackendSpec {
   // construct it only inside a worker process (unless asked to keep it in process).
   bool foreign = false;
   std::function<std::unique_ptr<Backend>()> make;
+  // Runs its code in a child process of its own (python: backends): constructed in this
+  // process, never put behind another worker (faults come back as RunStatus::kFault).
+  bool isolates_itself = false;
 };
 
 // Every built-in backend (oracle, oracle-loop, cpu-simt, cpu-mma, cuda-simt, cuda-mma,
@@ -42,6 +45,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name);
 // Splits "a,b,c" and resolves every name; "all" or "available" expands to every available
 // built-in backend. Throws std::runtime_error for an empty list or an unknown name.
 std::vector<std::string> parse_backend_list(const std::string& list);
+
+// `name` with its file made absolute (against the working directory), so that it names the same
+// backend from any directory: "plugin:./libk.so" -> "plugin:/abs/libk.so",
+// "python:dir/k.py:decode" -> "python:/abs/dir/k.py:decode". Names without a file path (built-ins,
+// plugin:<declared name>, python:package.module:func) come back unchanged.
+std::string absolute_backend_name(const std::string& name);
 
 // Names of the planted-bug variants this build can make ("cpu-mma~...", and "cuda-mma~..." in
 // CUDA builds when `gpu`); empty without MLAFUZZ_MUTANTS.

@@ -7,7 +7,7 @@ namespace mlafuzz::campaign {
 
 // The fresh worker a fault is shrunk through, and the last fault it reported.
 struct FindingStore::FaultProbe {
-  std::unique_ptr<ProxyBackend> worker;
+  std::unique_ptr<IsolatedBackend> worker;
   std::string last_fault;
 };
 
@@ -22,6 +22,7 @@ void FindingStore::add(const PropertyOutcome& o, const Case& c, uint64_t index,
   if (!claim(pre_key)) return;
   const Shrunk s = shrink(failure, c, tb, pre_key);
   Finding f = make_finding(s.outcome, s.minimal, opts_.seed, index);
+  f.backend_source = pool_.backend_source(o.backend, tb);
   pool_.fill_gpu(f, o.backend, tb);
   f.shape_class = shape_class(s.minimal);
   f.shrunk = s.shrunk;
@@ -91,7 +92,7 @@ std::function<bool(const Case&)> FindingStore::fault_predicate(const PropertyOut
                                                                FaultProbe& probe) {
   probe.worker = pool_.fresh_worker(failure.backend, tb);
   probe.last_fault = failure.detail;
-  ProxyBackend* fp = probe.worker.get();
+  IsolatedBackend* fp = probe.worker.get();
   // Partners stay in the list (mma-vs-simt), the faulting backend is the fresh worker.
   std::vector<Backend*> ptrs = tb.ptrs;
   for (auto*& p : ptrs) {
@@ -143,9 +144,8 @@ void FindingStore::save_new(Entry& e, uint64_t index) {
     f.corpus_path = save_corpus_entry(opts_.corpus_dir, e.minimal, f);
     e.saved_count = f.count;
     f.corpus_entries = {f.corpus_path};
-    std::string b = f.backend;
-    std::replace(b.begin(), b.end(), '|', ',');
-    f.repro = repro_command(f.corpus_path, b);
+    // The names as given, files absolute: the command works from any directory.
+    f.repro = repro_command(f.corpus_path, f.backend_source);
   } catch (const std::exception& ex) {
     console_.message("\nmlafuzz: cannot save the finding " + f.signature + ": " + ex.what() + "\n");
     // A fault is the "run" property's failure.

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "harness/backends/registry.h"
+#include "harness/campaign/isolation.h"
 #include "harness/core/fileio.h"
 
 namespace mlafuzz::campaign {
@@ -65,7 +66,10 @@ void BackendPool::plan_backends() {
       }
       p.on_device = b->on_device();
       p.envelope = b->envelope();
-      p.isolated = opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker());
+      // A python: kernel already runs in its own worker: the campaign talks to it directly.
+      p.self_isolated = spec.isolates_itself;
+      p.isolated = !p.self_isolated &&
+                   (opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker()));
       need_devices = need_devices || (p.isolated && p.on_device);
     }
     plan_.push_back(p);
@@ -146,7 +150,15 @@ ThreadBackends BackendPool::for_thread(int t) const {
   ThreadBackends tb;
   tb.device = devices_.empty() ? -1 : devices_[t % devices_.size()];
   for (const auto& p : plan_) {
-    if (!p.isolated) {
+    if (p.self_isolated) {
+      auto b = std::make_unique<SelfIsolatedBackend>(make_backend(p.name));
+      {
+        std::lock_guard<std::mutex> lock(totals_mu_);
+        call_totals_.emplace_back(b->name(), b->totals());
+      }
+      tb.proxies.push_back(b.get());
+      tb.owned.push_back(std::move(b));
+    } else if (!p.isolated) {
       tb.owned.push_back(make_backend(p.name));
     } else {
       std::shared_ptr<WorkerSlot> slot;
@@ -170,13 +182,18 @@ ThreadBackends BackendPool::for_thread(int t) const {
   return tb;
 }
 
-std::unique_ptr<ProxyBackend> BackendPool::fresh_worker(const std::string& backend,
-                                                        const ThreadBackends& tb) const {
+std::unique_ptr<IsolatedBackend> BackendPool::fresh_worker(const std::string& backend,
+                                                           const ThreadBackends& tb) const {
   int dev = -1;
   std::string spec_name = backend;
+  bool self_isolated = false;
   for (size_t i = 0; i < tb.ptrs.size(); ++i) {
-    if (tb.ptrs[i]->name() == backend) spec_name = plan_[i].name;
+    if (tb.ptrs[i]->name() == backend) {
+      spec_name = plan_[i].name;
+      self_isolated = plan_[i].self_isolated;
+    }
   }
+  if (self_isolated) return std::make_unique<SelfIsolatedBackend>(make_backend(spec_name));
   for (auto* p : tb.proxies) {
     if (p->name() == backend) dev = p->device();
   }
@@ -204,6 +221,24 @@ std::string BackendPool::names_as_given() const {
   std::string b;
   for (const auto& p : plan_) b += (b.empty() ? "" : ",") + p.name;
   return b;
+}
+
+std::string BackendPool::backend_source(const std::string& backend,
+                                        const ThreadBackends& tb) const {
+  std::string out;
+  size_t from = 0;
+  while (from <= backend.size()) {
+    const size_t bar = std::min(backend.find('|', from), backend.size());
+    const std::string part = backend.substr(from, bar - from);
+    std::string given = part;
+    for (size_t i = 0; i < tb.ptrs.size() && i < plan_.size(); ++i) {
+      if (tb.ptrs[i]->name() == part) given = plan_[i].name;
+    }
+    if (!out.empty()) out.push_back(',');
+    out.append(absolute_backend_name(given));
+    from = bar + 1;
+  }
+  return out;
 }
 
 TimeBreakdown BackendPool::time_breakdown() const {

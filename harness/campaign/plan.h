@@ -27,14 +27,16 @@ struct BackendPlan {
   bool isolated = false;
   bool on_device = false;  // workers_per_device() workers per GPU, shared by threads
   Envelope envelope;       // what the backend declares it accepts
+  // Runs in its own child process (python: kernels): one per thread, talked to directly.
+  bool self_isolated = false;
 };
 
 // The backends of one evaluation thread.
 struct ThreadBackends {
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> ptrs;
-  std::vector<ProxyBackend*> proxies;
-  int device = -1;  // GPU of this thread's device workers
+  std::vector<IsolatedBackend*> proxies;  // the isolated ones of `ptrs`
+  int device = -1;                        // GPU of this thread's device workers
 
   // Faults the workers saw since the last call (a fault fails the backend's "run" outcome).
   Faults take_faults();
@@ -49,8 +51,8 @@ class BackendPool {
   ThreadBackends for_thread(int thread_index) const;
   // A new worker of `backend` (a name as the backend calls itself) on the GPU `tb` uses for it,
   // so that shrinking a fault does not disturb the campaign's workers.
-  std::unique_ptr<ProxyBackend> fresh_worker(const std::string& backend,
-                                             const ThreadBackends& tb) const;
+  std::unique_ptr<IsolatedBackend> fresh_worker(const std::string& backend,
+                                                const ThreadBackends& tb) const;
   // The GPU, driver and CUDA version of the worker `tb` runs `backend` on (nothing when the
   // backend runs on no GPU).
   void fill_gpu(Finding& f, const std::string& backend, const ThreadBackends& tb) const;
@@ -65,6 +67,9 @@ class BackendPool {
   std::string device_label(int d) const { return d < 0 ? "cpu" : "cuda:" + std::to_string(d); }
   std::string device_name(int d) const;
   std::string names_as_given() const;  // comma-separated, for replay commands
+  // The names as given of `backend` (Backend::name(), "a|b" for a pair) in `tb`, files made
+  // absolute (absolute_backend_name), comma-separated: what a corpus entry replays from anywhere.
+  std::string backend_source(const std::string& backend, const ThreadBackends& tb) const;
   int workers_per_device() const { return workers_per_device_; }
   // Every proxy's calls so far and where their time went, by backend.
   TimeBreakdown time_breakdown() const;

@@ -129,9 +129,20 @@ struct FaultRecord {
   std::string backend, message;
 };
 
+// A backend whose code runs in a child process, as a campaign sees it: the faults (crash, exit,
+// hang, device error) it met since last asked, and where its calls' time went. ProxyBackend (a
+// `mlafuzz worker`) and SelfIsolatedBackend (isolation.h: python: kernels, which run in their
+// own Python worker) are the two.
+class IsolatedBackend : public Backend {
+ public:
+  virtual std::vector<FaultRecord> take_faults() = 0;
+  virtual int device() const { return -1; }  // the GPU of its worker, -1: none chosen
+  virtual std::shared_ptr<const CallTotals> totals() const = 0;
+};
+
 // The Backend face of a worker. One object per evaluation thread (it records the faults of the
 // case its thread evaluates); the worker behind it may be shared.
-class ProxyBackend final : public Backend {
+class ProxyBackend final : public IsolatedBackend {
  public:
   ProxyBackend(std::shared_ptr<WorkerSlot> slot, double case_timeout_s);
   std::string name() const override { return info_.name; }
@@ -152,11 +163,11 @@ class ProxyBackend final : public Backend {
   // split evenly over its calls in the time breakdown.
   std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases) override;
 
-  std::vector<FaultRecord> take_faults();
-  int device() const { return slot_->proc.spec().device; }
+  std::vector<FaultRecord> take_faults() override;
+  int device() const override { return slot_->proc.spec().device; }
   // Calls made through this proxy and where their time went (the campaign's time breakdown);
   // shared so that the campaign reads them while (and after) the proxy's thread runs.
-  std::shared_ptr<const CallTotals> totals() const { return totals_; }
+  std::shared_ptr<const CallTotals> totals() const override { return totals_; }
 
  private:
   std::shared_ptr<WorkerSlot> slot_;

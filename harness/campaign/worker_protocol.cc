@@ -34,8 +34,8 @@ class Writer {
     out_.append(s);
   }
   // As vec(v), or a reference (flag 2) when `base` holds the same bytes: returns whether.
-  template <typename T>
-  bool vec_or_same(const std::vector<T>& v, const std::vector<T>* base) {
+  template <typename T, typename A>
+  bool vec_or_same(const std::vector<T, A>& v, const std::vector<T, A>* base) {
     const size_t bytes = v.size() * sizeof(T);
     if (base != nullptr && bytes >= kBulkThreshold && base->size() == v.size() &&
         std::memcmp(base->data(), v.data(), bytes) == 0) {
@@ -46,8 +46,8 @@ class Writer {
     vec(v);
     return false;
   }
-  template <typename T>
-  void vec(const std::vector<T>& v) {
+  template <typename T, typename A>
+  void vec(const std::vector<T, A>& v) {
     static_assert(std::is_trivially_copyable_v<T>);
     pod<uint64_t>(v.size());
     const size_t bytes = v.size() * sizeof(T);
@@ -89,8 +89,8 @@ class Reader {
   }
   // As vec(), also accepting a reference to another case's vector (flag 2): then the vector is
   // left empty and *same is set.
-  template <typename T>
-  std::vector<T> vec_or_same(bool* same) {
+  template <typename T, typename A = std::allocator<T>>
+  std::vector<T, A> vec_or_same(bool* same) {
     const size_t at = pos_;
     (void)pod<uint64_t>();
     if (pod<uint8_t>() == 2) {
@@ -99,10 +99,10 @@ class Reader {
     }
     pos_ = at;
     *same = false;
-    return vec<T>();
+    return vec<T, A>();
   }
-  template <typename T>
-  std::vector<T> vec() {
+  template <typename T, typename A = std::allocator<T>>
+  std::vector<T, A> vec() {
     const uint64_t n = pod<uint64_t>();
     const uint8_t flag = pod<uint8_t>();
     if (flag > 1) throw ProtocolError("vector reference outside a batch");
@@ -111,12 +111,12 @@ class Reader {
       if (bulk_ == nullptr || at > bulk_->size || n > (bulk_->size - at) / sizeof(T)) {
         throw ProtocolError("vector outside the bulk area");
       }
-      std::vector<T> v(n);
+      std::vector<T, A> v(n);
       std::memcpy(v.data(), bulk_->data + at, n * sizeof(T));
       return v;
     }
     if (n > (b_.size() - pos_) / sizeof(T)) throw ProtocolError("truncated vector in frame");
-    std::vector<T> v(n);
+    std::vector<T, A> v(n);
     // memcpy needs valid pointers even for 0 bytes: an empty vector's data() may be null.
     if (n > 0) std::memcpy(v.data(), b_.data() + pos_, n * sizeof(T));
     pos_ += n * sizeof(T);
@@ -198,13 +198,13 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
   m.sm_scale = r.pod<float>();
   m.sm_scale64 = r.pod<double>();
   m.conv = r.pod<mla::Conventions>();
-  auto vec = [&]<typename T>(int bit, std::vector<T>& out) {
+  auto vec = [&]<typename T, typename A>(int bit, std::vector<T, A>& out) {
     if (same == nullptr) {
-      out = r.vec<T>();
+      out = r.template vec<T, A>();
       return;
     }
     bool s = false;
-    out = r.vec_or_same<T>(&s);
+    out = r.template vec_or_same<T, A>(&s);
     if (s) *same |= 1u << bit;
   };
   vec(0, m.q);

@@ -99,9 +99,8 @@ int fuzz_command(const FuzzOptions& f) {
     if (f.shrink_evals < 0) throw std::invalid_argument("--shrink-evals must be >= 0");
     o.shrink_evals = f.shrink_evals;
     o.case_timeout_s = campaign::parse_duration(f.case_timeout);
-    // python: backends time their own worker out a little later, so that the campaign's
-    // timeout fires first and the hang becomes the usual fault finding.
-    ::setenv("MLAFUZZ_PYTHON_TIMEOUT", std::to_string(o.case_timeout_s + 5).c_str(), 1);
+    // The campaign talks to python: workers directly: their call timeout is the case timeout.
+    ::setenv("MLAFUZZ_PYTHON_TIMEOUT", std::to_string(o.case_timeout_s).c_str(), 1);
     o.report_interval_s = campaign::parse_duration(f.report_interval);
     o.profile = f.profile;
     (void)campaign::gen_config_for_profile(f.profile);

@@ -23,6 +23,7 @@ struct ReproOptions {
   std::string file;
   std::string backends;
   std::string properties;
+  IsolationFlags isolation;
 };
 
 std::vector<std::string> split_list(const std::string& s, char sep) {
@@ -49,6 +50,8 @@ int run_repro(const ReproOptions& opt) {
   std::vector<std::string> names;
   if (!opt.backends.empty()) {
     names = parse_backend_list(opt.backends);
+  } else if (finding && !e.f.backend_source.empty()) {
+    names = split_list(e.f.backend_source, ',');  // as given, files absolute: any directory
   } else if (finding && !e.f.backend.empty()) {
     names = split_list(e.f.backend, '|');
   } else {
@@ -58,12 +61,16 @@ int run_repro(const ReproOptions& opt) {
   if (!opt.properties.empty()) {
     props = split_list(opt.properties, ',');
   } else if (finding && !e.f.property.empty()) {
-    props = {e.f.property};
+    // A fault (crash, exit, hang) is the failure of the "run" property: backends run isolated,
+    // so replaying one gives a fault outcome instead of ending mlafuzz.
+    props = {e.f.property == "fault" ? std::string("run") : e.f.property};
   }
+  const campaign::IsolationOptions iso = isolation_options(opt.isolation);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> backends;
   for (const auto& n : names) {
-    owned.push_back(make_backend(n));
+    // Plugins run in a worker process: a crash or exit() in one is a fault outcome, exit 1.
+    owned.push_back(campaign::make_isolated_backend(n, iso));
     backends.push_back(owned.back().get());
   }
   // mma-vs-simt needs the SIMT partner of every MMA backend listed.
@@ -73,7 +80,7 @@ int run_repro(const ReproOptions& opt) {
     const std::string partner = owned[i]->simt_partner();
     if (partner.empty() || std::find(names.begin(), names.end(), partner) != names.end()) continue;
     names.push_back(partner);
-    owned.push_back(make_backend(partner));
+    owned.push_back(campaign::make_isolated_backend(partner, iso));
     backends.push_back(owned.back().get());
   }
 
@@ -118,6 +125,7 @@ void register_repro(CLI::App& app, CommandTable& table) {
   sub->add_option(
       "--properties", opt->properties,
       "comma-separated properties (default: the finding's, else all): " + join(all_properties()));
+  add_isolation_flags(sub, opt->isolation);
   table.push_back({sub, [opt] { return run_repro(*opt); }});
 }
 

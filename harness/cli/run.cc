@@ -37,6 +37,7 @@ struct RunOptions {
   std::string case_path;
   std::string backends = kReference;
   std::string dump_dir;
+  IsolationFlags isolation;
 };
 
 struct Ran {
@@ -238,13 +239,15 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
 int run_command(const RunOptions& o) {
   // Everything that can be bad input is checked before anything runs or is written.
   const Case c = load_case(o.case_path);
+  const campaign::IsolationOptions iso = isolation_options(o.isolation);
   std::vector<Ran> runs;
   bool have_reference = false;
   for (const std::string& name : parse_backend_list(o.backends)) {
     have_reference = have_reference || name == kReference;
-    // Named as the backend names itself, as `fuzz` does: a plugin given by its path prints as
+    // Plugins run in a worker process: a crash or exit() in one is a FAULT line, exit 1. Named
+    // as the backend names itself, as `fuzz` does: a plugin given by its path prints as
     // plugin:<declared name> (and its .npy files are named so).
-    std::unique_ptr<Backend> be = make_backend(name);
+    std::unique_ptr<Backend> be = campaign::make_isolated_backend(name, iso);
     const std::string own = be->name();
     runs.push_back(Ran{own, std::move(be), {}, true, false});
   }
@@ -403,6 +406,7 @@ void register_run(CLI::App& app, CommandTable& table) {
   sub->add_option("--dump", opts->dump_dir,
                   "write inputs (q, kv_cache, indices, topk_length, sink), outputs (out, lse; "
                   "float32 and float64) as .npy, plus case.json and params.json, into DIR");
+  add_isolation_flags(sub, opts->isolation);
   table.push_back({sub, [opts] { return run_command(*opts); }});
 }
 

@@ -2,6 +2,7 @@
 // conversion into a RunResult.
 #include "harness/core/backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 namespace mlafuzz {
@@ -36,49 +37,74 @@ OutputBuffers::OutputBuffers(const MaterializedCase& m)
       lse_batch_stride(m.lse_batch_stride) {
   // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
   // the call was never written, and a guard element that lost it was written out of bounds.
-  out.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * out_batch_stride), kCanaryBits);
-  lse.assign(static_cast<size_t>(2 * kGuard + int64_t{m.batch} * lse_batch_stride),
-             mla::bits_to_float(kLseCanaryBits));
+  out.assign(out_elements(m), kCanaryBits);
+  lse.assign(lse_elements(m), mla::bits_to_float(kLseCanaryBits));
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw,
+                             const float* lse_raw)
+    : out(out_raw, out_raw + out_elements(m)),
+      lse(lse_raw, lse_raw + lse_elements(m)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      out_token_stride(m.out_token_stride),
+      lse_token_stride(m.lse_token_stride),
+      lse_batch_stride(m.lse_batch_stride) {}
+
+void OutputBuffers::fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n) {
+  std::fill_n(out_raw, out_n, kCanaryBits);
+  std::fill_n(lse_raw, lse_n, mla::bits_to_float(kLseCanaryBits));
 }
 
 int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
+  // Walks only the guard ranges (no per-element modulo): the bands before and after the body,
+  // and inside each batch row the gap between d_v and the head stride, the gap after the last head
+  // of each query token and the gap after the last token. Writing any of them is a bug.
   int64_t bad = 0;
-  const int64_t body = int64_t{m.batch} * out_batch_stride;
+  const auto count = [&](int64_t from, int64_t to) {  // out elements [from, to) are guard
+    for (int64_t i = from; i < to; ++i) bad += out[static_cast<size_t>(i)] != kCanaryBits;
+  };
+  // Compare bits: the canary is a NaN, and NaN != NaN as floats.
+  const auto count_lse = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      bad += mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits;
+    }
+  };
   const int32_t dv = m.d_v();
   const int64_t heads_span = int64_t{m.heads} * out_head_stride;
-  const int64_t tokens_span = int64_t{m.s_q} * out_token_stride;
-  for (int64_t i = 0; i < static_cast<int64_t>(out.size()); ++i) {
-    const int64_t rel = i - kGuard;
-    bool guard = rel < 0 || rel >= body;
-    // The gaps between d_v and the head stride, after the last head of a token and after the
-    // last token of a batch row belong to nobody: writing them is a bug too.
-    if (!guard) {
-      const int64_t in_row = rel % out_batch_stride;
-      guard = in_row >= tokens_span;
-      if (!guard) {
-        const int64_t in_token = in_row % out_token_stride;
-        guard = in_token >= heads_span || in_token % out_head_stride >= dv;
+  count(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * out_batch_stride;
+    for (int64_t s = 0; s < m.s_q; ++s) {
+      const int64_t token = row + s * out_token_stride;
+      if (out_head_stride > dv) {
+        for (int64_t h = 0; h < m.heads; ++h) {
+          const int64_t head = token + h * out_head_stride;
+          count(head + dv, head + out_head_stride);
+        }
       }
+      count(token + heads_span, token + out_token_stride);
     }
-    if (guard && out[static_cast<size_t>(i)] != kCanaryBits) ++bad;
+    count(row + m.s_q * out_token_stride, row + out_batch_stride);
   }
-  const int64_t lse_body = int64_t{m.batch} * lse_batch_stride;
-  for (int64_t i = 0; i < static_cast<int64_t>(lse.size()); ++i) {
-    const int64_t rel = i - kGuard;
-    // Compare bits: the canary is a NaN, and NaN != NaN as floats.
-    bool guard = rel < 0 || rel >= lse_body;
-    if (!guard) {
-      const int64_t in_row = rel % lse_batch_stride;
-      guard = in_row >= int64_t{m.s_q} * lse_token_stride || in_row % lse_token_stride >= m.heads;
+  count(kGuard + int64_t{m.batch} * out_batch_stride, static_cast<int64_t>(out.size()));
+  count_lse(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * lse_batch_stride;
+    for (int64_t s = 0; s < m.s_q; ++s) {
+      const int64_t token = row + s * lse_token_stride;
+      count_lse(token + m.heads, token + lse_token_stride);
     }
-    if (guard && mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits) {
-      ++bad;
-    }
+    count_lse(row + m.s_q * lse_token_stride, row + lse_batch_stride);
   }
+  count_lse(kGuard + int64_t{m.batch} * lse_batch_stride, static_cast<int64_t>(lse.size()));
   return bad;
 }
 
-RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+namespace {
+
+// The logical outputs, widened; the raw buffers are the caller's to fill.
+RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
   RunResult r;
   const int32_t dv = m.d_v();
   const int32_t rows = m.query_rows();
@@ -88,19 +114,31 @@ RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) 
     const int32_t b = qr / m.s_q, t = qr % m.s_q;
     for (int32_t h = 0; h < m.heads; ++h) {
       const int64_t row = int64_t{qr} * m.heads + h;
-      const int64_t src = OutputBuffers::kGuard + b * bufs.out_batch_stride +
-                          t * bufs.out_token_stride + h * bufs.out_head_stride;
-      for (int32_t d = 0; d < dv; ++d) {
-        r.out[static_cast<size_t>(row * dv + d)] =
-            mla::bf16_to_float(bufs.out[static_cast<size_t>(src + d)]);  // exact widening
-      }
+      const uint16_t* src = bufs.out.data() + OutputBuffers::kGuard + b * bufs.out_batch_stride +
+                            t * bufs.out_token_stride + h * bufs.out_head_stride;
+      double* dst = r.out.data() + row * dv;
+      for (int32_t d = 0; d < dv; ++d) dst[d] = mla::bf16_to_float(src[d]);  // exact widening
       r.lse[static_cast<size_t>(row)] = bufs.lse[static_cast<size_t>(
           OutputBuffers::kGuard + b * bufs.lse_batch_stride + t * bufs.lse_token_stride + h)];
     }
   }
+  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+}  // namespace
+
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r = widen_outputs(m, bufs);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
-  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
+  RunResult r = widen_outputs(m, bufs);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
   return r;
 }
 

@@ -50,6 +50,17 @@ struct OutputBuffers {
   int64_t lse_token_stride = 0, lse_batch_stride = 0;
 
   explicit OutputBuffers(const MaterializedCase& m);
+  // The buffers as a kernel left them in memory elsewhere (a worker's shared memory): `out_raw`
+  // and `lse_raw` hold out_elements(m) and lse_elements(m) elements, guards included.
+  OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw, const float* lse_raw);
+  static size_t out_elements(const MaterializedCase& m) {
+    return static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.out_batch_stride);
+  }
+  static size_t lse_elements(const MaterializedCase& m) {
+    return static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.lse_batch_stride);
+  }
+  // Fills buffers of those sizes with the canaries, as the constructor does.
+  static void fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n);
   uint16_t* out_begin() { return out.data() + kGuard; }
   float* lse_begin() { return lse.data() + kGuard; }
   // Points p's out and lse (and their strides) at these buffers.
@@ -167,7 +178,9 @@ class Backend {
   virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
 };
 
-// Helper for bf16 backends: fills RunResult from guarded output buffers.
+// Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload
+// moves the raw buffers into the result instead of copying them).
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs);
 
 }  // namespace mlafuzz

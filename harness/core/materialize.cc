@@ -161,8 +161,8 @@ int32_t index_pad_value(Fill f, uint64_t seed, uint64_t element, int64_t slots) 
 
 // Fills the whole cache with the pad pattern; the writer then overwrites every data byte, so
 // what is left is exactly the bytes that hold no data (page padding, unused scale bytes).
-void fill_cache_padding(std::vector<uint8_t>& cache, Fill f, uint64_t seed,
-                        uint64_t substream = 0) {
+template <typename Bytes>  // std::vector<uint8_t> or SharedVector<uint8_t>
+void fill_cache_padding(Bytes& cache, Fill f, uint64_t seed, uint64_t substream = 0) {
   switch (f) {
     case Fill::kZero:
       std::fill(cache.begin(), cache.end(), uint8_t{0});
@@ -214,7 +214,8 @@ float kv_value(const Case& c, const KvStreams& st, int64_t logical_token, int32_
 
 // Quantizes and writes every logical token of the cache of `c` (the main cache, or the extra
 // cache seen through extra_as_main) at its physical slot.
-void write_tokens(const Case& c, const mla::CacheGeometry& g, std::vector<uint8_t>& cache,
+template <typename Bytes>  // std::vector<uint8_t> or SharedVector<uint8_t>
+void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
                   const KvStreams& st = {}) {
   const int64_t n = mla::num_slots(g);
   const int32_t tiles = mla::num_scale_tiles(g);
@@ -272,8 +273,8 @@ void hash_int(uint64_t& h, int64_t v) {
   hash_bytes(h, b, 8);
 }
 
-template <typename T>
-void hash_vector(uint64_t& h, const std::vector<T>& v) {
+template <typename T, typename A>
+void hash_vector(uint64_t& h, const std::vector<T, A>& v) {
   hash_int(h, static_cast<int64_t>(v.size()));
   for (const T& x : v) {
     if constexpr (std::is_same_v<T, float>) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "harness/core/case.h"
+#include "harness/core/shared_arena.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz {
@@ -27,14 +28,15 @@ struct MaterializedCase {
   // r = b * s_q + s is one (batch row, token) pair; the logical outputs of RunResult are
   // [B * s_q, H, d_v]. Every buffer is strided as the kernels see it; the gaps are filled per
   // the recipe's pad_fill (and poisoned by the poison property). Every stride must be set (>= its
-  // minimum).
+  // minimum). q and the cache live in the shared arena (harness/core/shared_arena.h) when it is
+  // on, so that worker processes read them without a copy.
   int32_t s_q = 1;
 
-  std::vector<uint16_t> q;           // [B, q_batch_stride] bf16 bits, tokens and heads strided
+  SharedVector<uint16_t> q;          // [B, q_batch_stride] bf16 bits, tokens and heads strided
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
   int64_t q_token_stride = 0;        // H * q_head_stride
   int64_t q_batch_stride = 0;        // s_q * q_token_stride + q_batch_pad
-  std::vector<uint8_t> cache;        // [num_pages * page_stride] exact layout bytes
+  SharedVector<uint8_t> cache;       // [num_pages * page_stride] exact layout bytes
   std::vector<int32_t> indices;      // [B, indices_batch_stride] physical global slots
   int64_t indices_token_stride = 0;  // topk
   int64_t indices_batch_stride = 0;  // s_q * topk + indices_row_pad
@@ -51,7 +53,7 @@ struct MaterializedCase {
   bool has_extra = false;
   mla::CacheGeometry extra_geom;  // page_stride resolved
   int32_t extra_topk = 0;
-  std::vector<uint8_t> extra_cache;        // [extra num_pages * page_stride]
+  SharedVector<uint8_t> extra_cache;       // [extra num_pages * page_stride]
   std::vector<int32_t> extra_indices;      // [B, extra_indices_batch_stride] physical slots
   int64_t extra_indices_token_stride = 0;  // extra_topk
   int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk + indices_row_pad

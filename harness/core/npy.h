@@ -46,8 +46,8 @@ constexpr NpyType npy_type_of() {
 void write_npy_bytes(const std::string& path, NpyType t, const std::vector<int64_t>& shape,
                      const void* data, size_t bytes);
 
-template <typename T>
-void write_npy(const std::string& path, const std::vector<T>& v,
+template <typename T, typename A>
+void write_npy(const std::string& path, const std::vector<T, A>& v,
                const std::vector<int64_t>& shape) {
   write_npy_bytes(path, npy_type_of<T>(), shape, v.data(), v.size() * sizeof(T));
 }

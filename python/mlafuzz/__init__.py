@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 #: Version of the protocol between the mlafuzz executable and the worker
 #: (docs/WORKER_PROTOCOL.md). Both ends refuse a peer of another version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 
 __all__ = [
     "DecodeCall",
@@ -320,6 +320,7 @@ class DecodeCall:
         indices: ``[B, topk]`` int32 global slots (page = idx // page_size).
         topk_length: ``[B]`` int32, or None (every top-k entry counts).
         sink: ``[H]`` float32 sink logits (may hold +inf or -inf), or None.
+        The inputs (q, kv_cache, indices, topk_length, sink) are read-only.
         out: ``[B, H, d_v]`` bf16 bits, written; a view into the guarded output buffer (the
             elements between heads are canaries: never write them).
         lse: ``[B, H]`` float32 natural-log LSE, written.

@@ -1,10 +1,11 @@
 """The worker process the ``mlafuzz`` executable starts for a ``python:`` backend.
 
-    python -m mlafuzz._worker --backend SPEC --shm-fd FD [--protocol 1]
+    python -m mlafuzz._worker --backend SPEC --shm-fd FD [--arena-fd FD] [--protocol 2]
 
 It loads the kernel named by SPEC (``path/to/file.py:func`` or ``package.module:func``), then
 serves requests framed on stdin and answers on stdout (docs/WORKER_PROTOCOL.md); the arrays of
-each call live in the shared memory passed as FD. Anything the kernel prints goes to stderr.
+each call live in the shared memory passed as --shm-fd, or (inputs) in mlafuzz's shared arena
+passed read-only as --arena-fd. Anything the kernel prints goes to stderr.
 People do not start it; ``mlafuzz`` does.
 """
 
@@ -21,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
@@ -32,6 +34,19 @@ HEADER = struct.Struct("<IIQ")
 MSG_INFO, MSG_SUPPORTS, MSG_RUN, MSG_QUIT, MSG_ERROR = 1, 2, 3, 4, 5
 
 _DTYPES = {"u1": np.uint8, "u2": np.uint16, "i4": np.int32, "f4": np.float32}
+
+
+class _TorchDtypes:
+    """numpy dtype codes -> torch dtypes, resolved on first use (torch is imported lazily)."""
+
+    def __getitem__(self, code: str) -> Any:
+        import torch  # noqa: PLC0415 - only kernels on cuda need torch
+
+        return {"u1": torch.uint8, "i2": torch.int16, "i4": torch.int32,
+                "f4": torch.float32}[code]
+
+
+_TORCH_DTYPES = _TorchDtypes()
 
 
 class LoadError(Exception):
@@ -174,8 +189,9 @@ def scalars_call(req: Dict[str, Any], memory: str) -> mlafuzz.DecodeCall:
 class SharedMemory:
     """The mapping of the shared-memory file mlafuzz passes; remapped when it grows."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, read_only: bool = False) -> None:
         self.fd = fd
+        self.read_only = read_only
         self.map: Optional[mmap.mmap] = None
         self.size = 0
 
@@ -185,7 +201,8 @@ class SharedMemory:
             self.size = os.fstat(self.fd).st_size
             if size > self.size:
                 raise RuntimeError(f"shared memory is {self.size} bytes, request needs {size}")
-            self.map = mmap.mmap(self.fd, self.size)
+            access = mmap.ACCESS_READ if self.read_only else mmap.ACCESS_WRITE
+            self.map = mmap.mmap(self.fd, self.size, access=access)
             if old is not None:
                 try:
                     old.close()
@@ -193,21 +210,28 @@ class SharedMemory:
                     pass  # a kernel kept a view: leave the old mapping to the garbage collector
         return self.map
 
-    def array(self, desc: Any) -> np.ndarray:
-        """desc = [offset, shape, strides in bytes, dtype]."""
-        offset, shape, strides, dtype = desc
-        assert self.map is not None
-        return np.ndarray(
-            tuple(shape), dtype=_DTYPES[dtype], buffer=self.map, offset=offset,
-            strides=tuple(strides),
-        )
+
+def _array(region: mmap.mmap, desc: Any, writeable: bool) -> np.ndarray:
+    offset, shape, strides, dtype = desc[:4]
+    a = np.ndarray(
+        tuple(shape), dtype=_DTYPES[dtype], buffer=region, offset=offset, strides=tuple(strides)
+    )
+    if not writeable:
+        a.flags.writeable = False
+    return a
+
+
+# The arrays a kernel writes; every other array is an input and read-only.
+_OUTPUTS = frozenset(("out", "out_raw", "lse", "lse_raw"))
 
 
 class Server:
-    def __init__(self, spec: str, shm_fd: int, reply_fd: int) -> None:
+    def __init__(self, spec: str, shm_fd: int, reply_fd: int, arena_fd: int = -1) -> None:
         self.spec = spec
         self.reply_fd = reply_fd
         self.shm = SharedMemory(shm_fd) if shm_fd >= 0 else None
+        self.arena = SharedMemory(arena_fd, read_only=True) if arena_fd >= 0 else None
+        self.device_buffers: Dict[str, Any] = {}  # device="cuda": kept across calls
         self.func, self.info, self.supports = load_kernel(spec)
         self.torch: Any = None
         self.reason = ""
@@ -274,9 +298,17 @@ class Server:
 
     def run_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:
         assert self.shm is not None
-        self.shm.ensure(int(req["shm_size"]))
+        shm = self.shm.ensure(int(req["shm_size"]))
+        arena = self.arena.ensure(0) if self.arena is not None else None
         call = scalars_call(req, "host" if self.info.device == "cpu" else "device")
-        arrays = {name: self.shm.array(desc) for name, desc in req["arrays"].items()}
+        arrays = {}
+        for name, desc in req["arrays"].items():
+            region = shm
+            if len(desc) > 4 and desc[4] == "arena":
+                if arena is None:
+                    raise RuntimeError(f"{name} is in the shared arena but no --arena-fd was given")
+                region = arena
+            arrays[name] = _array(region, desc, name in _OUTPUTS)
         if self.info.device == "cpu":
             return self._run_cpu(call, arrays)
         return self._run_cuda(call, arrays, req)
@@ -308,16 +340,31 @@ class Server:
         if torch is None:
             return {"status": "error", "message": self.reason, "seconds": 0.0}
         dev = torch.device("cuda", torch.cuda.current_device())
+        kept = self.device_buffers
 
-        def upload(x: Optional[np.ndarray]) -> Any:
-            return None if x is None else torch.from_numpy(np.ascontiguousarray(x)).to(dev)
+        def upload(name: str, x: Optional[np.ndarray]) -> Any:
+            """x on the device, in a buffer kept across calls (grown when too small)."""
+            if x is None:
+                return None
+            x = np.ascontiguousarray(x)
+            buf = kept.get(name)
+            if buf is None or buf.numel() < x.nbytes:
+                buf = torch.empty(max(x.nbytes, 1), dtype=torch.uint8, device=dev)
+                kept[name] = buf
+            with warnings.catch_warnings():
+                # The inputs are read-only numpy arrays; torch only reads them here.
+                warnings.simplefilter("ignore", UserWarning)
+                host = torch.from_numpy(x.reshape(-1).view(np.uint8))
+            dst = buf[: x.nbytes]
+            dst.copy_(host)
+            return dst.view(_TORCH_DTYPES[x.dtype.str[1:]]).view(x.shape)
 
         try:
             # Whole raw buffers (pads and guard bands included), then strided views of them,
             # so that the device sees the same layout and the canaries come back.
-            q_raw = upload(a["q_raw"].view(np.int16)).view(torch.bfloat16)
-            out_raw = upload(a["out_raw"].view(np.int16)).view(torch.bfloat16)
-            lse_raw = upload(a["lse_raw"])
+            q_raw = upload("q_raw", a["q_raw"].view(np.int16)).view(torch.bfloat16)
+            out_raw = upload("out_raw", a["out_raw"].view(np.int16)).view(torch.bfloat16)
+            lse_raw = upload("lse_raw", a["lse_raw"])
             b, h = call.batch, call.heads
             # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
             lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
@@ -332,16 +379,19 @@ class Server:
                 lead + (h, call.d_v), o_st + (call.out_head_stride, 1), int(req["out_guard"]),
             )
             call.lse = lse_raw.as_strided(lead + (h,), l_st + (1,), int(req["lse_guard"]))
-            call.kv_cache = upload(a["kv_cache"])
+            call.kv_cache = upload("kv_cache", a["kv_cache"])
             # The index rows keep their gaps on the device too (indices_batch_stride).
-            call.indices = upload(a["indices_raw"]).as_strided(
-                (b, call.topk), (call.indices_batch_stride, 1)
+            i_st = (call.indices_batch_stride,)
+            if call.s_q > 1:
+                i_st += (call.indices_token_stride,)
+            call.indices = upload("indices_raw", a["indices_raw"]).as_strided(
+                lead + (call.topk,), i_st + (1,)
             )
-            call.topk_length = upload(a.get("topk_length"))
-            call.extra_kv_cache = upload(a.get("extra_kv_cache"))
-            call.extra_indices = upload(a.get("extra_indices"))
-            call.extra_topk_length = upload(a.get("extra_topk_length"))
-            call.sink = upload(a.get("sink"))
+            call.topk_length = upload("topk_length", a.get("topk_length"))
+            call.extra_kv_cache = upload("extra_kv_cache", a.get("extra_kv_cache"))
+            call.extra_indices = upload("extra_indices", a.get("extra_indices"))
+            call.extra_topk_length = upload("extra_topk_length", a.get("extra_topk_length"))
+            call.sink = upload("sink", a.get("sink"))
             call.stream = torch.cuda.current_stream(dev)
             torch.cuda.synchronize(dev)
         except Exception:  # noqa: BLE001 - the staging itself failed: a device problem
@@ -378,6 +428,7 @@ def main(argv: Optional[list] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlafuzz._worker", description=__doc__)
     parser.add_argument("--backend", required=True, help="path/to/file.py:func or module:func")
     parser.add_argument("--shm-fd", type=int, default=-1, help="shared-memory file descriptor")
+    parser.add_argument("--arena-fd", type=int, default=-1, help="the shared arena (read-only)")
     parser.add_argument("--protocol", type=int, default=mlafuzz.PROTOCOL_VERSION)
     args = parser.parse_args(argv)
 
@@ -398,7 +449,7 @@ def main(argv: Optional[list] = None) -> int:
             "the package of the same mlafuzz version (pip install ./python)").encode())
         return 3
     try:
-        server: Optional[Server] = Server(args.backend, args.shm_fd, reply_fd)
+        server: Optional[Server] = Server(args.backend, args.shm_fd, reply_fd, args.arena_fd)
         load_error = ""
     except LoadError as e:
         server, load_error = None, str(e)

@@ -9,8 +9,10 @@
  *   FAULT_ZEROS         runs, but writes zeros (a wrong kernel: properties must fail)
  *   FAULT_CRASH         run dereferences a null pointer (SIGSEGV)
  *   FAULT_HANG          run never returns
- *   FAULT_ABI_V0        mlafuzz_plugin_abi_version() returns 0 (older than any mlafuzz loads) */
+ *   FAULT_ABI_V0        mlafuzz_plugin_abi_version() returns 0 (older than any mlafuzz loads)
+ *   FAULT_EXIT          run calls exit(3), as a wrapped library that gives up does */
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "mlafuzz/plugin.h"
@@ -24,6 +26,7 @@
 #define FAULT_CRASH 7
 #define FAULT_HANG 8
 #define FAULT_ABI_V0 9
+#define FAULT_EXIT 10
 
 #ifndef FAULT
 #error "define FAULT"
@@ -87,6 +90,8 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* call, char
   crash();
 #elif FAULT == FAULT_HANG
   for (;;) pause();
+#elif FAULT == FAULT_EXIT
+  exit(3);
 #endif
   (void)err, (void)err_len;
   for (b = 0; b < call->batch; ++b) {

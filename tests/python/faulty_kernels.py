@@ -55,3 +55,20 @@ def decode_writes_between_heads(call: mlafuzz.DecodeCall) -> None:
 
 def not_decorated(call: mlafuzz.DecodeCall) -> None:
     """A plain function: mlafuzz must refuse it."""
+
+
+@mlafuzz.kernel(name="writes-its-input", precision="fp32_simt")
+def decode_writes_input(call: mlafuzz.DecodeCall) -> None:
+    """Writes into the cache (inputs are read-only: the kernel's write raises)."""
+    call.kv_cache[0, 0] = 0
+    numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="one-hop", precision="fp32_simt")
+def decode_one_hop(call: mlafuzz.DecodeCall) -> None:
+    """Correct, but raises when its worker's parent is a `mlafuzz worker` (two hops)."""
+    with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    if b"worker" in argv:
+        raise RuntimeError(f"two hops: the parent of this worker is {argv}")
+    numpy_decode.attend(call)

@@ -71,3 +71,32 @@ def test_fuzz_generates_inside_a_python_kernels_envelope(tmp_path) -> None:
            if line.split()[:2] == [ENVELOPE_KERNEL, "run"]]
     # backend, property, cases, n/a, failures: every case applicable and passing.
     assert run and run[0][2:5] == ["4", "0", "0"], describe(proc)
+
+
+def test_a_finding_on_a_relative_path_replays_from_any_directory(tmp_path) -> None:
+    # The campaign is given python:tests/python/faulty_kernels.py:... (relative to the source
+    # root); the corpus entry records the file's absolute path, so repro works from elsewhere.
+    import json
+    import subprocess
+
+    import mlafuzz.testing
+
+    corpus = tmp_path / "corpus"
+    proc = mlafuzz_cmd("fuzz", "--backends", f"{FAULTY}:decode_raises", "--cases", "3",
+                       "--jobs", "1", "--seed", "4", "--shrink-time", "0", "--properties", "run",
+                       "--corpus", str(corpus), "--report", str(tmp_path / "report"))
+    assert proc.returncode == 1, describe(proc)
+    entries = sorted(corpus.glob("*.json"))
+    assert entries, describe(proc)
+    finding = json.loads(entries[0].read_text())["finding"]
+    source = finding["backend_source"]
+    assert source == f"python:{os.path.join(os.getcwd(), 'tests/python/faulty_kernels.py')}" \
+        ":decode_raises", finding
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    replay = subprocess.run([mlafuzz.testing.find_mlafuzz(), "repro", str(entries[0])],
+                            cwd=elsewhere, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, check=False)
+    assert replay.returncode == 1, describe(replay)
+    assert "the finding persists" in replay.stdout, describe(replay)
+    assert f"--backends {source}" in replay.stdout, describe(replay)

@@ -54,3 +54,21 @@ def test_write_between_heads_trips_the_canaries() -> None:
     assert "- poison on python:tests/python/faulty_kernels.py:decode_writes_between_heads" \
         in message, message
     assert "guard elements overwritten" in message, message
+
+
+@pytest.mark.parametrize("arena", ["1", "0"])
+def test_inputs_are_read_only(monkeypatch: pytest.MonkeyPatch, arena: str) -> None:
+    # With the shared arena (inputs read where the case was materialized, through a read-only
+    # mapping) and without it (inputs copied into the call's shared memory) alike.
+    monkeypatch.setenv("MLAFUZZ_SHARED_ARENA", arena)
+    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{FAULTY}:decode_writes_input")
+    assert proc.returncode == 1, describe(proc)
+    assert "the kernel raised an exception" in proc.stdout, describe(proc)
+    assert "read-only" in proc.stdout, describe(proc)
+
+
+def test_the_campaign_talks_to_the_python_worker_directly() -> None:
+    # One hop: the Python worker's parent is the campaign (mlafuzz fuzz), not a `mlafuzz worker`.
+    result = mlafuzz.testing.fuzz(f"{FAULTY}:decode_one_hop", time="100s", cases=3, seed=4,
+                                  jobs=2, properties=["run"])
+    assert all(r["failures"] == 0 for r in result.report["results"]), result.report["results"]
