@@ -111,9 +111,13 @@ def compilations() -> Dict[str, Any]:
 def _report_at_exit() -> None:
     if not _CONFIGS or os.environ.get("MLAFUZZ_TRITON_QUIET"):
         return
+    # One short line per kernel; the constexpr sets themselves only when asked for (a campaign's
+    # workers each print at exit, and 15 sets of 8 constexprs per line drown the log).
+    verbose = bool(os.environ.get("MLAFUZZ_TRITON_VERBOSE"))
     for kernel, r in compilations().items():
+        keys = f": {r['keys']}" if verbose else ""
         print(f"mlafuzz-triton: pid {os.getpid()} {kernel}: {r['configs']} distinct "
-              f"configurations, Triton compiled {r['triton_compiled']} variants: {r['keys']}",
+              f"configurations, Triton compiled {r['triton_compiled']} variants{keys}",
               file=sys.stderr, flush=True)
 
 
