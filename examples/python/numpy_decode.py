@@ -6,11 +6,16 @@
 ``decode`` passes every property. ``decode_planted_bug`` is the same kernel with the bug SPEC.md
 section 1 warns about: the last nope tile is scaled with its neighbour's scale; mlafuzz finds
 it and shrinks it to one row and one head.
+
+Planted bugs for the mutation score (``MUTANTS`` below, one ``mutant_<name>`` each; backend
+``python:examples/python/numpy_decode.py:decode~<name>``)::
+
+    mlafuzz mutants --backends python:examples/python/numpy_decode.py:decode
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -67,22 +72,43 @@ def dequantize(call: mlafuzz.DecodeCall, slots: np.ndarray, bug: bool = False) -
     return np.concatenate([k_nope, mlafuzz.bf16_to_float32(rope_bits)], axis=1)
 
 
-def valid_positions(call: mlafuzz.DecodeCall, b: int) -> np.ndarray:
+#: The planted bugs of this kernel (``mlafuzz mutants --backends python:...:decode`` scores
+#: each): name -> what is wrong. ``mutant_<name>`` ('-' as '_') below runs it.
+MUTANTS: Dict[str, str] = {
+    "topk-length-off-by-one": "one entry past topk_length counts",
+    "sink-ignored": "the sink term left out of the softmax denominator",
+    "invalid-index-unmasked": "-1 entries are not masked: index -1 reads the last page's last "
+                              "token",
+    "no-max-subtraction": "softmax without subtracting the row maximum: exp overflows for large "
+                          "logits",
+    "wrong-scale-group": "the last nope tile is scaled with the previous tile's scale",
+}
+
+
+def valid_positions(call: mlafuzz.DecodeCall, b: int, mutant: str = "") -> np.ndarray:
     """int64 ``[n]``: the top-k positions of row b that count (SPEC.md section 3)."""
     idx = call.indices[b]
     k = np.arange(call.topk)
-    ok = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
+    if mutant == "invalid-index-unmasked":
+        ok = idx >= -1  # -1 counts (other negatives stay masked under any_negative)
+    else:
+        ok = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
     if call.topk_length is not None:
-        ok &= k < call.topk_length[b]
+        extra = 1 if mutant == "topk-length-off-by-one" else 0
+        ok &= k < call.topk_length[b] + extra
     return k[ok]
 
 
-def attend(call: mlafuzz.DecodeCall, bug: bool = False) -> None:
-    """fp32 pipeline: q * sm_scale, fp32 logits, softmax and P*V, bf16 store."""
+def attend(call: mlafuzz.DecodeCall, bug: bool = False, mutant: str = "") -> None:
+    """fp32 pipeline: q * sm_scale, fp32 logits, softmax and P*V, bf16 store.
+
+    ``mutant`` names a planted bug of MUTANTS ("" for the correct kernel).
+    """
+    bug = bug or mutant == "wrong-scale-group"
     sm_scale = np.float32(call.sm_scale)
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         for b in range(call.batch):
-            pos = valid_positions(call, b)
+            pos = valid_positions(call, b, mutant)
             if pos.size == 0:
                 call.out[b] = 0
                 call.lse[b] = np.inf if call.empty_row_lse == "+inf" else -np.inf
@@ -94,12 +120,14 @@ def attend(call: mlafuzz.DecodeCall, bug: bool = False) -> None:
             # (bitwise) caught exactly that with numpy 2.5's BLAS on the GPU machine.
             x = np.stack([keys @ qs[h] for h in range(call.heads)])  # [H, n] fp32
             m = x.max(axis=1)
+            if mutant == "no-max-subtraction":
+                m = np.zeros_like(m)
             p = np.exp(x - m[:, None])
             l = p.sum(axis=1, dtype=np.float32)
             values = np.ascontiguousarray(keys[:, : call.d_v])
             acc = np.stack([p[h] @ values for h in range(call.heads)])  # [H, d_v]
             denom = l
-            if call.sink is not None:
+            if call.sink is not None and mutant != "sink-ignored":
                 denom = l + np.exp(call.sink - m)
             call.out[b] = mlafuzz.float32_to_bf16(acc / denom[:, None])
             lse = m + np.log(l)
@@ -142,3 +170,20 @@ def decode_zeros(call: mlafuzz.DecodeCall) -> None:
     """Writes zeros (a wrong kernel doing no work: bench/python compares the harness's cost)."""
     call.out[...] = 0
     call.lse[...] = 0
+
+
+def _make_mutant(name: str):
+    """The kernel with the planted bug ``name`` (MUTANTS), as ``mutant_<name>``."""
+
+    def run(call: mlafuzz.DecodeCall) -> None:
+        attend(call, mutant=name)
+
+    run.__name__ = "mutant_" + name.replace("-", "_")
+    run.__doc__ = f"planted bug '{name}': {MUTANTS[name]}"
+    return mlafuzz.kernel(name=f"numpy-fp32.{name}", precision="fp32_simt", device="cpu")(run)
+
+
+# mutant_topk_length_off_by_one, mutant_sink_ignored, ...
+for _name in MUTANTS:
+    globals()["mutant_" + _name.replace("-", "_")] = _make_mutant(_name)
+del _name

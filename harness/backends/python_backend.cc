@@ -411,6 +411,13 @@ class PythonBackend final : public Backend {
         d.envelope = envelope_from_json(j.at("envelope"), "envelope");
         d.has_envelope = true;
       }
+      if (j.contains("mutants") && !j.at("mutants").is_null()) {
+        // Declaration order: parsed again keeping the object's key order.
+        const auto ordered = nlohmann::ordered_json::parse(r.payload);
+        for (const auto& [k, v] : ordered.at("mutants").items()) {
+          d.mutants.emplace_back(k, v.get<std::string>());
+        }
+      }
       if (j.contains("inexact")) {
         d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
       }

@@ -17,6 +17,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "harness/core/backend.h"
 
@@ -48,6 +50,10 @@ struct PythonDescription {
   bool has_envelope = false;
   Envelope envelope;
   uint32_t inexact_invariants = 0;
+  // The module's planted bugs (its MUTANTS dict, in declaration order): name -> description.
+  // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (README, "Mutation
+  // score"; docs/WORKER_PROTOCOL.md).
+  std::vector<std::pair<std::string, std::string>> mutants;
 };
 
 // "python:..." -> a backend backed by a fresh worker. Throws PythonBackendError.
@@ -61,7 +67,8 @@ PythonDescription describe_python_backend(const std::string& backend_name);
 std::string python_interpreter();
 
 // A python: kernel shipped with mlafuzz under a short name (triton-simt, triton-mma,
-// triton-mma~<mutant>): `file` is looked up in shipped_python_kernel_dir(). Never throws unless
+// triton-mma~<mutant>, whose `func` is "decode~<mutant>", resolved by the worker as any
+// python: mutant): `file` is looked up in shipped_python_kernel_dir(). Never throws unless
 // `strict`: where the file, the interpreter, torch, triton or a GPU is missing the backend is
 // unavailable and says why (list-backends prints it); with `strict` (planted-bug variants, named
 // explicitly) a kernel that cannot be loaded throws PythonBackendError as a python: name does.

@@ -103,15 +103,35 @@ std::vector<BackendSpec> make_table() {
   return t;
 }
 
-// "triton-mma~<mutant>": the planted bugs of kernels/triton/triton_mma.py (its MUTANTS), the
-// function mutant_<mutant with '_' for '-'>. An unknown mutant is refused when it is made.
-BackendSpec resolve_triton_mutant(const std::string& name, const std::string& mutant) {
-  std::string func = "mutant_" + mutant;
-  std::replace(func.begin(), func.end(), '-', '_');
-  return {name, "planted bug '" + mutant + "' in triton-mma", false,
-          [name, func] {
-            return make_shipped_python_backend(name, "triton_mma.py", func, Precision::kMmaBf16,
-                                               "triton-simt", /*strict=*/true);
+// The python: kernels shipped under short names (kernels/triton): alias -> file and declared
+// precision and SIMT partner, for the planted-bug variants and declared_python_mutants.
+struct ShippedKernel {
+  const char* alias;
+  const char* file;
+  Precision precision;
+  const char* partner;
+};
+constexpr ShippedKernel kShipped[] = {
+    {"triton-simt", "triton_simt.py", Precision::kSimtFp32, ""},
+    {"triton-mma", "triton_mma.py", Precision::kMmaBf16, "triton-simt"},
+};
+
+const ShippedKernel* shipped_kernel(const std::string& alias) {
+  for (const ShippedKernel& k : kShipped) {
+    if (alias == k.alias) return &k;
+  }
+  return nullptr;
+}
+
+// "triton-mma~<mutant>": a planted bug of a shipped kernel, declared as any python: kernel's
+// (its module's MUTANTS and mutant_<name> functions); the worker resolves "decode~<mutant>" and
+// refuses an unknown mutant, listing the declared ones, when the backend is made.
+BackendSpec resolve_shipped_mutant(const std::string& name, const ShippedKernel& k,
+                                   const std::string& mutant) {
+  return {name, "planted bug '" + mutant + "' in " + k.alias, false,
+          [name, k, mutant] {
+            return make_shipped_python_backend(name, k.file, "decode~" + mutant, k.precision,
+                                               k.partner, /*strict=*/true);
           },
           /*isolates_itself=*/true};
 }
@@ -119,7 +139,8 @@ BackendSpec resolve_triton_mutant(const std::string& name, const std::string& mu
 std::string known_names() {
   std::string s;
   for (const auto& spec : builtin_backends()) s += " " + spec.name;
-  s += " plugin:<path or name> python:<file.py or module>:<function> triton-mma~<mutant>";
+  s +=
+      " plugin:<path or name> python:<file.py or module>:<function>[~<mutant>] triton-mma~<mutant>";
   for (const auto& n : mutant_backend_names(true)) s += " " + n;
   return s;
 }
@@ -204,6 +225,32 @@ std::string absolute_backend_name(const std::string& name) {
   return name;
 }
 
+std::vector<std::pair<std::string, std::string>> declared_python_mutants(
+    const std::string& backend) {
+  std::string spec = backend;
+  if (const ShippedKernel* k = shipped_kernel(backend)) {
+    const std::string dir = shipped_python_kernel_dir("triton", k->file);
+    if (dir.empty()) {
+      throw std::runtime_error(backend + ": kernel file " + k->file +
+                               " not found (looked in $MLAFUZZ_TRITON_DIR, "
+                               "<executable>/../share/mlafuzz/triton and kernels/triton)");
+    }
+    spec = std::string(kPythonPrefix) + dir + "/" + k->file + ":decode";
+  } else if (backend.rfind(kPythonPrefix, 0) != 0) {
+    throw std::runtime_error("backend '" + backend +
+                             "' is not a python: kernel (planted bugs of python: kernels and of "
+                             "triton-mma/triton-simt are declared in their module's MUTANTS; the "
+                             "built-in catalogue runs without --backends)");
+  }
+  const size_t colon = spec.rfind(':');
+  if (colon != std::string::npos && spec.find('~', colon) != std::string::npos) {
+    throw std::runtime_error("backend '" + backend +
+                             "' already names a planted bug: give the kernel without ~<mutant> "
+                             "(and --only to pick mutants)");
+  }
+  return describe_python_backend(spec).mutants;
+}
+
 BackendSpec resolve_backend(const std::string& name) {
   if (name.rfind(kPluginPrefix, 0) == 0) {
     // "plugin:/path/lib.so", or "plugin:<name>" (plugin_backend.h, resolve_plugin). Resolving
@@ -218,8 +265,8 @@ BackendSpec resolve_backend(const std::string& name) {
             true};
   }
   if (const auto tilde = name.find('~'); tilde != std::string::npos) {
-    if (name.substr(0, tilde) == "triton-mma") {
-      return resolve_triton_mutant(name, name.substr(tilde + 1));
+    if (const ShippedKernel* k = shipped_kernel(name.substr(0, tilde))) {
+      return resolve_shipped_mutant(name, *k, name.substr(tilde + 1));
     }
     return resolve_mutant(name, name.substr(0, tilde), name.substr(tilde + 1));
   }

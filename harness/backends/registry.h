@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/core/backend.h"
@@ -55,5 +56,13 @@ std::string absolute_backend_name(const std::string& name);
 // Names of the planted-bug variants this build can make ("cpu-mma~...", and "cuda-mma~..." in
 // CUDA builds when `gpu`); empty without MLAFUZZ_MUTANTS.
 std::vector<std::string> mutant_backend_names(bool gpu = false);
+
+// The planted bugs a python: kernel declares (its module's MUTANTS dict, in declaration order:
+// name -> description), for `backend` = "python:<file or module>:<func>" or a shipped alias
+// ("triton-mma", "triton-simt"). Each is the backend `backend + "~" + name`. Starts the kernel's
+// worker once to ask. Throws std::runtime_error when `backend` is not a python: kernel (the
+// built-in catalogue is kernels/common/mutants.h), already names a mutant, or cannot be loaded.
+std::vector<std::pair<std::string, std::string>> declared_python_mutants(
+    const std::string& backend);
 
 }  // namespace mlafuzz

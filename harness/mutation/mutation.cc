@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "harness/backends/registry.h"
+#include "harness/campaign/isolation.h"
 #include "harness/campaign/worker.h"
 #include "harness/core/fileio.h"
 #include "kernels/host/host_mutants.h"
@@ -62,22 +63,30 @@ bool control_passes(Backend& control, const Case& c, const std::string& property
   return !evaluate_case(c, {&control}, {property}).failed();
 }
 
-MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) {
-  MutantResult r;
-  r.mutant = m;
-  r.name = mla::mutant_name(m);
-  r.backend = mutant_backend_name(o.kind, m);
-  r.skip_reason = skip_reason(o.kind, m);
+// A python: kernel or one of its planted bugs, in its own Python worker process (isolation.h).
+std::unique_ptr<Backend> make_python_kind_backend(const MutationOptions& o,
+                                                  const std::string& name) {
+  campaign::IsolationOptions iso;
+  iso.case_timeout_s = o.case_timeout_seconds;
+  iso.worker_exe = o.worker_exe;
+  return campaign::make_isolated_backend(name, iso);
+}
+
+// One mutant's campaign: `r` names it (name, base, backend); `make` builds the mutant backend;
+// `gen` is the generator's configuration (with the envelope cases are drawn in).
+MutantResult run_one(const MutationOptions& o, MutantResult r,
+                     const std::function<std::unique_ptr<Backend>()>& make, Backend& control,
+                     const GenConfig& gen) {
   if (!r.skip_reason.empty()) return r;
 
-  const std::unique_ptr<Backend> mutant = make_kind_backend(o, r.backend);
+  const std::unique_ptr<Backend> mutant = make();
   const std::vector<Backend*> backends{mutant.get()};
   const Clock::time_point t0 = Clock::now();
   std::optional<Case> failing;
   PropertyOutcome failure;
   while (!failing && r.cases < o.max_cases && since(t0) < o.budget_seconds) {
     const uint64_t index = r.cases++;
-    Case c = generate_case(o.seed, index, o.gen, nullptr);
+    Case c = generate_case(o.seed, index, gen, nullptr);
     const CaseEvaluation ev = evaluate_case(c, backends, o.properties);
     for (const PropertyOutcome* f : ev.failures()) {  // worst first
       if (control_passes(control, c, f->property)) {
@@ -102,7 +111,8 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
 
   // Shrink to a minimal case on which the mutant fails a property that the control passes.
   const Clock::time_point shrink_start = Clock::now();
-  ShrunkKill s = shrink_kill(*failing, failure, *mutant, control, o.properties, o.shrink);
+  ShrunkKill s =
+      shrink_kill(*failing, failure, *mutant, control, o.properties, o.shrink, gen.envelope);
   r.shrink_seconds = since(shrink_start);
   r.shrink_steps = s.steps;
   r.shrink_evaluations = s.evaluations;
@@ -129,7 +139,13 @@ MutantResult run_one(const MutationOptions& o, mla::Mutant m, Backend& control) 
 
   if (!o.save_dir.empty()) {
     make_dirs(o.save_dir);
-    r.saved_path = o.save_dir + "/" + r.backend + ".json";
+    // A python: backend's name holds its path: the file is named after the kernel's base name.
+    std::string file = r.backend;
+    if (const size_t slash = file.rfind('/'); slash != std::string::npos) {
+      file = file.substr(slash + 1);
+    }
+    std::replace(file.begin(), file.end(), ':', '.');
+    r.saved_path = o.save_dir + "/" + file + ".json";
     save_case(minimal, r.saved_path);
   }
   r.shrunk = std::move(minimal);
@@ -148,11 +164,79 @@ const char* status_name(MutantStatus s) {
   return "?";
 }
 
+// The planted bugs the python: kernels of o.python_backends declare (their MUTANTS), each
+// against its own kernel as the control; every backend in its own Python worker.
+std::vector<MutantResult> run_python_mutants(
+    const MutationOptions& o, const std::function<void(const MutantResult&)>& progress) {
+  // What each kernel declares, asked first: a bad --only name is refused before anything runs.
+  using Declared = std::vector<std::pair<std::string, std::string>>;
+  std::vector<std::pair<std::string, Declared>> kernels;  // absolute name, its mutants
+  for (const std::string& given : o.python_backends) {
+    const std::string base = absolute_backend_name(given);
+    Declared declared = declared_python_mutants(base);
+    if (declared.empty()) {
+      throw std::runtime_error(
+          given +
+          " declares no planted bugs: give its module a MUTANTS = {name: description} dict and "
+          "one decorated function mutant_<name> per entry (README, \"Mutation score\")");
+    }
+    kernels.emplace_back(base, std::move(declared));
+  }
+  for (const std::string& want : o.only_names) {
+    std::string known;
+    bool found = false;
+    for (const auto& [base, declared] : kernels) {
+      for (const auto& d : declared) {
+        found = found || d.first == want;
+        known += " " + d.first;
+      }
+    }
+    if (!found) throw std::runtime_error("unknown mutant '" + want + "'; declared:" + known);
+  }
+  std::vector<MutantResult> results;
+  for (const auto& [base, declared] : kernels) {
+    Declared chosen;
+    for (const auto& d : declared) {
+      if (o.only_names.empty() ||
+          std::find(o.only_names.begin(), o.only_names.end(), d.first) != o.only_names.end()) {
+        chosen.push_back(d);
+      }
+    }
+    if (chosen.empty()) continue;
+    const std::unique_ptr<Backend> control = make_python_kind_backend(o, base);
+    if (const Availability a = control->availability(); !a.available) {
+      throw std::runtime_error(base + " is not available: " + a.reason);
+    }
+    GenConfig gen = o.gen;
+    gen.envelope = intersect(gen.envelope, control->envelope());
+    for (const auto& [name, description] : chosen) {
+      MutantResult r;
+      r.name = name;
+      r.description = description;
+      r.base = base;
+      r.backend = base + "~" + name;
+      const std::string backend = r.backend;
+      results.push_back(run_one(
+          o, std::move(r),
+          [&o, backend] {
+            std::unique_ptr<Backend> b = make_python_kind_backend(o, backend);
+            if (const Availability a = b->availability(); !a.available) {
+              throw std::runtime_error(backend + " is not available: " + a.reason);
+            }
+            return b;
+          },
+          *control, gen));
+      if (progress) progress(results.back());
+    }
+  }
+  return results;
+}
+
 }  // namespace
 
 ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
                        Backend& control, const std::vector<std::string>& properties,
-                       const ShrinkLimits& limits) {
+                       const ShrinkLimits& limits, const Envelope& envelope) {
   const Clock::time_point start = Clock::now();
   const std::vector<Backend*> backends{&mutant};
   std::vector<std::string> others;
@@ -192,7 +276,7 @@ ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backen
     };
     const ShrinkLimits left{limits.max_evaluations - k.evaluations,
                             limits.max_seconds - since(start)};
-    const ShrinkResult s = shrink_case(k.minimal, still_fails, left);
+    const ShrinkResult s = shrink_case(k.minimal, still_fails, left, envelope);
     k.steps += s.steps;
     k.evaluations += s.evaluations;
     k.minimal = s.minimal;
@@ -230,6 +314,7 @@ std::vector<MutantResult> run_mutants(const MutationOptions& o,
         "use --backend-kind cpu here");
   }
 #endif
+  if (!o.python_backends.empty()) return run_python_mutants(o, progress);
   const std::vector<mla::Mutant> mutants = o.only.empty() ? all_mutants() : o.only;
   const std::unique_ptr<Backend> control = make_kind_backend(o, base_backend(o.kind));
   if (const Availability a = control->availability(); !a.available) {
@@ -237,7 +322,15 @@ std::vector<MutantResult> run_mutants(const MutationOptions& o,
   }
   std::vector<MutantResult> results;
   for (const mla::Mutant m : mutants) {
-    results.push_back(run_one(o, m, *control));
+    MutantResult r;
+    r.mutant = m;
+    r.name = mla::mutant_name(m);
+    r.base = base_backend(o.kind);
+    r.backend = mutant_backend_name(o.kind, m);
+    r.skip_reason = skip_reason(o.kind, m);
+    const std::string name = r.backend;
+    results.push_back(run_one(
+        o, std::move(r), [&o, name] { return make_kind_backend(o, name); }, *control, o.gen));
     if (progress) progress(results.back());
   }
   return results;
@@ -312,7 +405,8 @@ nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
   j["format"] = "mlafuzz-mutants";
   j["version"] = 1;
   j["commit"] = build_commit();
-  j["backend_kind"] = mutant_kind_name(o.kind);
+  j["backend_kind"] = o.python_backends.empty() ? mutant_kind_name(o.kind) : "python";
+  if (!o.python_backends.empty()) j["backends"] = o.python_backends;
   j["seed"] = o.seed;
   j["budget_seconds"] = o.budget_seconds;
   j["max_cases"] = o.max_cases;
@@ -332,6 +426,8 @@ nlohmann::ordered_json mutants_to_json(const MutationOptions& o,
     nlohmann::ordered_json m;
     m["mutant"] = r.name;
     m["backend"] = r.backend;
+    m["base"] = r.base;
+    if (!r.description.empty()) m["description"] = r.description;
     m["status"] = r.status == MutantStatus::kKilled     ? "killed"
                   : r.status == MutantStatus::kSurvived ? "survived"
                                                         : "skipped";

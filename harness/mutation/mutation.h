@@ -42,14 +42,24 @@ struct MutationOptions {
   std::string save_dir;              // when set, each shrunk case is saved there as <mutant>.json
   double case_timeout_seconds = 60;  // GPU: a case running longer is a hang (a kill)
   std::string worker_exe;            // GPU: the mlafuzz executable (default: this one)
+  // Non-empty: score the planted bugs these python: kernels declare instead of the catalogue
+  // ("python:<file>:<func>", "triton-mma", "triton-simt"; their modules' MUTANTS, each run as
+  // the backend <kernel>~<name>). Every kernel and mutant runs in its own Python worker process
+  // (isolation.h): a crash, os._exit or a hang past case_timeout_seconds is a fault outcome of
+  // the "run" property (a kill when the control runs that case), never the end of mutants.
+  // Cases are drawn inside the kernel's declared envelope and shrinking stays in it.
+  std::vector<std::string> python_backends;
+  std::vector<std::string> only_names;  // python_backends: mutant names to score (empty: all)
 };
 
 enum class MutantStatus { kKilled, kSurvived, kSkipped };
 
 struct MutantResult {
   mla::Mutant mutant = mla::Mutant::kNone;
-  std::string name;     // mutant_name()
-  std::string backend;  // "cpu-mma~no-rescale"
+  std::string name;     // mutant_name(), or the name a python: kernel's MUTANTS declares
+  std::string base;     // the unmutated backend (the control): "cpu-mma", "python:/x/k.py:decode"
+  std::string backend;  // "cpu-mma~no-rescale", "python:/x/k.py:decode~sink-ignored"
+  std::string description;  // python: kernels: MUTANTS' description of the planted bug
   MutantStatus status = MutantStatus::kSkipped;
   std::string skip_reason;
 
@@ -88,7 +98,8 @@ std::optional<mla::Mutant> mutant_from_name(const std::string& name);
 const char* mutant_kind_name(MutantKind k);
 
 // Runs the mutation campaign. `progress` (may be empty) is called after each mutant.
-// Throws std::runtime_error when the kind cannot run in this build (GPU without CUDA).
+// Throws std::runtime_error when the kind cannot run in this build (GPU without CUDA), or a
+// python: kernel cannot be loaded, is unavailable, or does not declare a mutant of only_names.
 std::vector<MutantResult> run_mutants(const MutationOptions& o,
                                       const std::function<void(const MutantResult&)>& progress);
 
@@ -109,7 +120,7 @@ struct ShrunkKill {
 // first and with the others only when it does not fail (every evaluation runs the kernels).
 ShrunkKill shrink_kill(const Case& failing, const PropertyOutcome& first, Backend& mutant,
                        Backend& control, const std::vector<std::string>& properties,
-                       const ShrinkLimits& limits);
+                       const ShrinkLimits& limits, const Envelope& envelope = {});
 
 // Summary figures: killed/survived/skipped counts and the median cases to the first failure.
 struct MutationSummary {

@@ -97,6 +97,9 @@ def load_kernel(spec: str) -> Tuple[Callable[..., None], "mlafuzz.KernelInfo", O
         raise LoadError(
             f"python:{spec}: importing {target} failed:\n{traceback.format_exc()}"
         ) from e
+    func_name, tilde, mutant = func_name.partition("~")
+    if tilde:
+        func_name = _mutant_function(spec, target, module, func_name, mutant)
     func = getattr(module, func_name, None)
     if func is None:
         names = sorted(
@@ -116,6 +119,40 @@ def load_kernel(spec: str) -> Tuple[Callable[..., None], "mlafuzz.KernelInfo", O
     if supports is not None and not callable(supports):
         supports = None
     return func, info, supports
+
+
+def declared_mutants(module: Any) -> Dict[str, str]:
+    """The module's planted bugs: its ``MUTANTS`` dict (name -> description), or {}."""
+    mutants = getattr(module, "MUTANTS", None)
+    if not isinstance(mutants, dict):
+        return {}
+    return {str(k): str(v) for k, v in mutants.items()}
+
+
+def mutant_function_name(mutant: str) -> str:
+    """The function that implements a planted bug: ``mutant_<name, '-' written '_'>``."""
+    return "mutant_" + mutant.replace("-", "_")
+
+
+def _mutant_function(spec: str, target: str, module: Any, func: str, mutant: str) -> str:
+    """``func~mutant`` -> the name of the function to load; LoadError for an unknown mutant.
+
+    The convention (README, "Mutation score"): the module declares ``MUTANTS = {name:
+    description}`` and one function ``mutant_<name>`` per planted bug, decorated as a kernel.
+    """
+    declared = declared_mutants(module)
+    if not mutant:
+        raise LoadError(f"python:{spec}: name the planted bug after '~' ({func}~<mutant>)")
+    if mutant not in declared:
+        known = ", ".join(declared) if declared else "none (the module has no MUTANTS dict)"
+        raise LoadError(f"python:{spec}: {target} declares no mutant {mutant!r}; declared: {known}")
+    name = mutant_function_name(mutant)
+    if getattr(module, name, None) is None:
+        raise LoadError(
+            f"python:{spec}: {target} declares mutant {mutant!r} in MUTANTS but defines no "
+            f"function {name}"
+        )
+    return name
 
 
 # ---- Frames ----
@@ -285,6 +322,8 @@ class Server:
             # the invariants it does not promise bit for bit.
             "envelope": i.envelope,
             "inexact": list(i.inexact),
+            # The module's planted bugs (MUTANTS): backend <spec>~<name> runs mutant_<name>.
+            "mutants": declared_mutants(sys.modules.get(getattr(self.func, "__module__", ""))),
         }
 
     def supports_reply(self, req: Dict[str, Any]) -> Dict[str, Any]:

@@ -123,10 +123,11 @@ def test_run_with_an_unavailable_triton_backend_fails_with_the_reason():
     assert "triton-mma" in proc.stdout and "not available" in proc.stdout, proc.stdout
 
 
-def test_unknown_triton_mutant_is_refused_naming_the_kernels():
+def test_unknown_triton_mutant_is_refused_naming_the_declared_ones():
     proc = mlafuzz_cmd("run", "--case", CASE, "--backends", "triton-mma~no-such-bug")
     assert proc.returncode == 2, proc.stdout
-    assert "mutant_no_such_bug" in proc.stdout and "mutant_no_rescale" in proc.stdout, proc.stdout
+    assert "declares no mutant 'no-such-bug'" in proc.stdout, proc.stdout
+    assert "no-rescale" in proc.stdout and "sink-ignored" in proc.stdout, proc.stdout
 
 
 def test_triton_mutant_resolves_to_the_shipped_file():
