@@ -468,6 +468,13 @@ class ShippedPythonBackend final : public Backend {
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     return inner_ ? inner_->unsupported(m) : std::nullopt;
   }
+  // What the kernel declares travels with the alias: without these a campaign on triton-mma
+  // drew cases outside its envelope (54% not applicable on the H200) and checked invariants it
+  // does not claim bit for bit.
+  Envelope envelope() const override { return inner_ ? inner_->envelope() : Envelope{}; }
+  uint32_t inexact_invariants() const override { return inner_ ? inner_->inexact_invariants() : 0; }
+  double abs_tol() const override { return inner_ ? inner_->abs_tol() : 0; }
+  double rel_tol() const override { return inner_ ? inner_->rel_tol() : 0; }
   bool on_device() const override { return true; }
   bool needs_worker() const override { return true; }
   std::string simt_partner() const override { return partner_; }

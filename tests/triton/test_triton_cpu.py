@@ -134,3 +134,42 @@ def test_triton_mutant_resolves_to_the_shipped_file():
     proc = mlafuzz_cmd("list-backends", "--backends", "triton-mma~no-rescale")
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.startswith("triton-mma~no-rescale"), proc.stdout
+
+
+STAND_IN = '''
+import sys
+sys.path.insert(0, {examples!r})
+import mlafuzz
+import numpy_decode
+
+ENVELOPE = mlafuzz.Envelope(layouts=["model1"], nope_dim=[448], s_q=[1],
+                            refuses=["extra_cache", "extra_topk_length"])
+supports = numpy_decode.supports
+
+
+@mlafuzz.kernel(name="stand-in", precision="fp32_simt", device="cpu", envelope=ENVELOPE)
+def decode(call):
+    numpy_decode.decode(call)
+'''
+
+
+def test_the_alias_carries_the_kernels_envelope_into_a_campaign(tmp_path):
+    # A CPU stand-in for triton_mma.py (MLAFUZZ_TRITON_DIR): the campaign on the alias must
+    # generate inside the envelope the module declares. (The H200 campaign on triton-mma drew
+    # s_q > 1 and extra-cache cases it refuses when the alias dropped the envelope.)
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "triton_mma.py").write_text(
+        STAND_IN.format(examples=os.path.join(ROOT, "examples", "python")))
+    env = dict(os.environ, MLAFUZZ_TRITON_DIR=str(kdir))
+    proc = subprocess.run(
+        [mlafuzz.testing.find_mlafuzz(), "fuzz", "--backends", "triton-mma", "--cases", "6",
+         "--jobs", "1", "--progress", "plain", "--corpus", str(tmp_path / "c"),
+         "--report", str(tmp_path / "r")],
+        cwd="/", env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    assert proc.returncode == 0, proc.stdout
+    assert "generating inside the envelope: layouts model1; nope_dim {448}; s_q {1}" in proc.stdout, \
+        proc.stdout
+    run = [line.split() for line in proc.stdout.splitlines() if line.split()[:2] == ["triton-mma", "run"]]
+    # backend, property, cases, n/a, failures: every case applicable and passing.
+    assert run and run[0][2:5] == ["6", "0", "0"], proc.stdout
