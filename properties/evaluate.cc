@@ -128,6 +128,15 @@ struct CaseContext {
     return "moving up to " + std::to_string(move_count()) +
            " valid entries per query token into the extra list";
   }
+  // split-agree: the case with a forced split count (launch parameter; the inputs are the same).
+  std::map<int, MaterializedCase> split_forced;
+  const MaterializedCase& split_variant(int splits) {
+    return memo(split_forced, splits, [&] {
+      MaterializedCase v = m;
+      v.split_override = splits;
+      return v;
+    });
+  }
   const MaterializedCase& permutation() {
     return memo(permuted, [&] { return permute_indices(m, m.recipe.data_seed + 29); });
   }
@@ -213,11 +222,11 @@ class Evaluator {
   void properties(BackendState& st) {
     if (!st.ran) return;
     const std::string name = st.be->name();
-    static constexpr PropertyId kOrder[] = {PropertyId::kTolerance,  PropertyId::kDeterminism,
-                                            PropertyId::kPoison,     PropertyId::kRelocate,
-                                            PropertyId::kBatchAlone, PropertyId::kHeadAlone,
-                                            PropertyId::kPermute,    PropertyId::kInsertInvalid,
-                                            PropertyId::kQueryAlone, PropertyId::kMoveToExtra};
+    static constexpr PropertyId kOrder[] = {
+        PropertyId::kTolerance,   PropertyId::kDeterminism,   PropertyId::kPoison,
+        PropertyId::kRelocate,    PropertyId::kBatchAlone,    PropertyId::kHeadAlone,
+        PropertyId::kPermute,     PropertyId::kInsertInvalid, PropertyId::kQueryAlone,
+        PropertyId::kMoveToExtra, PropertyId::kSplitAgree};
     std::vector<std::pair<PropertyId, std::optional<std::string>>> wanted;
     for (PropertyId id : kOrder) {
       const PropertyInfo& prop = property_info(id);
@@ -272,6 +281,9 @@ class Evaluator {
           break;
         case PropertyId::kMoveToExtra:
           move_to_extra_prop(st);
+          break;
+        case PropertyId::kSplitAgree:
+          split_agree(st);
           break;
         default:
           break;
@@ -369,6 +381,9 @@ class Evaluator {
       case PropertyId::kMoveToExtra:
         if (ctx_.env.refuses_feature(kFeatureExtraCache)) break;
         plan.push_back(&ctx_.moved_to_extra());
+        break;
+      case PropertyId::kSplitAgree:
+        for (int splits : kSplitAgreeCounts) plan.push_back(&ctx_.split_variant(splits));
         break;
       default:
         break;
@@ -715,6 +730,33 @@ class Evaluator {
       fill_from_check(o, bc);
       o.seconds = seconds;
       if (!o.passed) o.detail = what + " moved the output beyond the bound: " + o.detail;
+    }
+    ev_.outcomes.push_back(o);
+  }
+
+  // split-agree: the backend rerun with one split per row and with one split per tile (the
+  // most the kernel cuts; mla::kSplitMax), each against the clean run (its own setting) within
+  // the backend's bound twice. The split pipeline's own error (fp32 partials, the merge) is in
+  // the bound (properties/tolerance.h), so any two split counts must agree within it.
+  static constexpr int kSplitAgreeCounts[] = {1, -1};
+  void split_agree(BackendState& st) {
+    Backend& be = *st.be;
+    PropertyOutcome o = make("split-agree", be.name());
+    const Bounds bound = self_bounds(be);
+    double seconds = 0;
+    for (int splits : kSplitAgreeCounts) {
+      RunResult r;
+      if (!run_variant(be, ctx_.split_variant(splits), r, o)) break;
+      seconds = o.seconds;
+      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
+                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+      if (!bc.passed || bc.tightness >= o.tightness) fill_from_check(o, bc);
+      o.seconds = seconds;
+      if (!bc.passed) {
+        o.detail = std::string(splits == 1 ? "1 split per row" : "one split per tile") +
+                   " moved the output beyond the bound: " + o.detail;
+        break;
+      }
     }
     ev_.outcomes.push_back(o);
   }

@@ -15,7 +15,7 @@ constexpr const char* kEigenNotBitwise =
     "oracle-loop holds this property";
 
 using K = PropertyKind;
-constexpr std::array<PropertyInfo, 12> kTable = {{
+constexpr std::array<PropertyInfo, 13> kTable = {{
     {PropertyId::kRun, "run", K::kRun, nullptr, false,
      "the backend returned ok (error/fault fail it; unsupported: not applicable)"},
     {PropertyId::kTolerance, "tolerance", K::kBounded,
@@ -42,6 +42,9 @@ constexpr std::array<PropertyInfo, 12> kTable = {{
     {PropertyId::kMoveToExtra, "move-to-extra", K::kBounded, nullptr, false,
      "valid entries moved from the main list into the extra list, or the two caches swapped: "
      "within the sum of both runs' bounds"},
+    {PropertyId::kSplitAgree, "split-agree", K::kBounded, nullptr, false,
+     "a split-KV backend rerun with 1 split and with one split per tile: within the sum of both "
+     "runs' bounds"},
 }};
 
 constexpr bool table_in_id_order() {
@@ -93,6 +96,10 @@ void check_property_names(const std::vector<std::string>& names) {
 
 std::optional<std::string> off_by_design(const PropertyInfo& p, const Backend& backend) {
   if (backend.is_reference() && p.off_on_reference != nullptr) return p.off_on_reference;
+  if (p.id == PropertyId::kSplitAgree && !backend.splits_kv()) {
+    return "the backend does not split the KV list (split-KV backends: cpu-mma-split*, "
+           "cuda-mma-split*)";
+  }
   return std::nullopt;
 }
 

@@ -28,6 +28,7 @@ enum class PropertyId {
   kMmaVsSimt,
   kQueryAlone,  // the production decode (SPEC.md section 8)
   kMoveToExtra,
+  kSplitAgree,  // split-KV backends (issue 17)
 };
 
 enum class PropertyKind {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "harness/core/value_format.h"
+#include "kernels/common/split_kv.h"
 #include "kernels/common/tiling.h"
 
 namespace mlafuzz {
@@ -60,6 +61,7 @@ Pipeline pipeline_for(Precision p) {
       pl.bf16_out = true;
       pl.token_tile = mla::kMmaTokenTile;
       pl.eta = 0x1p-126;
+      pl.split_kv = true;  // cuda-mma-split*, cpu-mma-split* (and split-KV bf16_mma plugins)
       break;
   }
   return pl;
@@ -76,10 +78,15 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
   const int T = T_main + T_extra;
   auto tiles = [&](int n) { return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1; };
   const int nt = tiles(T_main) + (T_extra > 0 && p.token_tile > 0 ? tiles(T_extra) : 0);
+  // Split-KV: at most ns splits, each adding a product and a sum to O and l; one more rescale
+  // argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation in the header).
+  const int ns = p.split_kv ? std::min(nt, mla::kMaxSplits) : 0;
+  const double r_mult = p.split_kv ? 2.0 : 1.0;
   const double g_dot = gamma(dqk + 2, p.u_acc);
-  const double g_num = gamma(T + nt + 2, p.u_acc);
-  const double g_den = gamma(T + nt + 5, u);  // the division: one rounding, or two (MMA: 1/d, *)
-  const double g_lse = gamma(T + nt + 2, u);
+  const double g_num = gamma(T + nt + 2 + 2 * ns, p.u_acc);
+  // The division: one rounding, or two (MMA: 1/d, *).
+  const double g_den = gamma(T + nt + 5 + 2 * ns, u);
+  const double g_lse = gamma(T + nt + 2 + 2 * ns, u);
   const double exp_ulps = (nt + 2) * p.c_exp * u;
 
   Bounds bd;
@@ -108,11 +115,12 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
       for (Eigen::Index k = 0; k < n; ++k) {
         const double x = X(h, k);
         const double dx = g_dot * A(h, k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
-        e(k) = dx + 2 * u * (std::fabs(x - x_max) + R) + exp_ulps;
+        e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
       }
       const bool sink_pos_inf = sink == kInf;
       const bool sink_finite = std::isfinite(sink);
-      const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + R) + exp_ulps : 0.0;
+      const double e_s =
+          sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
       // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
       // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
       // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
@@ -173,7 +181,7 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
         double first = grow * (wt[static_cast<size_t>(d)] + w_s * std::expm1(e_s) * od);
         first += grow * (g_num * wvd + g_den * od);
         if (p.bf16_p) first += grow * kU16 * wvd;
-        double abs_terms = p.eta * (T + nt + 4) + uv[static_cast<size_t>(d)];
+        double abs_terms = p.eta * (T + nt + 4 + 2 * ns) + uv[static_cast<size_t>(d)];
         if (sink_overflow) abs_terms += od + wvd;
         ob[d] = first * kSecondOrder + abs_terms;
       }

@@ -60,6 +60,22 @@
 // the "tokens" (e_i = dlse_i + the merge's exp and fp32 rounding): exp(e_max) sum_i a_i
 // expm1(e_i) |O_i - O|, plus sum_i a_i (delta_i + u16 |O_i|), with the second rounding modelled
 // by the store interval as for every bf16 output.
+// Split-KV (issue 17; kernels/common/split_kv.h; the MMA pipeline, Pipeline::split_kv): the
+// row's nt tiles are cut into ns <= min(nt, mla::kMaxSplits) splits, each folded by its own
+// online softmax into an fp32 partial (m_i, l_i, O_i), merged as M = max m_i, a_i = exp(m_i - M),
+// L = sum a_i l_i, O = sum a_i O_i, then the unsplit epilogue. Against the unsplit pipeline a
+// token's weight gains one factor a_i: one more exp argument, m_i - M, with |m_i - M| <= R, so
+// the rescale arguments a token goes through sum to at most 2R (within its split <= R, the merge
+// <= R): step 2 uses 2u(|x_k - x_max| + 2R); the exp calls on its path are its own, at most
+// (tiles of its split - 1) rescales and a_i: at most nt + 1, within the (nt + 2) already
+// counted. Steps 3 and 5 count 2 ns more roundings (the product a_i * O_i and the sum over the
+// splits, and the same for l): gamma(T + nt + 2 + 2ns; u_acc) and gamma(T + nt + 5 + 2ns; u),
+// the LSE's gamma(T + nt + 2 + 2ns; u), eta (T + nt + 4 + 2ns). A split without a valid token
+// has weight exactly 0 and is skipped (exact), so empty splits add nothing. The bound takes
+// ns = min(nt, kMaxSplits), the most any split count can give: one bound covers 1 split,
+// the automatic rule and one split per tile alike (the split-agree property compares them),
+// and any bf16_mma plugin that splits (FlashMLA does). The unsplit kernel's bound grows by
+// these terms too, well under 1% of it (the bf16-p term 2^-8 sum w|V| dominates).
 // kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
 #pragma once
 
@@ -83,6 +99,7 @@ struct Pipeline {
   int token_tile = 0;      // tokens per online-softmax tile; 0: one tile for the whole list
   double eta = 0;          // absolute allowance per operation for subnormals / flush-to-zero
   double c_exp = 4;        // exp/log error in ulps (libm expf <= 1, CUDA expf <= 2, exp2 + mul)
+  bool split_kv = false;   // the tiles may be cut into splits merged by a combine (MMA)
 };
 
 // The pipeline of a precision (kCustom has none: use the backend's abs/rel tolerances).

@@ -10,6 +10,7 @@
 // Before timing, the MMA output is compared with the SIMT output of the same inputs.
 //
 // Usage: bench_kernels [--quick] [--markdown FILE]
+//        bench_kernels --split [--quick]   (only the split-KV rows, issue 17)
 //        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
 
@@ -143,19 +144,67 @@ void release(DeviceProblem& d) {
   for (void* b : d.bufs) CK(cudaFree(b));
 }
 
-enum class Kernel { kSimt, kMma32, kMma64, kMma32w4 };
+enum class Kernel { kSimt, kMma32, kMma64, kMma32w4, kSplit1, kSplitAuto, kSplitMax };
 const char* kernel_name(Kernel k) {
-  return k == Kernel::kSimt    ? "simt"
-         : k == Kernel::kMma32 ? "mma"
-         : k == Kernel::kMma64 ? "mma-h64"
-                               : "mma-w4";
+  switch (k) {
+    case Kernel::kSimt:
+      return "simt";
+    case Kernel::kMma32:
+      return "mma";
+    case Kernel::kMma64:
+      return "mma-h64";
+    case Kernel::kMma32w4:
+      return "mma-w4";
+    case Kernel::kSplit1:
+      return "mma-split1";
+    case Kernel::kSplitAuto:
+      return "mma-split";
+    case Kernel::kSplitMax:
+      return "mma-split-max";
+  }
+  return "?";
+}
+
+// The split kernels' workspace (kernels/cuda/combine.cuh), sized per problem (split_workspace).
+void* g_ws = nullptr;
+size_t g_ws_bytes = 0;
+
+int split_setting(Kernel k) {
+  return k == Kernel::kSplit1 ? 1 : k == Kernel::kSplitAuto ? 0 : -1;  // mla::kSplitAuto, kSplitMax
+}
+
+void split_workspace(const mla::DecodeParams& p) {
+  size_t need = 0;
+  for (Kernel k : {Kernel::kSplit1, Kernel::kSplitAuto, Kernel::kSplitMax}) {
+    need = std::max(need, mla::cuda::mma_split_workspace_bytes(p, 32, split_setting(k)));
+  }
+  if (need <= g_ws_bytes) return;
+  if (g_ws != nullptr) CK(cudaFree(g_ws));
+  CK(cudaMalloc(&g_ws, need));
+  g_ws_bytes = need;
 }
 
 void launch(Kernel k, const mla::DecodeParams& p, cudaStream_t s) {
-  const int rc = k == Kernel::kSimt    ? mla::cuda::launch_simt_per_head(p, s)
-                 : k == Kernel::kMma32 ? mla::cuda::launch_mma_head_tiled(p, 32, s)
-                 : k == Kernel::kMma64 ? mla::cuda::launch_mma_head_tiled(p, 64, s)
-                                       : mla::cuda::launch_mma_head_tiled_warps(p, 32, 4, s);
+  int rc = 0;
+  switch (k) {
+    case Kernel::kSimt:
+      rc = mla::cuda::launch_simt_per_head(p, s);
+      break;
+    case Kernel::kMma32:
+      rc = mla::cuda::launch_mma_head_tiled(p, 32, s);
+      break;
+    case Kernel::kMma64:
+      rc = mla::cuda::launch_mma_head_tiled(p, 64, s);
+      break;
+    case Kernel::kMma32w4:
+      rc = mla::cuda::launch_mma_head_tiled_warps(p, 32, 4, s);
+      break;
+    case Kernel::kSplit1:
+    case Kernel::kSplitAuto:
+    case Kernel::kSplitMax:
+      rc = mla::cuda::launch_mma_split(p, 32, split_setting(k), g_ws, g_ws_bytes, s);
+      break;
+  }
   if (rc != 0) {
     std::fprintf(stderr, "launch %s failed: %d\n", kernel_name(k), rc);
     std::exit(1);
@@ -246,13 +295,93 @@ double flashmla_us(int topk, int batch, bool cold) {
 
 float bf16f(uint16_t b) { return mla::bf16_to_float(b); }
 
+// Split-KV rows (issue 17): the unsplit MMA kernel (BLOCK_H 32) beside the split kernel with one
+// split, the automatic count and one split per tile (each call: the split kernel and the
+// combine), on B=1 topk=512, B=1..32 topk=128 and B=128 topk=512. Before timing, the split
+// outputs are checked: one split bitwise equal to the unsplit kernel, the others within 2% of
+// max|out| of it (the GPU tests hold them to the tolerance model). Returns the markdown table.
+std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool quick) {
+  struct Shape {
+    int batch, topk;
+  };
+  const Shape shapes[] = {{1, 512}, {1, 128},  {2, 128},  {4, 128},
+                          {8, 128}, {16, 128}, {32, 128}, {128, 512}};
+  std::string md =
+      "| topk (P) | B | MMA us | split1 us | split (auto) us | split-max us | best split vs MMA | "
+      "L2-flushed MMA / split / split-max us | FlashMLA us (flushed) |\n"
+      "|---|---|---|---|---|---|---|---|---|\n";
+  std::printf(
+      "\nsplit-KV (graph us per call; cold = L2 flushed)\n%-9s %4s | %8s %8s %8s %8s | "
+      "%8s %8s %8s | %s\n",
+      "topk(P)", "B", "mma", "split1", "split", "splitmax", "coldM", "coldS", "coldSM",
+      "FlashMLA graph (cold)");
+  for (const Shape& sh : shapes) {
+    const int P = sh.topk == 128 ? 256 : 64;
+    Problem pr = make_problem(sh.batch, sh.topk, P);
+    DeviceProblem d = upload(pr);
+    const mla::DecodeParams& p = d.p;
+    split_workspace(p);
+    const size_t n_out = static_cast<size_t>(sh.batch) * 64 * mla::d_v(pr.geom);
+    std::vector<uint16_t> o_mma(n_out), o_1(n_out), o_a(n_out), o_m(n_out);
+    const Kernel ks[4] = {Kernel::kMma32, Kernel::kSplit1, Kernel::kSplitAuto, Kernel::kSplitMax};
+    std::vector<uint16_t>* outs[4] = {&o_mma, &o_1, &o_a, &o_m};
+    for (int i = 0; i < 4; ++i) {
+      CK(cudaMemsetAsync(p.out, 0xff, n_out * 2, s));
+      launch(ks[i], p, s);
+      CK(cudaMemcpyAsync(outs[i]->data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+    }
+    CK(cudaStreamSynchronize(s));
+    double max_ref = 1e-3, max_a = 0, max_m = 0;
+    for (size_t i = 0; i < n_out; ++i) {
+      const double r = bf16f(o_mma[i]);
+      max_ref = std::max(max_ref, std::abs(r));
+      max_a = std::max(max_a, std::abs(bf16f(o_a[i]) - r));  // NaN stays visible below
+      max_m = std::max(max_m, std::abs(bf16f(o_m[i]) - r));
+      if (!std::isfinite(bf16f(o_a[i])) || !std::isfinite(bf16f(o_m[i]))) max_a = max_m = 1e30;
+    }
+    if (o_1 != o_mma || max_a > 0.02 * max_ref || max_m > 0.02 * max_ref) {
+      std::printf(
+          "SPLIT VALIDATION FAILED B=%d topk=%d: split1 == mma %d, max|split-mma| %.3g, "
+          "max|split-max - mma| %.3g, max|mma| %.3g\n",
+          sh.batch, sh.topk, o_1 == o_mma, max_a, max_m, max_ref);
+    }
+    Timing t[4];
+    for (int i = 0; i < 4; ++i) t[i] = time_kernel(ks[i], p, s, flush, flush_bytes, quick);
+    const double best = std::min({t[1].graph_us, t[2].graph_us, t[3].graph_us});
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "%4d(%3d) %4d | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %.1f (%.1f)   "
+                  "[max|split-mma|=%.2e, split-max %.2e]\n",
+                  sh.topk, P, sh.batch, t[0].graph_us, t[1].graph_us, t[2].graph_us, t[3].graph_us,
+                  t[0].cold_us, t[2].cold_us, t[3].cold_us, flashmla_us(sh.topk, sh.batch, false),
+                  flashmla_us(sh.topk, sh.batch, true), max_a, max_m);
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+    std::snprintf(
+        line, sizeof line,
+        "| %d (%d) | %d | %.1f | %.1f | %.1f | %.1f | %.2fx | %.1f / %.1f / %.1f | %s |\n", sh.topk,
+        P, sh.batch, t[0].graph_us, t[1].graph_us, t[2].graph_us, t[3].graph_us,
+        t[0].graph_us / best, t[0].cold_us, t[2].cold_us, t[3].cold_us,
+        flashmla_us(sh.topk, sh.batch, false) > 0
+            ? (std::to_string(flashmla_us(sh.topk, sh.batch, false)).substr(0, 4) + " (" +
+               std::to_string(flashmla_us(sh.topk, sh.batch, true)).substr(0, 4) + ")")
+                  .c_str()
+            : "-");
+    md += line;
+    release(d);
+  }
+  std::printf("\n%s", md.c_str());
+  return md;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, profile = false;
+  bool quick = false, profile = false, split_only = false;
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
+    if (std::strcmp(argv[i], "--split") == 0) split_only = true;
     if (std::strcmp(argv[i], "--profile") == 0) profile = true;
     if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
   }
@@ -281,6 +410,12 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
+  if (split_only) {
+    split_rows(s, flush, flush_bytes, quick);
+    CK(cudaFree(flush));
+    CK(cudaStreamDestroy(s));
+    return 0;
+  }
 
   std::string md =
       "| topk (P) | B | SIMT us | MMA us | MMA-h64 us | MMA/SIMT speedup | best MMA TFLOP/s | "
@@ -377,6 +512,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\nAll times per call in us; speedup and throughput use the CUDA-graph times.\n%s",
               md.c_str());
+  md += "\n" + split_rows(s, flush, flush_bytes, quick);
   if (!md_path.empty()) {
     if (FILE* f = std::fopen(md_path.c_str(), "w")) {
       std::fputs(md.c_str(), f);

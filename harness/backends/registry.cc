@@ -64,13 +64,29 @@ std::vector<BackendSpec> make_table() {
                [] { return make_cpu_simt_backend(); }});
   t.push_back({"cpu-mma", "host model of the MMA kernel's bf16/fp32 pipeline (BLOCK_H 32)", false,
                [] { return make_cpu_mma_backend(); }});
+  // The split-KV pipeline (issue 17): 1 split, the automatic rule, one split per tile.
+  t.push_back({"cpu-mma-split1", "host model of the split-KV MMA pipeline, 1 split per row", false,
+               [] { return make_cpu_mma_split_backend(1); }});
+  t.push_back({"cpu-mma-split",
+               "host model of the split-KV MMA pipeline, automatic split count (132 SMs)", false,
+               [] { return make_cpu_mma_split_backend(0); }});
+  t.push_back({"cpu-mma-split-max", "host model of the split-KV MMA pipeline, 1 split per tile",
+               false, [] { return make_cpu_mma_split_backend(-1); }});
   const std::string simt = "CUDA SIMT per-head kernel (fp32)";
   const std::string mma = "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32)";
   const std::string h64 = "CUDA tensor-core head-tiled kernel, BLOCK_H 64";
+  const std::string split1 = "CUDA split-KV MMA kernel + combine, 1 split per row (BLOCK_H 32)";
+  const std::string split_auto =
+      "CUDA split-KV MMA kernel + combine, automatic split count (row and SM count only)";
+  const std::string split_max = "CUDA split-KV MMA kernel + combine, 1 split per tile";
 #if MLAFUZZ_HAVE_CUDA
   t.push_back({"cuda-simt", simt, false, [] { return make_cuda_simt_backend(); }});
   t.push_back({"cuda-mma", mma, false, [] { return make_cuda_mma_backend(32); }});
   t.push_back({"cuda-mma-h64", h64, false, [] { return make_cuda_mma_backend(64); }});
+  t.push_back({"cuda-mma-split1", split1, false, [] { return make_cuda_mma_split_backend(1); }});
+  t.push_back({"cuda-mma-split", split_auto, false, [] { return make_cuda_mma_split_backend(0); }});
+  t.push_back(
+      {"cuda-mma-split-max", split_max, false, [] { return make_cuda_mma_split_backend(-1); }});
 #else
   const auto unavailable = [](const char* name, Precision p, const char* partner) {
     return [=] {
@@ -82,6 +98,12 @@ std::vector<BackendSpec> make_table() {
   t.push_back({"cuda-mma", mma, false, unavailable("cuda-mma", Precision::kMmaBf16, "cuda-simt")});
   t.push_back(
       {"cuda-mma-h64", h64, false, unavailable("cuda-mma-h64", Precision::kMmaBf16, "cuda-simt")});
+  t.push_back({"cuda-mma-split1", split1, false,
+               unavailable("cuda-mma-split1", Precision::kMmaBf16, "cuda-simt")});
+  t.push_back({"cuda-mma-split", split_auto, false,
+               unavailable("cuda-mma-split", Precision::kMmaBf16, "cuda-simt")});
+  t.push_back({"cuda-mma-split-max", split_max, false,
+               unavailable("cuda-mma-split-max", Precision::kMmaBf16, "cuda-simt")});
 #endif
   // The story's kernels in Triton (kernels/triton, python: backends under short names; they
   // need python3 with torch, triton and a GPU, and say which is missing otherwise).

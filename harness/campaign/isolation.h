@@ -29,6 +29,7 @@ class SelfIsolatedBackend final : public IsolatedBackend {
   bool needs_worker() const override { return inner_->needs_worker(); }
   bool is_reference() const override { return inner_->is_reference(); }
   std::string simt_partner() const override { return inner_->simt_partner(); }
+  bool splits_kv() const override { return inner_->splits_kv(); }
   RunResult run(const MaterializedCase& m) override;
 
   std::vector<FaultRecord> take_faults() override;

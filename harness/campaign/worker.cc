@@ -78,6 +78,7 @@ WorkerInfo describe(const Backend& backend) {
   i.pid = static_cast<int32_t>(::getpid());
   i.envelope = backend.envelope();
   i.inexact_invariants = backend.inexact_invariants();
+  i.splits_kv = backend.splits_kv();
   return i;
 }
 

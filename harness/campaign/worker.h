@@ -157,6 +157,7 @@ class ProxyBackend final : public IsolatedBackend {
   std::string simt_partner() const override { return info_.simt_partner; }
   Envelope envelope() const override { return info_.envelope; }
   uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
+  bool splits_kv() const override { return info_.splits_kv; }
   RunResult run(const MaterializedCase& m) override;
   // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
   // and run(), as before batches). The queue, encode and transport time of the request are

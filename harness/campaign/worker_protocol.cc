@@ -167,6 +167,7 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
         m.out_token_stride, m.out_batch_stride, m.lse_token_stride, m.lse_batch_stride}) {
     w.pod(v);
   }
+  w.pod(m.split_override);
   w.pod(static_cast<int32_t>(m.has_extra));
   if (m.has_extra) {
     const MaterializedCase* xb = base != nullptr && base->has_extra ? base : nullptr;
@@ -221,6 +222,7 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
         &m.out_token_stride, &m.out_batch_stride, &m.lse_token_stride, &m.lse_batch_stride}) {
     *v = r.pod<int64_t>();
   }
+  m.split_override = r.pod<int32_t>();
   m.has_extra = r.pod<int32_t>() != 0;
   if (m.has_extra) {
     m.extra_geom = r.pod<mla::CacheGeometry>();
@@ -379,6 +381,7 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod(i.pid);
   w.str(envelope_to_json(i.envelope).dump());
   w.pod(i.inexact_invariants);
+  w.pod<uint8_t>(i.splits_kv);
   return w.take();
 }
 
@@ -402,6 +405,7 @@ WorkerInfo decode_info(std::string_view bytes) {
     throw ProtocolError(std::string("info: bad envelope: ") + e.what());
   }
   i.inexact_invariants = r.pod<uint32_t>();
+  i.splits_kv = r.pod<uint8_t>() != 0;
   r.end();
   return i;
 }

@@ -43,6 +43,7 @@ struct WorkerInfo {
   int32_t pid = 0;
   Envelope envelope;                // Backend::envelope()
   uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
+  bool splits_kv = false;           // Backend::splits_kv()
 };
 
 // Thrown on a malformed payload.

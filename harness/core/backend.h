@@ -171,6 +171,10 @@ class Backend {
   // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
   // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
   virtual std::string simt_partner() const { return ""; }
+  // Whether the backend cuts a row's token tiles into splits merged by a combine (split-KV,
+  // issue 17) and honours MaterializedCase::split_override: the `split-agree` property reruns
+  // such a backend with other split counts (false: not applicable).
+  virtual bool splits_kv() const { return false; }
   virtual RunResult run(const MaterializedCase& m) = 0;
   // unsupported() and, when supported, run() for each case in order: the property variants of
   // a case. The default calls them one by one; a worker proxy sends all cases in one request

@@ -59,6 +59,12 @@ struct MaterializedCase {
   int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk + indices_row_pad
   std::vector<int32_t> extra_topk_length;  // [B] or empty
 
+  // A launch parameter, not input data (never in a case file): the split count a split-KV
+  // backend (Backend::splits_kv()) uses for every row instead of its own setting. 0: its own;
+  // n > 0: n splits (at most the row's tiles); -1: one split per tile (mla::kSplitMax). The
+  // `split-agree` property sets it; other backends ignore it.
+  int32_t split_override = 0;
+
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }
   int32_t query_rows() const { return batch * s_q; }

@@ -320,17 +320,26 @@ std::vector<MutantResult> run_mutants(const MutationOptions& o,
   if (const Availability a = control->availability(); !a.available) {
     throw std::runtime_error(base_backend(o.kind) + " is not available: " + a.reason);
   }
+  // The combine's mutants run the split pipeline with one split per tile: their control is the
+  // unmutated split pipeline with the same setting (made when one of them is scored).
+  std::unique_ptr<Backend> split_control;
   std::vector<MutantResult> results;
   for (const mla::Mutant m : mutants) {
     MutantResult r;
     r.mutant = m;
     r.name = mla::mutant_name(m);
     r.base = base_backend(o.kind);
+    Backend* ctl = control.get();
+    if (mla::is_combine_mutant(m)) {
+      r.base += "-split-max";
+      if (!split_control) split_control = make_kind_backend(o, r.base);
+      ctl = split_control.get();
+    }
     r.backend = mutant_backend_name(o.kind, m);
     r.skip_reason = skip_reason(o.kind, m);
     const std::string name = r.backend;
     results.push_back(run_one(
-        o, std::move(r), [&o, name] { return make_kind_backend(o, name); }, *control, o.gen));
+        o, std::move(r), [&o, name] { return make_kind_backend(o, name); }, *ctl, o.gen));
     if (progress) progress(results.back());
   }
   return results;

@@ -27,6 +27,11 @@ enum class Mutant : int32_t {
   kDropPartialTile,       // the partial last token tile is skipped
   kMissingBarrier,        // the __syncthreads before a tile refills Ks removed (GPU only: race)
   kStorePaddedColumns,    // padded output columns stored past d_v (clobbers the guard / next row)
+  // Split-KV combine (issue 17; kernels/common/split_kv.h). Only the split pipeline has them:
+  // their backends run it with one split per tile.
+  kSplitEmptyNaN,   // the combine normalizes each split by its own l: 0/0 for an empty split
+  kSinkPerSplit,    // every split adds the sink to its partial l (counted once per split)
+  kSplitMergeLog2,  // the merge weights exp2(m_i - M) of natural-log maxima (wrong base)
   kCount
 };
 
@@ -64,10 +69,22 @@ inline const char* mutant_name(Mutant m) {
       return "missing-barrier";
     case Mutant::kStorePaddedColumns:
       return "store-padded-columns";
+    case Mutant::kSplitEmptyNaN:
+      return "split-empty-nan";
+    case Mutant::kSinkPerSplit:
+      return "sink-per-split";
+    case Mutant::kSplitMergeLog2:
+      return "split-merge-log2";
     case Mutant::kCount:
       break;
   }
   return "?";
+}
+
+// The combine's planted bugs: they live in the split pipeline only (the unsplit kernel has no
+// combine), so their backends run it with one split per tile (mla::kSplitMax).
+inline bool is_combine_mutant(Mutant m) {
+  return m == Mutant::kSplitEmptyNaN || m == Mutant::kSinkPerSplit || m == Mutant::kSplitMergeLog2;
 }
 
 }  // namespace mla

@@ -3,8 +3,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "kernels/common/split_kv.h"
 #include "kernels/cuda/cuda_backends.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/device_run.h"
@@ -200,13 +203,16 @@ struct PhaseEvents {
 class CudaKernelBackend final : public Backend {
  public:
   CudaKernelBackend(std::string name, Precision precision, std::string simt_partner,
-                    UnsupportedFn unsupported, LaunchFn launch, bool resident)
+                    UnsupportedFn unsupported, LaunchFn launch, bool resident,
+                    SplitLaunch split = {})
       : name_(std::move(name)),
         precision_(precision),
         simt_partner_(std::move(simt_partner)),
         unsupported_(std::move(unsupported)),
         launch_(std::move(launch)),
-        resident_(resident && resident_inputs_enabled()) {}
+        resident_(resident && resident_inputs_enabled()),
+        split_(std::move(split)) {}
+  bool splits_kv() const override { return split_.setting != mla::kSplitOff; }
 
   std::string name() const override { return name_; }
   Precision precision() const override { return precision_; }
@@ -268,8 +274,21 @@ class CudaKernelBackend final : public Backend {
   }
 
   // Launches on the default stream; kOk, or the launcher's rejection or error as a RunResult.
-  RunResult launch_and_check(mla::DecodeParams& p) {
-    const int rc = launch_(p);
+  // A split-KV backend launches with its setting (or the case's split_override) and its
+  // workspace, grown when a case needs more and kept between calls (exact sizes, freed after
+  // the call, under MLAFUZZ_CUDA_EXACT_ALLOC).
+  RunResult launch_and_check(mla::DecodeParams& p, const MaterializedCase& m) {
+    int rc = 0;
+    if (splits_kv()) {
+      const int setting = m.split_override != 0 ? m.split_override : split_.setting;
+      const size_t bytes = split_.workspace_bytes(p, setting);
+      if (const cudaError_t e = d_ws_.reserve(bytes, exact_allocations()); e != cudaSuccess) {
+        return failure(e, "split workspace (" + std::to_string(bytes) + " bytes)");
+      }
+      rc = split_.launch(p, setting, d_ws_.ptr, d_ws_.capacity);
+    } else {
+      rc = launch_(p);
+    }
     if (rc == mla::cuda::kErrUnsupported) {
       RunResult r;
       r.status = RunStatus::kUnsupported;
@@ -348,7 +367,7 @@ class CudaKernelBackend final : public Backend {
     p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(dev[3]);
     p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(dev[4]);
     point_at_outputs(p, bufs);
-    if (RunResult l = launch_and_check(p); l.status != RunStatus::kOk) return l;
+    if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
     if ((e = cudaEventRecord(events_.e[2], 0)) != cudaSuccess) return failure(e, "event");
     if ((e = cudaMemcpyAsync(pinned_out_.ptr, d_out_.ptr, out_bytes, cudaMemcpyDeviceToHost, 0)) !=
             cudaSuccess ||
@@ -417,7 +436,7 @@ class CudaKernelBackend final : public Backend {
     point_at_outputs(p, bufs);
 
     t0 = std::chrono::steady_clock::now();
-    if (RunResult l = launch_and_check(p); l.status != RunStatus::kOk) return l;
+    if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
     if ((e = cudaDeviceSynchronize()) != cudaSuccess) return failure(e, name_ + " kernel");
     timing.phases[Phase::kKernel] = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -430,6 +449,7 @@ class CudaKernelBackend final : public Backend {
     timing.phases[Phase::kDownload] = seconds_since(t0);
     if (exact) {
       for (const Upload& u : uploads) u.d.release();
+      d_ws_.release();
     }
     RunResult r = collect_outputs(m, bufs);
     r.phases = timing.phases;
@@ -445,6 +465,9 @@ class CudaKernelBackend final : public Backend {
   bool resident_;
   // Device buffers kept between calls (DevMem); one backend object serves one thread.
   DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_out_, d_lse_;
+  // Split-KV: the launcher and its workspace (fp32 partials), kept between calls.
+  SplitLaunch split_;
+  DevMem d_ws_;
   // The resident path's inputs (q, cache, indices, topk_length, sink), output staging, events.
   ResidentInput inputs_[kInputs];
   std::vector<ResidentInput::Copy> uploads_;
@@ -471,6 +494,15 @@ std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precisi
                                              LaunchFn launch) {
   return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
                                              std::move(unsupported), std::move(launch), false);
+}
+
+std::unique_ptr<Backend> make_split_kernel_backend(std::string name, Precision precision,
+                                                   std::string simt_partner,
+                                                   UnsupportedFn unsupported, SplitLaunch split,
+                                                   bool resident) {
+  return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
+                                             std::move(unsupported), LaunchFn{}, resident,
+                                             std::move(split));
 }
 
 std::unique_ptr<Backend> make_resident_kernel_backend(std::string name, Precision precision,
@@ -501,6 +533,31 @@ std::unique_ptr<Backend> make_cuda_mma_backend(int block_h) {
       [block_h](const mla::DecodeParams& p) {
         return mla::cuda::launch_mma_head_tiled(p, block_h, nullptr);
       });
+}
+
+std::unique_ptr<Backend> make_cuda_mma_split_backend(int split) {
+  if (split < mla::kSplitMax) {
+    throw std::invalid_argument("split count " + std::to_string(split) +
+                                ": give n >= 1, 0 (automatic) or -1 (one split per tile)");
+  }
+  std::string name = "cuda-mma-split";
+  if (split == mla::kSplitMax) {
+    name += "-max";
+  } else if (split != mla::kSplitAuto) {
+    name += std::to_string(split);
+  }
+  cuda_detail::SplitLaunch sl;
+  sl.setting = split;
+  sl.workspace_bytes = [](const mla::DecodeParams& p, int s) {
+    return mla::cuda::mma_split_workspace_bytes(p, 32, s);
+  };
+  sl.launch = [](const mla::DecodeParams& p, int s, void* ws, size_t bytes) {
+    return mla::cuda::launch_mma_split(p, 32, s, ws, bytes, nullptr);
+  };
+  return cuda_detail::make_split_kernel_backend(
+      std::move(name), Precision::kMmaBf16, "cuda-simt",
+      [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); }, std::move(sl),
+      /*resident=*/true);
 }
 
 }  // namespace mlafuzz

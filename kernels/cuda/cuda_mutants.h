@@ -2,6 +2,7 @@
 // only with MLAFUZZ_MUTANTS=ON). Plain C++ header.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
 #include "harness/core/backend.h"
@@ -11,6 +12,10 @@ namespace mla::cuda {
 // Launches the BLOCK_H = 32 MMA kernel instantiated with mutant m (kNone gives the normal
 // kernel). Returns 0 or a cudaError_t value; kErrUnsupported outside the envelope.
 int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream);
+// The split-KV kernel and combine with one of the combine's mutants (mla::is_combine_mutant);
+// kErrUnsupported for any other mutant.
+int launch_mma_split_mutant(const DecodeParams& p, Mutant m, int split, void* workspace,
+                            size_t workspace_bytes, void* stream);
 }  // namespace mla::cuda
 
 namespace mlafuzz {

@@ -1,6 +1,7 @@
 // Shared plumbing of the CUDA backends (kernels/cuda only; plain C++, no CUDA types).
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -15,6 +16,15 @@ namespace mlafuzz::cuda_detail {
 using LaunchFn = std::function<int(const mla::DecodeParams&)>;
 using UnsupportedFn = std::function<std::optional<std::string>(const mla::DecodeParams&)>;
 
+// A split-KV launcher (issue 17): the workspace size a split setting needs, and the launch with
+// the setting (the backend's own, or the case's split_override) and a device workspace the
+// backend keeps between calls (mla::cuda::launch_mma_split).
+struct SplitLaunch {
+  int setting = -2;  // mla::kSplitOff: the backend does not split
+  std::function<size_t(const mla::DecodeParams&, int)> workspace_bytes;
+  std::function<int(const mla::DecodeParams&, int, void*, size_t)> launch;
+};
+
 // Whether a CUDA device exists (reason otherwise), probed once per process.
 Availability device_availability();
 
@@ -23,5 +33,10 @@ Availability device_availability();
 std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
                                              std::string simt_partner, UnsupportedFn unsupported,
                                              LaunchFn launch);
+// The same for a split-KV launcher.
+std::unique_ptr<Backend> make_split_kernel_backend(std::string name, Precision precision,
+                                                   std::string simt_partner,
+                                                   UnsupportedFn unsupported, SplitLaunch split,
+                                                   bool resident);
 
 }  // namespace mlafuzz::cuda_detail

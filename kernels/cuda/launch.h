@@ -16,6 +16,7 @@ namespace mla::cuda {
 
 // Return codes that are not CUDA errors (cudaError_t values are small positive numbers).
 inline constexpr int kErrUnsupported = 100000;  // the case is outside the envelope
+inline constexpr int kErrWorkspace = 100001;    // the split workspace is missing or too small
 
 // Envelope shared by both kernels (nullopt: supported). Both kernels support any B >= 1,
 // H >= 1, topk >= 1, page size >= 1, any page stride >= the layout minimum, both layouts,
@@ -36,6 +37,15 @@ int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 // every configuration are bitwise identical.
 int launch_mma_head_tiled_warps(const DecodeParams& p, int block_h, int warps_per_group,
                                 void* stream);
+
+// Split-KV (issue 17; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the MMA kernel
+// with each row's tiles cut into splits (split: n >= 1 forced, mla::kSplitAuto the row rule,
+// mla::kSplitMax one split per tile) writing fp32 partials to `workspace`, then the combine
+// kernel, both on `stream`. The workspace (device memory, at least mma_split_workspace_bytes)
+// is the caller's, so that a backend keeps one between calls; kErrWorkspace when too small.
+size_t mma_split_workspace_bytes(const DecodeParams& p, int block_h, int split);
+int launch_mma_split(const DecodeParams& p, int block_h, int split, void* workspace,
+                     size_t workspace_bytes, void* stream);
 
 // Diagnostics: decodes all 256 e4m3 encodings with the kernels' fast path (fp8x2 -> half2 ->
 // float2) on the device into host_out[256], so a test can prove it bit-exact against

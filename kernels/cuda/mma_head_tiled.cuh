@@ -27,6 +27,14 @@
 // Every sum is taken in an order that does not depend on BH or WG: the configurations give the
 // same bits, and the host model cpu-mma follows the same order (kernels/host/cpu_mma.h).
 //
+// Split-KV (kSplit, issue 17; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the grid
+// gains a z dimension of splits; block (hb, b, z) folds tiles [tile_begin, tile_end) of split z
+// of row b (the split count from the row's own tile count and the device's SM count, worked out
+// here and again in the combine by the same function), and instead of the bf16 epilogue writes
+// its fp32 partial (m, l, O over the V columns of the padded layout) to the workspace; blocks
+// whose z is past the row's split count return at once. kSplit = false compiles the unsplit
+// kernel exactly as before (tile range [0, n_tiles), the bf16 epilogue).
+//
 // Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ps BH*72*2, partial
 // maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4: 157.5 KiB for BH = 32, 199.5 KiB for
 // BH = 64. Rows of Ks and Qs are padded by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows
@@ -36,6 +44,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "kernels/common/split_kv.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.h"
 
@@ -59,6 +68,20 @@ constexpr size_t mma_smem_bytes(int bh, int wg) {
 }
 constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
 
+// Where the split kernel writes its partials and how it splits (unused when kSplit = false).
+// Partial (row r, split i, head slot h) of ns_max splits and hpad = head blocks * BH head slots:
+// index e = (r * ns_max + i) * hpad + h; O at ws_o[e * ostride + col] for the padded-layout V
+// columns col < LayoutPlan::wv, m and l at ws_ml[2 * e], ws_ml[2 * e + 1].
+struct SplitArgs {
+  float* ws_o = nullptr;
+  float* ws_ml = nullptr;
+  int32_t setting = 0;   // mla::kSplitAuto, kSplitMax or n > 0 (split_kv.h)
+  int32_t sm_count = 0;  // the device's, for the automatic rule
+  int32_t ns_max = 1;    // the grid's z extent: the split count of a row with topk valid entries
+  int32_t hpad = 0;
+  int32_t ostride = 0;
+};
+
 // What one lane does with one 8-column unit of every K row it dequantizes.
 enum class UnitKind : int { kSkip, kZero, kFp8, kRope };
 
@@ -67,10 +90,11 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int BH, int WG, Mutant M>
+template <int BH, int WG, Mutant M, bool kSplit = false>
 __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     mma_head_tiled_kernel(const __grid_constant__ DecodeParams p,
-                          const __grid_constant__ LayoutPlan pl) {
+                          const __grid_constant__ LayoutPlan pl,
+                          const __grid_constant__ SplitArgs sa) {
   constexpr int G = BH / 16;  // head groups of 16 rows (the MMA M dimension)
   constexpr int NW = G * WG;  // warps
   constexpr int NT = NW * 32;
@@ -113,6 +137,17 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   }
   int n_tiles = (n_eff + T - 1) / T;
   if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
+  // The tiles this block folds: all of them, or split blockIdx.z's (split_kv.h: the row's split
+  // count depends on its own tile count and the SM count only). A block past the row's split
+  // count has nothing to do: the whole block leaves before any barrier.
+  int tile_begin = 0, tile_end = n_tiles;
+  if constexpr (kSplit) {
+    const int ns = split_count(n_tiles, sa.setting, sa.sm_count);
+    const int z = static_cast<int>(blockIdx.z);
+    if (z >= ns) return;
+    tile_begin = split_tile_begin(n_tiles, ns, z);
+    tile_end = split_tile_begin(n_tiles, ns, z + 1);
+  }
 
   // Tokens of a tile are split over warps: warp w gathers tokens w + NW*i, i < TPW, all at once:
   // lanes [LPT*i, +LPT) copy token i. Each of them loads the token's index (one tile ahead, so
@@ -210,8 +245,9 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
                (static_cast<uint32_t>(kind) << 24);
   }
 
-  int32_t next_idx = n_tiles > 0 ? load_idx(0) : -1;
-  if (n_tiles > 0) stage(0, 0, next_idx);
+  // Tile t stages into buffer t & 1 (s_valid), whatever the range starts at.
+  int32_t next_idx = tile_begin < tile_end ? load_idx(tile_begin) : -1;
+  if (tile_begin < tile_end) stage(tile_begin, tile_begin & 1, next_idx);
 
   SoftmaxState st0, st1;  // rows g and g + 8 of this warp's head group
   float o[NTILE][4];
@@ -222,9 +258,9 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   const int hg = warp % G, quarter = warp / G;  // S: token group; PV: column chunk
   const int row0 = hg * 16 + g, row1 = row0 + 8;
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int buf = tile & 1;
-    if (tile + 1 < n_tiles) next_idx = load_idx(tile + 1);
+    if (tile + 1 < tile_end) next_idx = load_idx(tile + 1);
     cp_async_wait_all();
     // B1: the previous tile's P*V is done with Ks (kMissingBarrier drops it: warps that finish
     // P*V early overwrite K rows that slower warps still read as V). Each warp dequantizes the
@@ -300,7 +336,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     }
     __syncthreads();  // B2: Ks ready, raw free
 
-    if (tile + 1 < n_tiles) stage(tile + 1, buf ^ 1, next_idx);
+    if (tile + 1 < tile_end) stage(tile + 1, buf ^ 1, next_idx);
 
     // ---- S phase: S[16 heads][TOK tokens] per warp over all d_qk ----
     float xs[NS][4];  // logits: [0], [1] row g, tokens c, c + 1; [2], [3] row g + 8
@@ -474,6 +510,29 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     }
   }
 
+  if constexpr (kSplit) {
+    // ---- split epilogue: the fp32 partial (m, l, O) of this split, merged by the combine ----
+    const int64_t e0 = (static_cast<int64_t>(b) * sa.ns_max + blockIdx.z) * sa.hpad;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int slot = blockIdx.x * BH + hg * 16 + g + 8 * r;
+      if (h0 + hg * 16 + g + 8 * r >= p.heads) continue;
+      const SoftmaxState st = r ? st1 : st0;
+      float* orow = sa.ws_o + (e0 + slot) * sa.ostride;
+#pragma unroll
+      for (int i = 0; i < NTILE; ++i) {
+        const int col = quarter * CW + i * 8 + 2 * t;
+        if (col >= pl.wv) continue;
+        *reinterpret_cast<float2*>(orow + col) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
+      }
+      if (quarter == 0 && t == 0) {
+        sa.ws_ml[2 * (e0 + slot)] = st.m;
+        sa.ws_ml[2 * (e0 + slot) + 1] = split_partial_l<M>(st, p.sink, h0 + hg * 16 + g + 8 * r);
+      }
+    }
+    return;
+  }
+
   // ---- epilogue: O * 1 / (l + exp(sink - m)), bf16 store of the real columns, LSE ----
   const float* sink = M == Mutant::kSinkIgnored ? nullptr : p.sink;
 #pragma unroll
@@ -564,7 +623,7 @@ int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
   }
   const dim3 grid((p.heads + BH - 1) / BH, p.batch);
   mma_head_tiled_kernel<BH, WG, M>
-      <<<grid, BH / 16 * WG * 32, smem, static_cast<cudaStream_t>(stream)>>>(p, pl);
+      <<<grid, BH / 16 * WG * 32, smem, static_cast<cudaStream_t>(stream)>>>(p, pl, SplitArgs{});
   return static_cast<int>(cudaGetLastError());
 }
 

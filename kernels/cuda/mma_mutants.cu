@@ -2,6 +2,8 @@
 #include <array>
 #include <utility>
 
+#include "kernels/common/split_kv.h"
+#include "kernels/cuda/combine.cuh"
 #include "kernels/cuda/cuda_mutants.h"
 #include "kernels/cuda/device_run.h"
 #include "kernels/cuda/mma_head_tiled.cuh"
@@ -19,7 +21,34 @@ constexpr std::array<MutantLaunch, sizeof...(I)> mutant_table(std::index_sequenc
 constexpr auto kMutantLaunches =
     mutant_table(std::make_index_sequence<static_cast<size_t>(Mutant::kCount)>());
 
+using SplitMutantLaunch = int (*)(const DecodeParams&, int, void*, size_t, void*);
+
+// The combine's mutants (the split pipeline; the others never run it).
+template <Mutant M>
+constexpr SplitMutantLaunch split_launch() {
+  return &launch_mma_split_t<32, M>;
+}
+
 }  // namespace
+
+int launch_mma_split_mutant(const DecodeParams& p, Mutant m, int split, void* workspace,
+                            size_t workspace_bytes, void* stream) {
+  SplitMutantLaunch f = nullptr;
+  switch (m) {
+    case Mutant::kSplitEmptyNaN:
+      f = split_launch<Mutant::kSplitEmptyNaN>();
+      break;
+    case Mutant::kSinkPerSplit:
+      f = split_launch<Mutant::kSinkPerSplit>();
+      break;
+    case Mutant::kSplitMergeLog2:
+      f = split_launch<Mutant::kSplitMergeLog2>();
+      break;
+    default:
+      return kErrUnsupported;
+  }
+  return f(p, split, workspace, workspace_bytes, stream);
+}
 
 int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream) {
   const auto i = static_cast<size_t>(m);
@@ -32,6 +61,21 @@ int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream) 
 namespace mlafuzz {
 
 std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m) {
+  if (mla::is_combine_mutant(m)) {
+    // The combine's mutants run the split pipeline with one split per tile (as cpu-mma's).
+    cuda_detail::SplitLaunch sl;
+    sl.setting = mla::kSplitMax;
+    sl.workspace_bytes = [](const mla::DecodeParams& p, int s) {
+      return mla::cuda::mma_split_workspace_bytes(p, 32, s);
+    };
+    sl.launch = [m](const mla::DecodeParams& p, int s, void* ws, size_t bytes) {
+      return mla::cuda::launch_mma_split_mutant(p, m, s, ws, bytes, nullptr);
+    };
+    return cuda_detail::make_split_kernel_backend(
+        std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16, "cuda-simt",
+        [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); }, std::move(sl),
+        /*resident=*/false);
+  }
   return cuda_detail::make_kernel_backend(
       std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16, "cuda-simt",
       [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); },

@@ -12,6 +12,11 @@
 // l += it, O *= alpha, and bf16(p) * V added to O in fp32. The store multiplies O by the
 // reciprocal of l (+ the sink term) and rounds to bf16.
 // Heads never interact, so a head's result does not depend on its block or BLOCK_H.
+// Split-KV (issue 17, `split` != mla::kSplitOff): the row's virtual tile range (main tiles, then
+// extra tiles, each list's tiles counted up to its topk_length as the kernel does) is cut into
+// mla::split_count splits; each split folds its tiles from a fresh softmax state into an fp32
+// partial (m, l, O), and the combine of kernels/common/split_kv.h merges them in split order
+// before the same store. With one split the result is the unsplit model's bit for bit.
 //
 // Where the bits can differ from the kernel's: the tensor core's summation inside Q*K^T and P*V
 // (the model sums each dot product in 32 lane-strided partial sums and a butterfly, and P*V
@@ -23,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/split_kv.h"
 #include "kernels/common/tiling.h"
 #include "kernels/host/host_pipeline.h"
 
@@ -62,6 +68,9 @@ struct MmaScratch {
   std::vector<float> x;                  // [block_h, 64] logits of the tile
   std::vector<float> pb;                 // [block_h, 64] bf16(p) of the tile (P*V operand)
   std::vector<mla::SoftmaxState> state;  // [block_h]
+  // Split-KV partials (kernels/common/split_kv.h): [splits][block_h] m and l, [splits][block_h]
+  // [width] O, as the kernel's workspace holds them.
+  std::vector<float> part_m, part_l, part_o;
 };
 
 // Softmax step of one head for a tile of 64 logits x (masked: -inf): tile max, advance, p, the
@@ -127,7 +136,7 @@ inline void pv_tile2(const DecodedRow& row, int32_t width, int32_t width_v, int3
 }
 
 template <Mutant M>
-void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
+void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScratch& s) {
   constexpr int32_t kTile = mla::kMmaTokenTile;
   const mla::DecodeParams& p = call.p;
   const PaddedColumns cols = padded_columns(p.geom);
@@ -139,10 +148,9 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
   s.x.resize(static_cast<size_t>(block_h) * kTile);
   s.pb.resize(static_cast<size_t>(block_h) * kTile);
   s.state.resize(block_h);
-  // Folds the tiles of one decoded list into the block's heads nh (one online softmax per head).
-  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh) {
-    const int32_t tiles = num_token_tiles<M>(topk, kTile);
-    for (int32_t t = 0; t < tiles; ++t) {
+  // Folds tile t of one decoded list into the block's heads nh (one online softmax per head).
+  auto fold_tile = [&](const DecodedRow& row, int32_t topk, int32_t t, int32_t nh) {
+    {
       const int32_t k0 = t * kTile, k1 = std::min(topk, k0 + kTile);
       // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
       for (int32_t j = 0; j < nh; j += 2) {
@@ -175,6 +183,83 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
       }
     }
   };
+  // Folds every tile of one decoded list (the unsplit kernel's loop).
+  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh) {
+    const int32_t tiles = num_token_tiles<M>(topk, kTile);
+    for (int32_t t = 0; t < tiles; ++t) fold_tile(row, topk, t, nh);
+  };
+  // The split pipeline of one head block: tiles [0, nt_main) of the main list then [nt_main,
+  // nt) of the extra list, cut into ns splits, each folded from a fresh state into its partial;
+  // then the combine, and the store of the merged state.
+  auto split_block = [&](int32_t b, int32_t q, int32_t h0, int32_t nh) {
+    const int32_t nt_main = mla::list_tiles<M>(p.topk, main_list(call, b, q).topk_len, kTile);
+    const int32_t nt_extra =
+        p.has_extra ? mla::list_tiles<M>(p.extra_topk, extra_list(call, b, q).topk_len, kTile) : 0;
+    const int32_t nt = nt_main + nt_extra;
+    const int32_t ns = mla::split_count(nt, split, mla::kHostModelSmCount);
+    s.part_m.resize(static_cast<size_t>(ns) * block_h);
+    s.part_l.resize(static_cast<size_t>(ns) * block_h);
+    s.part_o.resize(static_cast<size_t>(ns) * block_h * w);
+    for (int32_t i = 0; i < ns; ++i) {
+      for (int32_t j = 0; j < nh; ++j) s.state[j] = mla::SoftmaxState{};
+      std::fill(s.o.begin(), s.o.end(), 0.0f);
+      const int32_t tb = mla::split_tile_begin(nt, ns, i),
+                    te = mla::split_tile_begin(nt, ns, i + 1);
+      for (int32_t t = tb; t < te; ++t) {
+        if (t < nt_main) {
+          fold_tile(s.row, p.topk, t, nh);
+        } else {
+          fold_tile(s.extra, p.extra_topk, t - nt_main, nh);
+        }
+      }
+      for (int32_t j = 0; j < nh; ++j) {
+        const size_t at = static_cast<size_t>(i) * block_h + j;
+        s.part_m[at] = s.state[j].m;
+        s.part_l[at] = mla::split_partial_l<M>(s.state[j], p.sink, h0 + j);
+        std::copy(s.o.begin() + j * w, s.o.begin() + (j + 1) * w, s.part_o.begin() + at * w);
+      }
+    }
+    // The combine (kernels/common/split_kv.h), per head; the merged O goes to s.o.
+    for (int32_t j = 0; j < nh; ++j) {
+      const mla::SoftmaxState merged =
+          mla::merge_split_states<M>(s.part_m.data() + j, s.part_l.data() + j, ns, block_h);
+      float* O = s.o.data() + j * w;
+      std::fill(O, O + w, 0.0f);
+      if (merged.m != mla::neg_inf()) {
+        bool first = true;
+        for (int32_t i = 0; i < ns; ++i) {
+          const size_t at = static_cast<size_t>(i) * block_h + j;
+          const float mi = s.part_m[at];
+          const float* Oi = s.part_o.data() + at * w;
+          if constexpr (M == Mutant::kSplitEmptyNaN) {
+            // Each split normalized by its own l, then weighted by a_i l_i: 0/0 when empty.
+            const float wi = mla::mul_rn(mla::split_weight<M>(mi, merged.m), s.part_l[at]);
+            for (int32_t c = 0; c < cols.width_v; ++c) {
+              const float t = mla::mul_rn(wi, Oi[c] / s.part_l[at]);
+              O[c] = first ? t : mla::add_rn(O[c], t);
+            }
+            first = false;
+            continue;
+          }
+          if (mi == mla::neg_inf()) continue;  // an empty split weighs 0: skipping is exact
+          const float a = mla::split_weight<M>(mi, merged.m);
+          for (int32_t c = 0; c < cols.width_v; ++c) {
+            const float t = mla::mul_rn(a, Oi[c]);
+            O[c] = first ? t : mla::add_rn(O[c], t);
+          }
+          first = false;
+        }
+      }
+      s.state[j] = merged;
+    }
+    // kSinkPerSplit: the partials already hold the sink; the combine adds none.
+    HostCall store_call = call;
+    if constexpr (M == Mutant::kSinkPerSplit) store_call.p.sink = nullptr;
+    for (int32_t j = 0; j < nh; ++j) {
+      store_head<M>(store_call, cols, layout, b, q, h0 + j, s.state[j], s.o.data() + j * w,
+                    /*reciprocal=*/true);
+    }
+  };
   for (int32_t b = 0; b < p.batch; ++b) {
     for (int32_t q = 0; q < p.s_q; ++q) {
       decode_row<M, true>(main_list(call, b, q), p.conv, cols, layout, &s.row);
@@ -184,6 +269,10 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
         for (int32_t j = 0; j < nh; ++j) {
           load_q_bf16<M>(p, cols, layout, b, q, h0 + j, s.q.data() + j * w);
           s.state[j] = mla::SoftmaxState{};
+        }
+        if (split != mla::kSplitOff) {
+          split_block(b, q, h0, nh);
+          continue;
         }
         std::fill(s.o.begin(), s.o.end(), 0.0f);
         // The main tiles, then the extra tiles, through one online softmax (as FlashMLA's
@@ -199,26 +288,44 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s) {
   }
 }
 
+// Backend name suffix of a split setting: "" (unsplit), "-split1", "-split" (automatic),
+// "-split-max" (one split per tile), "-split<n>".
+inline std::string split_suffix(int32_t split) {
+  if (split == mla::kSplitOff) return "";
+  if (split == mla::kSplitAuto) return "-split";
+  if (split == mla::kSplitMax) return "-split-max";
+  return "-split" + std::to_string(split);
+}
+
 template <Mutant M>
 class CpuMmaBackend final : public Backend {
  public:
-  explicit CpuMmaBackend(int block_h) : block_h_(std::max(1, block_h)) {}
+  // split: mla::kSplitOff (the unsplit kernel), kSplitAuto, kSplitMax or a forced count n > 0.
+  explicit CpuMmaBackend(int block_h, int32_t split = mla::kSplitOff)
+      : block_h_(std::max(1, block_h)), split_(split) {}
   std::string name() const override {
+    // The combine mutants always run the split pipeline: their name is the catalogue's.
     std::string n =
         block_h_ == mla::kMmaDefaultBlockH ? "cpu-mma" : "cpu-mma-h" + std::to_string(block_h_);
+    if (!mla::is_combine_mutant(M)) n += split_suffix(split_);
     if constexpr (M != Mutant::kNone) n += std::string("~") + mla::mutant_name(M);
     return n;
   }
+  bool splits_kv() const override { return split_ != mla::kSplitOff; }
   Precision precision() const override { return Precision::kMmaBf16; }
   // The kernel's envelope: a host model runs what the kernel it models runs.
   Envelope envelope() const override { return builtin_kernel_envelope(); }
   std::string simt_partner() const override { return "cpu-simt"; }
   RunResult run(const MaterializedCase& m) override {
-    return run_guarded(m, [this](const HostCall& c) { mma_head_tiled<M>(c, block_h_, scratch_); });
+    const int32_t split =
+        split_ != mla::kSplitOff && m.split_override != 0 ? m.split_override : split_;
+    return run_guarded(
+        m, [this, split](const HostCall& c) { mma_head_tiled<M>(c, block_h_, split, scratch_); });
   }
 
  private:
   int32_t block_h_;
+  int32_t split_;
   MmaScratch scratch_;
 };
 

@@ -6,9 +6,11 @@
 namespace mlafuzz {
 namespace {
 
+// The combine's mutants live in the split pipeline: they run it with one split per tile.
 template <mla::Mutant M>
 std::unique_ptr<Backend> make() {
-  return std::make_unique<host::CpuMmaBackend<M>>(mla::kMmaDefaultBlockH);
+  return std::make_unique<host::CpuMmaBackend<M>>(
+      mla::kMmaDefaultBlockH, mla::is_combine_mutant(M) ? mla::kSplitMax : mla::kSplitOff);
 }
 
 }  // namespace
@@ -50,6 +52,12 @@ std::unique_ptr<Backend> make_cpu_mma_mutant_backend(mla::Mutant m) {
       return make<Mutant::kDropPartialTile>();
     case Mutant::kStorePaddedColumns:
       return make<Mutant::kStorePaddedColumns>();
+    case Mutant::kSplitEmptyNaN:
+      return make<Mutant::kSplitEmptyNaN>();
+    case Mutant::kSinkPerSplit:
+      return make<Mutant::kSinkPerSplit>();
+    case Mutant::kSplitMergeLog2:
+      return make<Mutant::kSplitMergeLog2>();
     case Mutant::kNone:
     case Mutant::kMissingBarrier:
     case Mutant::kCount:

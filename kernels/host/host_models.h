@@ -26,5 +26,10 @@ std::unique_ptr<Backend> make_cpu_simt_backend();  // "cpu-simt"
 // "cpu-mma" for block_h 32 (the kernel's default), "cpu-mma-h<block_h>" otherwise (64 is the
 // kernel's other option; any block_h >= 1 works on the host, and results never depend on it).
 std::unique_ptr<Backend> make_cpu_mma_backend(int block_h = 32);
+// The split-KV host model (issue 17; kernels/common/split_kv.h), BLOCK_H 32: split 1 ->
+// "cpu-mma-split1" (the split pipeline with one split: cpu-mma's bits), 0 -> "cpu-mma-split"
+// (the automatic rule, for a 132-SM device), -1 -> "cpu-mma-split-max" (one split per tile),
+// n > 1 -> "cpu-mma-split<n>". Throws std::invalid_argument below -1.
+std::unique_ptr<Backend> make_cpu_mma_split_backend(int split);
 
 }  // namespace mlafuzz

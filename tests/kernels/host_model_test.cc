@@ -75,7 +75,7 @@ class HostModelVsOracle : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
   const std::string name = GetParam();
-  const bool mma = name == "cpu-mma";
+  const bool mma = name.rfind("cpu-mma", 0) == 0;  // cpu-mma and the split pipeline
   auto backend = make_backend(name);
   constexpr int kCases = 300;
   std::printf("[seed] %s: recipes from CounterRng(0x%llx, kGenerator)\n", name.c_str(),
@@ -114,11 +114,16 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle, ::testing::Values("cpu-simt", "cpu-mma"),
-                         [](const auto& info) {
-                           return info.param == "cpu-simt" ? std::string("Simt")
-                                                           : std::string("Mma");
-                         });
+// Names of the parametrized backends in test names.
+std::string backend_test_name(const std::string& b) {
+  if (b == "cpu-simt") return "Simt";
+  if (b == "cpu-mma") return "Mma";
+  return "MmaSplitMax";  // cpu-mma-split-max: one split per tile (issue 17)
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle,
+                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-split-max"),
+                         [](const auto& info) { return backend_test_name(info.param); });
 
 // ---- Exact invariants (bitwise) ----
 
@@ -235,11 +240,9 @@ TEST_P(HostModelInvariants, ScratchReuseAcrossShapesChangesNoBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HostModelInvariants, ::testing::Values("cpu-simt", "cpu-mma"),
-                         [](const auto& info) {
-                           return info.param == "cpu-simt" ? std::string("Simt")
-                                                           : std::string("Mma");
-                         });
+INSTANTIATE_TEST_SUITE_P(Backends, HostModelInvariants,
+                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-split-max"),
+                         [](const auto& info) { return backend_test_name(info.param); });
 
 TEST(CpuMma, BlockH64GivesTheSameBitsAsBlockH32) {
   auto h32 = make_cpu_mma_backend(32), h64 = make_cpu_mma_backend(64);
@@ -379,7 +382,7 @@ TEST(HostModels, SinkInfinitiesAndEmptyRows) {
   c.topk_length = std::vector<int32_t>{70, 0};  // row 1 is empty
   c.sink = std::vector<double>{HUGE_VAL, -HUGE_VAL, 0.0};
   const MaterializedCase m = materialize(c);
-  for (const std::string name : {"cpu-simt", "cpu-mma"}) {
+  for (const std::string name : {"cpu-simt", "cpu-mma", "cpu-mma-split-max"}) {
     const RunResult r = make_backend(name)->run(m);
     ASSERT_TRUE(r.ok());
     const int32_t dv = m.d_v();

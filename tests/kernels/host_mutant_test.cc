@@ -8,6 +8,7 @@
 #include "harness/core/backend.h"
 #include "harness/core/materialize.h"
 #include "kernels/common/mutants.h"
+#include "kernels/common/split_kv.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_mutants.h"
 #include "tests/kernels/host_test_support.h"
@@ -66,6 +67,16 @@ Case exposing_case(Mutant mu) {
     case Mutant::kStorePaddedColumns:
       c.out_head_pad = 8;
       break;
+    case Mutant::kSplitEmptyNaN:  // row 0's first tile (one split per tile) holds no valid token
+      c.indices.assign(2, std::vector<int32_t>(100, -1));
+      for (int32_t k = 0; k < 100; ++k) {
+        if (k >= 64) c.indices[0][static_cast<size_t>(k)] = k;
+        c.indices[1][static_cast<size_t>(k)] = 2 * k;
+      }
+      break;
+    case Mutant::kSinkPerSplit:
+      c.sink = std::vector<double>{1.0, -1.0, 0.5, 2.0};
+      break;
     default:
       break;
   }
@@ -90,11 +101,17 @@ TEST(CpuMmaMutants, CatalogueCoversEveryHostMutant) {
   }
 }
 
+// The correct model a mutant varies: cpu-mma, or for the combine's mutants the split pipeline
+// with one split per tile (what they run).
+std::unique_ptr<Backend> correct_for(Mutant mu) {
+  return mla::is_combine_mutant(mu) ? make_cpu_mma_split_backend(mla::kSplitMax)
+                                    : make_cpu_mma_backend();
+}
+
 TEST(CpuMmaMutants, EachMutantIsLiveOnItsExposingCase) {
-  auto good = make_cpu_mma_backend();
   for (Mutant mu : host_mutants()) {
     const MaterializedCase m = materialize(exposing_case(mu));
-    const RunResult ref = good->run(m);
+    const RunResult ref = correct_for(mu)->run(m);
     ASSERT_TRUE(ref.ok());
     ASSERT_EQ(ref.guard_violations, 0);
     const RunResult r = make_cpu_mma_mutant_backend(mu)->run(m);
@@ -106,7 +123,6 @@ TEST(CpuMmaMutants, EachMutantIsLiveOnItsExposingCase) {
 // Where a bug's trigger is absent the mutant computes exactly the correct bits: this pins down
 // the mechanics modelled (and keeps a mutant from being "killed" by an unrelated difference).
 TEST(CpuMmaMutants, InertWhereTheirBugCannotApply) {
-  auto good = make_cpu_mma_backend();
   struct Inert {
     Mutant mu;
     Case c;
@@ -129,9 +145,18 @@ TEST(CpuMmaMutants, InertWhereTheirBugCannotApply) {
   Case full_tiles = pow2;
   full_tiles.topk = 128;
   cases.push_back({Mutant::kDropPartialTile, full_tiles});
+  // The combine's: no empty split; no sink; one tile (one split: a_0 = exp2(0) = exp(0) = 1).
+  // (sink-per-split is not inert with one split: its sink lands in the LSE.)
+  cases.push_back({Mutant::kSplitEmptyNaN, pow2});
+  cases.push_back({Mutant::kSinkPerSplit, pow2});
+  Case one_tile = pow2;
+  one_tile.topk = 64;
+  one_tile.sink = std::vector<double>{1.0, -1.0, 0.5, 2.0};
+  cases.push_back({Mutant::kSplitMergeLog2, one_tile});
   for (const Inert& in : cases) {
     const MaterializedCase m = materialize(in.c);
-    const RunResult ref = good->run(m), r = make_cpu_mma_mutant_backend(in.mu)->run(m);
+    const RunResult ref = correct_for(in.mu)->run(m),
+                    r = make_cpu_mma_mutant_backend(in.mu)->run(m);
     ASSERT_TRUE(ref.ok() && r.ok());
     EXPECT_FALSE(differs(ref, r)) << mla::mutant_name(in.mu);
   }

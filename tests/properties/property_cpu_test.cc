@@ -1,6 +1,6 @@
-// Every property on the CPU backends (oracle, oracle-loop, cpu-simt, cpu-mma) over generated
-// cases with a fixed seed. The case count keeps the whole ctest suite under ~15 minutes on two
-// cores; MLAFUZZ_PROPERTY_CASES and MLAFUZZ_PROPERTY_SEED override it (e.g. for a long run).
+// Every property on the CPU backends (oracle, oracle-loop, cpu-simt, cpu-mma, cpu-mma-split) over
+// generated cases with a fixed seed. The case count keeps the whole ctest suite under ~15 minutes
+// on two cores; MLAFUZZ_PROPERTY_CASES and MLAFUZZ_PROPERTY_SEED override it (e.g. for a long run).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +31,9 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
   std::cout << "seed " << seed << ", " << cases << " cases\n";
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> backends;
-  for (const char* n : {"oracle", "oracle-loop", "cpu-simt", "cpu-mma"}) {
+  // cpu-mma-split: the split-KV pipeline (automatic count), which split-agree reruns with 1 split
+  // and with one split per tile.
+  for (const char* n : {"oracle", "oracle-loop", "cpu-simt", "cpu-mma", "cpu-mma-split"}) {
     owned.push_back(make_backend(n));
     backends.push_back(owned.back().get());
   }
