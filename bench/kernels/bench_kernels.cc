@@ -77,7 +77,7 @@ struct Problem {
 
 // MODEL1 inputs: random fp8 codes (no NaN), writer-like scales around 2^-4, bf16 rope in
 // [-1, 1); distinct random slots per list.
-CacheData make_cache(int batch, int rows, int topk, int page_size) {
+CacheData make_cache(int batch, int topk, int page_size) {
   CacheData c;
   mla::CacheGeometry& g = c.geom;
   g.layout = mla::Layout::kModel1;
@@ -101,8 +101,14 @@ CacheData make_cache(int batch, int rows, int topk, int page_size) {
       c.bytes[static_cast<size_t>(a.scale + t)] = static_cast<uint8_t>(119 + next_u64() % 4);
     }
   }
+  return c;
+}
+
+// `rows` lists of `topk` distinct random slots of the cache (after its bytes and, for the main
+// cache, q: the draw order of the first table's inputs before the production shapes).
+void make_lists(CacheData& c, int rows, int topk) {
   c.indices.resize(static_cast<size_t>(rows) * topk);
-  const int64_t slots = mla::num_slots(g);
+  const int64_t slots = mla::num_slots(c.geom);
   for (int b = 0; b < rows; ++b) {
     // distinct slots per row: a random start and a random odd stride modulo the slot count
     std::vector<int32_t> row(static_cast<size_t>(topk));
@@ -117,7 +123,6 @@ CacheData make_cache(int batch, int rows, int topk, int page_size) {
     for (int k = topk - 1; k > 0; --k) std::swap(row[k], row[next_u64() % (k + 1)]);
     std::copy(row.begin(), row.end(), c.indices.begin() + static_cast<int64_t>(b) * topk);
   }
-  return c;
 }
 
 // q in [-1, 1) for B * s_q * H heads; the main cache; the extra cache when extra_topk > 0.
@@ -129,16 +134,18 @@ Problem make_problem(int batch, int topk, int page_size, int heads = 64, int s_q
   pr.topk = topk;
   pr.page_size = page_size;
   pr.s_q = s_q;
-  CacheData main = make_cache(batch, batch * s_q, topk, page_size);
+  CacheData main = make_cache(batch, topk, page_size);
+  pr.q.resize(static_cast<size_t>(batch) * s_q * heads * mla::d_qk(main.geom));
+  for (auto& x : pr.q) x = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
+  make_lists(main, batch * s_q, topk);
   pr.geom = main.geom;
   pr.cache = std::move(main.bytes);
   pr.indices = std::move(main.indices);
-  pr.q.resize(static_cast<size_t>(batch) * s_q * heads * mla::d_qk(pr.geom));
-  for (auto& x : pr.q) x = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
   if (extra_topk > 0) {
     pr.has_extra = true;
     pr.extra_topk = extra_topk;
-    pr.extra = make_cache(batch, batch * s_q, extra_topk, extra_page_size);
+    pr.extra = make_cache(batch, extra_topk, extra_page_size);
+    make_lists(pr.extra, batch * s_q, extra_topk);
   }
   return pr;
 }

@@ -447,6 +447,78 @@ INSTANTIATE_TEST_SUITE_P(Backends, CudaProduction,
                            return s;
                          });
 
+// poison_unread for the extra cache: every extra-cache byte no valid extra entry reads becomes
+// `poison` (random bytes when poison < 0), every masked extra index another value the kernel must
+// ignore (another negative under kAnyNegative, a random slot past extra_topk_length).
+void poison_unread_extra(MaterializedCase& m, int poison, uint64_t seed) {
+  if (!m.has_extra) return;
+  const mla::CacheGeometry& g = m.extra_geom;
+  std::vector<uint8_t> read(m.extra_cache.size(), 0);
+  auto mark = [&](int64_t at, int64_t len) {
+    std::fill(read.begin() + at, read.begin() + at + len, uint8_t{1});
+  };
+  const int32_t tiles = mla::num_scale_tiles(g);
+  auto len_of = [&](int32_t b) {
+    return m.extra_topk_length.empty() ? -1 : m.extra_topk_length[static_cast<size_t>(b)];
+  };
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      for (int32_t k = 0; k < m.extra_topk; ++k) {
+        const int32_t idx = m.extra_index_at(b, s, k);
+        if (!mla::index_valid(idx, k, len_of(b), m.conv)) continue;
+        const mla::TokenAddress a = mla::token_address(g, idx);
+        mark(a.nope, g.nope_dim);
+        mark(a.rope, 2 * int64_t{g.rope_dim});
+        mark(a.scale, g.layout == mla::Layout::kModel1 ? tiles : 4 * tiles);
+      }
+    }
+  }
+  CounterRng rng(seed, Stream::kPoison);
+  for (size_t i = 0; i < m.extra_cache.size(); ++i) {
+    if (!read[i]) m.extra_cache[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
+  }
+  const int64_t slots = mla::num_slots(g);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t s = 0; s < m.s_q; ++s) {
+      for (int32_t k = 0; k < m.extra_topk; ++k) {
+        int32_t& idx = m.extra_indices[static_cast<size_t>(b * m.extra_indices_batch_stride +
+                                                           s * m.extra_indices_token_stride + k)];
+        if (mla::index_valid(idx, k, len_of(b), m.conv)) continue;
+        if (len_of(b) >= 0 && k >= len_of(b) && idx >= 0) {
+          idx = static_cast<int32_t>(rng.uniform_int(0, slots - 1));
+        } else if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) {
+          idx = -static_cast<int32_t>(rng.uniform_int(1, 1 << 30));
+        }
+      }
+    }
+  }
+}
+
+// Bytes and entries of either cache that no valid entry reads change no output bit.
+TEST_P(CudaProduction, PoisonedUnreadBytesOfBothCachesChangeNoBit) {
+  SKIP_WITHOUT_DEVICE();
+  auto backend = make_backend(GetParam());
+  const std::vector<Case> cases = production_cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    Case c = cases[i];
+    c.conventions.invalid_index =
+        i % 2 ? mla::InvalidIndexRule::kAnyNegative : mla::InvalidIndexRule::kMinusOneOnly;
+    const MaterializedCase m = materialize(c);
+    const RunResult r = backend->run(m);
+    ASSERT_TRUE(r.ok()) << c.name << ": " << r.message;
+    for (int f : {0xff, 0x7f, -1}) {
+      MaterializedCase pm = m;
+      testing::poison_unread(pm, f, kSeed + i);
+      poison_unread_extra(pm, f, kSeed + 100 + i);
+      const RunResult pr = backend->run(pm);
+      ASSERT_TRUE(pr.ok()) << pr.message;
+      EXPECT_EQ(pr.guard_violations, 0) << c.name;
+      ASSERT_TRUE(testing::same_bits(r, pr))
+          << GetParam() << " " << c.name << ": poison fill " << f << " changed the output";
+    }
+  }
+}
+
 // BLOCK_H 32 and 64 give the same bits on the production decode too (H = 128: four blocks of 32
 // against two of 64 per query token).
 TEST(CudaProductionMma, BlockH64GivesTheSameBitsAsBlockH32) {
