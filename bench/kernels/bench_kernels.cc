@@ -1,6 +1,9 @@
 // Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (SPEC.md
 // sections 1 and 7): H = 64, MODEL1, topk 128 with P = 256 and topk 512 with P = 64,
-// B in {1, 4, 16, 32, 64, 128}.
+// B in {1, 4, 16, 32, 64, 128}; then the production decode of DeepSeek-V4-Flash (SPEC.md
+// section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P = 256 with an extra cache
+// of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in {1, 16, 64, 128} for
+// s_q 1 and 3 and B = 64 for s_q 2 and 4.
 //
 // Per kernel and shape: median of CUDA-event times over many launches after a warm-up
 // ("events"), the per-launch time of a CUDA graph of 20 launches ("graph", median over replays,
@@ -9,7 +12,12 @@
 // B*topk*584 for every kernel, and for SIMT also the per-head re-reads (H times that).
 // Before timing, the MMA output is compared with the SIMT output of the same inputs.
 //
-// Usage: bench_kernels [--quick] [--markdown FILE]
+// For the production shapes, TFLOP/s counts 2*B*s_q*H*(topk + extra_topk)*(d_qk + d_v) and GB/s
+// the KV bytes of every query token's lists (B*s_q*(topk + extra_topk)*584); each cache holds
+// twice the slots one token's lists of all rows need, every token draws its own lists.
+//
+// Usage: bench_kernels [--quick] [--markdown FILE] [--original | --production]
+//          (default: both tables; --original: the first table only, --production: the second)
 //        bench_kernels --split [--quick]   (only the split-KV rows, issue 17)
 //        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
@@ -47,46 +55,62 @@ uint64_t next_u64() {
 }
 double uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
 
+// One MODEL1 cache and the index lists into it: `rows` lists of `topk` distinct random slots
+// out of twice the slots one list of each batch row needs (so the cache exceeds L2 at large B,
+// as in production).
+struct CacheData {
+  mla::CacheGeometry geom;
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> indices;  // [rows, topk]
+};
+
 struct Problem {
-  int batch, heads, topk, page_size;
+  int batch = 0, heads = 0, topk = 0, page_size = 0;
   mla::CacheGeometry geom;
   std::vector<uint8_t> cache;
   std::vector<uint16_t> q;
   std::vector<int32_t> indices;
+  int s_q = 1;
+  bool has_extra = false;
+  int extra_topk = 0;
+  CacheData extra;
 };
 
-// MODEL1 inputs: random fp8 codes (no NaN), writer-like scales around 2^-4, bf16 rope and q in
-// [-1, 1), distinct random slots out of twice as many as needed (so the cache exceeds L2 at
-// large B, as in production).
-Problem make_problem(int batch, int topk, int page_size) {
-  Problem pr{batch, 64, topk, page_size, {}, {}, {}, {}};
-  mla::CacheGeometry& g = pr.geom;
+// MODEL1 inputs: random fp8 codes (no NaN), writer-like scales around 2^-4, bf16 rope in
+// [-1, 1); distinct random slots per list.
+CacheData make_cache(int batch, int topk, int page_size) {
+  CacheData c;
+  mla::CacheGeometry& g = c.geom;
   g.layout = mla::Layout::kModel1;
   g.page_size = page_size;
   const int64_t slots_needed = 2LL * batch * topk;
   g.num_pages = static_cast<int32_t>((slots_needed + page_size - 1) / page_size);
   g.page_stride = mla::min_page_stride(g);
-  pr.cache.resize(static_cast<size_t>(mla::cache_bytes(g)));
+  c.bytes.resize(static_cast<size_t>(mla::cache_bytes(g)));
   for (int64_t s = 0; s < mla::num_slots(g); ++s) {
     const mla::TokenAddress a = mla::token_address(g, s);
     for (int d = 0; d < g.nope_dim; ++d) {
       uint8_t v = static_cast<uint8_t>(next_u64() & 0xff);
       if ((v & 0x7f) == 0x7f) v = static_cast<uint8_t>(v - 1);  // no NaN
-      pr.cache[static_cast<size_t>(a.nope + d)] = v;
+      c.bytes[static_cast<size_t>(a.nope + d)] = v;
     }
     for (int r = 0; r < g.rope_dim; ++r) {
       const uint16_t b = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
-      std::memcpy(&pr.cache[static_cast<size_t>(a.rope + 2 * r)], &b, 2);
+      std::memcpy(&c.bytes[static_cast<size_t>(a.rope + 2 * r)], &b, 2);
     }
     for (int t = 0; t < mla::num_scale_tiles(g); ++t) {
-      pr.cache[static_cast<size_t>(a.scale + t)] = static_cast<uint8_t>(119 + next_u64() % 4);
+      c.bytes[static_cast<size_t>(a.scale + t)] = static_cast<uint8_t>(119 + next_u64() % 4);
     }
   }
-  pr.q.resize(static_cast<size_t>(batch) * pr.heads * mla::d_qk(g));
-  for (auto& x : pr.q) x = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
-  pr.indices.resize(static_cast<size_t>(batch) * topk);
-  const int64_t slots = mla::num_slots(g);
-  for (int b = 0; b < batch; ++b) {
+  return c;
+}
+
+// `rows` lists of `topk` distinct random slots of the cache (after its bytes and, for the main
+// cache, q: the draw order of the first table's inputs before the production shapes).
+void make_lists(CacheData& c, int rows, int topk) {
+  c.indices.resize(static_cast<size_t>(rows) * topk);
+  const int64_t slots = mla::num_slots(c.geom);
+  for (int b = 0; b < rows; ++b) {
     // distinct slots per row: a random start and a random odd stride modulo the slot count
     std::vector<int32_t> row(static_cast<size_t>(topk));
     for (int k = 0; k < topk; ++k) row[k] = static_cast<int32_t>(next_u64() % slots);
@@ -98,14 +122,38 @@ Problem make_problem(int batch, int topk, int page_size) {
       row.erase(std::unique(row.begin(), row.end()), row.end());
     }
     for (int k = topk - 1; k > 0; --k) std::swap(row[k], row[next_u64() % (k + 1)]);
-    std::copy(row.begin(), row.end(), pr.indices.begin() + static_cast<int64_t>(b) * topk);
+    std::copy(row.begin(), row.end(), c.indices.begin() + static_cast<int64_t>(b) * topk);
+  }
+}
+
+// q in [-1, 1) for B * s_q * H heads; the main cache; the extra cache when extra_topk > 0.
+Problem make_problem(int batch, int topk, int page_size, int heads = 64, int s_q = 1,
+                     int extra_topk = 0, int extra_page_size = 1) {
+  Problem pr;
+  pr.batch = batch;
+  pr.heads = heads;
+  pr.topk = topk;
+  pr.page_size = page_size;
+  pr.s_q = s_q;
+  CacheData main = make_cache(batch, topk, page_size);
+  pr.q.resize(static_cast<size_t>(batch) * s_q * heads * mla::d_qk(main.geom));
+  for (auto& x : pr.q) x = mla::float_to_bf16(static_cast<float>(2 * uniform() - 1));
+  make_lists(main, batch * s_q, topk);
+  pr.geom = main.geom;
+  pr.cache = std::move(main.bytes);
+  pr.indices = std::move(main.indices);
+  if (extra_topk > 0) {
+    pr.has_extra = true;
+    pr.extra_topk = extra_topk;
+    pr.extra = make_cache(batch, extra_topk, extra_page_size);
+    make_lists(pr.extra, batch * s_q, extra_topk);
   }
   return pr;
 }
 
 struct DeviceProblem {
   mla::DecodeParams p;
-  void* bufs[5] = {};
+  void* bufs[7] = {};
 };
 
 DeviceProblem upload(const Problem& pr) {
@@ -115,23 +163,42 @@ DeviceProblem upload(const Problem& pr) {
   p.batch = pr.batch;
   p.heads = pr.heads;
   p.topk = pr.topk;
+  p.s_q = pr.s_q;
   p.sm_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(mla::d_qk(pr.geom))));
   const int dqk = mla::d_qk(pr.geom), dv = mla::d_v(pr.geom);
   p.q_head_stride = dqk;
-  p.q_batch_stride = static_cast<int64_t>(dqk) * pr.heads;
+  p.q_token_stride = static_cast<int64_t>(dqk) * pr.heads;
+  p.q_batch_stride = p.q_token_stride * pr.s_q;
   p.out_head_stride = dv;
-  p.out_batch_stride = static_cast<int64_t>(dv) * pr.heads;
-  p.indices_batch_stride = pr.topk;
-  p.lse_batch_stride = pr.heads;
+  p.out_token_stride = static_cast<int64_t>(dv) * pr.heads;
+  p.out_batch_stride = p.out_token_stride * pr.s_q;
+  p.indices_token_stride = pr.topk;
+  p.indices_batch_stride = static_cast<int64_t>(pr.topk) * pr.s_q;
+  p.lse_token_stride = pr.heads;
+  p.lse_batch_stride = static_cast<int64_t>(pr.heads) * pr.s_q;
   CK(cudaMalloc(&d.bufs[0], pr.cache.size()));
   CK(cudaMemcpy(d.bufs[0], pr.cache.data(), pr.cache.size(), cudaMemcpyHostToDevice));
   CK(cudaMalloc(&d.bufs[1], pr.q.size() * 2));
   CK(cudaMemcpy(d.bufs[1], pr.q.data(), pr.q.size() * 2, cudaMemcpyHostToDevice));
   CK(cudaMalloc(&d.bufs[2], pr.indices.size() * 4));
   CK(cudaMemcpy(d.bufs[2], pr.indices.data(), pr.indices.size() * 4, cudaMemcpyHostToDevice));
-  const size_t n_out = static_cast<size_t>(pr.batch) * pr.heads * dv;
+  const size_t n_out = static_cast<size_t>(pr.batch) * pr.s_q * pr.heads * dv;
   CK(cudaMalloc(&d.bufs[3], n_out * 2));
-  CK(cudaMalloc(&d.bufs[4], static_cast<size_t>(pr.batch) * pr.heads * 4));
+  CK(cudaMalloc(&d.bufs[4], static_cast<size_t>(pr.batch) * pr.s_q * pr.heads * 4));
+  if (pr.has_extra) {
+    const CacheData& e = pr.extra;
+    CK(cudaMalloc(&d.bufs[5], e.bytes.size()));
+    CK(cudaMemcpy(d.bufs[5], e.bytes.data(), e.bytes.size(), cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&d.bufs[6], e.indices.size() * 4));
+    CK(cudaMemcpy(d.bufs[6], e.indices.data(), e.indices.size() * 4, cudaMemcpyHostToDevice));
+    p.has_extra = true;
+    p.extra_geom = e.geom;
+    p.extra_kv_cache = static_cast<const uint8_t*>(d.bufs[5]);
+    p.extra_topk = pr.extra_topk;
+    p.extra_indices = static_cast<const int32_t*>(d.bufs[6]);
+    p.extra_indices_token_stride = pr.extra_topk;
+    p.extra_indices_batch_stride = static_cast<int64_t>(pr.extra_topk) * pr.s_q;
+  }
   p.kv_cache = static_cast<const uint8_t*>(d.bufs[0]);
   p.q = static_cast<const uint16_t*>(d.bufs[1]);
   p.indices = static_cast<const int32_t*>(d.bufs[2]);
@@ -141,7 +208,7 @@ DeviceProblem upload(const Problem& pr) {
 }
 
 void release(DeviceProblem& d) {
-  for (void* b : d.bufs) CK(cudaFree(b));
+  for (void* b : d.bufs) CK(cudaFree(b));  // cudaFree(nullptr) is a no-op
 }
 
 enum class Kernel { kSimt, kMma32, kMma64, kMma32w4, kSplit1, kSplitAuto, kSplitMax };
@@ -295,17 +362,112 @@ double flashmla_us(int topk, int batch, bool cold) {
 
 float bf16f(uint16_t b) { return mla::bf16_to_float(b); }
 
+// One row of a table: one shape timed on every kernel after validating MMA (both BLOCK_H)
+// against SIMT. Prints the console line, returns the markdown row.
+struct Shape {
+  std::string label;     // console: topk(P) [+ extra] and the production fields
+  std::string md_label;  // markdown first column
+  int batch, heads, s_q, topk, page_size, extra_topk, extra_page_size;
+  bool flashmla;  // FlashMLA's figures exist for the shape (SPEC.md section 7)
+};
+
+std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flush_bytes,
+                        bool quick) {
+  const int B = sh.batch, H = sh.heads;
+  Problem pr = make_problem(B, sh.topk, sh.page_size, H, sh.s_q, sh.extra_topk, sh.extra_page_size);
+  const double fl = sh.flashmla ? flashmla_us(sh.topk, B, false) : 0;
+  const double fl_cold = sh.flashmla ? flashmla_us(sh.topk, B, true) : 0;
+  DeviceProblem d = upload(pr);
+  const mla::DecodeParams& p = d.p;
+  // Validate before timing: MMA (both BLOCK_H) against SIMT on the same inputs.
+  const size_t n_out = static_cast<size_t>(B) * sh.s_q * H * mla::d_v(pr.geom);
+  std::vector<uint16_t> o_simt(n_out), o_mma(n_out), o_h64(n_out);
+  launch(Kernel::kSimt, p, s);
+  CK(cudaMemcpyAsync(o_simt.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  launch(Kernel::kMma32, p, s);
+  CK(cudaMemcpyAsync(o_mma.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  launch(Kernel::kMma64, p, s);
+  CK(cudaMemcpyAsync(o_h64.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  double max_d = 0, max_ref = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n_out; ++i) {
+    const double a = bf16f(o_mma[i]), r = bf16f(o_simt[i]);
+    finite = finite && std::isfinite(a) && std::isfinite(r);
+    max_d = std::max(max_d, std::abs(a - r));
+    max_ref = std::max(max_ref, std::abs(r));
+  }
+  const bool same64 = o_mma == o_h64;
+  if (!finite || max_d > 0.02 * std::max(max_ref, 1e-3) || !same64) {
+    std::printf(
+        "VALIDATION FAILED %s B=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d h64==h32 %d\n",
+        sh.md_label.c_str(), B, max_d, max_ref, finite, same64);
+    if (!same64) {
+      size_t n_diff = 0, first = 0;
+      for (size_t i = 0; i < n_out; ++i) {
+        if (o_mma[i] != o_h64[i] && n_diff++ == 0) first = i;
+      }
+      const int dv = mla::d_v(pr.geom);
+      std::vector<uint16_t> again(n_out);
+      launch(Kernel::kMma64, p, s);
+      CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+      CK(cudaStreamSynchronize(s));
+      const bool det64 = again == o_h64;
+      launch(Kernel::kMma32, p, s);
+      CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+      CK(cudaStreamSynchronize(s));
+      std::printf(
+          "  %zu elements differ; first b=%zu h=%zu d=%zu: h32 %04x h64 %04x; h64 rerun same "
+          "%d, h32 rerun same %d\n",
+          n_diff, first / (H * dv), first / dv % H, first % dv, o_mma[first], o_h64[first], det64,
+          again == o_mma);
+    }
+  }
+  const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
+  const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
+  const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
+  const Timing tw4 = time_kernel(Kernel::kMma32w4, p, s, flush, flush_bytes, true);
+  // Every query token reads its own lists of both caches.
+  const double entries = static_cast<double>(B) * sh.s_q * (sh.topk + sh.extra_topk);
+  const double flops = 2.0 * entries * H * (512 + 512);
+  const double kv = entries * 584;
+  const double best = std::min(tm.graph_us, th.graph_us);
+  const double best_cold = std::min(tm.cold_us, th.cold_us);
+  const double speedup = ts.graph_us / best;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "%s %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
+                "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
+                sh.label.c_str(), B, ts.events_us, tm.events_us, th.events_us, speedup,
+                flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
+                H * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold, fl, fl_cold,
+                max_d, tw4.graph_us);
+  std::fputs(line, stdout);
+  std::fflush(stdout);
+  std::snprintf(
+      line, sizeof line,
+      "| %s | %d | %.1f | %.1f | %.1f | %.1fx | %.0f | %.0f | %.0f / %.0f | "
+      "%.1f | %s |\n",
+      sh.md_label.c_str(), B, ts.graph_us, tm.graph_us, th.graph_us, speedup, flops / best * 1e-6,
+      kv / best * 1e-3, kv / ts.graph_us * 1e-3, H * kv / ts.graph_us * 1e-3, best_cold,
+      fl > 0 ? (std::to_string(fl).substr(0, 4) + " (" + std::to_string(fl_cold).substr(0, 4) + ")")
+                   .c_str()
+             : "-");
+  release(d);
+  return line;
+}
+
 // Split-KV rows (issue 17): the unsplit MMA kernel (BLOCK_H 32) beside the split kernel with one
 // split, the automatic count and one split per tile (each call: the split kernel and the
 // combine), on B=1 topk=512, B=1..32 topk=128 and B=128 topk=512. Before timing, the split
 // outputs are checked: one split bitwise equal to the unsplit kernel, the others within 2% of
 // max|out| of it (the GPU tests hold them to the tolerance model). Returns the markdown table.
 std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool quick) {
-  struct Shape {
+  struct SplitShape {
     int batch, topk;
   };
-  const Shape shapes[] = {{1, 512}, {1, 128},  {2, 128},  {4, 128},
-                          {8, 128}, {16, 128}, {32, 128}, {128, 512}};
+  const SplitShape shapes[] = {{1, 512}, {1, 128},  {2, 128},  {4, 128},
+                               {8, 128}, {16, 128}, {32, 128}, {128, 512}};
   std::string md =
       "| topk (P) | B | MMA us | split1 us | split (auto) us | split-max us | best split vs MMA | "
       "L2-flushed MMA / split / split-max us | FlashMLA us (flushed) |\n"
@@ -315,7 +477,7 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
       "%8s %8s %8s | %s\n",
       "topk(P)", "B", "mma", "split1", "split", "splitmax", "coldM", "coldS", "coldSM",
       "FlashMLA graph (cold)");
-  for (const Shape& sh : shapes) {
+  for (const SplitShape& sh : shapes) {
     const int P = sh.topk == 128 ? 256 : 64;
     Problem pr = make_problem(sh.batch, sh.topk, P);
     DeviceProblem d = upload(pr);
@@ -377,12 +539,15 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, profile = false, split_only = false;
+  bool quick = false, profile = false, split_only = false, run_original = true,
+       run_production = true;
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--split") == 0) split_only = true;
     if (std::strcmp(argv[i], "--profile") == 0) profile = true;
+    if (std::strcmp(argv[i], "--original") == 0) run_production = false;
+    if (std::strcmp(argv[i], "--production") == 0) run_original = false;
     if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
   }
   int dev = 0;
@@ -424,90 +589,39 @@ int main(int argc, char** argv) {
   std::printf("%-9s %4s | %9s %9s %9s | %7s | %8s %8s | %8s %9s | %8s %8s %8s | %s\n", "topk(P)",
               "B", "simt_us", "mma_us", "h64_us", "speedup", "TFLOP/s", "GB/s", "simtGB/s",
               "simtAct", "graphM", "graphS", "coldM", "FlashMLA graph (cold)");
-  const int batches[6] = {1, 4, 16, 32, 64, 128};
-  for (int topk : {128, 512}) {
-    const int P = topk == 128 ? 256 : 64;
-    for (int B : batches) {
-      Problem pr = make_problem(B, topk, P);
-      DeviceProblem d = upload(pr);
-      const mla::DecodeParams& p = d.p;
-      // Validate before timing: MMA (both BLOCK_H) against SIMT on the same inputs.
-      const size_t n_out = static_cast<size_t>(B) * 64 * mla::d_v(pr.geom);
-      std::vector<uint16_t> o_simt(n_out), o_mma(n_out), o_h64(n_out);
-      launch(Kernel::kSimt, p, s);
-      CK(cudaMemcpyAsync(o_simt.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-      launch(Kernel::kMma32, p, s);
-      CK(cudaMemcpyAsync(o_mma.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-      launch(Kernel::kMma64, p, s);
-      CK(cudaMemcpyAsync(o_h64.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-      CK(cudaStreamSynchronize(s));
-      double max_d = 0, max_ref = 0;
-      bool finite = true;
-      for (size_t i = 0; i < n_out; ++i) {
-        const double a = bf16f(o_mma[i]), r = bf16f(o_simt[i]);
-        finite = finite && std::isfinite(a) && std::isfinite(r);
-        max_d = std::max(max_d, std::abs(a - r));
-        max_ref = std::max(max_ref, std::abs(r));
+  if (run_original) {
+    const int batches[6] = {1, 4, 16, 32, 64, 128};
+    for (int topk : {128, 512}) {
+      const int P = topk == 128 ? 256 : 64;
+      char label[32], md_label[32];
+      std::snprintf(label, sizeof label, "%4d(%3d)", topk, P);
+      std::snprintf(md_label, sizeof md_label, "%d (%d)", topk, P);
+      for (int B : batches) {
+        md += bench_shape({label, md_label, B, 64, 1, topk, P, 0, 1, true}, s, flush, flush_bytes,
+                          quick);
       }
-      const bool same64 = o_mma == o_h64;
-      if (!finite || max_d > 0.02 * std::max(max_ref, 1e-3) || !same64) {
-        std::printf(
-            "VALIDATION FAILED B=%d topk=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d "
-            "h64==h32 %d\n",
-            B, topk, max_d, max_ref, finite, same64);
-        if (!same64) {
-          size_t n_diff = 0, first = 0;
-          for (size_t i = 0; i < n_out; ++i) {
-            if (o_mma[i] != o_h64[i] && n_diff++ == 0) first = i;
+    }
+  }
+  if (run_production) {
+    // SPEC.md section 8: main topk 128 over P = 256 plus an extra cache in the same softmax.
+    std::printf(
+        "\nProduction decode (H, s_q, main 128 over P=256 + extra topk(P), one softmax):\n");
+    const int extras[2][2] = {{512, 64}, {1024, 2}};
+    for (int H : {64, 128}) {
+      for (const auto& ex : extras) {
+        for (int sq : {1, 2, 3, 4}) {
+          char label[64], md_label[96];
+          std::snprintf(label, sizeof label, "H%d s%d 128(256)+%d(%d)", H, sq, ex[0], ex[1]);
+          std::snprintf(md_label, sizeof md_label, "H=%d s_q=%d: 128 (256) + %d (%d)", H, sq, ex[0],
+                        ex[1]);
+          const std::vector<int> bs =
+              sq == 1 || sq == 3 ? std::vector<int>{1, 16, 64, 128} : std::vector<int>{64};
+          for (int B : bs) {
+            md += bench_shape({label, md_label, B, H, sq, 128, 256, ex[0], ex[1], false}, s, flush,
+                              flush_bytes, quick);
           }
-          const int dv = mla::d_v(pr.geom);
-          std::vector<uint16_t> again(n_out);
-          launch(Kernel::kMma64, p, s);
-          CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-          CK(cudaStreamSynchronize(s));
-          const bool det64 = again == o_h64;
-          launch(Kernel::kMma32, p, s);
-          CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-          CK(cudaStreamSynchronize(s));
-          std::printf(
-              "  %zu elements differ; first b=%zu h=%zu d=%zu: h32 %04x h64 %04x; h64 rerun same "
-              "%d, h32 rerun same %d\n",
-              n_diff, first / (64 * dv), first / dv % 64, first % dv, o_mma[first], o_h64[first],
-              det64, again == o_mma);
         }
       }
-      const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
-      const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
-      const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
-      const Timing tw4 = time_kernel(Kernel::kMma32w4, p, s, flush, flush_bytes, true);
-      const double flops = 2.0 * B * 64 * topk * (512 + 512);
-      const double kv = static_cast<double>(B) * topk * 584;
-      const double best = std::min(tm.graph_us, th.graph_us);
-      const double best_cold = std::min(tm.cold_us, th.cold_us);
-      const double speedup = ts.graph_us / best;
-      char line[512];
-      std::snprintf(line, sizeof line,
-                    "%4d(%3d) %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
-                    "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
-                    topk, P, B, ts.events_us, tm.events_us, th.events_us, speedup,
-                    flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
-                    64 * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold,
-                    flashmla_us(topk, B, false), flashmla_us(topk, B, true), max_d, tw4.graph_us);
-      std::fputs(line, stdout);
-      std::fflush(stdout);
-      std::snprintf(line, sizeof line,
-                    "| %d (%d) | %d | %.1f | %.1f | %.1f | %.1fx | %.0f | %.0f | %.0f / %.0f | "
-                    "%.1f | %s |\n",
-                    topk, P, B, ts.graph_us, tm.graph_us, th.graph_us, speedup, flops / best * 1e-6,
-                    kv / best * 1e-3, kv / ts.graph_us * 1e-3, 64 * kv / ts.graph_us * 1e-3,
-                    best_cold,
-                    flashmla_us(topk, B, false) > 0
-                        ? (std::to_string(flashmla_us(topk, B, false)).substr(0, 4) + " (" +
-                           std::to_string(flashmla_us(topk, B, true)).substr(0, 4) + ")")
-                              .c_str()
-                        : "-");
-      md += line;
-      release(d);
     }
   }
   std::printf("\nAll times per call in us; speedup and throughput use the CUDA-graph times.\n%s",

@@ -58,6 +58,25 @@ mla::DecodeParams to_params(const MlafuzzDecodeCall& c) {
   p.out_batch_stride = c.out_batch_stride;
   p.lse = c.lse;
   p.lse_batch_stride = c.lse_batch_stride;
+  // ABI version 2: the production decode (s_q query tokens per row, the extra cache).
+  p.s_q = c.s_q;
+  p.q_token_stride = c.q_token_stride;
+  p.indices_token_stride = c.indices_token_stride;
+  p.out_token_stride = c.out_token_stride;
+  p.lse_token_stride = c.lse_token_stride;
+  if (c.has_extra != 0) {
+    p.has_extra = true;
+    p.extra_geom = p.geom;
+    p.extra_geom.page_size = c.extra_page_size;
+    p.extra_geom.num_pages = c.extra_num_pages;
+    p.extra_geom.page_stride = c.extra_page_stride;
+    p.extra_kv_cache = c.extra_kv_cache;
+    p.extra_topk = c.extra_topk;
+    p.extra_indices = c.extra_indices;
+    p.extra_indices_batch_stride = c.extra_indices_batch_stride;
+    p.extra_indices_token_stride = c.extra_indices_token_stride;
+    p.extra_topk_length = c.extra_topk_length;
+  }
   return p;
 }
 
@@ -88,19 +107,12 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
   env->rope_dim.max = 64;
   env->rope_dim.multiple_of = 16;
   env->scale_tile.multiple_of = 8;
-  env->batch.max = 65535;
-  env->s_q.count = 1;
-  env->s_q.values[0] = 1;
-  env->refuses = MLAFUZZ_FEATURE_EXTRA_CACHE | MLAFUZZ_FEATURE_EXTRA_TOPK_LENGTH;
+  env->batch.max = 65535;  // any s_q, the extra cache, any H (issue 15)
   return 0;
 }
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_supports(const MlafuzzDecodeCall* call, char* reason,
                                                   size_t reason_len) {
-  if (call->s_q != 1 || call->has_extra) {
-    write_message(reason, reason_len, "one query token per row and no extra cache");
-    return 0;
-  }
   if (const auto why = mla::cuda::mma_unsupported(to_params(*call), kBlockH)) {
     write_message(reason, reason_len, *why);
     return 0;

@@ -130,8 +130,9 @@ Envelope intersect(const Envelope& a, const Envelope& b);
 // B <= 65535; both layouts, every convention, sinks (+-inf too), topk_length, padded strides,
 // s_q > 1 and the extra cache (the production decode, issue 15).
 Envelope builtin_kernel_envelope();
-// The CUDA kernels' envelope (cuda-simt, cuda-mma): builtin_kernel_envelope() with s_q = 1 and no
-// extra cache, until the kernels implement the production decode (their unsupported() says so).
+// The CUDA kernels' envelope (cuda-simt, cuda-mma): builtin_kernel_envelope() (the production
+// decode included: s_q > 1, the extra cache, H up to 128 and beyond). The MMA mutants
+// (cuda-mma~<mutant>) refuse the extra cache on top of it.
 Envelope cuda_kernel_envelope();
 
 // JSON (README.md, "Envelopes"). from_json is strict: unknown keys, wrong types, unknown names,

@@ -204,8 +204,9 @@ class CudaKernelBackend final : public Backend {
  public:
   CudaKernelBackend(std::string name, Precision precision, std::string simt_partner,
                     UnsupportedFn unsupported, LaunchFn launch, bool resident,
-                    SplitLaunch split = {})
-      : name_(std::move(name)),
+                    Envelope envelope = cuda_kernel_envelope(), SplitLaunch split = {})
+      : envelope_(std::move(envelope)),
+        name_(std::move(name)),
         precision_(precision),
         simt_partner_(std::move(simt_partner)),
         unsupported_(std::move(unsupported)),
@@ -217,27 +218,17 @@ class CudaKernelBackend final : public Backend {
   std::string name() const override { return name_; }
   Precision precision() const override { return precision_; }
   // The launchers' limits (launch.h, common_unsupported).
-  Envelope envelope() const override { return cuda_kernel_envelope(); }
+  Envelope envelope() const override { return envelope_; }
   Availability availability() const override { return device_availability(); }
   bool on_device() const override { return true; }
   std::string simt_partner() const override { return simt_partner_; }
 
+  // The production decode (SPEC.md section 8: s_q query tokens per row, the extra cache) is
+  // staged like the rest: the launchers decide.
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
-    // The production decode (SPEC.md section 8) is not in the CUDA kernels yet, and this
-    // staging uploads neither the extra cache nor more than one query token per row (device
-    // plugins staged here included).
-    if (m.s_q > 1) {
-      return name_ + ": s_q = " + std::to_string(m.s_q) +
-             " query tokens per batch row is not implemented in the CUDA kernels yet (s_q = 1 "
-             "only)";
-    }
-    if (m.has_extra) {
-      return name_ +
-             ": the extra cache is not implemented in the CUDA kernels yet (one cache "
-             "only)";
-    }
     mla::DecodeParams p = m.host_params();
     p.out_head_stride = m.out_head_stride;
+    p.out_token_stride = m.out_token_stride;
     p.out_batch_stride = m.out_batch_stride;
     return unsupported_(p);
   }
@@ -302,9 +293,27 @@ class CudaKernelBackend final : public Backend {
   void point_at_outputs(mla::DecodeParams& p, const OutputBuffers& bufs) {
     p.out = static_cast<uint16_t*>(d_out_.ptr) + OutputBuffers::kGuard;
     p.out_head_stride = bufs.out_head_stride;
+    p.out_token_stride = bufs.out_token_stride;
     p.out_batch_stride = bufs.out_batch_stride;
     p.lse = static_cast<float*>(d_lse_.ptr) + OutputBuffers::kGuard;
+    p.lse_token_stride = bufs.lse_token_stride;
     p.lse_batch_stride = bufs.lse_batch_stride;
+  }
+
+  // The device pointers of the inputs (in the order of kInputs) into p; the extra cache's only
+  // when the case has one.
+  static void point_at_inputs(mla::DecodeParams& p, const MaterializedCase& m, void* const* dev) {
+    p.q = static_cast<const uint16_t*>(dev[0]);
+    p.kv_cache = static_cast<const uint8_t*>(dev[1]);
+    p.indices = static_cast<const int32_t*>(dev[2]);
+    p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(dev[3]);
+    p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(dev[4]);
+    if (m.has_extra) {
+      p.extra_kv_cache = static_cast<const uint8_t*>(dev[5]);
+      p.extra_indices = static_cast<const int32_t*>(dev[6]);
+      p.extra_topk_length =
+          m.extra_topk_length.empty() ? nullptr : static_cast<const int32_t*>(dev[7]);
+    }
   }
 
   // The campaign path: inputs staged through ResidentInput (only changed ones uploaded, from
@@ -338,6 +347,9 @@ class CudaKernelBackend final : public Backend {
         {m.indices.data(), m.indices.size() * 4, "indices"},
         {m.topk_length.data(), m.topk_length.size() * 4, "topk_length"},
         {m.sink.data(), m.sink.size() * 4, "sink"},
+        {m.extra_cache.data(), m.extra_cache.size(), "extra kv cache"},
+        {m.extra_indices.data(), m.extra_indices.size() * 4, "extra indices"},
+        {m.extra_topk_length.data(), m.extra_topk_length.size() * 4, "extra topk_length"},
     };
     void* dev[kInputs] = {};
     uploads_.clear();
@@ -361,11 +373,7 @@ class CudaKernelBackend final : public Backend {
     if ((e = cudaEventRecord(events_.e[1], 0)) != cudaSuccess) return failure(e, "event");
 
     mla::DecodeParams p = m.host_params();
-    p.q = static_cast<const uint16_t*>(dev[0]);
-    p.kv_cache = static_cast<const uint8_t*>(dev[1]);
-    p.indices = static_cast<const int32_t*>(dev[2]);
-    p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(dev[3]);
-    p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(dev[4]);
+    point_at_inputs(p, m, dev);
     point_at_outputs(p, bufs);
     if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
     if ((e = cudaEventRecord(events_.e[2], 0)) != cudaSuccess) return failure(e, "event");
@@ -408,6 +416,9 @@ class CudaKernelBackend final : public Backend {
         {d_idx_, m.indices.data(), m.indices.size() * 4, "indices"},
         {d_len_, m.topk_length.data(), m.topk_length.size() * 4, "topk_length"},
         {d_sink_, m.sink.data(), m.sink.size() * 4, "sink"},
+        {d_xcache_, m.extra_cache.data(), m.extra_cache.size(), "extra kv cache"},
+        {d_xidx_, m.extra_indices.data(), m.extra_indices.size() * 4, "extra indices"},
+        {d_xlen_, m.extra_topk_length.data(), m.extra_topk_length.size() * 4, "extra topk_length"},
         {d_out_, bufs.out.data(), bufs.out.size() * 2, "out"},
         {d_lse_, bufs.lse.data(), bufs.lse.size() * 4, "lse"},
     };
@@ -428,11 +439,9 @@ class CudaKernelBackend final : public Backend {
     timing.phases[Phase::kUpload] = seconds_since(t0);
 
     mla::DecodeParams p = m.host_params();
-    p.q = static_cast<const uint16_t*>(d_q_.ptr);
-    p.kv_cache = static_cast<const uint8_t*>(d_cache_.ptr);
-    p.indices = static_cast<const int32_t*>(d_idx_.ptr);
-    p.topk_length = m.topk_length.empty() ? nullptr : static_cast<const int32_t*>(d_len_.ptr);
-    p.sink = m.sink.empty() ? nullptr : static_cast<const float*>(d_sink_.ptr);
+    void* const dev[kInputs] = {d_q_.ptr,    d_cache_.ptr,  d_idx_.ptr,  d_len_.ptr,
+                                d_sink_.ptr, d_xcache_.ptr, d_xidx_.ptr, d_xlen_.ptr};
+    point_at_inputs(p, m, dev);
     point_at_outputs(p, bufs);
 
     t0 = std::chrono::steady_clock::now();
@@ -456,7 +465,9 @@ class CudaKernelBackend final : public Backend {
     return r;
   }
 
-  static constexpr int kInputs = 5;
+  // q, cache, indices, topk_length, sink, extra cache, extra indices, extra topk_length.
+  static constexpr int kInputs = 8;
+  Envelope envelope_;
   std::string name_;
   Precision precision_;
   std::string simt_partner_;
@@ -464,11 +475,11 @@ class CudaKernelBackend final : public Backend {
   LaunchFn launch_;
   bool resident_;
   // Device buffers kept between calls (DevMem); one backend object serves one thread.
-  DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_out_, d_lse_;
+  DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_xcache_, d_xidx_, d_xlen_, d_out_, d_lse_;
   // Split-KV: the launcher and its workspace (fp32 partials), kept between calls.
   SplitLaunch split_;
   DevMem d_ws_;
-  // The resident path's inputs (q, cache, indices, topk_length, sink), output staging, events.
+  // The resident path's inputs (the kInputs above), output staging, events.
   ResidentInput inputs_[kInputs];
   std::vector<ResidentInput::Copy> uploads_;
   PinnedMem pinned_out_;
@@ -491,18 +502,19 @@ Availability device_availability() {
 
 std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
                                              std::string simt_partner, UnsupportedFn unsupported,
-                                             LaunchFn launch) {
+                                             LaunchFn launch, Envelope envelope) {
   return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
-                                             std::move(unsupported), std::move(launch), false);
+                                             std::move(unsupported), std::move(launch), false,
+                                             std::move(envelope));
 }
 
 std::unique_ptr<Backend> make_split_kernel_backend(std::string name, Precision precision,
                                                    std::string simt_partner,
                                                    UnsupportedFn unsupported, SplitLaunch split,
-                                                   bool resident) {
+                                                   bool resident, Envelope envelope) {
   return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
                                              std::move(unsupported), LaunchFn{}, resident,
-                                             std::move(split));
+                                             std::move(envelope), std::move(split));
 }
 
 std::unique_ptr<Backend> make_resident_kernel_backend(std::string name, Precision precision,

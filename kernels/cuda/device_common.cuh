@@ -47,6 +47,10 @@ struct LayoutPlan {
   int32_t out_vec8 = 0;                 // out rows 8-byte aligned (bf16x4 stores)
   int32_t page_pow2 = 0;   // next power of two of page_size (kPageSizePow2 mutant only)
   int64_t min_stride = 0;  // P * token_bytes (kPageStrideIgnored mutant only)
+  // The extra cache's copy units (SPEC.md section 8: the main layout and dims, so every other
+  // field above holds for it too; its base, page size and stride set the units). Unused when
+  // the call has no extra cache.
+  int32_t extra_sec0_gran = 1, extra_sec1_gran = 1;
 };
 
 inline int largest_unit(uint64_t v) {
@@ -56,6 +60,24 @@ inline int largest_unit(uint64_t v) {
   return 1;
 }
 
+// Copy units of a cache's two sections (data rows, MODEL1 scale rows): the largest unit that
+// divides the base address, the page stride and every section offset.
+inline void section_units(const CacheGeometry& g, const uint8_t* cache, int32_t& gran0,
+                          int32_t& gran1) {
+  const uint64_t base = reinterpret_cast<uintptr_t>(cache);
+  const uint64_t s0 = static_cast<uint64_t>(g.page_stride);
+  if (g.layout == Layout::kModel1) {
+    const uint64_t data = static_cast<uint64_t>(model1_data_bytes(g));
+    gran0 = largest_unit(base | s0 | data);
+    const uint64_t scale_base = static_cast<uint64_t>(g.page_size) * data;
+    gran1 =
+        largest_unit(base | s0 | scale_base | static_cast<uint64_t>(model1_scale_bytes(g)) | 0x8u);
+  } else {
+    gran0 = largest_unit(base | s0 | static_cast<uint64_t>(token_bytes(g)));
+    gran1 = 1;
+  }
+}
+
 inline LayoutPlan make_plan(const DecodeParams& p) {
   const CacheGeometry& g = p.geom;
   LayoutPlan pl;
@@ -63,34 +85,34 @@ inline LayoutPlan make_plan(const DecodeParams& p) {
   pl.dkp = pl.np + g.rope_dim;
   pl.wv = g.layout == Layout::kModel1 ? pl.np + g.rope_dim : pl.np;
   pl.tiles = num_scale_tiles(g);
-  const uint64_t base = reinterpret_cast<uintptr_t>(p.kv_cache);
-  const uint64_t s0 = static_cast<uint64_t>(g.page_stride);
+  section_units(g, p.kv_cache, pl.sec0_gran, pl.sec1_gran);
+  if (p.has_extra)
+    section_units(p.extra_geom, p.extra_kv_cache, pl.extra_sec0_gran, pl.extra_sec1_gran);
   if (g.layout == Layout::kModel1) {
     pl.data_bytes = model1_data_bytes(g);
     pl.scale_bytes = model1_scale_bytes(g);
     pl.sec0_len = pl.data_bytes;
-    pl.sec0_gran = largest_unit(base | s0 | static_cast<uint64_t>(pl.data_bytes));
     pl.sec1_len = pl.scale_bytes;
-    const uint64_t scale_base = static_cast<uint64_t>(g.page_size) * pl.data_bytes;
-    pl.sec1_gran =
-        largest_unit(base | s0 | scale_base | static_cast<uint64_t>(pl.scale_bytes) | 0x8u);
     pl.rope_off = g.nope_dim;
     pl.scale_off = pl.data_bytes;  // nope and rope are multiples of 16: 16-byte aligned
     pl.raw_stride = round_up(pl.data_bytes + pl.scale_bytes, 16);
   } else {
     pl.data_bytes = token_bytes(g);
     pl.sec0_len = pl.data_bytes;
-    pl.sec0_gran = largest_unit(base | s0 | static_cast<uint64_t>(pl.data_bytes));
     pl.scale_off = g.nope_dim;
     pl.rope_off = g.nope_dim + 4 * pl.tiles;
     pl.raw_stride = round_up(pl.data_bytes, 16);
   }
   pl.rope_vec16 = pl.rope_off % 16 == 0;
+  // Token strides matter only with more than one query token per row (s is 0 otherwise).
+  const bool multi = p.s_q > 1;
   pl.q_vec16 = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && p.q_head_stride % 8 == 0 &&
-               p.q_batch_stride % 8 == 0;
+               p.q_batch_stride % 8 == 0 && (!multi || p.q_token_stride % 8 == 0);
   const uintptr_t ob = reinterpret_cast<uintptr_t>(p.out);
-  pl.out_vec4 = ob % 4 == 0 && p.out_head_stride % 2 == 0 && p.out_batch_stride % 2 == 0;
-  pl.out_vec8 = ob % 8 == 0 && p.out_head_stride % 4 == 0 && p.out_batch_stride % 4 == 0;
+  pl.out_vec4 = ob % 4 == 0 && p.out_head_stride % 2 == 0 && p.out_batch_stride % 2 == 0 &&
+                (!multi || p.out_token_stride % 2 == 0);
+  pl.out_vec8 = ob % 8 == 0 && p.out_head_stride % 4 == 0 && p.out_batch_stride % 4 == 0 &&
+                (!multi || p.out_token_stride % 4 == 0);
   int p2 = 1;
   while (p2 < g.page_size) p2 *= 2;
   pl.page_pow2 = p2;
@@ -111,13 +133,40 @@ inline std::optional<std::string> common_unsupported(const DecodeParams& p) {
     return "rope_dim must be a multiple of 16 in [0, 64]";
   if (g.page_size < 1) return "page_size must be >= 1";
   if (g.page_stride < min_page_stride(g)) return "page_stride below the layout minimum";
-  if (p.q_head_stride < d_qk(g) || p.q_batch_stride < p.q_head_stride * p.heads)
+  if (p.s_q < 1) return "s_q must be >= 1";
+  // A batch row spans its s_q query tokens (SPEC.md section 8); with s_q = 1 the token strides
+  // are never used (callers of the version-1 problem leave them 0).
+  const int64_t sq = p.s_q;
+  const bool multi = p.s_q > 1;
+  const int64_t q_tok = multi ? p.q_token_stride : p.q_head_stride * p.heads;
+  const int64_t out_tok = multi ? p.out_token_stride : p.out_head_stride * p.heads;
+  const int64_t lse_tok = multi ? p.lse_token_stride : p.heads;
+  if (p.q_head_stride < d_qk(g) || q_tok < p.q_head_stride * p.heads ||
+      p.q_batch_stride < (sq - 1) * q_tok + p.q_head_stride * p.heads)
     return "q strides too small";
-  if (p.out_head_stride < d_v(g) || p.out_batch_stride < p.out_head_stride * p.heads)
+  if (p.out_head_stride < d_v(g) || out_tok < p.out_head_stride * p.heads ||
+      p.out_batch_stride < (sq - 1) * out_tok + p.out_head_stride * p.heads)
     return "out strides too small";
   if (p.indices_batch_stride < p.topk) return "indices_batch_stride below topk";
-  if (p.lse_batch_stride < p.heads) return "lse_batch_stride below H";
+  if (multi && p.indices_token_stride < p.topk) return "indices_token_stride below topk";
+  if (lse_tok < p.heads || p.lse_batch_stride < (sq - 1) * lse_tok + p.heads)
+    return "lse strides too small";
   if (num_slots(g) > 0x7fffffffLL) return "more than 2^31-1 cache slots";
+  if (p.has_extra) {
+    const CacheGeometry& e = p.extra_geom;
+    if (e.layout != g.layout || e.nope_dim != g.nope_dim || e.rope_dim != g.rope_dim ||
+        e.scale_tile != g.scale_tile)
+      return "the extra cache must have the main cache's layout and dims";
+    if (p.extra_topk < 0) return "extra_topk must be >= 0";
+    if (e.page_size < 1) return "extra page_size must be >= 1";
+    if (e.page_stride < min_page_stride(e)) return "extra page_stride below the layout minimum";
+    if (num_slots(e) > 0x7fffffffLL) return "more than 2^31-1 extra cache slots";
+    if (p.extra_topk > 0 && p.extra_indices == nullptr) return "extra_indices missing";
+    if (p.extra_indices_batch_stride < p.extra_topk)
+      return "extra_indices_batch_stride below extra_topk";
+    if (multi && p.extra_indices_token_stride < p.extra_topk)
+      return "extra_indices_token_stride below extra_topk";
+  }
   return std::nullopt;
 }
 
@@ -176,12 +225,68 @@ __device__ __forceinline__ void lanes_copy(uint8_t* dst, const uint8_t* src, int
   }
 }
 
-// Validity of top-k entry k of a row (SPEC.md 3) and the slot it reads, with the index mutants.
+// One index list of one query token and the cache it reads (SPEC.md section 8): the token's main
+// list, or its extra list (the same layout and dims, its own paging). Built per tile from the
+// kernel parameters (a few constant-bank loads), so that the hot loops see one cache either way.
+struct ListView {
+  const uint8_t* kv = nullptr;
+  const int32_t* idx = nullptr;  // entry 0 of the token's list
+  int32_t topk = 0;
+  int32_t topk_len = -1;  // -1: no length given
+  int32_t page_size = 1;
+  int32_t sec0_gran = 1, sec1_gran = 1;
+  int64_t page_stride = 0;
+};
+
+__device__ __forceinline__ ListView main_list(const DecodeParams& p, const LayoutPlan& pl, int b,
+                                              int s, int32_t topk_len) {
+  ListView v;
+  v.kv = p.kv_cache;
+  v.idx = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride +
+          static_cast<int64_t>(s) * p.indices_token_stride;
+  v.topk = p.topk;
+  v.topk_len = topk_len;
+  v.page_size = p.geom.page_size;
+  v.sec0_gran = pl.sec0_gran;
+  v.sec1_gran = pl.sec1_gran;
+  v.page_stride = p.geom.page_stride;
+  return v;
+}
+
+__device__ __forceinline__ ListView extra_list(const DecodeParams& p, const LayoutPlan& pl, int b,
+                                               int s, int32_t topk_len) {
+  ListView v;
+  v.kv = p.extra_kv_cache;
+  v.idx = p.extra_indices + static_cast<int64_t>(b) * p.extra_indices_batch_stride +
+          static_cast<int64_t>(s) * p.extra_indices_token_stride;
+  v.topk = p.extra_topk;
+  v.topk_len = topk_len;
+  v.page_size = p.extra_geom.page_size;
+  v.sec0_gran = pl.extra_sec0_gran;
+  v.sec1_gran = pl.extra_sec1_gran;
+  v.page_stride = p.extra_geom.page_stride;
+  return v;
+}
+
+// Entries of a list that can be valid: min(topk, topk_len) (topk_length given), else topk.
+// Tiles past it hold no valid entry; skipping them is bit-identical (a masked tile has
+// alpha = 1 and adds +0 to l), so the host models, which walk every tile, give the same bits.
 template <Mutant M>
-__device__ __forceinline__ bool entry_valid(const DecodeParams& p, int32_t& idx, int k,
-                                            int32_t topk_len) {
+__device__ __forceinline__ int effective_entries(int topk, int32_t topk_len) {
+  int n = topk;
+  if constexpr (M != Mutant::kTopkLengthIgnored) {
+    if (topk_len >= 0) n = min(n, max(topk_len, 0));
+  }
+  return n;
+}
+
+// Validity of top-k entry k of a list (SPEC.md 3) and the slot it reads, with the index mutants.
+template <Mutant M>
+__device__ __forceinline__ bool entry_valid(const DecodeParams& p, const ListView& L, int32_t& idx,
+                                            int k) {
+  int32_t topk_len = L.topk_len;
   if constexpr (M == Mutant::kTopkLengthIgnored) topk_len = -1;
-  if (k >= p.topk) return false;
+  if (k >= L.topk) return false;
   if constexpr (M == Mutant::kInvalidIndexUnmasked) {
     if (topk_len >= 0 && k >= topk_len) return false;
     if (!index_valid(idx, k, -1, p.conv)) idx = 0;  // clamped to slot 0, not masked
@@ -191,11 +296,13 @@ __device__ __forceinline__ bool entry_valid(const DecodeParams& p, int32_t& idx,
   }
 }
 
-// Byte offsets of a valid slot's two sections in the cache (nope/data row, MODEL1 scale row).
+// Byte offsets of a valid slot's two sections in the list's cache (nope/data row, MODEL1 scale
+// row). The page mutants use the main cache's page_pow2 and min_stride (the mutants do not cover
+// the extra cache).
 template <Mutant M>
-__device__ __forceinline__ void slot_offsets(const DecodeParams& p, const LayoutPlan& pl,
-                                             int32_t idx, int64_t& sec0, int64_t& sec1) {
-  const uint32_t P = static_cast<uint32_t>(p.geom.page_size);
+__device__ __forceinline__ void slot_offsets(const ListView& L, const LayoutPlan& pl, int32_t idx,
+                                             int64_t& sec0, int64_t& sec1) {
+  const uint32_t P = static_cast<uint32_t>(L.page_size);
   uint32_t page, slot;
   if constexpr (M == Mutant::kPageSizePow2) {
     page = static_cast<uint32_t>(idx) / static_cast<uint32_t>(pl.page_pow2);
@@ -204,7 +311,7 @@ __device__ __forceinline__ void slot_offsets(const DecodeParams& p, const Layout
     page = static_cast<uint32_t>(idx) / P;
     slot = static_cast<uint32_t>(idx) - page * P;
   }
-  int64_t stride = p.geom.page_stride;
+  int64_t stride = L.page_stride;
   if constexpr (M == Mutant::kPageStrideIgnored) stride = pl.min_stride;
   const int64_t base = static_cast<int64_t>(page) * stride;
   sec0 = base + static_cast<int64_t>(slot) * pl.data_bytes;
@@ -214,12 +321,11 @@ __device__ __forceinline__ void slot_offsets(const DecodeParams& p, const Layout
 
 // Gathers one token's raw bytes (both sections) into its staging row, with n lanes (this one is
 // lane `sub` of them): a warp, or a group of lanes when a warp gathers several tokens at once.
-__device__ __forceinline__ void stage_token(const DecodeParams& p, const LayoutPlan& pl,
-                                            int64_t sec0, int64_t sec1, uint8_t* dst, int sub,
-                                            int n = 32) {
-  lanes_copy(dst, p.kv_cache + sec0, pl.sec0_len, pl.sec0_gran, sub, n);
+__device__ __forceinline__ void stage_token(const ListView& L, const LayoutPlan& pl, int64_t sec0,
+                                            int64_t sec1, uint8_t* dst, int sub, int n = 32) {
+  lanes_copy(dst, L.kv + sec0, pl.sec0_len, L.sec0_gran, sub, n);
   if (pl.sec1_len > 0)
-    lanes_copy(dst + pl.scale_off, p.kv_cache + sec1, pl.sec1_len, pl.sec1_gran, sub, n);
+    lanes_copy(dst + pl.scale_off, L.kv + sec1, pl.sec1_len, L.sec1_gran, sub, n);
 }
 
 // Byte offset of nope tile t's scale inside a staged token (MODEL1 ue8m0 byte, V32 fp32).

@@ -30,13 +30,16 @@ Availability device_availability();
 
 // A Backend that runs `launch` on device copies of a case's buffers; `simt_partner` names the
 // backend mma-vs-simt compares it with ("" for none).
+// `envelope`: what the backend declares (cuda_kernel_envelope() for the normal kernels).
 std::unique_ptr<Backend> make_kernel_backend(std::string name, Precision precision,
                                              std::string simt_partner, UnsupportedFn unsupported,
-                                             LaunchFn launch);
+                                             LaunchFn launch,
+                                             Envelope envelope = cuda_kernel_envelope());
 // The same for a split-KV launcher.
 std::unique_ptr<Backend> make_split_kernel_backend(std::string name, Precision precision,
                                                    std::string simt_partner,
                                                    UnsupportedFn unsupported, SplitLaunch split,
-                                                   bool resident);
+                                                   bool resident,
+                                                   Envelope envelope = cuda_kernel_envelope());
 
 }  // namespace mlafuzz::cuda_detail

@@ -19,18 +19,23 @@ inline constexpr int kErrUnsupported = 100000;  // the case is outside the envel
 inline constexpr int kErrWorkspace = 100001;    // the split workspace is missing or too small
 
 // Envelope shared by both kernels (nullopt: supported). Both kernels support any B >= 1,
-// H >= 1, topk >= 1, page size >= 1, any page stride >= the layout minimum, both layouts,
-// 16 <= nope_dim <= 512 (multiple of 16 and of scale_tile), scale_tile multiple of 8,
+// H >= 1 (128 and more), topk >= 1, page size >= 1, any page stride >= the layout minimum, both
+// layouts, 16 <= nope_dim <= 512 (multiple of 16 and of scale_tile), scale_tile multiple of 8,
 // 0 <= rope_dim <= 64 (multiple of 16), any q/out strides, -1 or negative indices per the
-// convention, topk_length, an optional sink (+-inf allowed) and empty rows.
+// convention, topk_length, an optional sink (+-inf allowed) and empty rows; and the production
+// decode (SPEC.md section 8): s_q >= 1 query tokens per row (the *_token_stride fields; unused
+// when s_q = 1) and an optional extra cache (has_extra: its own pointer, paging, extra_topk >= 0,
+// indices and strides, optional extra_topk_length; the main layout and dims) read in the same
+// online softmax after the main list's tiles.
 std::optional<std::string> simt_unsupported(const DecodeParams& p);
 // block_h must be 32 or 64; H need not be a multiple of it (extra rows are masked).
 std::optional<std::string> mma_unsupported(const DecodeParams& p, int block_h);
 
-// One thread block of 128 threads per (batch row, head), fp32 pipeline. stream: a cudaStream_t
-// (nullptr = default stream).
+// One thread block of 128 threads per (batch row, query token, head), fp32 pipeline. stream: a
+// cudaStream_t (nullptr = default stream).
 int launch_simt_per_head(const DecodeParams& p, void* stream);
-// One thread block of 512 threads per (batch row, block of block_h heads), mma.sync bf16.
+// One thread block of 512 threads per (batch row, query token, block of block_h heads), mma.sync
+// bf16 (H = 128: four blocks of 32 heads, or two of 64, per query token).
 int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 // The same kernel with an explicit number of warps per 16-head group (block_h 32: 8, the
 // default, or 4; block_h 64: 4). For benchmarks comparing the configurations; the outputs of

@@ -1,8 +1,15 @@
 // The tensor-core head-tiled kernel (the "new" kernel, SPEC.md section 4, MMA pipeline).
 //
-// One thread block per (batch row, block of BH heads); 4*BH/16 warps (16 for BH = 32 and 64).
-// Warp w works for head group hg = w % G (16 heads: the MMA M dimension) and position
-// q = w / G inside it. Per tile of kMmaTokenTile = 64 selected tokens:
+// One thread block per (batch row, query token, block of BH heads) (grid x: head blocks of the
+// token-major (token, head block) pairs; grid y: batch rows); 4*BH/16 warps (16 for BH = 32 and
+// 64). H up to any size: ceil(H / BH) head blocks per query token, rows past H masked (H = 128:
+// four blocks of 32 or two of 64, per the launcher's BH). Warp w works for head group hg = w % G
+// (16 heads: the MMA M dimension) and position q = w / G inside it.
+// Tiles: one loop over a virtual tile range [0, n_main + n_extra): the main list's tiles of the
+// token, then its extra list's (SPEC.md section 8), through ONE online softmax. The extra list
+// starts a tile of its own (its entry 0 is the first token of tile n_main), as cpu-mma's
+// fold_list does; tile_list() maps a virtual tile to its list (cache, indices, paging) and first
+// entry. Per tile of kMmaTokenTile = 64 selected tokens:
 //   B1  raw bytes of the tile (gathered with cp.async during the previous tile) are ready and
 //       the previous tile's P*V is done with Ks (removed by Mutant::kMissingBarrier)
 //   dequant: every thread turns raw bytes into the bf16 K tile Ks[64][576+8] once for all heads
@@ -69,9 +76,9 @@ constexpr size_t mma_smem_bytes(int bh, int wg) {
 constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
 
 // Where the split kernel writes its partials and how it splits (unused when kSplit = false).
-// Partial (row r, split i, head slot h) of ns_max splits and hpad = head blocks * BH head slots:
-// index e = (r * ns_max + i) * hpad + h; O at ws_o[e * ostride + col] for the padded-layout V
-// columns col < LayoutPlan::wv, m and l at ws_ml[2 * e], ws_ml[2 * e + 1].
+// Partial (query row r = b * s_q + token, split i, head slot h) of ns_max splits and hpad = head
+// blocks * BH head slots: index e = (r * ns_max + i) * hpad + h; O at ws_o[e * ostride + col] for
+// the padded-layout V columns col < LayoutPlan::wv, m and l at ws_ml[2 * e], ws_ml[2 * e + 1].
 struct SplitArgs {
   float* ws_o = nullptr;
   float* ws_ml = nullptr;
@@ -90,7 +97,9 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-template <int BH, int WG, Mutant M, bool kSplit = false>
+// EX: the call has an extra cache (a template flag, so that the one-cache kernel is the same code
+// as before the production decode). kSplit: the split-KV kernel (see the header).
+template <int BH, int WG, Mutant M, bool EX, bool kSplit = false>
 __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     mma_head_tiled_kernel(const __grid_constant__ DecodeParams p,
                           const __grid_constant__ LayoutPlan pl,
@@ -124,22 +133,37 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
 #endif
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.y;
-  const int h0 = blockIdx.x * BH;
+  const int n_hblocks = (p.heads + BH - 1) / BH;
+  const int qt = static_cast<int>(blockIdx.x) / n_hblocks;  // query token of the row
+  const int h0 = (static_cast<int>(blockIdx.x) - qt * n_hblocks) * BH;
   const int nope = p.geom.nope_dim;
-  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride;
+  // topk_length (and extra_topk_length) are per batch row, shared by its s_q tokens.
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
   const bool model1 = p.geom.layout == Layout::kModel1;
 
   // Tiles past topk_length hold no valid token; skipping them is bit-identical (alpha = 1).
-  int n_eff = p.topk;
-  if constexpr (M != Mutant::kTopkLengthIgnored) {
-    if (topk_len >= 0) n_eff = min(n_eff, max(topk_len, 0));
+  int n_main = (effective_entries<M>(p.topk, topk_len) + T - 1) / T;
+  if constexpr (M == Mutant::kDropPartialTile) n_main = min(n_main, p.topk / T);
+  int32_t extra_len = -1;
+  int n_tiles = n_main;
+  if constexpr (EX) {
+    extra_len = p.extra_topk_length != nullptr ? p.extra_topk_length[b] : -1;
+    n_tiles += (effective_entries<M>(p.extra_topk, extra_len) + T - 1) / T;
   }
-  int n_tiles = (n_eff + T - 1) / T;
-  if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
-  // The tiles this block folds: all of them, or split blockIdx.z's (split_kv.h: the row's split
-  // count depends on its own tile count and the SM count only). A block past the row's split
-  // count has nothing to do: the whole block leaves before any barrier.
+  // Virtual tile -> (list, first entry k0): [0, n_main) the main list, then the extra list.
+  auto tile_list = [&](int tile, int& k0) -> ListView {
+    if constexpr (EX) {
+      if (tile >= n_main) {
+        k0 = (tile - n_main) * T;
+        return extra_list(p, pl, b, qt, extra_len);
+      }
+    }
+    k0 = tile * T;
+    return main_list(p, pl, b, qt, topk_len);
+  };
+  // The tiles this block folds: the whole virtual range, or split blockIdx.z's (split_kv.h: the
+  // row's split count depends on its own tile count and the SM count only). A block past the
+  // row's split count has nothing to do: the whole block leaves before any barrier.
   int tile_begin = 0, tile_end = n_tiles;
   if constexpr (kSplit) {
     const int ns = split_count(n_tiles, sa.setting, sa.sm_count);
@@ -157,17 +181,21 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   static_assert(TPW * LPT == 32, "a warp's tokens must split its lanes evenly");
   const int tok_i = lane / LPT, tok_sub = lane % LPT;
   auto load_idx = [&](int tile) -> int32_t {
-    const int k = tile * T + warp + NW * tok_i;
-    return k < p.topk ? __ldg(idx_row + k) : -1;
+    int k0;
+    const ListView L = tile_list(tile, k0);
+    const int k = k0 + warp + NW * tok_i;
+    return k < L.topk ? __ldg(L.idx + k) : -1;
   };
   auto stage = [&](int tile, int buf, int32_t idx) {
+    int k0;
+    const ListView L = tile_list(tile, k0);
     const int j = warp + NW * tok_i;
-    const bool v = entry_valid<M>(p, idx, tile * T + j, topk_len);
+    const bool v = entry_valid<M>(p, L, idx, k0 + j);
     if (tok_sub == 0) s_valid[buf * T + j] = v;
     if (v) {
       int64_t s0 = 0, s1 = 0;
-      slot_offsets<M>(p, pl, idx, s0, s1);
-      stage_token(p, pl, s0, s1, raw + j * pl.raw_stride, tok_sub, LPT);
+      slot_offsets<M>(L, pl, idx, s0, s1);
+      stage_token(L, pl, s0, s1, raw + j * pl.raw_stride, tok_sub, LPT);
     }
     cp_async_commit();
   };
@@ -179,6 +207,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     uint4 val = make_uint4(0, 0, 0, 0);
     if (head < p.heads) {
       const uint16_t* qrow = p.q + static_cast<int64_t>(b) * p.q_batch_stride +
+                             static_cast<int64_t>(qt) * p.q_token_stride +
                              static_cast<int64_t>(head) * p.q_head_stride;
       int src = -1;
       if (col < nope) {
@@ -512,11 +541,12 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
 
   if constexpr (kSplit) {
     // ---- split epilogue: the fp32 partial (m, l, O) of this split, merged by the combine ----
-    const int64_t e0 = (static_cast<int64_t>(b) * sa.ns_max + blockIdx.z) * sa.hpad;
+    // Query row (b, qt) = b * s_q + qt; its split blockIdx.z; head slot = the head.
+    const int64_t e0 = ((static_cast<int64_t>(b) * p.s_q + qt) * sa.ns_max + blockIdx.z) * sa.hpad;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int slot = blockIdx.x * BH + hg * 16 + g + 8 * r;
-      if (h0 + hg * 16 + g + 8 * r >= p.heads) continue;
+      const int slot = h0 + hg * 16 + g + 8 * r;
+      if (slot >= p.heads) continue;
       const SoftmaxState st = r ? st1 : st0;
       float* orow = sa.ws_o + (e0 + slot) * sa.ostride;
 #pragma unroll
@@ -527,7 +557,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
       }
       if (quarter == 0 && t == 0) {
         sa.ws_ml[2 * (e0 + slot)] = st.m;
-        sa.ws_ml[2 * (e0 + slot) + 1] = split_partial_l<M>(st, p.sink, h0 + hg * 16 + g + 8 * r);
+        sa.ws_ml[2 * (e0 + slot) + 1] = split_partial_l<M>(st, p.sink, slot);
       }
     }
     return;
@@ -546,6 +576,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
     // not 2*NTILE divisions; cpu-mma's store does the same.
     const float rden = __frcp_rn(softmax_denominator(st, sink, head));
     uint16_t* orow = p.out + static_cast<int64_t>(b) * p.out_batch_stride +
+                     static_cast<int64_t>(qt) * p.out_token_stride +
                      static_cast<int64_t>(head) * p.out_head_stride;
 #pragma unroll
     for (int i = 0; i < NTILE; ++i) {
@@ -578,7 +609,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
       if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
       float lse = softmax_lse(st, p.sink, head, conv);
       if constexpr (M == Mutant::kLseLog2) lse *= 1.4426950408889634f;  // log2(e)
-      p.lse[static_cast<int64_t>(b) * p.lse_batch_stride + head] = lse;
+      p.lse[static_cast<int64_t>(b) * p.lse_batch_stride +
+            static_cast<int64_t>(qt) * p.lse_token_stride + head] = lse;
     }
   }
 }
@@ -600,7 +632,8 @@ inline int device_smem_optin() {
 inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h) {
   if (block_h != 32 && block_h != 64) return "block_h must be 32 or 64";
   if (auto why = common_unsupported(p)) return why;
-  if (p.heads > 65535 * block_h) return "too many head blocks";
+  if (static_cast<int64_t>((p.heads + block_h - 1) / block_h) * p.s_q > 0x7fffffffLL)
+    return "too many (query token, head block) pairs for grid x";
   const int have = device_smem_optin();
   if (have > 0 && static_cast<size_t>(have) < mma_smem_bytes(block_h)) {
     return "needs " + std::to_string(mma_smem_bytes(block_h)) +
@@ -609,22 +642,39 @@ inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, in
   return std::nullopt;
 }
 
-template <int BH, Mutant M, int WG = mma_default_wg(BH)>
-int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
-  if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
+template <int BH, int WG, Mutant M, bool EX>
+int launch_mma_kernel(const DecodeParams& p, void* stream) {
   const LayoutPlan pl = make_plan(p);
   constexpr size_t smem = mma_smem_bytes(BH, WG);
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load()) {
-    const cudaError_t e = cudaFuncSetAttribute(
-        mma_head_tiled_kernel<BH, WG, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
+    const cudaError_t e =
+        cudaFuncSetAttribute(mma_head_tiled_kernel<BH, WG, M, EX>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
     if (e != cudaSuccess) return static_cast<int>(e);
     attr_set.store(true);
   }
-  const dim3 grid((p.heads + BH - 1) / BH, p.batch);
-  mma_head_tiled_kernel<BH, WG, M>
+  // x: (query token, head block) pairs, the head blocks of a token adjacent (they read the same
+  // tokens: L2 reuse); y: batch rows.
+  const dim3 grid(static_cast<unsigned>((p.heads + BH - 1) / BH * p.s_q), p.batch);
+  mma_head_tiled_kernel<BH, WG, M, EX>
       <<<grid, BH / 16 * WG * 32, smem, static_cast<cudaStream_t>(stream)>>>(p, pl, SplitArgs{});
   return static_cast<int>(cudaGetLastError());
+}
+
+// The extra-cache kernel is instantiated for the normal kernel only: the planted bugs are about
+// one cache (a mutant launch with an extra cache is refused).
+template <int BH, Mutant M, int WG = mma_default_wg(BH)>
+int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
+  if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
+  if (p.has_extra) {
+    if constexpr (M == Mutant::kNone) {
+      return launch_mma_kernel<BH, WG, M, true>(p, stream);
+    } else {
+      return kErrUnsupported;
+    }
+  }
+  return launch_mma_kernel<BH, WG, M, false>(p, stream);
 }
 
 }  // namespace mla::cuda

@@ -2,6 +2,7 @@
 #include <array>
 #include <utility>
 
+#include "harness/core/envelope.h"
 #include "kernels/common/split_kv.h"
 #include "kernels/cuda/combine.cuh"
 #include "kernels/cuda/cuda_mutants.h"
@@ -59,6 +60,16 @@ int launch_mma_head_tiled_mutant(const DecodeParams& p, Mutant m, void* stream) 
 }  // namespace mla::cuda
 
 namespace mlafuzz {
+namespace {
+
+// The kernels' envelope without the extra cache (the mutants' kernel has one cache).
+Envelope mutant_envelope() {
+  Envelope e = cuda_kernel_envelope();
+  e.refuses |= kFeatureExtraCache | kFeatureExtraTopkLength;
+  return e;
+}
+
+}  // namespace
 
 std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m) {
   if (mla::is_combine_mutant(m)) {
@@ -73,15 +84,26 @@ std::unique_ptr<Backend> make_cuda_mma_mutant_backend(mla::Mutant m) {
     };
     return cuda_detail::make_split_kernel_backend(
         std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16, "cuda-simt",
-        [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); }, std::move(sl),
-        /*resident=*/false);
+        [](const mla::DecodeParams& p) -> std::optional<std::string> {
+          if (p.has_extra) return "the MMA mutants do not cover the extra cache";
+          return mla::cuda::mma_unsupported(p, 32);
+        },
+        std::move(sl), /*resident=*/false, mutant_envelope());
   }
   return cuda_detail::make_kernel_backend(
       std::string("cuda-mma~") + mla::mutant_name(m), Precision::kMmaBf16, "cuda-simt",
-      [](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, 32); },
+      [m](const mla::DecodeParams& p) -> std::optional<std::string> {
+        // The planted bugs are about one cache: the extra-cache kernel is not instantiated for
+        // them (launch_mma_head_tiled_t refuses it).
+        if (p.has_extra && m != mla::Mutant::kNone) {
+          return "the MMA mutants do not cover the extra cache";
+        }
+        return mla::cuda::mma_unsupported(p, 32);
+      },
       [m](const mla::DecodeParams& p) {
         return mla::cuda::launch_mma_head_tiled_mutant(p, m, nullptr);
-      });
+      },
+      m == mla::Mutant::kNone ? cuda_kernel_envelope() : mutant_envelope());
 }
 
 }  // namespace mlafuzz

@@ -1,7 +1,11 @@
 // The SIMT per-head kernel (the "old" kernel, SPEC.md section 4, SIMT pipeline).
 //
-// One thread block of 128 threads (4 warps) per (batch row, head); each head re-reads the
-// selected KV (that is the design being replaced, not a weakness of this implementation).
+// One thread block of 128 threads (4 warps) per (batch row, query token, head) (grid x: the
+// token-major (token, head) pairs, grid y: batch rows; any H); each head re-reads the selected
+// KV (that is the design being replaced, not a weakness of this implementation). The token's
+// main list's tiles, then its extra list's (SPEC.md section 8; the extra list starts a tile of
+// its own, as cpu-simt walks them) through one online softmax: one loop over the virtual tile
+// range [0, n_main + n_extra), tile_list() mapping a tile to its list and first entry.
 // q * sm_scale in fp32 in smem, padded to np + rope columns with the padded columns zero.
 // Per tile of kSimtTokenTile = 32 tokens (raw bytes double-buffered, the next tile gathered with
 // 16-byte cp.async while this one is computed; masked tokens are never read):
@@ -37,7 +41,8 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-template <Mutant M>
+// EX: the call has an extra cache (a template flag: the one-cache kernel is the code it was).
+template <Mutant M, bool EX>
 __global__ void __launch_bounds__(kSimtThreads, 4)
     simt_per_head_kernel(const __grid_constant__ DecodeParams p,
                          const __grid_constant__ LayoutPlan pl) {
@@ -50,32 +55,52 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
   int* s_valid = reinterpret_cast<int*>(xs + T);                       // [2][T]
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int head = blockIdx.x, b = blockIdx.y;
+  const int b = blockIdx.y;
+  const int qt = static_cast<int>(blockIdx.x) / p.heads;  // query token of the row
+  const int head = static_cast<int>(blockIdx.x) - qt * p.heads;
   const int nope = p.geom.nope_dim;
-  const int32_t* idx_row = p.indices + static_cast<int64_t>(b) * p.indices_batch_stride;
+  // topk_length (and extra_topk_length) are per batch row, shared by its s_q tokens.
   const int32_t topk_len = p.topk_length != nullptr ? p.topk_length[b] : -1;
-  int n_eff = p.topk;
-  if constexpr (M != Mutant::kTopkLengthIgnored) {
-    if (topk_len >= 0) n_eff = min(n_eff, max(topk_len, 0));
+  // Tiles past topk_length hold no valid token; skipping them is bit-identical (alpha = 1).
+  int n_main = (effective_entries<M>(p.topk, topk_len) + T - 1) / T;
+  if constexpr (M == Mutant::kDropPartialTile) n_main = min(n_main, p.topk / T);
+  int32_t extra_len = -1;
+  int n_tiles = n_main;
+  if constexpr (EX) {
+    extra_len = p.extra_topk_length != nullptr ? p.extra_topk_length[b] : -1;
+    n_tiles += (effective_entries<M>(p.extra_topk, extra_len) + T - 1) / T;
   }
-  int n_tiles = (n_eff + T - 1) / T;
-  if constexpr (M == Mutant::kDropPartialTile) n_tiles = min(n_tiles, p.topk / T);
+  // Virtual tile -> (list, first entry k0): [0, n_main) the main list, then the extra list.
+  auto tile_list = [&](int tile, int& k0) -> ListView {
+    if constexpr (EX) {
+      if (tile >= n_main) {
+        k0 = (tile - n_main) * T;
+        return extra_list(p, pl, b, qt, extra_len);
+      }
+    }
+    k0 = tile * T;
+    return main_list(p, pl, b, qt, topk_len);
+  };
 
   // Warp w gathers tokens w + 4i (i < 8); lane i holds token i's index (loaded one tile
   // ahead), validity and section offsets, then the warp copies the valid tokens in turn.
   constexpr int TPW = T / kSimtWarps;
   auto load_idx = [&](int tile) -> int32_t {
-    const int k = tile * T + warp + kSimtWarps * lane;
-    return (lane < TPW && k < p.topk) ? __ldg(idx_row + k) : -1;
+    int k0;
+    const ListView L = tile_list(tile, k0);
+    const int k = k0 + warp + kSimtWarps * lane;
+    return (lane < TPW && k < L.topk) ? __ldg(L.idx + k) : -1;
   };
   auto stage = [&](int tile, int buf, int32_t idx) {
+    int k0;
+    const ListView L = tile_list(tile, k0);
     uint8_t* dst = raw + buf * T * kMaxRawStride;
     const int j = warp + kSimtWarps * lane;
     bool v = false;
     int64_t s0 = 0, s1 = 0;
     if (lane < TPW) {
-      v = entry_valid<M>(p, idx, tile * T + j, topk_len);
-      if (v) slot_offsets<M>(p, pl, idx, s0, s1);
+      v = entry_valid<M>(p, L, idx, k0 + j);
+      if (v) slot_offsets<M>(L, pl, idx, s0, s1);
       s_valid[buf * T + j] = v;
     }
     const unsigned vmask = __ballot_sync(0xffffffffu, v);
@@ -84,7 +109,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
       const int64_t a0 = __shfl_sync(0xffffffffu, s0, i);
       const int64_t a1 = __shfl_sync(0xffffffffu, s1, i);
       if ((vmask >> i) & 1u) {
-        stage_token(p, pl, a0, a1, dst + (warp + kSimtWarps * i) * pl.raw_stride, lane);
+        stage_token(L, pl, a0, a1, dst + (warp + kSimtWarps * i) * pl.raw_stride, lane);
       }
     }
     cp_async_commit();
@@ -92,6 +117,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
 
   // q * sm_scale (fp32) in the padded column layout: nope, zeros, rope.
   const uint16_t* qrow = p.q + static_cast<int64_t>(b) * p.q_batch_stride +
+                         static_cast<int64_t>(qt) * p.q_token_stride +
                          static_cast<int64_t>(head) * p.q_head_stride;
   for (int col = tid; col < pl.dkp; col += kSimtThreads) {
     float v = 0.0f;
@@ -224,6 +250,7 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
   const bool has = softmax_has_tokens(st) || M == Mutant::kEmptyRowNaN;
   const float denom = softmax_denominator(st, sink, head);
   uint16_t* orow = p.out + static_cast<int64_t>(b) * p.out_batch_stride +
+                   static_cast<int64_t>(qt) * p.out_token_stride +
                    static_cast<int64_t>(head) * p.out_head_stride;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -260,7 +287,8 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
     if constexpr (M == Mutant::kSinkInLse) conv.sink_in_lse = true;
     float lse = softmax_lse(st, p.sink, head, conv);
     if constexpr (M == Mutant::kLseLog2) lse *= 1.4426950408889634f;
-    p.lse[static_cast<int64_t>(b) * p.lse_batch_stride + head] = lse;
+    p.lse[static_cast<int64_t>(b) * p.lse_batch_stride +
+          static_cast<int64_t>(qt) * p.lse_token_stride + head] = lse;
   }
 }
 
@@ -268,7 +296,8 @@ __global__ void __launch_bounds__(kSimtThreads, 4)
 
 std::optional<std::string> simt_unsupported(const DecodeParams& p) {
   if (auto why = common_unsupported(p)) return why;
-  if (p.heads > 0x7fffffff) return "too many heads";
+  if (static_cast<int64_t>(p.heads) * p.s_q > 0x7fffffffLL)
+    return "too many (query token, head) pairs for grid x";
   return std::nullopt;
 }
 
@@ -277,9 +306,15 @@ int launch_simt_per_head(const DecodeParams& p, void* stream) {
   const LayoutPlan pl = make_plan(p);
   constexpr size_t smem = simt_smem_bytes();
   static_assert(smem <= 48 * 1024, "no opt-in needed");
-  const dim3 grid(p.heads, p.batch);
-  simt_per_head_kernel<Mutant::kNone>
-      <<<grid, kSimtThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, pl);
+  // x: (query token, head) pairs, the heads of a token adjacent (they read the same tokens: L2
+  // reuse); y: batch rows.
+  const dim3 grid(static_cast<unsigned>(p.heads * p.s_q), p.batch);
+  const auto st = static_cast<cudaStream_t>(stream);
+  if (p.has_extra) {
+    simt_per_head_kernel<Mutant::kNone, true><<<grid, kSimtThreads, smem, st>>>(p, pl);
+  } else {
+    simt_per_head_kernel<Mutant::kNone, false><<<grid, kSimtThreads, smem, st>>>(p, pl);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

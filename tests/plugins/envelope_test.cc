@@ -244,6 +244,27 @@ TEST(Envelope, EmptyIntersectionIsAnError) {
   }
 }
 
+// The CUDA kernels run the production decode (issue 15): their envelope is the host models', so
+// the production family (s_q 1-4, extra caches, H 64 and 128) lies inside it.
+TEST(Envelope, CudaKernelsAcceptTheProductionDecode) {
+  const Envelope e = cuda_kernel_envelope();
+  EXPECT_EQ(e, builtin_kernel_envelope());
+  GenConfig cfg;
+  cfg.families = {"production"};
+  int multi = 0, extra = 0, h128 = 0;
+  for (uint64_t i = 0; i < 60; ++i) {
+    const Case c = generate_case(1515, i, cfg, nullptr);
+    const auto why = e.rejects(c);
+    EXPECT_FALSE(why) << "case " << i << ": " << *why << "; " << repro(1515);
+    multi += c.s_q > 1;
+    extra += c.extra.has_value();
+    h128 += c.heads == 128;
+  }
+  EXPECT_GT(multi, 0) << repro(1515);
+  EXPECT_GT(extra, 0) << repro(1515);
+  EXPECT_GT(h128, 0) << repro(1515);
+}
+
 TEST(Envelope, ShrinkingNeverLeavesTheEnvelope) {
   auto plugin = load_plugin_backend(variant("flashmla"));
   GenConfig cfg;
