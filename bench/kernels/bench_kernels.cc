@@ -626,7 +626,8 @@ int main(int argc, char** argv) {
   }
   std::printf("\nAll times per call in us; speedup and throughput use the CUDA-graph times.\n%s",
               md.c_str());
-  md += "\n" + split_rows(s, flush, flush_bytes, quick);
+  md += "\n";  // (not "\n" + ...: GCC 12 warns -Wrestrict on that operator+)
+  md += split_rows(s, flush, flush_bytes, quick);
   if (!md_path.empty()) {
     if (FILE* f = std::fopen(md_path.c_str(), "w")) {
       std::fputs(md.c_str(), f);
