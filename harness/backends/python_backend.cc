@@ -204,6 +204,7 @@ class PythonBackend final : public Backend {
   bool on_device() const override { return desc_.device == "cuda"; }
   Envelope envelope() const override { return desc_.envelope; }
   uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override { return desc_.extra_pipeline; }
   // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
   // the host or on the device.
   bool needs_worker() const override { return true; }
@@ -445,6 +446,13 @@ class PythonBackend final : public Backend {
           d.mutants.emplace_back(k, v.get<std::string>());
         }
       }
+      if (j.contains("extra_pipeline")) {
+        const auto e = j.at("extra_pipeline").get<std::string>();
+        if (e != "joint" && e != "lse_merged") {
+          throw std::runtime_error("extra_pipeline '" + e + "' (known: joint, lse_merged)");
+        }
+        d.extra_pipeline = e == "lse_merged" ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
+      }
       if (j.contains("inexact")) {
         d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
       }
@@ -500,6 +508,9 @@ class ShippedPythonBackend final : public Backend {
   // does not claim bit for bit.
   Envelope envelope() const override { return inner_ ? inner_->envelope() : Envelope{}; }
   uint32_t inexact_invariants() const override { return inner_ ? inner_->inexact_invariants() : 0; }
+  ExtraPipeline extra_pipeline() const override {
+    return inner_ ? inner_->extra_pipeline() : ExtraPipeline::kJoint;
+  }
   double abs_tol() const override { return inner_ ? inner_->abs_tol() : 0; }
   double rel_tol() const override { return inner_ ? inner_->rel_tol() : 0; }
   bool on_device() const override { return true; }

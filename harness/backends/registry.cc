@@ -64,6 +64,10 @@ std::vector<BackendSpec> make_table() {
                [] { return make_cpu_simt_backend(); }});
   t.push_back({"cpu-mma", "host model of the MMA kernel's bf16/fp32 pipeline (BLOCK_H 32)", false,
                [] { return make_cpu_mma_backend(); }});
+  t.push_back({"cpu-mma-lse-merged",
+               "host model of an LSE-merged production decode: main and extra lists alone in the "
+               "MMA pipeline, each stored bf16, merged by LSE (SGLang's Triton path)",
+               false, [] { return make_cpu_mma_lse_merged_backend(); }});
   const std::string simt = "CUDA SIMT per-head kernel (fp32)";
   const std::string mma = "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32)";
   const std::string h64 = "CUDA tensor-core head-tiled kernel, BLOCK_H 64";

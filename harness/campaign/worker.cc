@@ -75,25 +75,6 @@ bool watch_parent() {
   return true;
 }
 
-WorkerInfo describe(const Backend& backend) {
-  WorkerInfo i;
-  i.name = backend.name();
-  i.precision = static_cast<int32_t>(backend.precision());
-  const Availability a = backend.availability();
-  i.available = a.available;
-  i.reason = a.reason;
-  i.abs_tol = backend.abs_tol();
-  i.rel_tol = backend.rel_tol();
-  i.on_device = backend.on_device();
-  i.needs_worker = backend.needs_worker();
-  i.is_reference = backend.is_reference();
-  i.simt_partner = backend.simt_partner();
-  i.pid = static_cast<int32_t>(::getpid());
-  i.envelope = backend.envelope();
-  i.inexact_invariants = backend.inexact_invariants();
-  return i;
-}
-
 // One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
 // must exit (4 after a sticky device fault: `r` is then the fault to report).
 std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
@@ -194,7 +175,8 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
   bulk.arena = arena.data;
   bulk.arena_size = arena.size;
   if (type == MsgType::kInfo) {
-    if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(describe(backend)))) return 3;
+    if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(describe_backend(backend))))
+      return 3;
   } else if (type == MsgType::kUnsupported) {
     const auto why = backend.unsupported(decode_case(payload, &bulk));
     std::string reply(1, why ? '\1' : '\0');
@@ -212,6 +194,26 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
 }
 
 }  // namespace
+
+WorkerInfo describe_backend(const Backend& backend) {
+  WorkerInfo i;
+  i.name = backend.name();
+  i.precision = static_cast<int32_t>(backend.precision());
+  const Availability a = backend.availability();
+  i.available = a.available;
+  i.reason = a.reason;
+  i.abs_tol = backend.abs_tol();
+  i.rel_tol = backend.rel_tol();
+  i.on_device = backend.on_device();
+  i.needs_worker = backend.needs_worker();
+  i.is_reference = backend.is_reference();
+  i.simt_partner = backend.simt_partner();
+  i.pid = static_cast<int32_t>(::getpid());
+  i.envelope = backend.envelope();
+  i.inexact_invariants = backend.inexact_invariants();
+  i.extra_pipeline = static_cast<int32_t>(backend.extra_pipeline());
+  return i;
+}
 
 int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd, int arena_fd) {
   // Keep the protocol channel private: anything a backend prints to stdout goes to stderr.

@@ -26,6 +26,9 @@
 
 namespace mlafuzz::campaign {
 
+// What a worker's INFO reply says about the backend it serves (Backend's declarations).
+WorkerInfo describe_backend(const Backend& backend);
+
 // The worker's main loop: serves requests on in_fd, replies on out_fd, until kQuit or EOF.
 // shm_fd (-1: none) is the parent's shared memory for large vectors (worker_protocol.h,
 // BulkArea). Returns the process exit code. (harness/cli/worker.cc calls it.)
@@ -162,6 +165,9 @@ class ProxyBackend final : public IsolatedBackend {
   std::string simt_partner() const override { return info_.simt_partner; }
   Envelope envelope() const override { return info_.envelope; }
   uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override {
+    return static_cast<ExtraPipeline>(info_.extra_pipeline);
+  }
   RunResult run(const MaterializedCase& m) override;
   // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
   // and run(), as before batches). The queue, encode and transport time of the request are

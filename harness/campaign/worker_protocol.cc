@@ -405,6 +405,7 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod(i.pid);
   w.str(envelope_to_json(i.envelope).dump());
   w.pod(i.inexact_invariants);
+  w.pod(i.extra_pipeline);
   return w.take();
 }
 
@@ -434,6 +435,10 @@ WorkerInfo decode_info(std::string_view bytes) {
     throw ProtocolError(std::string("info: bad envelope: ") + e.what());
   }
   i.inexact_invariants = r.pod<uint32_t>();
+  i.extra_pipeline = r.pod<int32_t>();
+  if (i.extra_pipeline != 0 && i.extra_pipeline != 1) {
+    throw ProtocolError("info: unknown extra_pipeline " + std::to_string(i.extra_pipeline));
+  }
   r.end();
   return i;
 }

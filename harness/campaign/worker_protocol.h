@@ -48,6 +48,7 @@ struct WorkerInfo {
   int32_t pid = 0;
   Envelope envelope;                // Backend::envelope()
   uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
+  int32_t extra_pipeline = 0;       // Backend::extra_pipeline() as int
 };
 
 // Thrown on a malformed payload.

@@ -31,6 +31,10 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* extra_pipeline_name(ExtraPipeline e) {
+  return e == ExtraPipeline::kLseMerged ? "lse_merged" : "joint";
+}
+
 OutputBuffers::OutputBuffers(const MaterializedCase& m)
     : out_head_stride(m.out_head_stride),
       out_batch_stride(m.out_batch_stride),

@@ -27,6 +27,17 @@ enum class Precision {
 
 const char* precision_name(Precision p);
 
+// How a backend folds the extra cache into the result (SPEC.md section 8; plugin.h,
+// MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
+// alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
+// selects the tolerance model's extra-cache bound (properties/tolerance.h).
+enum class ExtraPipeline {
+  kJoint = 0,
+  kLseMerged = 1,
+};
+
+const char* extra_pipeline_name(ExtraPipeline e);  // "joint", "lse_merged"
+
 enum class RunStatus {
   kOk,
   kUnsupported,  // the backend cannot run this case by design; `message` says why
@@ -165,6 +176,8 @@ class Backend {
   // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
   // properties are checked within the tolerance bound instead. Default 0: every one exact.
   virtual uint32_t inexact_invariants() const { return 0; }
+  // How the backend combines the main and the extra cache (default: one joint softmax).
+  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
   // Explicit tolerances for kCustom backends.
   virtual double abs_tol() const { return 0; }
   virtual double rel_tol() const { return 0; }

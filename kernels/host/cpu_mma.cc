@@ -9,4 +9,9 @@ std::unique_ptr<Backend> make_cpu_mma_backend(int block_h) {
   return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(block_h);
 }
 
+std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend() {
+  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(mla::kMmaDefaultBlockH,
+                                                                   /*lse_merged=*/true);
+}
+
 }  // namespace mlafuzz
