@@ -8,6 +8,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include "harness/core/compare.h"
@@ -55,19 +56,20 @@ struct CaseContext {
   Bounds b64;  // the oracle's own error
   // Per pipeline and token count (the list length the bound's rounding terms count: the case's
   // own, or a transformed case's; 0 stands for the case's own).
-  std::map<std::pair<Precision, int>, Bounds> bounds;
-  const Bounds& pipeline_bounds(Precision p, int tile_topk = 0) {
-    const std::pair<Precision, int> key{p, tile_topk == m.topk ? 0 : tile_topk};
+  std::map<std::tuple<Precision, ExtraPipeline, int>, Bounds> bounds;
+  const Bounds& pipeline_bounds(const Backend& be, int tile_topk = 0) {
+    const std::tuple<Precision, ExtraPipeline, int> key{be.precision(), be.extra_pipeline(),
+                                                        tile_topk == m.topk ? 0 : tile_topk};
     auto it = bounds.find(key);
     if (it == bounds.end()) {
-      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_for(p), key.second)).first;
+      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<2>(key))).first;
     }
     return it->second;
   }
   // The bound of a backend against the exact result (custom: its declared tolerances).
   Bounds backend_bounds(const Backend& be) {
     if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
-    return pipeline_bounds(be.precision());
+    return pipeline_bounds(be);
   }
 
   // What every backend of the evaluation accepts (the intersection of their envelopes): the
@@ -652,7 +654,7 @@ class Evaluator {
     if (be.precision() == Precision::kCustom) {
       return add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
     }
-    return add_bounds(ctx_.pipeline_bounds(be.precision()), ctx_.pipeline_bounds(be.precision()));
+    return add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be));
   }
 
   // An invariant the kernel does not claim exact: the rows `rows` and heads `heads` of the clean
@@ -718,11 +720,9 @@ class Evaluator {
       if (be.precision() == Precision::kCustom) {
         bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
       } else if (own_bound) {
-        bound = add_bounds(ctx_.pipeline_bounds(be.precision()),
-                           compute_bounds(v, ctx_.ref, pipeline_for(be.precision())));
+        bound = add_bounds(ctx_.pipeline_bounds(be), compute_bounds(v, ctx_.ref, pipeline_of(be)));
       } else {
-        bound = add_bounds(ctx_.pipeline_bounds(be.precision()),
-                           ctx_.pipeline_bounds(be.precision(), tile_topk));
+        bound = add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be, tile_topk));
       }
       const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
                                          bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());

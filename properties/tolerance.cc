@@ -67,27 +67,264 @@ Pipeline pipeline_for(Precision p) {
   return pl;
 }
 
-Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
-                      int tile_topk) {
-  const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
-  const double u = p.u, s = std::fabs(m.sm_scale64);
-  // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
-  // then the extra list's: T counts both lists' entries, nt both lists' tiles.
-  const int T_main = tile_topk > 0 ? tile_topk : m.topk;
-  const int T_extra = m.has_extra ? m.extra_topk : 0;
-  const int T = T_main + T_extra;
-  auto tiles = [&](int n) { return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1; };
-  const int nt = tiles(T_main) + (T_extra > 0 && p.token_tile > 0 ? tiles(T_extra) : 0);
+namespace {
+
+// One head of one query row over a contiguous subset of the row's valid entries (all of them for
+// a joint softmax; one list's for an LSE-merged partial), with the list length T and tile count
+// nt its rounding terms count. O and lse_ref are the exact result of that subset (with the sink
+// when `sink` is finite or +inf).
+struct HeadSubset {
+  Eigen::Index k0 = 0, n = 0;  // valid entries [k0, k0 + n) of the row
+  int T = 0, nt = 1;
+  double sink = -kInf;
+  bool sink_in_lse = false;
+  const double* O = nullptr;  // [d_v]
+  double lse_ref = 0;
+};
+
+struct RowTerms {
+  const Pipeline& p;
+  double s;
+  int dqk, dv;
+  const Eigen::MatrixXd& X;  // [H, n_valid] logits
+  const Eigen::MatrixXd& A;  // [H, n_valid] s * |q| . |K|
+  const Eigen::MatrixXd& K;  // [n_valid, d_qk]
+};
+
+// The model of tolerance.h for one head: writes ob[d_v] (delta_pre) and *lb (0 where the value
+// must be exact). Returns the largest logit error e_max (+inf when the model bounds nothing).
+double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb) {
+  const Pipeline& p = rt.p;
+  const double u = p.u, s = rt.s;
+  const int dqk = rt.dqk, dv = rt.dv, T = hs.T, nt = hs.nt;
+  const Eigen::Index n = hs.n;
+  const double g_dot = gamma(dqk + 2, p.u_acc);
   // Split-KV: at most ns splits, each adding a product and a sum to O and l; one more rescale
   // argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation in the header).
   const int ns = p.split_kv ? std::min(nt, mla::kMaxSplits) : 0;
   const double r_mult = p.split_kv ? 2.0 : 1.0;
-  const double g_dot = gamma(dqk + 2, p.u_acc);
   const double g_num = gamma(T + nt + 2 + 2 * ns, p.u_acc);
   // The division: one rounding, or two (MMA: 1/d, *).
   const double g_den = gamma(T + nt + 5 + 2 * ns, u);
   const double g_lse = gamma(T + nt + 2 + 2 * ns, u);
   const double exp_ulps = (nt + 2) * p.c_exp * u;
+  const auto x_row = rt.X.row(h).segment(hs.k0, n);
+  const auto a_row = rt.A.row(h).segment(hs.k0, n);
+  const double* O = hs.O;
+  const double sink = hs.sink;
+  const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
+  const double R = x_max - x_min;
+  Eigen::VectorXd e(n), w(n), c(n), under(n);
+  // Logit errors e_k (model steps 1 and 2).
+  for (Eigen::Index k = 0; k < n; ++k) {
+    const double x = x_row(k);
+    const double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
+    e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
+  }
+  const bool sink_pos_inf = sink == kInf;
+  const bool sink_finite = std::isfinite(sink);
+  const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
+  // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
+  // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
+  // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
+  if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
+    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) *lb = kInf;
+    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+    return kInf;
+  }
+
+  // LSE weights w' (tokens; the sink too when it is folded into the lse).
+  const bool lse_sink = hs.sink_in_lse && sink_finite;
+  {
+    const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
+    double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+    for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(x_row(k) - Ml);
+    double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
+    double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
+    for (Eigen::Index k = 0; k < n; ++k) {
+      const double wk = std::exp(x_row(k) - Ml) / zl;
+      up += wk * std::exp(e(k));
+      down += wk * std::exp(-e(k));
+    }
+    const double lw = std::max(std::log(up), -std::log(down));
+    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) {
+      *lb = lw - std::log1p(-g_lse) + p.c_exp * u * (std::fabs(hs.lse_ref) + std::fabs(x_max) + 1) +
+            2 * u * std::fabs(hs.lse_ref) + T * p.eta;
+    }
+  }
+  double e_max = e_s;
+  for (Eigen::Index k = 0; k < n; ++k) e_max = std::max(e_max, e(k));
+  if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
+
+  // Output weights w (sink in the denominator).
+  const double M = sink_finite ? std::max(x_max, sink) : x_max;
+  double Z = sink_finite ? std::exp(sink - M) : 0.0;
+  for (Eigen::Index k = 0; k < n; ++k) Z += std::exp(x_row(k) - M);
+  const double w_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
+  for (Eigen::Index k = 0; k < n; ++k) {
+    w(k) = std::exp(x_row(k) - M) / Z;
+    c(k) = w(k) * std::expm1(e(k));
+    under(k) = x_row(k) - x_max < kUnderflowArg ? 0x1p-126 : 0.0;
+  }
+  const double grow = std::exp(e_max);
+  const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
+  // One pass over V per element: sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact
+  // in |V - O|), sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd|.
+  // V = K.leftCols(dv), column-major: column d is contiguous over the tokens.
+  const bool any_under = (under.array() != 0.0).any();
+  for (int32_t d = 0; d < dv; ++d) {
+    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
+    const double od = std::fabs(O[d]);
+    const double wt = (c.array() * (v - O[d]).abs()).sum();
+    const double wvd = (w.array() * v.abs()).sum();
+    const double uvd = any_under ? (under.array() * v.abs()).sum() : 0.0;
+    double first = grow * (wt + w_s * std::expm1(e_s) * od);
+    first += grow * (g_num * wvd + g_den * od);
+    if (p.bf16_p) first += grow * kU16 * wvd;
+    double abs_terms = p.eta * (T + nt + 4 + 2 * ns) + uvd;
+    if (sink_overflow) abs_terms += od + wvd;
+    ob[d] = first * kSecondOrder + abs_terms;
+  }
+  return e_max;
+}
+
+// The exact softmax of one head over a subset of the row's valid entries, without the sink:
+// the partial output O_i and LSE l_i an LSE-merged kernel computes for one list.
+void partial_result(const RowTerms& rt, int h, Eigen::Index k0, Eigen::Index n, double* O,
+                    double* lse) {
+  const auto x_row = rt.X.row(h).segment(k0, n);
+  const double x_max = x_row.maxCoeff();
+  const Eigen::ArrayXd p = (x_row.array() - x_max).exp().transpose();
+  const double z = p.sum();
+  for (int d = 0; d < rt.dv; ++d) {
+    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + k0, n);
+    O[d] = (p * v).sum() / z;
+  }
+  *lse = x_max + std::log(z);
+}
+
+// The LSE-merged pipeline (tolerance.h, the production decode): each list's partial bound, its
+// bf16 rounding, then the merge of the two partials as two "tokens" with LSE errors dlse_i, the
+// sink added at the merge.
+void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], double sink,
+                       bool sink_in_lse, const double* O, double lse_ref, double* ob, double* lb) {
+  const Pipeline& p = rt.p;
+  const double u = p.u;
+  const int dv = rt.dv;
+  struct Part {
+    std::vector<double> O, delta;
+    double l = -kInf, dl = 0;
+  };
+  std::vector<Part> parts;
+  bool hopeless = false;
+  for (const HeadSubset& li : lists) {
+    if (li.n == 0) continue;  // no valid token: weight exactly 0 (LSE -inf)
+    Part pt;
+    pt.O.assign(static_cast<size_t>(dv), 0.0);
+    pt.delta.assign(static_cast<size_t>(dv), 0.0);
+    partial_result(rt, h, li.k0, li.n, pt.O.data(), &pt.l);
+    HeadSubset sub = li;
+    sub.sink = -kInf;
+    sub.sink_in_lse = false;
+    sub.O = pt.O.data();
+    sub.lse_ref = pt.l;
+    if (!(head_bound(rt, h, sub, pt.delta.data(), &pt.dl) <= kHopelessLogitError)) {
+      hopeless = true;
+    }
+    parts.push_back(std::move(pt));
+  }
+  const bool sink_pos_inf = sink == kInf;
+  const bool sink_finite = std::isfinite(sink);
+  const bool lse_exact = (sink_in_lse && sink_pos_inf) || !std::isfinite(lse_ref);
+  if (hopeless) {
+    if (!lse_exact) *lb = kInf;
+    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+    return;
+  }
+  double l_max = -kInf, l_min = kInf;
+  for (const Part& pt : parts) {
+    l_max = std::max(l_max, pt.l);
+    l_min = std::min(l_min, pt.l);
+  }
+  if (sink_finite) l_min = std::min(l_min, sink);
+  const double M = sink_finite ? std::max(l_max, sink) : l_max;
+  const double R = std::max(l_max, M) - l_min;
+  // The merge's own arithmetic: l_i - M, exp, the weights' sum and division, two products and a
+  // sum per element: c_exp ulps per exp, a few roundings.
+  const double merge_exp = 3 * p.c_exp * u;
+  std::vector<double> e(parts.size());
+  double e_max = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    e[i] = parts[i].dl + 2 * u * (std::fabs(parts[i].l - M) + R) + merge_exp;
+    e_max = std::max(e_max, e[i]);
+  }
+  const double e_s = sink_finite ? 2 * u * (std::fabs(sink - M) + R) + merge_exp : 0.0;
+  e_max = std::max(e_max, e_s);
+  if (e_max > kHopelessLogitError) {
+    if (!lse_exact) *lb = kInf;
+    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+    return;
+  }
+  const double g_merge = gamma(6, u);
+  if (!lse_exact) {
+    const bool lse_sink = sink_in_lse && sink_finite;
+    const double Ml = lse_sink ? M : l_max;
+    double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+    for (const Part& pt : parts) zl += std::exp(pt.l - Ml);
+    double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
+    double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const double wi = std::exp(parts[i].l - Ml) / zl;
+      up += wi * std::exp(e[i]);
+      down += wi * std::exp(-e[i]);
+    }
+    const double lw = std::max(std::log(up), -std::log(down));
+    *lb = lw - std::log1p(-g_merge) + p.c_exp * u * (std::fabs(lse_ref) + std::fabs(Ml) + 1) +
+          2 * u * std::fabs(lse_ref) + 8 * p.eta;
+  }
+  if (sink_pos_inf) return;  // out exactly 0
+  double Z = sink_finite ? std::exp(sink - M) : 0.0;
+  for (const Part& pt : parts) Z += std::exp(pt.l - M);
+  const double a_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
+  const double grow = std::exp(e_max);
+  const bool sink_overflow = sink_finite && sink - l_max > kSinkOverflowArg;
+  for (int d = 0; d < dv; ++d) {
+    const double od = std::fabs(O[d]);
+    double weights = a_s * std::expm1(e_s) * od, stored = 0, mags = od, abs_terms = 8 * p.eta;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const Part& pt = parts[i];
+      const double a = std::exp(pt.l - M) / Z;
+      const double oi = std::fabs(pt.O[static_cast<size_t>(d)]);
+      const double di = pt.delta[static_cast<size_t>(d)];
+      weights += a * std::expm1(e[i]) * std::fabs(pt.O[static_cast<size_t>(d)] - O[d]);
+      // The partial's error before its store, and its bf16 rounding (of the computed value).
+      stored += a * (di * (1 + kU16) + kU16 * oi);
+      mags += a * oi;
+      // A partial whose merge weight may be subnormal or flushed.
+      if (pt.l - l_max < kUnderflowArg) abs_terms += 0x1p-126 * (oi + di);
+    }
+    if (sink_overflow) abs_terms += od + mags;
+    // The computed weights are a_i exp(eps_i) / Z~ with Z~ >= exp(-e_max): at most a_i
+    // exp(2 e_max) on the stored partials' errors.
+    ob[d] =
+        (grow * weights + grow * grow * stored + grow * g_merge * mags) * kSecondOrder + abs_terms;
+  }
+}
+
+}  // namespace
+
+Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
+                      int tile_topk) {
+  const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
+  const double s = std::fabs(m.sm_scale64);
+  // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
+  // then the extra list's: T counts both lists' entries, nt both lists' tiles. The LSE-merged
+  // pipeline bounds each list alone and then their merge.
+  const int T_main = tile_topk > 0 ? tile_topk : m.topk;
+  const int T_extra = m.has_extra ? m.extra_topk : 0;
+  auto tiles = [&](int n) { return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1; };
+  const int nt = tiles(T_main) + (T_extra > 0 && p.token_tile > 0 ? tiles(T_extra) : 0);
+  const bool merged = p.lse_merged && m.has_extra;
 
   Bounds bd;
   bd.out.assign(static_cast<size_t>(B) * H * dv, 0.0);
@@ -99,95 +336,30 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
     const Eigen::MatrixXd Q = q_matrix(m, b);
     const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
-    // V = K.leftCols(dv), column-major: column d is row.K.col(d), contiguous over the tokens.
-    Eigen::VectorXd e(n), w(n), c(n), under(n);
-    std::vector<double> wt(static_cast<size_t>(dv)), wv(static_cast<size_t>(dv)),
-        uv(static_cast<size_t>(dv));
+    const RowTerms rt{p, s, dqk, dv, X, A, row.K};
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
       double* ob = bd.out.data() + rh * dv;
       const double* O = ref.out.data() + rh * dv;
-      const double lse_ref = ref.lse[rh];
-      const double x_max = X.row(h).maxCoeff(), x_min = X.row(h).minCoeff();
-      const double R = x_max - x_min;
-      // Logit errors e_k (model steps 1 and 2).
-      for (Eigen::Index k = 0; k < n; ++k) {
-        const double x = X(h, k);
-        const double dx = g_dot * A(h, k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
-        e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
-      }
-      const bool sink_pos_inf = sink == kInf;
-      const bool sink_finite = std::isfinite(sink);
-      const double e_s =
-          sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
-      // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
-      // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
-      // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
-      if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
-        if (!(m.conv.sink_in_lse && sink_pos_inf) && std::isfinite(lse_ref)) bd.lse[rh] = kInf;
-        if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
-        continue;
-      }
-
-      // LSE weights w' (tokens; the sink too when it is folded into the lse).
-      const bool lse_sink = m.conv.sink_in_lse && sink_finite;
-      {
-        const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
-        double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-        for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(X(h, k) - Ml);
-        double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
-        double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
-        for (Eigen::Index k = 0; k < n; ++k) {
-          const double wk = std::exp(X(h, k) - Ml) / zl;
-          up += wk * std::exp(e(k));
-          down += wk * std::exp(-e(k));
-        }
-        const double lw = std::max(std::log(up), -std::log(down));
-        if (!(m.conv.sink_in_lse && sink_pos_inf) && std::isfinite(lse_ref)) {
-          bd.lse[rh] = lw - std::log1p(-g_lse) +
-                       p.c_exp * u * (std::fabs(lse_ref) + std::fabs(x_max) + 1) +
-                       2 * u * std::fabs(lse_ref) + T * p.eta;
-        }
-      }
-      if (sink_pos_inf) continue;  // out exactly 0: exp(+inf - m) = inf in the denominator
-
-      // Output weights w (sink in the denominator).
-      const double M = sink_finite ? std::max(x_max, sink) : x_max;
-      double Z = sink_finite ? std::exp(sink - M) : 0.0;
-      for (Eigen::Index k = 0; k < n; ++k) Z += std::exp(X(h, k) - M);
-      const double w_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
-      double e_max = e_s;
-      for (Eigen::Index k = 0; k < n; ++k) {
-        w(k) = std::exp(X(h, k) - M) / Z;
-        c(k) = w(k) * std::expm1(e(k));
-        under(k) = X(h, k) - x_max < kUnderflowArg ? 0x1p-126 : 0.0;
-        e_max = std::max(e_max, e(k));
-      }
-      const double grow = std::exp(e_max);
-      const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
-      // One pass over V per head: sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact
-      // in |V - O|), sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd|.
-      const bool any_under = (under.array() != 0.0).any();
-      for (int32_t d = 0; d < dv; ++d) {
-        const Eigen::Map<const Eigen::ArrayXd> v(row.K.col(d).data(), n);
-        wt[static_cast<size_t>(d)] = (c.array() * (v - O[d]).abs()).sum();
-        wv[static_cast<size_t>(d)] = (w.array() * v.abs()).sum();
-        uv[static_cast<size_t>(d)] = any_under ? (under.array() * v.abs()).sum() : 0.0;
-      }
-      for (int32_t d = 0; d < dv; ++d) {
-        const double od = std::fabs(O[d]);
-        const double wvd = wv[static_cast<size_t>(d)];
-        double first = grow * (wt[static_cast<size_t>(d)] + w_s * std::expm1(e_s) * od);
-        first += grow * (g_num * wvd + g_den * od);
-        if (p.bf16_p) first += grow * kU16 * wvd;
-        double abs_terms = p.eta * (T + nt + 4 + 2 * ns) + uv[static_cast<size_t>(d)];
-        if (sink_overflow) abs_terms += od + wvd;
-        ob[d] = first * kSecondOrder + abs_terms;
+      if (merged) {
+        const HeadSubset lists[2] = {
+            {0, row.n_main, T_main, tiles(T_main), -kInf, false, nullptr, 0},
+            {row.n_main, n - row.n_main, T_extra, tiles(T_extra), -kInf, false, nullptr, 0}};
+        merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob, &bd.lse[rh]);
+      } else {
+        const HeadSubset all{0, n, T_main + T_extra, nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
+        head_bound(rt, h, all, ob, &bd.lse[rh]);
       }
     }
   }
   return bd;
+}
+
+Pipeline pipeline_of(const Backend& be) {
+  Pipeline pl = pipeline_for(be.precision());
+  pl.lse_merged = be.extra_pipeline() == ExtraPipeline::kLseMerged;
+  return pl;
 }
 
 Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol) {

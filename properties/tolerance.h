@@ -54,12 +54,17 @@
 // tile) tiles (one more set of tiles). An LSE-merged kernel (SGLang's Triton path,
 // MLAFUZZ_EXTRA_LSE_MERGED) computes each list alone, stores each partial output O_i in bf16
 // with its fp32 LSE l_i, then merges out = sum_i a_i O~_i, a_i = exp(l_i - M) / (sum_j exp(l_j -
-// M) + exp(sink - M)), and rounds to bf16 again. Its bound (not implemented yet: such a plugin's
-// extra-cache cases are judged by the joint bound) is the model above applied to each list alone
-// (delta_i, dlse_i), plus u16 |O_i| for the first rounding, plus step 2 with the two partials as
-// the "tokens" (e_i = dlse_i + the merge's exp and fp32 rounding): exp(e_max) sum_i a_i
-// expm1(e_i) |O_i - O|, plus sum_i a_i (delta_i + u16 |O_i|), with the second rounding modelled
-// by the store interval as for every bf16 output.
+// M) + exp(sink - M)), and rounds to bf16 again (Pipeline::lse_merged, from
+// Backend::extra_pipeline()). Its bound is the model above applied to each list alone, without
+// the sink (delta_i, dlse_i against the list's exact O_i and l_i; T and nt that list's), plus the
+// first bf16 rounding of the computed partial, u16 (|O_i| + delta_i), plus step 2 with the two
+// partials and the sink as the "tokens" (e_i = dlse_i + 2u (|l_i - M| + R) + 3 c_exp u: the
+// merge's exp and fp32 rounding): exp(e_max) [sum_i a_i expm1(e_i) |O_i - O| + a_s expm1(e_s)
+// |O|], plus exp(2 e_max) sum_i a_i (delta_i (1 + u16) + u16 |O_i|) (a computed weight is at most
+// a_i exp(e_i) / exp(-e_max)), plus the merge's products and sums, gamma(6) (sum_i a_i |O_i| +
+// |O|); the second rounding is modelled by the store interval as for every bf16 output. A list
+// without a valid token has weight exactly 0. The merged LSE is bounded as in the model with the
+// partials as tokens: max(log sum w'_i exp(e_i), -log sum w'_i exp(-e_i)) plus the merge's log.
 // Split-KV (issue 17; kernels/common/split_kv.h; the MMA pipeline, Pipeline::split_kv): the
 // row's nt tiles are cut into ns <= min(nt, mla::kMaxSplits) splits, each folded by its own
 // online softmax into an fp32 partial (m_i, l_i, O_i), merged as M = max m_i, a_i = exp(m_i - M),
@@ -71,11 +76,13 @@
 // counted. Steps 3 and 5 count 2 ns more roundings (the product a_i * O_i and the sum over the
 // splits, and the same for l): gamma(T + nt + 2 + 2ns; u_acc) and gamma(T + nt + 5 + 2ns; u),
 // the LSE's gamma(T + nt + 2 + 2ns; u), eta (T + nt + 4 + 2ns). A split without a valid token
-// has weight exactly 0 and is skipped (exact), so empty splits add nothing. The bound takes
-// ns = min(nt, kMaxSplits), the most any split count can give: one bound covers 1 split,
-// the automatic rule and one split per tile alike (the split-agree property compares them),
-// and any bf16_mma plugin that splits (FlashMLA does). The unsplit kernel's bound grows by
-// these terms too, well under 1% of it (the bf16-p term 2^-8 sum w|V| dominates).
+// has weight exactly 0 and is skipped (exact), so empty splits add nothing; a merge weight that
+// underflows (m_i - M < -87) loses only tokens with x_k - x_max < -80, which step 5 already
+// allows for. The bound takes ns = min(nt, kMaxSplits), the most any split count can give: one
+// bound covers 1 split, the automatic rule and one split per tile alike (the split-agree
+// property compares them), and any bf16_mma plugin that splits (FlashMLA does). The unsplit
+// kernel's bound grows by these terms too, well under 1% of it (the bf16-p term 2^-8 sum w|V|
+// dominates).
 // kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
 #pragma once
 
@@ -92,18 +99,23 @@ namespace mlafuzz {
 // Error-model parameters of one precision pipeline.
 struct Pipeline {
   Precision precision = Precision::kFloat64;
-  double u = 0x1p-53;      // unit roundoff of the arithmetic
-  double u_acc = 0x1p-53;  // of the dot products and the P*V accumulation
-  bool bf16_p = false;     // p rounded to bf16 for P*V (MMA)
-  bool bf16_out = false;   // out stored as bf16 with round-to-nearest-even
-  int token_tile = 0;      // tokens per online-softmax tile; 0: one tile for the whole list
-  double eta = 0;          // absolute allowance per operation for subnormals / flush-to-zero
-  double c_exp = 4;        // exp/log error in ulps (libm expf <= 1, CUDA expf <= 2, exp2 + mul)
-  bool split_kv = false;   // the tiles may be cut into splits merged by a combine (MMA)
+  double u = 0x1p-53;       // unit roundoff of the arithmetic
+  double u_acc = 0x1p-53;   // of the dot products and the P*V accumulation
+  bool bf16_p = false;      // p rounded to bf16 for P*V (MMA)
+  bool bf16_out = false;    // out stored as bf16 with round-to-nearest-even
+  int token_tile = 0;       // tokens per online-softmax tile; 0: one tile for the whole list
+  double eta = 0;           // absolute allowance per operation for subnormals / flush-to-zero
+  double c_exp = 4;         // exp/log error in ulps (libm expf <= 1, CUDA expf <= 2, exp2 + mul)
+  bool lse_merged = false;  // the extra cache computed alone and LSE-merged (two bf16 roundings)
+  bool split_kv = false;    // the tiles may be cut into splits merged by a combine (MMA)
 };
 
 // The pipeline of a precision (kCustom has none: use the backend's abs/rel tolerances).
 Pipeline pipeline_for(Precision p);
+
+// The pipeline of a backend: its precision's, with its extra-cache pipeline (joint or
+// LSE-merged).
+Pipeline pipeline_of(const Backend& be);
 
 // Per-element bounds (absolute) of one case for one pipeline.
 struct Bounds {

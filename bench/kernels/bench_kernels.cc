@@ -1,9 +1,9 @@
 // Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (SPEC.md
 // sections 1 and 7): H = 64, MODEL1, topk 128 with P = 256 and topk 512 with P = 64,
-// B in {1, 4, 16, 32, 64, 128}; then the production decode of DeepSeek-V4-Flash (SPEC.md
-// section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P = 256 with an extra cache
-// of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in {1, 16, 64, 128} for
-// s_q 1 and 3 and B = 64 for s_q 2 and 4.
+// B in {1, 4, 16, 32, 64, 128}; with --production (or --all) the production decode of
+// DeepSeek-V4-Flash (SPEC.md section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P =
+// 256 with an extra cache of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in {1,
+// 16, 64, 128} for s_q 1 and 3 and B = 64 for s_q 2 and 4.
 //
 // Per kernel and shape: median of CUDA-event times over many launches after a warm-up
 // ("events"), the per-launch time of a CUDA graph of 20 launches ("graph", median over replays,
@@ -16,8 +16,10 @@
 // the KV bytes of every query token's lists (B*s_q*(topk + extra_topk)*584); each cache holds
 // twice the slots one token's lists of all rows need, every token draws its own lists.
 //
-// Usage: bench_kernels [--quick] [--markdown FILE] [--original | --production]
-//          (default: both tables; --original: the first table only, --production: the second)
+// Usage: bench_kernels [--quick] [--markdown FILE] [--production | --all]
+//          (default: the first table, as scripts/gpu_check.sh times it; --production: the
+//          production table alone, SIMT timed with the --quick repetitions there (it is only the
+//          speedup's reference and takes most of the time); --all: both tables)
 //        bench_kernels --split [--quick]   (only the split-KV rows, issue 17)
 //        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
@@ -423,7 +425,8 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
           again == o_mma);
     }
   }
-  const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick);
+  // Production shapes: SIMT (the slow reference) with the quick repetitions.
+  const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick || !sh.flashmla);
   const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
   const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
   const Timing tw4 = time_kernel(Kernel::kMma32w4, p, s, flush, flush_bytes, true);
@@ -540,14 +543,17 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
 
 int main(int argc, char** argv) {
   bool quick = false, profile = false, split_only = false, run_original = true,
-       run_production = true;
+       run_production = false;
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--split") == 0) split_only = true;
     if (std::strcmp(argv[i], "--profile") == 0) profile = true;
-    if (std::strcmp(argv[i], "--original") == 0) run_production = false;
-    if (std::strcmp(argv[i], "--production") == 0) run_original = false;
+    if (std::strcmp(argv[i], "--production") == 0) {
+      run_original = false;
+      run_production = true;
+    }
+    if (std::strcmp(argv[i], "--all") == 0) run_original = run_production = true;
     if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
   }
   int dev = 0;

@@ -1,11 +1,16 @@
 // Per-call cost of the python: bridge on the original shapes (SPEC.md section 1: H = 64, MODEL1;
 // topk 128 with P = 256 and topk 512 with P = 64; B in {1, 4, 16, 32}), with a kernel that
-// returns at once, so that every microsecond is the bridge's. Prints, per shape, the median time
-// of Backend::run(), of what any in-process bf16 backend pays for the same outputs (canary-filled
-// buffers, widened into the RunResult: "outputs"), and the difference less the kernel's own time:
-// the bridge (request, pipe, the worker's numpy views, reply, and whatever is copied).
+// returns at once, so that every microsecond is the bridge's. Per shape and call, a freshly
+// materialized case (its own data seed) is run three times:
+//   cold:    its first call (a device="cuda" worker has not seen its buffers: copies them all);
+//   warm:    the same case again (the device cache's identities match: nothing is copied);
+//   variant: a copy of the case (MaterializedCase copy, as property variants start), which
+//            inherits the buffers' identities (SharedArena::inherit): warm for a device cache.
+// Prints the median run() of each, what any in-process bf16 backend pays for the same outputs
+// (canary-filled buffers, widened into the RunResult: "outputs"), and the bridge: run() less
+// outputs less the kernel's own time (request, pipe, the worker's views, copies, reply).
 // MLAFUZZ_SHARED_ARENA=0 measures the bridge without the shared arena (inputs copied into the
-// call's shared memory, as before it existed).
+// call's shared memory); MLAFUZZ_DEVICE_CACHE=0 without the device cache (cold = warm).
 //
 //   bridge_bench [BACKEND] [CALLS]
 //   default BACKEND python:examples/python/numpy_decode.py:decode_noop (run from the source
@@ -36,7 +41,7 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::string case_json(int batch, int topk, int page_size) {
+std::string case_json(int batch, int topk, int page_size, int seed) {
   const int pages = (2 * batch * topk + page_size - 1) / page_size;
   char buf[2048];
   std::snprintf(buf, sizeof buf, R"({
@@ -51,8 +56,8 @@ std::string case_json(int batch, int topk, int page_size) {
   "kv_values": {"dist": "normal", "magnitude": 1.0, "special_fraction": 0.0},
   "rope_values": {"dist": "normal", "magnitude": 1.0, "special_fraction": 0.0},
   "scales": {"mode": "writer", "exp_lo": 127, "exp_hi": 127},
-  "pad_fill": "zero", "data_seed": 5})",
-                page_size, pages, batch, topk);
+  "pad_fill": "zero", "data_seed": %d})",
+                page_size, pages, batch, topk, seed);
   return buf;
 }
 
@@ -65,39 +70,50 @@ int main(int argc, char** argv) {
   auto b = mlafuzz::make_backend(backend);
   std::printf("backend %s, %d calls per shape (median per call, ms)\n", backend.c_str(), calls);
   std::printf("arena %s\n", mlafuzz::SharedArena::get() != nullptr ? "on" : "off");
-  std::printf("%-24s %9s %9s | %9s %9s %9s\n", "shape", "inputs MB", "run()", "outputs", "bridge",
-              "kernel");
+  std::printf("%-24s %9s | %9s %9s %9s | %9s | %9s %9s %9s | %9s\n", "shape", "inputs MB", "cold",
+              "warm", "variant", "outputs", "bridge c", "bridge w", "bridge v", "kernel");
   for (const int topk : {128, 512}) {
     for (const int batch : {1, 4, 16, 32}) {
       const int page_size = topk == 128 ? 256 : 64;
-      const mlafuzz::MaterializedCase m =
-          mlafuzz::materialize(mlafuzz::case_from_json(case_json(batch, topk, page_size)));
-      const size_t in_bytes = m.q.size() * 2 + m.cache.size() + m.indices.size() * 4;
-      for (int i = 0; i < 3; ++i) (void)b->run(m);  // warm: worker started, memory mapped
-      std::vector<double> run_s, kernel_s, outputs_s;
-      for (int i = 0; i < calls; ++i) {
-        {
+      size_t in_bytes = 0;
+      std::vector<double> run_s[3], kernel_s[3], outputs_s;
+      for (int i = -3; i < calls; ++i) {  // the first three warm up: worker started, maps made
+        const mlafuzz::MaterializedCase m = mlafuzz::materialize(
+            mlafuzz::case_from_json(case_json(batch, topk, page_size, 100 + i)));
+        in_bytes = m.q.size() * 2 + m.cache.size() + m.indices.size() * 4;
+        for (int k = 0; k < 3; ++k) {
+          const mlafuzz::MaterializedCase variant = k == 2 ? m : mlafuzz::MaterializedCase{};
           const auto t0 = Clock::now();
-          const mlafuzz::RunResult r = b->run(m);
-          run_s.push_back(since(t0));
-          kernel_s.push_back(r.seconds);
+          const mlafuzz::RunResult r = b->run(k == 2 ? variant : m);
+          const double s = since(t0);
           if (r.status == mlafuzz::RunStatus::kError || r.status == mlafuzz::RunStatus::kFault) {
             std::fprintf(stderr, "run failed: %s\n", r.message.c_str());
             return 1;
+          }
+          if (i >= 0) {
+            run_s[k].push_back(s);
+            kernel_s[k].push_back(r.seconds);
           }
         }  // freed before the next measurement, so that both see the same heap
         // What an in-process bf16 backend pays around its kernel.
         const auto t1 = Clock::now();
         mlafuzz::OutputBuffers bufs(m);
         const mlafuzz::RunResult o = mlafuzz::collect_outputs(m, std::move(bufs));
-        outputs_s.push_back(since(t1));
+        if (i >= 0) outputs_s.push_back(since(t1));
         if (o.out.empty()) return 1;
       }
-      const double run = median(run_s), outputs = median(outputs_s), kernel = median(kernel_s);
+      const double outputs = median(outputs_s);
+      double run[3], bridge[3];
+      for (int k = 0; k < 3; ++k) {
+        run[k] = median(run_s[k]);
+        bridge[k] = run[k] - outputs - median(kernel_s[k]);
+      }
       char shape[64];
       std::snprintf(shape, sizeof shape, "B=%d H=64 topk=%d P=%d", batch, topk, page_size);
-      std::printf("%-24s %9.2f %9.3f | %9.3f %9.3f %9.3f\n", shape, in_bytes / 1e6, 1e3 * run,
-                  1e3 * outputs, 1e3 * (run - outputs - kernel), 1e3 * kernel);
+      std::printf("%-24s %9.2f | %9.3f %9.3f %9.3f | %9.3f | %9.3f %9.3f %9.3f | %9.3f\n", shape,
+                  in_bytes / 1e6, 1e3 * run[0], 1e3 * run[1], 1e3 * run[2], 1e3 * outputs,
+                  1e3 * bridge[0], 1e3 * bridge[1], 1e3 * bridge[2], 1e3 * median(kernel_s[1]));
+      std::fflush(stdout);
     }
   }
   return 0;

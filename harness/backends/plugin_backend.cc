@@ -304,6 +304,10 @@ class PluginBackend final : public Backend {
     return e;
   }
   uint32_t inexact_invariants() const override { return p_.desc.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override {
+    return p_.desc.extra_pipeline == MLAFUZZ_EXTRA_LSE_MERGED ? ExtraPipeline::kLseMerged
+                                                              : ExtraPipeline::kJoint;
+  }
 
   Availability availability() const override {
     if (!p_.desc.runs_on_device) return {};

@@ -180,6 +180,13 @@ json desc(std::pair<int64_t, const char*> where, std::vector<int64_t> shape,
   return json::array({where.first, shape, strides, dtype, where.second});
 }
 
+// MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
+// input to the device on every call (and uploads the canaries), as before the cache existed.
+bool device_cache_enabled() {
+  const char* e = std::getenv("MLAFUZZ_DEVICE_CACHE");
+  return e == nullptr || std::strcmp(e, "0") != 0;
+}
+
 class PythonBackend final : public Backend {
  public:
   explicit PythonBackend(std::string backend_name)
@@ -197,6 +204,7 @@ class PythonBackend final : public Backend {
   bool on_device() const override { return desc_.device == "cuda"; }
   Envelope envelope() const override { return desc_.envelope; }
   uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override { return desc_.extra_pipeline; }
   // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
   // the host or on the device.
   bool needs_worker() const override { return true; }
@@ -225,6 +233,7 @@ class PythonBackend final : public Backend {
     if (!child_.running()) {
       if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
     }
+    const bool device_cache = desc_.device == "cuda" && device_cache_enabled();
     const auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
     CallLayout layout;
     const auto q_at = layout.input(m.q.data(), bytes_of(m.q));
@@ -249,8 +258,9 @@ class PythonBackend final : public Backend {
     layout.copy_in(shm_->data());
     auto* out_raw = reinterpret_cast<uint16_t*>(shm_->data() + out_off);
     auto* lse_raw = reinterpret_cast<float*>(shm_->data() + lse_off);
-    // The canaries go straight into the shared memory: no buffer to fill and copy over.
-    OutputBuffers::fill_canaries(out_raw, out_n, lse_raw, lse_n);
+    // The canaries go straight into the shared memory: no buffer to fill and copy over. A device
+    // cache worker fills its device outputs with them and copies the whole buffers back.
+    if (!device_cache) OutputBuffers::fill_canaries(out_raw, out_n, lse_raw, lse_n);
 
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
     // Every view carries the real strides: row gaps and head gaps stay outside the views.
@@ -294,6 +304,24 @@ class PythonBackend final : public Backend {
       }
     }
     req["arrays"] = std::move(arrays);
+    if (device_cache) {
+      // Identities of the inputs read in the arena (SharedArena::publish; they seal the blocks):
+      // the worker keeps device copies by identity and copies only what it has not seen.
+      json ids = json::object();
+      SharedArena* a = SharedArena::get();
+      const auto identify = [&](const char* name, std::pair<int64_t, const char*> at,
+                                const void* data, size_t bytes) {
+        if (a == nullptr || std::strcmp(at.second, "arena") != 0) return;
+        if (const uint64_t id = a->publish(data, bytes); id != 0) ids[name] = id;
+      };
+      identify("q_raw", q_at, m.q.data(), bytes_of(m.q));
+      identify("kv_cache", kv_at, m.cache.data(), bytes_of(m.cache));
+      identify("extra_kv_cache", xkv_at, m.extra_cache.data(), bytes_of(m.extra_cache));
+      req["ids"] = std::move(ids);
+      // The canaries' bits: the worker fills its device outputs with them instead of uploading.
+      req["out_canary"] = OutputBuffers::kCanaryBits;
+      req["lse_canary"] = OutputBuffers::kLseCanaryBits;
+    }
     req["shm_size"] = shm_->size();
     req["out_guard"] = G;
     req["lse_guard"] = G;
@@ -418,6 +446,13 @@ class PythonBackend final : public Backend {
           d.mutants.emplace_back(k, v.get<std::string>());
         }
       }
+      if (j.contains("extra_pipeline")) {
+        const auto e = j.at("extra_pipeline").get<std::string>();
+        if (e != "joint" && e != "lse_merged") {
+          throw std::runtime_error("extra_pipeline '" + e + "' (known: joint, lse_merged)");
+        }
+        d.extra_pipeline = e == "lse_merged" ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
+      }
       if (j.contains("inexact")) {
         d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
       }
@@ -473,6 +508,9 @@ class ShippedPythonBackend final : public Backend {
   // does not claim bit for bit.
   Envelope envelope() const override { return inner_ ? inner_->envelope() : Envelope{}; }
   uint32_t inexact_invariants() const override { return inner_ ? inner_->inexact_invariants() : 0; }
+  ExtraPipeline extra_pipeline() const override {
+    return inner_ ? inner_->extra_pipeline() : ExtraPipeline::kJoint;
+  }
   double abs_tol() const override { return inner_ ? inner_->abs_tol() : 0; }
   double rel_tol() const override { return inner_ ? inner_->rel_tol() : 0; }
   bool on_device() const override { return true; }

@@ -50,6 +50,7 @@ struct PythonDescription {
   bool has_envelope = false;
   Envelope envelope;
   uint32_t inexact_invariants = 0;
+  ExtraPipeline extra_pipeline = ExtraPipeline::kJoint;  // mlafuzz.kernel(extra_pipeline=...)
   // The module's planted bugs (its MUTANTS dict, in declaration order): name -> description.
   // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (README, "Mutation
   // score"; docs/WORKER_PROTOCOL.md).

@@ -64,6 +64,10 @@ std::vector<BackendSpec> make_table() {
                [] { return make_cpu_simt_backend(); }});
   t.push_back({"cpu-mma", "host model of the MMA kernel's bf16/fp32 pipeline (BLOCK_H 32)", false,
                [] { return make_cpu_mma_backend(); }});
+  t.push_back({"cpu-mma-lse-merged",
+               "host model of an LSE-merged production decode: main and extra lists alone in the "
+               "MMA pipeline, each stored bf16, merged by LSE (SGLang's Triton path)",
+               false, [] { return make_cpu_mma_lse_merged_backend(); }});
   // The split-KV pipeline (issue 17): 1 split, the automatic rule, one split per tile.
   t.push_back({"cpu-mma-split1", "host model of the split-KV MMA pipeline, 1 split per row", false,
                [] { return make_cpu_mma_split_backend(1); }});

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +19,7 @@
 #include "harness/backends/device_query.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
+#include "harness/core/shared_arena.h"
 
 extern char** environ;
 
@@ -24,6 +27,16 @@ namespace mlafuzz::campaign {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Whether workers read the case's arena vectors in the parent's shared arena (protocol 2) instead
+// of receiving copies in the bulk area: when there is an arena, unless MLAFUZZ_WORKER_ARENA=0.
+bool arena_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLAFUZZ_WORKER_ARENA");
+    return SharedArena::get() != nullptr && (v == nullptr || std::strcmp(v, "0") != 0);
+  }();
+  return on;
+}
 
 // ---- Worker side ----
 
@@ -60,26 +73,6 @@ bool watch_parent() {
     }
   }).detach();
   return true;
-}
-
-WorkerInfo describe(const Backend& backend) {
-  WorkerInfo i;
-  i.name = backend.name();
-  i.precision = static_cast<int32_t>(backend.precision());
-  const Availability a = backend.availability();
-  i.available = a.available;
-  i.reason = a.reason;
-  i.abs_tol = backend.abs_tol();
-  i.rel_tol = backend.rel_tol();
-  i.on_device = backend.on_device();
-  i.needs_worker = backend.needs_worker();
-  i.is_reference = backend.is_reference();
-  i.simt_partner = backend.simt_partner();
-  i.pid = static_cast<int32_t>(::getpid());
-  i.envelope = backend.envelope();
-  i.inexact_invariants = backend.inexact_invariants();
-  i.splits_kv = backend.splits_kv();
-  return i;
 }
 
 // One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
@@ -164,16 +157,26 @@ std::optional<int> serve_batch(Backend& backend, const std::string& payload, Bul
 }
 
 // One request other than kQuit. Returns the exit code when the worker must exit.
+// The parent's shared arena, mapped read-only (protocol 2: flag 3 vectors are read there).
+struct ArenaView {
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
 std::optional<int> serve(Backend& backend, MsgType type, const std::string& payload,
-                         ipc::SharedMemoryView* shm, const TestFault& tf, int reply_fd) {
+                         ipc::SharedMemoryView* shm, const ArenaView& arena, const TestFault& tf,
+                         int reply_fd) {
   BulkArea bulk;
   if (shm != nullptr &&
       (type == MsgType::kRun || type == MsgType::kUnsupported || type == MsgType::kRunBatch)) {
     shm->refresh();  // the parent may have grown it for this case
     bulk = BulkArea{shm->data(), shm->size(), 0};
   }
+  bulk.arena = arena.data;
+  bulk.arena_size = arena.size;
   if (type == MsgType::kInfo) {
-    if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(describe(backend)))) return 3;
+    if (!write_frame_blocking(reply_fd, MsgType::kInfo, encode_info(describe_backend(backend))))
+      return 3;
   } else if (type == MsgType::kUnsupported) {
     const auto why = backend.unsupported(decode_case(payload, &bulk));
     std::string reply(1, why ? '\1' : '\0');
@@ -192,7 +195,28 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
 
 }  // namespace
 
-int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd) {
+WorkerInfo describe_backend(const Backend& backend) {
+  WorkerInfo i;
+  i.name = backend.name();
+  i.precision = static_cast<int32_t>(backend.precision());
+  const Availability a = backend.availability();
+  i.available = a.available;
+  i.reason = a.reason;
+  i.abs_tol = backend.abs_tol();
+  i.rel_tol = backend.rel_tol();
+  i.on_device = backend.on_device();
+  i.needs_worker = backend.needs_worker();
+  i.is_reference = backend.is_reference();
+  i.simt_partner = backend.simt_partner();
+  i.pid = static_cast<int32_t>(::getpid());
+  i.envelope = backend.envelope();
+  i.inexact_invariants = backend.inexact_invariants();
+  i.extra_pipeline = static_cast<int32_t>(backend.extra_pipeline());
+  i.splits_kv = backend.splits_kv();
+  return i;
+}
+
+int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd, int arena_fd) {
   // Keep the protocol channel private: anything a backend prints to stdout goes to stderr.
   const int reply_fd = ::dup(out_fd);
   if (reply_fd < 0) return 3;
@@ -214,6 +238,17 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   // The parent's shared memory, when it gave one: large vectors of requests and replies.
   std::unique_ptr<ipc::SharedMemoryView> shm;
   if (shm_fd >= 0) shm = std::make_unique<ipc::SharedMemoryView>(shm_fd);
+  // The parent's arena (sparse, its whole size: only the pages read cost anything).
+  ArenaView arena;
+  if (struct stat st{}; arena_fd >= 0 && ::fstat(arena_fd, &st) == 0 && st.st_size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ,
+                     MAP_SHARED | MAP_NORESERVE, arena_fd, 0);
+    if (p != MAP_FAILED) arena = {static_cast<const uint8_t*>(p), static_cast<size_t>(st.st_size)};
+  }
+  // Protocol 2: the replies carry the raw outputs; the campaign widens them (many threads),
+  // not this process (one call at a time for all of them).
+  const char* raw = std::getenv("MLAFUZZ_WORKER_RAW_OUTPUTS");
+  set_raw_outputs_only(raw == nullptr || std::strcmp(raw, "0") != 0);
   MsgType type;
   std::string payload;
   while (true) {
@@ -229,7 +264,9 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
       return 3;
     }
     try {
-      if (const auto code = serve(*backend, type, payload, shm.get(), tf, reply_fd)) return *code;
+      if (const auto code = serve(*backend, type, payload, shm.get(), arena, tf, reply_fd)) {
+        return *code;
+      }
     } catch (const std::exception& e) {
       write_frame_blocking(reply_fd, MsgType::kError, e.what());
       return 3;
@@ -276,6 +313,10 @@ void WorkerProcess::start() {
   c.argv = {spec_.exe,     "worker",   "--backend",
             spec_.backend, "--shm-fd", std::to_string(ipc::kChildShmFd)};
   c.shm_fd = shm_->fd();
+  if (arena_enabled()) {
+    c.arena_fd = SharedArena::get()->read_only_fd();
+    c.argv.insert(c.argv.end(), {"--arena-fd", std::to_string(ipc::kChildArenaFd)});
+  }
   c.log_path = spec_.log_path;
   c.label = "worker for " + spec_.backend;
   if (spec_.device >= 0) c.label += " on GPU " + std::to_string(spec_.device);
@@ -299,7 +340,9 @@ WorkerProcess::Reply WorkerProcess::call(MsgType type, const std::string& payloa
 BulkArea WorkerProcess::bulk_for(const MaterializedCase& m) {
   if (!child_.running()) start();
   shm_->reserve(bulk_bytes_needed(m));
-  return BulkArea{shm_->data(), shm_->size(), 0};
+  BulkArea b{shm_->data(), shm_->size(), 0};
+  b.use_arena = arena_enabled();
+  return b;
 }
 
 const WorkerInfo& WorkerProcess::info() {
@@ -381,6 +424,7 @@ std::vector<CheckedRun> WorkerProcess::run_batch(const std::vector<const Materia
   for (const MaterializedCase* m : cases) need += bulk_bytes_needed(*m);
   shm_->reserve(need);
   BulkArea bulk{shm_->data(), shm_->size(), 0};
+  bulk.use_arena = arena_enabled();
   const std::string request = encode_batch(cases, &bulk);
   const double encode_s =
       std::chrono::duration<double>(Clock::now() - t_encode).count() / cases.size();
@@ -473,6 +517,7 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
     r.phases[Phase::kTransport] = std::max(
         0.0, call_s - r.phases[Phase::kEncode] - r.phases[Phase::kDecode] - r.phases[Phase::kRun]);
   }
+  widen(m, r);  // outside the lock: the threads widen in parallel
   totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     std::lock_guard<std::mutex> lock(faults_mu_);
@@ -512,6 +557,7 @@ std::vector<CheckedRun> ProxyBackend::check_and_run(
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {
+    if (!out[i].unsupported) widen(*cases[i], out[i].result);
     // One request carried the whole batch: counted with its first call.
     totals_->add(out[i].result.phases, i == 0 ? 1 : 0);
     if (out[i].result.status == RunStatus::kFault) {
@@ -520,6 +566,13 @@ std::vector<CheckedRun> ProxyBackend::check_and_run(
     }
   }
   return out;
+}
+
+void ProxyBackend::widen(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending) return;
+  const auto t0 = Clock::now();
+  widen_raw_outputs(m, r);
+  r.phases[Phase::kWiden] = std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
 std::vector<FaultRecord> ProxyBackend::take_faults() {

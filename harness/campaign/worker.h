@@ -26,10 +26,16 @@
 
 namespace mlafuzz::campaign {
 
+// What a worker's INFO reply says about the backend it serves (Backend's declarations).
+WorkerInfo describe_backend(const Backend& backend);
+
 // The worker's main loop: serves requests on in_fd, replies on out_fd, until kQuit or EOF.
 // shm_fd (-1: none) is the parent's shared memory for large vectors (worker_protocol.h,
 // BulkArea). Returns the process exit code. (harness/cli/worker.cc calls it.)
-int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd = -1);
+// arena_fd (-1: none) is a read-only descriptor of the parent's shared arena (flag 3 vectors).
+// The worker runs in raw-outputs mode (set_raw_outputs_only) unless MLAFUZZ_WORKER_RAW_OUTPUTS=0.
+int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd = -1,
+               int arena_fd = -1);
 
 // Path of the running executable (/proc/self/exe), or MLAFUZZ_WORKER_EXE when set.
 std::string self_executable();
@@ -62,6 +68,8 @@ class WorkerProcess {
     std::string fault;
   };
   Reply call(MsgType type, const std::string& payload, double timeout_s);
+  // Results may carry only the raw outputs (outputs_pending, worker protocol 2): the caller
+  // widens them (widen_raw_outputs; ProxyBackend does, outside the slot's lock).
   RunResult run(const MaterializedCase& m, double timeout_s);
   std::optional<std::string> unsupported(const MaterializedCase& m, double timeout_s);
   // unsupported() and run() of every case in one kRunBatch request (each reply within
@@ -157,6 +165,9 @@ class ProxyBackend final : public IsolatedBackend {
   std::string simt_partner() const override { return info_.simt_partner; }
   Envelope envelope() const override { return info_.envelope; }
   uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override {
+    return static_cast<ExtraPipeline>(info_.extra_pipeline);
+  }
   bool splits_kv() const override { return info_.splits_kv; }
   RunResult run(const MaterializedCase& m) override;
   // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
@@ -166,6 +177,8 @@ class ProxyBackend final : public IsolatedBackend {
 
   std::vector<FaultRecord> take_faults() override;
   int device() const override { return slot_->proc.spec().device; }
+  // A result with raw outputs only (protocol 2) widened here, timed as Phase::kWiden.
+  static void widen(const MaterializedCase& m, RunResult& r);
   // Calls made through this proxy and where their time went (the campaign's time breakdown);
   // shared so that the campaign reads them while (and after) the proxy's thread runs.
   std::shared_ptr<const CallTotals> totals() const override { return totals_; }

@@ -10,6 +10,7 @@
 
 #include "harness/core/case.h"
 #include "harness/core/envelope.h"
+#include "harness/core/shared_arena.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -51,6 +52,16 @@ class Writer {
     static_assert(std::is_trivially_copyable_v<T>);
     pod<uint64_t>(v.size());
     const size_t bytes = v.size() * sizeof(T);
+    if (bulk_ != nullptr && bulk_->use_arena && bytes >= kBulkThreshold) {
+      // Protocol 2: in the parent's shared arena already; the worker reads it there.
+      if (const SharedArena* a = SharedArena::get()) {
+        if (const int64_t off = a->offset_of(v.data(), bytes); off >= 0) {
+          pod<uint8_t>(3);
+          pod<uint64_t>(static_cast<uint64_t>(off));
+          return;
+        }
+      }
+    }
     const size_t at = bulk_ != nullptr ? align_up(bulk_->used) : 0;
     if (bulk_ != nullptr && bytes >= kBulkThreshold && at + bytes <= bulk_->size) {
       pod<uint8_t>(1);
@@ -105,7 +116,19 @@ class Reader {
   std::vector<T, A> vec() {
     const uint64_t n = pod<uint64_t>();
     const uint8_t flag = pod<uint8_t>();
-    if (flag > 1) throw ProtocolError("vector reference outside a batch");
+    if (flag == 2 || flag > 3) throw ProtocolError("vector reference outside a batch");
+    if (flag == 3) {
+      const uint64_t at = pod<uint64_t>();
+      if (bulk_ == nullptr || bulk_->arena == nullptr) {
+        throw ProtocolError("vector in the shared arena, but the worker has no --arena-fd");
+      }
+      if (at > bulk_->arena_size || n > (bulk_->arena_size - at) / sizeof(T)) {
+        throw ProtocolError("vector outside the shared arena");
+      }
+      std::vector<T, A> v(n);
+      std::memcpy(v.data(), bulk_->arena + at, n * sizeof(T));
+      return v;
+    }
     if (flag != 0) {
       const uint64_t at = pod<uint64_t>();
       if (bulk_ == nullptr || at > bulk_->size || n > (bulk_->size - at) / sizeof(T)) {
@@ -304,6 +327,7 @@ void write_result(Writer& w, const RunResult& x) {
   w.vec(x.lse);
   w.vec(x.out_raw);
   w.vec(x.lse_raw);
+  w.pod<uint8_t>(x.outputs_pending);  // protocol 2: out and lse left to widen_raw_outputs
   w.pod(x.guard_violations);
   w.pod(x.seconds);
   for (double s : x.phases.seconds) w.pod(s);
@@ -321,6 +345,7 @@ RunResult read_result(Reader& r) {
   x.lse = r.vec<double>();
   x.out_raw = r.vec<uint16_t>();
   x.lse_raw = r.vec<float>();
+  x.outputs_pending = r.pod<uint8_t>() != 0;
   x.guard_violations = r.pod<int64_t>();
   x.seconds = r.pod<double>();
   for (double& s : x.phases.seconds) s = r.pod<double>();
@@ -368,6 +393,7 @@ CheckedRun decode_checked(std::string_view bytes, const BulkArea* bulk) {
 
 std::string encode_info(const WorkerInfo& i) {
   Writer w;
+  w.pod(i.protocol);
   w.str(i.name);
   w.pod(i.precision);
   w.pod<uint8_t>(i.available);
@@ -381,6 +407,7 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod(i.pid);
   w.str(envelope_to_json(i.envelope).dump());
   w.pod(i.inexact_invariants);
+  w.pod(i.extra_pipeline);
   w.pod<uint8_t>(i.splits_kv);
   return w.take();
 }
@@ -388,6 +415,12 @@ std::string encode_info(const WorkerInfo& i) {
 WorkerInfo decode_info(std::string_view bytes) {
   Reader r(bytes);
   WorkerInfo i;
+  i.protocol = r.pod<int32_t>();
+  if (i.protocol != kWorkerProtocolVersion) {
+    throw ProtocolError("the worker speaks protocol " + std::to_string(i.protocol) +
+                        ", this mlafuzz " + std::to_string(kWorkerProtocolVersion) +
+                        " (MLAFUZZ_WORKER_EXE names another build?): use one mlafuzz binary");
+  }
   i.name = r.str();
   i.precision = r.pod<int32_t>();
   i.available = r.pod<uint8_t>() != 0;
@@ -405,6 +438,10 @@ WorkerInfo decode_info(std::string_view bytes) {
     throw ProtocolError(std::string("info: bad envelope: ") + e.what());
   }
   i.inexact_invariants = r.pod<uint32_t>();
+  i.extra_pipeline = r.pod<int32_t>();
+  if (i.extra_pipeline != 0 && i.extra_pipeline != 1) {
+    throw ProtocolError("info: unknown extra_pipeline " + std::to_string(i.extra_pipeline));
+  }
   i.splits_kv = r.pod<uint8_t>() != 0;
   r.end();
   return i;

@@ -20,6 +20,10 @@
 namespace mlafuzz::campaign {
 
 inline constexpr uint32_t kFrameMagic = 0x57414c4d;  // "MLAW"
+// Version of this wire format (INFO carries it; both ends refuse another). 2: results may carry
+// only the raw outputs (RunResult::outputs_pending), and vectors may be read in the parent's
+// shared arena (flag 3). 1: every result widened, every vector copied.
+inline constexpr int32_t kWorkerProtocolVersion = 2;
 
 enum class MsgType : uint32_t {
   kInfo = 1,         // request: empty; reply kInfo: WorkerInfo
@@ -31,6 +35,7 @@ enum class MsgType : uint32_t {
 };
 
 struct WorkerInfo {
+  int32_t protocol = kWorkerProtocolVersion;
   std::string name;
   int32_t precision = 0;  // Precision as int
   bool available = true;
@@ -43,6 +48,7 @@ struct WorkerInfo {
   int32_t pid = 0;
   Envelope envelope;                // Backend::envelope()
   uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
+  int32_t extra_pipeline = 0;       // Backend::extra_pipeline() as int
   bool splits_kv = false;           // Backend::splits_kv()
 };
 
@@ -55,10 +61,19 @@ class ProtocolError : public std::runtime_error {
 // Shared memory both ends map (the worker inherits it): vectors of 4 KiB and more travel there
 // instead of through the pipe, from `used` on (the request's vectors first, then the reply's).
 // Without one (or when it is full) they travel inline in the frame.
+//
+// The arena (protocol 2): the parent's vectors that live in its shared arena
+// (harness/core/shared_arena.h) travel as their offset there (flag 3), not copied into the bulk
+// area; the worker maps the arena read-only (`mlafuzz worker --arena-fd`) and copies them out
+// once. `arena` is the parent's SharedArena when writing (null: copy), the worker's read-only
+// mapping when reading (null: a flag 3 vector is a protocol error).
 struct BulkArea {
   uint8_t* data = nullptr;
   size_t size = 0;
   size_t used = 0;
+  const uint8_t* arena = nullptr;  // reading: the mapped arena
+  size_t arena_size = 0;
+  bool use_arena = false;  // writing: send the parent's arena vectors by offset
 };
 
 std::string encode_case(const MaterializedCase& m, BulkArea* bulk = nullptr);

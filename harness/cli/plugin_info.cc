@@ -23,6 +23,13 @@ void print_envelope(const std::string& how, const Envelope& e) {
   for (std::string line; std::getline(lines, line);) std::cout << "    " << line << '\n';
 }
 
+// How the kernel folds the extra cache in, and which bound that selects.
+std::string extra_pipeline_text(ExtraPipeline e) {
+  return e == ExtraPipeline::kLseMerged
+             ? "lse_merged (each list alone, stored bf16, merged by LSE: the LSE-merged bound)"
+             : "joint (one online softmax over both lists)";
+}
+
 // `mlafuzz plugin-info python:FILE.py:FUNC`: what a Python kernel declares.
 int python_info(const std::string& name) {
   const PythonDescription d = describe_python_backend(name);  // PythonBackendError: exit 2
@@ -43,7 +50,8 @@ int python_info(const std::string& name) {
             << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
                                           : "all but " + describe_invariants(d.inexact_invariants) +
                                                 " (checked within the tolerance bound)")
-            << '\n';
+            << '\n'
+            << "  extra cache: " << extra_pipeline_text(d.extra_pipeline) << '\n';
   print_envelope(d.has_envelope ? "declared" : "", d.envelope);
   std::cout << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
             << d.numpy_version << ")\n"
@@ -75,6 +83,11 @@ int plugin_info(const std::string& path) {
             << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
                                           : "all but " + describe_invariants(d.inexact_invariants) +
                                                 " (checked within the tolerance bound)")
+            << '\n'
+            << "  extra cache: "
+            << extra_pipeline_text(d.extra_pipeline == MLAFUZZ_EXTRA_LSE_MERGED
+                                       ? ExtraPipeline::kLseMerged
+                                       : ExtraPipeline::kJoint)
             << '\n';
   print_envelope(d.has_envelope ? "exported" : "", d.envelope);
   std::cout << "  available:   " << (a.available ? "yes" : "no: " + a.reason) << '\n'

@@ -17,6 +17,7 @@ namespace {
 struct WorkerOptions {
   std::string backend;
   int shm_fd = -1;
+  int arena_fd = -1;
   bool device_info = false;
   bool count_devices = false;
 };
@@ -35,7 +36,7 @@ int worker_command(const WorkerOptions& o) {
     std::cerr << "mlafuzz worker: --backend NAME, --device-info or --count-devices required\n";
     return kExitBadInput;
   }
-  return campaign::run_worker(o.backend, STDIN_FILENO, STDOUT_FILENO, o.shm_fd);
+  return campaign::run_worker(o.backend, STDIN_FILENO, STDOUT_FILENO, o.shm_fd, o.arena_fd);
 }
 
 }  // namespace
@@ -47,6 +48,7 @@ void register_worker(CLI::App& app, CommandTable& table) {
   sub->group("");  // hidden from --help
   sub->add_option("--backend", o->backend, "backend to construct with make_backend()");
   sub->add_option("--shm-fd", o->shm_fd, "inherited shared memory for large vectors");
+  sub->add_option("--arena-fd", o->arena_fd, "the campaign's shared arena, read-only");
   sub->add_flag("--device-info", o->device_info, "print the GPUs, driver and CUDA versions");
   sub->add_flag("--count-devices", o->count_devices, "print the number of GPUs");
   table.push_back({sub, [o] { return worker_command(*o); }});

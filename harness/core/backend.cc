@@ -3,14 +3,16 @@
 #include "harness/core/backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <string>
 
 namespace mlafuzz {
 
 const char* phase_name(Phase p) {
   static constexpr const char* kNames[kPhaseCount] = {"queue",    "encode", "transport", "decode",
                                                       "run",      "alloc",  "upload",    "kernel",
-                                                      "download", "stage"};
+                                                      "download", "stage",  "widen"};
   const int i = static_cast<int>(p);
   return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
 }
@@ -29,6 +31,10 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+const char* extra_pipeline_name(ExtraPipeline e) {
+  return e == ExtraPipeline::kLseMerged ? "lse_merged" : "joint";
+}
+
 OutputBuffers::OutputBuffers(const MaterializedCase& m)
     : out_head_stride(m.out_head_stride),
       out_batch_stride(m.out_batch_stride),
@@ -45,6 +51,16 @@ OutputBuffers::OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw,
                              const float* lse_raw)
     : out(out_raw, out_raw + out_elements(m)),
       lse(lse_raw, lse_raw + lse_elements(m)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      out_token_stride(m.out_token_stride),
+      lse_token_stride(m.lse_token_stride),
+      lse_batch_stride(m.lse_batch_stride) {}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, std::vector<uint16_t>&& out_raw,
+                             std::vector<float>&& lse_raw)
+    : out(std::move(out_raw)),
+      lse(std::move(lse_raw)),
       out_head_stride(m.out_head_stride),
       out_batch_stride(m.out_batch_stride),
       out_token_stride(m.out_token_stride),
@@ -128,18 +144,54 @@ RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
 
 }  // namespace
 
+namespace {
+std::atomic<bool> g_raw_outputs_only{false};
+
+RunResult pending_outputs() {
+  RunResult r;
+  r.outputs_pending = true;
+  return r;
+}
+}  // namespace
+
+void set_raw_outputs_only(bool on) { g_raw_outputs_only.store(on); }
+bool raw_outputs_only() { return g_raw_outputs_only.load(); }
+
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
-  RunResult r = widen_outputs(m, bufs);
+  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
   return r;
 }
 
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
-  RunResult r = widen_outputs(m, bufs);
+  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
   r.out_raw = std::move(bufs.out);
   r.lse_raw = std::move(bufs.lse);
   return r;
+}
+
+void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending) return;
+  r.outputs_pending = false;
+  if (r.out_raw.size() != OutputBuffers::out_elements(m) ||
+      r.lse_raw.size() != OutputBuffers::lse_elements(m)) {
+    const std::string what = "raw outputs of " + std::to_string(r.out_raw.size()) + " and " +
+                             std::to_string(r.lse_raw.size()) + " elements for a case of " +
+                             std::to_string(OutputBuffers::out_elements(m)) + " and " +
+                             std::to_string(OutputBuffers::lse_elements(m));
+    r = RunResult{};
+    r.status = RunStatus::kFault;
+    r.message = "worker sent " + what;
+    return;
+  }
+  OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
+  RunResult w = widen_outputs(m, bufs);
+  r.out = std::move(w.out);
+  r.lse = std::move(w.lse);
+  r.guard_violations = w.guard_violations;
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
 }
 
 std::vector<CheckedRun> Backend::check_and_run(const std::vector<const MaterializedCase*>& cases) {

@@ -27,6 +27,17 @@ enum class Precision {
 
 const char* precision_name(Precision p);
 
+// How a backend folds the extra cache into the result (SPEC.md section 8; plugin.h,
+// MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
+// alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
+// selects the tolerance model's extra-cache bound (properties/tolerance.h).
+enum class ExtraPipeline {
+  kJoint = 0,
+  kLseMerged = 1,
+};
+
+const char* extra_pipeline_name(ExtraPipeline e);  // "joint", "lse_merged"
+
 enum class RunStatus {
   kOk,
   kUnsupported,  // the backend cannot run this case by design; `message` says why
@@ -53,6 +64,9 @@ struct OutputBuffers {
   // The buffers as a kernel left them in memory elsewhere (a worker's shared memory): `out_raw`
   // and `lse_raw` hold out_elements(m) and lse_elements(m) elements, guards included.
   OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw, const float* lse_raw);
+  // Takes the raw buffers of a result (widen_raw_outputs); sizes as above, checked by the caller.
+  OutputBuffers(const MaterializedCase& m, std::vector<uint16_t>&& out_raw,
+                std::vector<float>&& lse_raw);
   static size_t out_elements(const MaterializedCase& m) {
     return static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.out_batch_stride);
   }
@@ -96,6 +110,8 @@ enum class Phase : int {
   kDownload,   // device -> host copies inside kRun
   kStage,      // inside kRun, host side: inputs compared with the device-resident copies, changed
                // ones and the output canaries copied into pinned memory (cuda_backends.cu)
+  kWiden,      // campaign side, after the reply: raw outputs widened to float64 and the guard
+               // bands checked (worker protocol 2; inside the worker's kRun before it)
   kCount,
 };
 inline constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
@@ -121,6 +137,9 @@ struct RunResult {
   std::vector<uint16_t> out_raw;
   std::vector<float> lse_raw;
   int64_t guard_violations = 0;
+  // Set by collect_outputs in raw-outputs mode (a `mlafuzz worker`): out, lse and
+  // guard_violations are not computed yet; widen_raw_outputs fills them from the raw buffers.
+  bool outputs_pending = false;
   double seconds = 0;  // wall time of the call, for reports
   CallPhases phases;   // where `seconds` went, as far as the layers measured it
 
@@ -157,6 +176,8 @@ class Backend {
   // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
   // properties are checked within the tolerance bound instead. Default 0: every one exact.
   virtual uint32_t inexact_invariants() const { return 0; }
+  // How the backend combines the main and the extra cache (default: one joint softmax).
+  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
   // Explicit tolerances for kCustom backends.
   virtual double abs_tol() const { return 0; }
   virtual double rel_tol() const { return 0; }
@@ -186,5 +207,15 @@ class Backend {
 // moves the raw buffers into the result instead of copying them).
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs);
+
+// Raw-outputs mode (process-wide; `mlafuzz worker` turns it on, harness/campaign/worker.cc):
+// collect_outputs then keeps only the raw buffers and sets outputs_pending, so that a worker,
+// which serves many evaluation threads one call at a time, neither widens the output to float64
+// nor sends the widened copy; the campaign side calls widen_raw_outputs on the reply.
+void set_raw_outputs_only(bool on);
+bool raw_outputs_only();
+// Computes out, lse and guard_violations from out_raw and lse_raw as collect_outputs does (the
+// same values bit for bit) and clears outputs_pending; does nothing when it is not set.
+void widen_raw_outputs(const MaterializedCase& m, RunResult& r);
 
 }  // namespace mlafuzz

@@ -8,12 +8,24 @@
 // the arena, smaller ones (and every block when the arena is off or full) from operator new. The
 // arena is off under AddressSanitizer (so that ASan keeps checking these buffers) and when
 // MLAFUZZ_SHARED_ARENA=0; buffers then travel by copy, as they did before it existed.
+//
+// Identities (publish()): a worker that keeps copies of input buffers on a device across calls
+// (python: backends on device="cuda", python/mlafuzz/_worker.py) needs to know whether the bytes of
+// a block changed since it last copied them. publish() gives a block an identity, a number never
+// given twice in the process, and seals the block (read-only in this process). A write to a
+// sealed block faults into a SIGSEGV handler that reopens the 64 KiB chunk it hit and marks the
+// block changed, so the next publish() gives a new identity: a block freed and reused, a vector
+// copy-assigned in place, or a single byte written after the block was sent all change it. This
+// is the write barrier of page-protection garbage collectors (e.g. the Boehm GC's MPROTECT_VDB
+// dirty bits). Blocks that are never published are never sealed and cost nothing.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <new>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace mlafuzz {
@@ -36,10 +48,29 @@ class SharedArena {
   int read_only_fd() const { return ro_fd_; }
   size_t size() const { return size_; }
 
+  // The identity of the bytes of the block that starts at `p` (a SharedVector's data()), `bytes`
+  // of which are in use: nonzero, the same as the previous publish() of the block when none of
+  // its bytes was written since, a new one otherwise (and never one given before). 0 when `p` is
+  // not the start of a live arena block or `bytes` exceeds it (the caller must not cache it).
+  // Seals the block: the first write to each of its 64 KiB chunks afterwards takes a page fault.
+  uint64_t publish(const void* p, size_t bytes);
+  // `dst` (a block start) now holds the first `bytes` bytes of block `src` (a SharedVector
+  // copy): when `src` is published and unwritten, `dst` takes its identity and is sealed too, so
+  // that the copies a case's property variants make reach a device cache as the same bytes,
+  // and a variant that then writes its copy (poison) gets a new identity at its publish().
+  void inherit(const void* dst, const void* src, size_t bytes);
+
  private:
-  SharedArena(int fd, int ro_fd, uint8_t* base, size_t size)
-      : fd_(fd), ro_fd_(ro_fd), base_(base), size_(size) {}
+  SharedArena(int fd, int ro_fd, uint8_t* base, size_t size, uint8_t* chunks)
+      : fd_(fd), ro_fd_(ro_fd), base_(base), size_(size), chunks_(chunks) {}
   static int size_class(size_t bytes);
+  static void on_fault(int sig, void* info, void* context);
+  void unseal(size_t offset, size_t block);
+
+  struct Live {
+    size_t block = 0;  // bytes of the block
+    uint64_t id = 0;   // its identity while sealed and unwritten; 0: not published
+  };
 
   struct FreeBlock {
     size_t offset;
@@ -52,6 +83,11 @@ class SharedArena {
   size_t bump_ = 0;                           // blocks above are untouched
   size_t idle_resident_ = 0;                  // bytes of free blocks whose pages are kept for reuse
   std::vector<std::vector<FreeBlock>> free_;  // by size class
+  std::unordered_map<size_t, Live> live_;     // allocated blocks by offset
+  uint64_t next_id_ = 1;
+  // One state per kMinBytes chunk of the arena (a sparse anonymous mapping): 0 open, 1 sealed,
+  // 2 written since sealed (set by the fault handler, which takes no lock).
+  uint8_t* chunks_;
 };
 
 template <typename T>
@@ -83,7 +119,35 @@ struct SharedAllocator {
   }
 };
 
+// std::vector on SharedAllocator whose copies inherit the source's identity (SharedArena::inherit).
 template <typename T>
-using SharedVector = std::vector<T, SharedAllocator<T>>;
+class SharedVector : public std::vector<T, SharedAllocator<T>> {
+  using Base = std::vector<T, SharedAllocator<T>>;
+
+ public:
+  using Base::Base;
+  SharedVector() = default;
+  SharedVector(const SharedVector& o) : Base(o) { inherit_from(o); }
+  SharedVector(SharedVector&&) noexcept = default;
+  // From the plain vector type (what generic code returns): its storage is taken or copied.
+  SharedVector(Base&& b) noexcept : Base(std::move(b)) {}  // NOLINT: implicit on purpose
+  SharedVector(const Base& b) : Base(b) {}                 // NOLINT: implicit on purpose
+  SharedVector& operator=(const SharedVector& o) {
+    if (this != &o) {
+      Base::operator=(o);
+      inherit_from(o);
+    }
+    return *this;
+  }
+  SharedVector& operator=(SharedVector&&) noexcept = default;
+  ~SharedVector() = default;
+
+ private:
+  void inherit_from(const SharedVector& o) {
+    const size_t bytes = this->size() * sizeof(T);
+    if (bytes < SharedArena::kMinBytes || this->size() != o.size()) return;
+    if (SharedArena* a = SharedArena::get()) a->inherit(this->data(), o.data(), bytes);
+  }
+};
 
 }  // namespace mlafuzz

@@ -11,12 +11,18 @@ std::unique_ptr<Backend> make_cpu_mma_backend(int block_h) {
   return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(block_h);
 }
 
+std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend() {
+  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(mla::kMmaDefaultBlockH,
+                                                                   /*lse_merged=*/true);
+}
+
 std::unique_ptr<Backend> make_cpu_mma_split_backend(int split) {
   if (split < mla::kSplitMax) {
     throw std::invalid_argument("split count " + std::to_string(split) +
                                 ": give n >= 1, 0 (automatic) or -1 (one split per tile)");
   }
-  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(mla::kMmaDefaultBlockH, split);
+  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(mla::kMmaDefaultBlockH,
+                                                                   /*lse_merged=*/false, split);
 }
 
 }  // namespace mlafuzz

@@ -68,10 +68,61 @@ struct MmaScratch {
   std::vector<float> x;                  // [block_h, 64] logits of the tile
   std::vector<float> pb;                 // [block_h, 64] bf16(p) of the tile (P*V operand)
   std::vector<mla::SoftmaxState> state;  // [block_h]
+  // The LSE-merged pipeline's second online softmax (the extra list alone).
+  std::vector<float> o2;                  // [block_h, width]
+  std::vector<mla::SoftmaxState> state2;  // [block_h]
   // Split-KV partials (kernels/common/split_kv.h): [splits][block_h] m and l, [splits][block_h]
   // [width] O, as the kernel's workspace holds them.
   std::vector<float> part_m, part_l, part_o;
 };
+
+// The LSE-merged production pipeline (SGLang's Triton path; SPEC.md section 8, tolerance.h):
+// the main list and the extra list each through their own online softmax without the sink, each
+// partial stored in bf16 (O_i = bf16(o_i * (1 / l_i))) with its fp32 LSE l_i = m_i + log(l_i),
+// then merged in fp32 as two "tokens" of logit l_i through the same state functions (the sink
+// and the LSE conventions applied once, at the merge): out = bf16((sum_i exp(l_i - M) O_i) *
+// (1 / (sum_i exp(l_i - M) + exp(sink - M)))). A list without a valid token has weight 0.
+inline void store_head_lse_merged(const HostCall& call, const PaddedColumns& cols,
+                                  const ColumnLayout& layout, int32_t b, int32_t t, int32_t h,
+                                  const mla::SoftmaxState* st, const float* const* o) {
+  const mla::DecodeParams& p = call.p;
+  float lse_i[2];
+  bool has[2];
+  float inv_l[2];
+  mla::SoftmaxState merged;
+  for (int i = 0; i < 2; ++i) {
+    has[i] = mla::softmax_has_tokens(st[i]);
+    lse_i[i] = has[i] ? st[i].m + mla::softmax_log(st[i].l) : mla::neg_inf();
+    inv_l[i] = has[i] ? 1.0f / st[i].l : 0.0f;
+    if (has[i] && lse_i[i] > merged.m) merged.m = lse_i[i];
+  }
+  float w[2] = {0.0f, 0.0f};
+  if (mla::softmax_has_tokens(merged)) {
+    for (int i = 0; i < 2; ++i) {
+      w[i] = has[i] ? mla::softmax_exp(lse_i[i] - merged.m) : 0.0f;
+      merged.l += w[i];
+    }
+  }
+  const bool has_tokens = mla::softmax_has_tokens(merged);
+  const float rden = has_tokens ? 1.0f / mla::softmax_denominator(merged, p.sink, h) : 0.0f;
+  uint16_t* out = p.out + b * p.out_batch_stride + t * p.out_token_stride + h * p.out_head_stride;
+  for (int32_t d = 0; d < cols.d_v; ++d) {
+    if (!has_tokens) {
+      out[d] = 0;  // empty row: out = 0 whatever the sink
+      continue;
+    }
+    const int32_t pos = layout.pos[cols.col(d)];
+    float acc = 0.0f;
+    for (int i = 0; i < 2; ++i) {
+      if (!has[i]) continue;
+      const float part = mla::round_to_bf16(o[i][pos] * inv_l[i]);
+      acc += w[i] * part;
+    }
+    out[d] = mla::float_to_bf16(acc * rden);
+  }
+  p.lse[b * p.lse_batch_stride + t * p.lse_token_stride + h] =
+      mla::softmax_lse(merged, p.sink, h, p.conv);
+}
 
 // Softmax step of one head for a tile of 64 logits x (masked: -inf): tile max, advance, p, the
 // row sum in the kernel's order (below), O *= alpha. Writes bf16(p) to pb.
@@ -136,7 +187,8 @@ inline void pv_tile2(const DecodedRow& row, int32_t width, int32_t width_v, int3
 }
 
 template <Mutant M>
-void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScratch& s) {
+void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool lse_merged = false,
+                    int32_t split = mla::kSplitOff) {
   constexpr int32_t kTile = mla::kMmaTokenTile;
   const mla::DecodeParams& p = call.p;
   const PaddedColumns cols = padded_columns(p.geom);
@@ -148,8 +200,16 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScr
   s.x.resize(static_cast<size_t>(block_h) * kTile);
   s.pb.resize(static_cast<size_t>(block_h) * kTile);
   s.state.resize(block_h);
-  // Folds tile t of one decoded list into the block's heads nh (one online softmax per head).
-  auto fold_tile = [&](const DecodedRow& row, int32_t topk, int32_t t, int32_t nh) {
+  const bool merged = lse_merged && p.has_extra;
+  if (merged) {
+    s.o2.resize(block_h * w);
+    s.state2.resize(block_h);
+  }
+  // Folds the tiles of one decoded list into the block's heads nh (one online softmax per head,
+  // in `state` with output accumulators `o`).
+  // fold_tile: tile t of one list.
+  auto fold_tile = [&](const DecodedRow& row, int32_t topk, int32_t t, int32_t nh,
+                       mla::SoftmaxState* state, float* o) {
     {
       const int32_t k0 = t * kTile, k1 = std::min(topk, k0 + kTile);
       // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
@@ -172,21 +232,21 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScr
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, s.state[j], s.o.data() + j * w,
+        softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, state[j], o + j * w,
                         s.pb.data() + j * kTile);
       }
       for (int32_t j = 0; j < nh; j += 2) {
         const bool pair = j + 1 < nh;
         pv_tile2(row, width, cols.width_v, k0, k1, s.pb.data() + j * kTile,
-                 pair ? s.pb.data() + (j + 1) * kTile : nullptr, s.o.data() + j * w,
-                 pair ? s.o.data() + (j + 1) * w : nullptr);
+                 pair ? s.pb.data() + (j + 1) * kTile : nullptr, o + j * w,
+                 pair ? o + (j + 1) * w : nullptr);
       }
     }
   };
-  // Folds every tile of one decoded list (the unsplit kernel's loop).
-  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh) {
+  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh, mla::SoftmaxState* state,
+                       float* o) {
     const int32_t tiles = num_token_tiles<M>(topk, kTile);
-    for (int32_t t = 0; t < tiles; ++t) fold_tile(row, topk, t, nh);
+    for (int32_t t = 0; t < tiles; ++t) fold_tile(row, topk, t, nh, state, o);
   };
   // The split pipeline of one head block: tiles [0, nt_main) of the main list then [nt_main,
   // nt) of the extra list, cut into ns splits, each folded from a fresh state into its partial;
@@ -207,9 +267,9 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScr
                     te = mla::split_tile_begin(nt, ns, i + 1);
       for (int32_t t = tb; t < te; ++t) {
         if (t < nt_main) {
-          fold_tile(s.row, p.topk, t, nh);
+          fold_tile(s.row, p.topk, t, nh, s.state.data(), s.o.data());
         } else {
-          fold_tile(s.extra, p.extra_topk, t - nt_main, nh);
+          fold_tile(s.extra, p.extra_topk, t - nt_main, nh, s.state.data(), s.o.data());
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
@@ -275,10 +335,23 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, int32_t split, MmaScr
           continue;
         }
         std::fill(s.o.begin(), s.o.end(), 0.0f);
+        if (merged) {
+          // Each list alone, then the LSE merge (store_head_lse_merged).
+          std::fill(s.o2.begin(), s.o2.end(), 0.0f);
+          for (int32_t j = 0; j < nh; ++j) s.state2[j] = mla::SoftmaxState{};
+          fold_list(s.row, p.topk, nh, s.state.data(), s.o.data());
+          fold_list(s.extra, p.extra_topk, nh, s.state2.data(), s.o2.data());
+          for (int32_t j = 0; j < nh; ++j) {
+            const mla::SoftmaxState st[2] = {s.state[j], s.state2[j]};
+            const float* const o[2] = {s.o.data() + j * w, s.o2.data() + j * w};
+            store_head_lse_merged(call, cols, layout, b, q, h0 + j, st, o);
+          }
+          continue;
+        }
         // The main tiles, then the extra tiles, through one online softmax (as FlashMLA's
         // sparse decode walks them).
-        fold_list(s.row, p.topk, nh);
-        if (p.has_extra) fold_list(s.extra, p.extra_topk, nh);
+        fold_list(s.row, p.topk, nh, s.state.data(), s.o.data());
+        if (p.has_extra) fold_list(s.extra, p.extra_topk, nh, s.state.data(), s.o.data());
         for (int32_t j = 0; j < nh; ++j) {
           store_head<M>(call, cols, layout, b, q, h0 + j, s.state[j], s.o.data() + j * w,
                         /*reciprocal=*/true);
@@ -301,30 +374,36 @@ template <Mutant M>
 class CpuMmaBackend final : public Backend {
  public:
   // split: mla::kSplitOff (the unsplit kernel), kSplitAuto, kSplitMax or a forced count n > 0.
-  explicit CpuMmaBackend(int block_h, int32_t split = mla::kSplitOff)
-      : block_h_(std::max(1, block_h)), split_(split) {}
+  explicit CpuMmaBackend(int block_h, bool lse_merged = false, int32_t split = mla::kSplitOff)
+      : block_h_(std::max(1, block_h)), lse_merged_(lse_merged), split_(split) {}
   std::string name() const override {
-    // The combine mutants always run the split pipeline: their name is the catalogue's.
     std::string n =
         block_h_ == mla::kMmaDefaultBlockH ? "cpu-mma" : "cpu-mma-h" + std::to_string(block_h_);
+    if (lse_merged_) n += "-lse-merged";
+    // The combine mutants always run the split pipeline: their name is the catalogue's.
     if (!mla::is_combine_mutant(M)) n += split_suffix(split_);
     if constexpr (M != Mutant::kNone) n += std::string("~") + mla::mutant_name(M);
     return n;
   }
-  bool splits_kv() const override { return split_ != mla::kSplitOff; }
   Precision precision() const override { return Precision::kMmaBf16; }
   // The kernel's envelope: a host model runs what the kernel it models runs.
   Envelope envelope() const override { return builtin_kernel_envelope(); }
   std::string simt_partner() const override { return "cpu-simt"; }
+  ExtraPipeline extra_pipeline() const override {
+    return lse_merged_ ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
+  }
+  bool splits_kv() const override { return split_ != mla::kSplitOff; }
   RunResult run(const MaterializedCase& m) override {
     const int32_t split =
         split_ != mla::kSplitOff && m.split_override != 0 ? m.split_override : split_;
-    return run_guarded(
-        m, [this, split](const HostCall& c) { mma_head_tiled<M>(c, block_h_, split, scratch_); });
+    return run_guarded(m, [this, split](const HostCall& c) {
+      mma_head_tiled<M>(c, block_h_, scratch_, lse_merged_, split);
+    });
   }
 
  private:
   int32_t block_h_;
+  bool lse_merged_;
   int32_t split_;
   MmaScratch scratch_;
 };

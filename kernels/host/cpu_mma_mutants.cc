@@ -10,7 +10,8 @@ namespace {
 template <mla::Mutant M>
 std::unique_ptr<Backend> make() {
   return std::make_unique<host::CpuMmaBackend<M>>(
-      mla::kMmaDefaultBlockH, mla::is_combine_mutant(M) ? mla::kSplitMax : mla::kSplitOff);
+      mla::kMmaDefaultBlockH, /*lse_merged=*/false,
+      mla::is_combine_mutant(M) ? mla::kSplitMax : mla::kSplitOff);
 }
 
 }  // namespace

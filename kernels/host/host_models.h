@@ -26,6 +26,10 @@ std::unique_ptr<Backend> make_cpu_simt_backend();  // "cpu-simt"
 // "cpu-mma" for block_h 32 (the kernel's default), "cpu-mma-h<block_h>" otherwise (64 is the
 // kernel's other option; any block_h >= 1 works on the host, and results never depend on it).
 std::unique_ptr<Backend> make_cpu_mma_backend(int block_h = 32);
+// "cpu-mma-lse-merged": the same bf16/fp32 MMA pipeline, but the production decode's extra cache
+// is computed alone and LSE-merged with the main list's result (two bf16 roundings; SGLang's
+// Triton path, ExtraPipeline::kLseMerged): the reference for the LSE-merged tolerance bound.
+std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend();
 // The split-KV host model (issue 17; kernels/common/split_kv.h), BLOCK_H 32: split 1 ->
 // "cpu-mma-split1" (the split pipeline with one split: cpu-mma's bits), 0 -> "cpu-mma-split"
 // (the automatic rule, for a 132-SM device), -1 -> "cpu-mma-split-max" (one split per tile),

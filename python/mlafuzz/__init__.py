@@ -218,6 +218,7 @@ class Envelope:
 
 
 _PRECISIONS = ("bf16_mma", "fp32_simt")
+_EXTRA_PIPELINES = ("joint", "lse_merged")
 _DEVICES = ("cpu", "cuda")
 
 
@@ -233,6 +234,7 @@ class KernelInfo:
     description: str
     envelope: Optional[Dict[str, Any]] = None  # Envelope.to_json(); None: accepts anything
     inexact: tuple = ()  # invariants not promised bit for bit ("batch", "head", ...)
+    extra_pipeline: str = "joint"  # "joint" or "lse_merged" (how the extra cache is folded in)
 
 
 def _valid_name(name: str) -> bool:
@@ -247,6 +249,7 @@ def kernel(
     description: Optional[str] = None,
     envelope: Optional[Envelope] = None,
     inexact: Sequence[str] = (),
+    extra_pipeline: str = "joint",
 ) -> Callable[[Callable[["DecodeCall"], None]], Callable[["DecodeCall"], None]]:
     """Declares a function as an mlafuzz kernel; returns the function unchanged.
 
@@ -262,6 +265,10 @@ def kernel(
         inexact: the invariants the kernel does NOT promise bit for bit: "batch" (a row alone
             gives the same bits), "head", "deterministic", "page_placement", "query". Those are
             checked within the tolerance bound instead (reported as bounded), never skipped.
+        extra_pipeline: how the kernel folds the extra cache in (SPEC.md section 8): "joint"
+            (one online softmax over both lists, FlashMLA) or "lse_merged" (each list alone,
+            stored in bf16 with its LSE, then merged and rounded again, SGLang's Triton path).
+            It selects the extra-cache tolerance bound.
     """
     if not _valid_name(name):
         raise ValueError(
@@ -281,6 +288,10 @@ def kernel(
     if envelope is not None and not isinstance(envelope, Envelope):
         raise TypeError("mlafuzz.kernel(envelope=...): use mlafuzz.Envelope(...)")
     env_json = envelope.to_json() if envelope is not None else None
+    if extra_pipeline not in _EXTRA_PIPELINES:
+        raise ValueError(
+            f"mlafuzz.kernel(extra_pipeline={extra_pipeline!r}): use 'joint' or 'lse_merged'"
+        )
     if isinstance(inexact, str):
         inexact = [inexact]
     for inv in inexact:
@@ -298,7 +309,7 @@ def kernel(
             lines = (func.__doc__ or "").strip().splitlines()
             doc = lines[0].strip() if lines else ""
         func.__mlafuzz_kernel__ = KernelInfo(  # type: ignore[attr-defined]
-            name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact)
+            name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact), extra_pipeline
         )
         return func
 

@@ -23,7 +23,8 @@ import threading
 import time
 import traceback
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 
 import numpy as np
 
@@ -262,6 +263,86 @@ def _array(region: mmap.mmap, desc: Any, writeable: bool) -> np.ndarray:
 _OUTPUTS = frozenset(("out", "out_raw", "lse", "lse_raw"))
 
 
+DEFAULT_DEVICE_CACHE_BYTES = 4 << 30
+
+
+def device_cache_budget(env: Optional[Dict[str, str]] = None) -> Optional[int]:
+    """The device cache's byte budget from the environment, or None when it is off.
+
+    ``MLAFUZZ_DEVICE_CACHE=0`` turns it off; ``MLAFUZZ_DEVICE_CACHE_BYTES`` sets the budget
+    (bytes, or with a K, M or G suffix; default 4G).
+    Raises:
+        ValueError: the budget is not a size.
+    """
+    env = os.environ if env is None else env
+    if env.get("MLAFUZZ_DEVICE_CACHE", "1") == "0":
+        return None
+    text = env.get("MLAFUZZ_DEVICE_CACHE_BYTES", "").strip()
+    if not text:
+        return DEFAULT_DEVICE_CACHE_BYTES
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale != 1 else text
+    if not digits.isdigit():
+        raise ValueError(f"MLAFUZZ_DEVICE_CACHE_BYTES={text!r}: give bytes, e.g. 4G or 536870912")
+    return int(digits) * scale
+
+
+class DeviceCache:
+    """Device copies of input buffers kept across calls, by identity, within a byte budget.
+
+    A key is (identity, byte length): the identity is what mlafuzz's shared arena gives a
+    block's bytes (``SharedArena::publish``, harness/core/shared_arena.h), new whenever they can
+    have changed, so a hit is a copy of the very bytes the request names. Least recently used
+    entries leave first; an entry larger than the whole budget is not kept.
+    """
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.entries: "OrderedDict[Hashable, Tuple[Any, int, Any]]" = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> Optional[Any]:
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.hits += 1
+        return entry[0]
+
+    def checksum(self, key: Hashable) -> Any:
+        entry = self.entries.get(key)
+        return None if entry is None else entry[2]
+
+    def put(self, key: Hashable, value: Any, nbytes: int, checksum: Any = None) -> bool:
+        """Keeps value under key; returns False when it is larger than the budget."""
+        self.drop(key)
+        if nbytes > self.budget:
+            return False
+        self.entries[key] = (value, nbytes, checksum)
+        self.bytes += nbytes
+        while self.bytes > self.budget:
+            _, (_, n, _) = self.entries.popitem(last=False)
+            self.bytes -= n
+        return True
+
+    def drop(self, key: Hashable) -> None:
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry[1]
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.bytes = 0
+
+
+# Inputs a device="cuda" call copies to the device (whole raw buffers: pads and gaps included).
+_DEVICE_INPUTS = ("q_raw", "kv_cache", "indices_raw", "topk_length", "sink", "extra_kv_cache",
+                  "extra_indices", "extra_topk_length")
+
+
 class Server:
     def __init__(self, spec: str, shm_fd: int, reply_fd: int, arena_fd: int = -1) -> None:
         self.spec = spec
@@ -269,6 +350,10 @@ class Server:
         self.shm = SharedMemory(shm_fd) if shm_fd >= 0 else None
         self.arena = SharedMemory(arena_fd, read_only=True) if arena_fd >= 0 else None
         self.device_buffers: Dict[str, Any] = {}  # device="cuda": kept across calls
+        budget = device_cache_budget()
+        self.device_cache: Optional[DeviceCache] = DeviceCache(budget) if budget else None
+        self.staging: Any = None  # pinned host memory for copies to the device; False: none
+        self.pinned = os.environ.get("MLAFUZZ_TORCH_PINNED", "1") != "0"
         self.func, self.info, self.supports = load_kernel(spec)
         self.torch: Any = None
         self.reason = ""
@@ -322,6 +407,7 @@ class Server:
             # the invariants it does not promise bit for bit.
             "envelope": i.envelope,
             "inexact": list(i.inexact),
+            "extra_pipeline": getattr(i, "extra_pipeline", "joint"),
             # The module's planted bugs (MUTANTS): backend <spec>~<name> runs mutant_<name>.
             "mutants": declared_mutants(sys.modules.get(getattr(self.func, "__module__", ""))),
         }
@@ -372,6 +458,119 @@ class Server:
             return {"status": "error", "message": err, "seconds": seconds}
         return {"status": "ok", "message": "", "seconds": seconds}
 
+    def _stage(self, nbytes: int) -> Any:
+        """Pinned host memory of at least nbytes (grown), or None when pinning is refused."""
+        torch = self.torch
+        if not self.pinned or self.staging is False:
+            return None
+        if self.staging is None or self.staging.numel() < nbytes:
+            self.staging = None
+            try:
+                self.staging = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8,
+                                           pin_memory=True)
+            except Exception:  # noqa: BLE001 - no pinned memory here: pageable copies
+                self.staging = False
+                return None
+        return self.staging
+
+    def _to_device(self, call_inputs: Dict[str, np.ndarray], req: Dict[str, Any],
+                   dev: Any) -> Tuple[Dict[str, Any], list]:
+        """The call's inputs on the device, as uint8 tensors of their raw bytes.
+
+        Inputs whose identity the request gives (``ids``) come from the device cache when it has
+        them; the others are copied (through pinned staging when it is available) into buffers
+        kept per name (not cached) or into new tensors that the cache keeps. Returns the tensors
+        and, for each cached input the call uses, (name, key, device sum of its bytes): checked
+        after the kernel, because a kernel that wrote an input would spoil the later calls.
+        """
+        torch = self.torch
+        kept = self.device_buffers
+        cache = self.device_cache
+        ids = req.get("ids") or {}
+        out: Dict[str, Any] = {}
+        keys = []
+        misses = []  # (name, host bytes, device tensor, key or None)
+        for name in _DEVICE_INPUTS:
+            x = call_inputs.get(name)
+            if x is None:
+                continue
+            host = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+            n = host.nbytes
+            key = (int(ids[name]), n) if cache is not None and name in ids else None
+            if key is not None:
+                t = cache.get(key)
+                if t is not None:
+                    out[name] = t
+                    keys.append((name, key, cache.checksum(key)))
+                    continue
+                t = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)[:n]
+            else:
+                buf = kept.get(name)
+                if buf is None or buf.numel() < n:
+                    buf = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
+                    kept[name] = buf
+                t = buf[:n]
+            out[name] = t
+            misses.append((name, host, t, key))
+        total = sum((m[1].nbytes + 63) // 64 * 64 for m in misses)
+        staging = self._stage(total) if total else None
+        offset = 0
+        for name, host, t, key in misses:
+            n = host.nbytes
+            if staging is not None:
+                dst = staging[offset:offset + n]
+                np.copyto(dst.numpy(), host)  # the arena is pageable: one memcpy into pinned
+                t.copy_(dst, non_blocking=True)
+                offset += (n + 63) // 64 * 64
+            else:
+                with warnings.catch_warnings():
+                    # The inputs are read-only numpy arrays; torch only reads them here.
+                    warnings.simplefilter("ignore", UserWarning)
+                    t.copy_(torch.from_numpy(host))
+            if key is not None:
+                checksum = torch.sum(t, dtype=torch.int64)  # queued after the copy
+                if cache.put(key, t, n, checksum):
+                    keys.append((name, key, checksum))
+        return out, keys
+
+    def _outputs(self, a: Dict[str, np.ndarray], req: Dict[str, Any], dev: Any) -> Tuple[Any, Any]:
+        """Device out_raw and lse_raw (kept per name, grown), filled with the canaries."""
+        torch = self.torch
+        kept = self.device_buffers
+        res = []
+        for name, code, canary in (("out_raw", torch.int16, req.get("out_canary")),
+                                   ("lse_raw", torch.int32, req.get("lse_canary"))):
+            x = a[name]
+            buf = kept.get(name)
+            if buf is None or buf.numel() < x.nbytes:
+                buf = torch.empty(max(x.nbytes, 4), dtype=torch.uint8, device=dev)
+                kept[name] = buf
+            t = buf[: x.nbytes].view(code)
+            if canary is None:  # an older request: the canaries come from the host
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    t.copy_(torch.from_numpy(x.view(np.int16 if name == "out_raw" else np.int32)))
+            else:
+                t.fill_(int(canary))
+            res.append(t)
+        return res[0], res[1]
+
+    def _inputs_written(self, keys: list, inputs: Dict[str, Any]) -> str:
+        """Names of cached inputs whose device bytes the kernel changed (their entries dropped)."""
+        if not keys:
+            return ""
+        torch = self.torch
+        cache = self.device_cache
+        assert cache is not None
+        now = torch.stack([torch.sum(inputs[name], dtype=torch.int64) for name, _, _ in keys])
+        was = torch.stack([c for _, _, c in keys])
+        changed = (now != was).tolist()  # one synchronization for every cached input
+        bad = [name for (name, _, _), c in zip(keys, changed) if c]
+        for name, key, _ in keys:
+            if name in bad:
+                cache.drop(key)
+        return ", ".join(bad)
+
     def _run_cuda(
         self, call: mlafuzz.DecodeCall, a: Dict[str, np.ndarray], req: Dict[str, Any]
     ) -> Dict[str, Any]:
@@ -379,31 +578,15 @@ class Server:
         if torch is None:
             return {"status": "error", "message": self.reason, "seconds": 0.0}
         dev = torch.device("cuda", torch.cuda.current_device())
-        kept = self.device_buffers
-
-        def upload(name: str, x: Optional[np.ndarray]) -> Any:
-            """x on the device, in a buffer kept across calls (grown when too small)."""
-            if x is None:
-                return None
-            x = np.ascontiguousarray(x)
-            buf = kept.get(name)
-            if buf is None or buf.numel() < x.nbytes:
-                buf = torch.empty(max(x.nbytes, 1), dtype=torch.uint8, device=dev)
-                kept[name] = buf
-            with warnings.catch_warnings():
-                # The inputs are read-only numpy arrays; torch only reads them here.
-                warnings.simplefilter("ignore", UserWarning)
-                host = torch.from_numpy(x.reshape(-1).view(np.uint8))
-            dst = buf[: x.nbytes]
-            dst.copy_(host)
-            return dst.view(_TORCH_DTYPES[x.dtype.str[1:]]).view(x.shape)
-
+        keys: list = []
         try:
+            inputs, keys = self._to_device(a, req, dev)
             # Whole raw buffers (pads and guard bands included), then strided views of them,
             # so that the device sees the same layout and the canaries come back.
-            q_raw = upload("q_raw", a["q_raw"].view(np.int16)).view(torch.bfloat16)
-            out_raw = upload("out_raw", a["out_raw"].view(np.int16)).view(torch.bfloat16)
-            lse_raw = upload("lse_raw", a["lse_raw"])
+            q_raw = inputs["q_raw"].view(torch.bfloat16)
+            out_raw, lse_raw = self._outputs(a, req, dev)
+            out_raw = out_raw.view(torch.bfloat16)
+            lse_raw = lse_raw.view(torch.float32)
             b, h = call.batch, call.heads
             # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
             lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
@@ -418,29 +601,42 @@ class Server:
                 lead + (h, call.d_v), o_st + (call.out_head_stride, 1), int(req["out_guard"]),
             )
             call.lse = lse_raw.as_strided(lead + (h,), l_st + (1,), int(req["lse_guard"]))
-            call.kv_cache = upload("kv_cache", a["kv_cache"])
+
+            def shaped(name: str, dtype: Any, shape: Tuple[int, ...]) -> Any:
+                t = inputs.get(name)
+                return None if t is None else t.view(dtype).view(shape)
+
+            call.kv_cache = shaped("kv_cache", torch.uint8, tuple(a["kv_cache"].shape))
             # The index rows keep their gaps on the device too (indices_batch_stride).
             i_st = (call.indices_batch_stride,)
             if call.s_q > 1:
                 i_st += (call.indices_token_stride,)
-            call.indices = upload("indices_raw", a["indices_raw"]).as_strided(
+            call.indices = inputs["indices_raw"].view(torch.int32).as_strided(
                 lead + (call.topk,), i_st + (1,)
             )
-            call.topk_length = upload("topk_length", a.get("topk_length"))
-            call.extra_kv_cache = upload("extra_kv_cache", a.get("extra_kv_cache"))
-            call.extra_indices = upload("extra_indices", a.get("extra_indices"))
-            call.extra_topk_length = upload("extra_topk_length", a.get("extra_topk_length"))
-            call.sink = upload("sink", a.get("sink"))
+            call.topk_length = shaped("topk_length", torch.int32, (b,))
+            if "extra_kv_cache" in inputs:
+                call.extra_kv_cache = shaped("extra_kv_cache", torch.uint8,
+                                             tuple(a["extra_kv_cache"].shape))
+                # Compacted (contiguous) on the device, as before the cache.
+                call.extra_indices = shaped("extra_indices", torch.int32,
+                                            tuple(a["extra_indices"].shape))
+                call.extra_topk_length = shaped("extra_topk_length", torch.int32, (b,))
+            call.sink = shaped("sink", torch.float32, (h,))
             call.stream = torch.cuda.current_stream(dev)
             torch.cuda.synchronize(dev)
         except Exception:  # noqa: BLE001 - the staging itself failed: a device problem
+            if self.device_cache is not None:
+                self.device_cache.clear()
             return {"status": "fault", "message": "CUDA staging failed:\n" + traceback.format_exc(),
                     "seconds": 0.0}
         err, seconds = self._call_kernel(call)
         try:
             torch.cuda.synchronize(dev)
-            a["out_raw"].view(np.int16)[...] = out_raw.view(torch.int16).cpu().numpy()
-            a["lse_raw"][...] = lse_raw.cpu().numpy()
+            # Straight into the shared output buffers: one copy each, canaries included.
+            torch.from_numpy(a["out_raw"].view(np.int16)).copy_(out_raw.view(torch.int16))
+            torch.from_numpy(a["lse_raw"].view(np.int32)).copy_(lse_raw.view(torch.int32))
+            written = self._inputs_written(keys, inputs)
         except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
             return {"status": "fault",
                     "message": "CUDA error after the kernel:\n" + traceback.format_exc()
@@ -448,6 +644,10 @@ class Server:
                     "seconds": seconds}
         if err is not None:
             return {"status": "error", "message": err, "seconds": seconds}
+        if written:
+            return {"status": "error", "seconds": seconds, "message": (
+                f"the kernel wrote its input(s) {written} on the device (inputs are read-only; "
+                "their device copies are kept across calls)")}
         return {"status": "ok", "message": "", "seconds": seconds}
 
 

@@ -4,6 +4,7 @@
 #include "harness/campaign/worker.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +14,8 @@
 #include "harness/campaign/worker_protocol.h"
 #include "harness/core/backend.h"
 #include "harness/core/materialize.h"
+#include "harness/core/rng.h"
+#include "harness/core/shared_arena.h"
 #include "properties/evaluate.h"
 #include "properties/properties.h"
 
@@ -127,6 +130,96 @@ TEST(WorkerProtocol, EmptyVectorsRoundTrip) {
   EXPECT_TRUE(rb.lse_raw.empty());
 }
 
+// Protocol 2: a worker in raw-outputs mode sends the raw buffers only; widen_raw_outputs on the
+// campaign side gives the same out, lse and guard count as collect_outputs in the worker did.
+TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
+  const MaterializedCase m = small_case(3);
+  OutputBuffers bufs(m);
+  uint64_t x = 12345;
+  for (int64_t b = 0; b < m.batch; ++b) {  // every body element some bf16 (NaNs included)
+    for (int64_t h = 0; h < m.heads; ++h) {
+      uint16_t* row = bufs.out_begin() + b * bufs.out_batch_stride + h * bufs.out_head_stride;
+      for (int32_t d = 0; d < m.d_v(); ++d) row[d] = static_cast<uint16_t>((x = splitmix64(x)));
+      bufs.lse_begin()[b * bufs.lse_batch_stride + h] = static_cast<float>(b - h) * 0.5f;
+    }
+  }
+  bufs.out[1] = 0;  // a guard element written: one violation
+  ASSERT_FALSE(raw_outputs_only());
+  const RunResult want = collect_outputs(m, bufs);
+  ASSERT_EQ(want.guard_violations, 1);
+  set_raw_outputs_only(true);
+  const RunResult pending = collect_outputs(m, bufs);
+  set_raw_outputs_only(false);
+  EXPECT_TRUE(pending.outputs_pending);
+  EXPECT_TRUE(pending.out.empty());
+  EXPECT_TRUE(pending.lse.empty());
+  std::vector<uint8_t> area(bulk_bytes_needed(m));
+  BulkArea bulk{area.data(), area.size(), 0};
+  RunResult got = decode_result(encode_result(pending, &bulk), &bulk);
+  ASSERT_TRUE(got.outputs_pending);
+  widen_raw_outputs(m, got);
+  EXPECT_FALSE(got.outputs_pending);
+  ASSERT_EQ(got.out.size(), want.out.size());
+  EXPECT_EQ(0, std::memcmp(got.out.data(), want.out.data(), want.out.size() * 8));
+  ASSERT_EQ(got.lse.size(), want.lse.size());
+  EXPECT_EQ(0, std::memcmp(got.lse.data(), want.lse.data(), want.lse.size() * 8));
+  EXPECT_EQ(got.guard_violations, 1);
+  EXPECT_EQ(got.out_raw, want.out_raw);
+  // Raw buffers of the wrong size (a broken worker) are a fault, not a read out of bounds.
+  RunResult bad = pending;
+  bad.out_raw.pop_back();
+  widen_raw_outputs(m, bad);
+  EXPECT_EQ(bad.status, RunStatus::kFault);
+  EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
+}
+
+// Protocol 2: vectors in the parent's shared arena travel as offsets there (not copied into the
+// bulk area); a worker maps the arena read-only and reads them; one without it refuses.
+TEST(WorkerProtocol, ArenaVectorsTravelAsOffsets) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  Case c;
+  c.batch = 4;
+  c.heads = 16;
+  c.topk = 64;
+  c.geom.num_pages = 8;
+  c.geom.page_size = 64;
+  const MaterializedCase m = materialize(c);
+  ASSERT_GE(a->offset_of(m.cache.data(), m.cache.size()), 0);
+  std::vector<uint8_t> area(bulk_bytes_needed(m));
+  BulkArea w{area.data(), area.size(), 0};
+  w.use_arena = true;
+  const std::string frame = encode_case(m, &w);
+  EXPECT_LT(w.used, m.cache.size()) << "the cache was copied into the bulk area";
+  void* ro = mmap(nullptr, a->size(), PROT_READ, MAP_SHARED | MAP_NORESERVE, a->read_only_fd(), 0);
+  ASSERT_NE(ro, MAP_FAILED);
+  BulkArea r{area.data(), area.size(), 0};
+  r.arena = static_cast<const uint8_t*>(ro);
+  r.arena_size = a->size();
+  const MaterializedCase back = decode_case(frame, &r);
+  EXPECT_EQ(back.cache, m.cache);
+  EXPECT_EQ(back.q, m.q);
+  EXPECT_EQ(back.indices, m.indices);
+  BulkArea no_arena{area.data(), area.size(), 0};
+  EXPECT_THROW(decode_case(frame, &no_arena), ProtocolError);
+  r.arena_size = 4096;  // an offset past the mapping
+  EXPECT_THROW(decode_case(frame, &r), ProtocolError);
+  munmap(ro, a->size());
+}
+
+TEST(WorkerProtocol, InfoOfAnotherProtocolVersionIsRefused) {
+  WorkerInfo i;
+  i.name = "x";
+  EXPECT_EQ(decode_info(encode_info(i)).protocol, kWorkerProtocolVersion);
+  i.protocol = 1;
+  try {
+    decode_info(encode_info(i));
+    FAIL() << "protocol 1 accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("protocol 1"), std::string::npos) << e.what();
+  }
+}
+
 // A batch: vectors equal to the first case's travel as references (their bytes once per
 // batch), different ones in full; decoding and lending the first case's vectors gives every
 // case back.
@@ -205,6 +298,12 @@ TEST(Worker, ProxyGivesTheInProcessBits) {
   EXPECT_EQ(a.out_raw, b.out_raw);
   EXPECT_EQ(a.lse_raw.size(), b.lse_raw.size());
   EXPECT_EQ(0, std::memcmp(a.lse_raw.data(), b.lse_raw.data(), a.lse_raw.size() * 4));
+  // The worker sent raw outputs only (protocol 2); the proxy widened them as in-process.
+  EXPECT_FALSE(a.outputs_pending);
+  ASSERT_EQ(a.out.size(), b.out.size());
+  EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * 8));
+  ASSERT_EQ(a.lse.size(), b.lse.size());
+  EXPECT_EQ(0, std::memcmp(a.lse.data(), b.lse.data(), a.lse.size() * 8));
   EXPECT_EQ(a.guard_violations, 0);
   EXPECT_FALSE(proxy.unsupported(m).has_value());
   EXPECT_TRUE(proxy.take_faults().empty());

@@ -73,5 +73,113 @@ TEST(SharedArena, MaterializedCachesAreInTheArenaAndCopiesToo) {
   EXPECT_EQ(copy.cache, m.cache);
 }
 
+// ---- Identities (publish): a device cache keyed by them must never see stale bytes ----
+
+constexpr size_t kBig = SharedArena::kMinBytes * 3;
+
+TEST(SharedArenaIdentity, StableWhileUnwrittenNewAfterAWrite) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  SharedVector<uint8_t> v(kBig, 1);
+  const uint64_t id = a->publish(v.data(), v.size());
+  ASSERT_NE(id, 0u);
+  EXPECT_EQ(a->publish(v.data(), v.size()), id) << "nothing was written";
+  // The block is sealed: this store faults, the handler reopens the chunk and the store lands.
+  v[kBig - 1] = 9;
+  EXPECT_EQ(v[kBig - 1], 9);
+  const uint64_t id2 = a->publish(v.data(), v.size());
+  EXPECT_NE(id2, 0u);
+  EXPECT_NE(id2, id) << "a written block kept its identity: a device cache would be stale";
+  EXPECT_EQ(a->publish(v.data(), v.size()), id2);
+  // Every chunk counts, the first one too.
+  v[0] = 3;
+  EXPECT_NE(a->publish(v.data(), v.size()), id2);
+}
+
+TEST(SharedArenaIdentity, AFreedAndReusedBlockGetsANewIdentity) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  int64_t first = -1;
+  uint64_t id = 0;
+  {
+    const SharedVector<uint8_t> v(kBig, 1);
+    first = a->offset_of(v.data(), v.size());
+    id = a->publish(v.data(), v.size());
+    ASSERT_NE(id, 0u);
+  }
+  SharedVector<uint8_t> again(kBig + 1, 2);  // the same size class: the same block, writable
+  ASSERT_EQ(a->offset_of(again.data(), again.size()), first);
+  again[7] = 5;  // no fault handler needed: freeing reopened it
+  const uint64_t id2 = a->publish(again.data(), again.size());
+  EXPECT_NE(id2, 0u);
+  EXPECT_NE(id2, id) << "the reused block kept the freed one's identity";
+}
+
+TEST(SharedArenaIdentity, CopiesInheritUntilWritten) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  SharedVector<uint16_t> v(kBig, 7);
+  const uint64_t id = a->publish(v.data(), v.size() * 2);
+  ASSERT_NE(id, 0u);
+  SharedVector<uint16_t> copy = v;  // a property variant's copy: the same bytes
+  ASSERT_NE(copy.data(), v.data());
+  EXPECT_EQ(a->publish(copy.data(), copy.size() * 2), id);
+  copy[12345] = 8;  // poison writes its copy
+  const uint64_t cid = a->publish(copy.data(), copy.size() * 2);
+  EXPECT_NE(cid, id);
+  EXPECT_EQ(a->publish(v.data(), v.size() * 2), id) << "the source was not written";
+  // A copy of an unpublished vector has no identity until it is published itself.
+  const SharedVector<uint16_t> fresh(kBig, 1);
+  const SharedVector<uint16_t> fresh_copy = fresh;
+  const uint64_t fid = a->publish(fresh_copy.data(), fresh_copy.size() * 2);
+  EXPECT_NE(fid, 0u);
+  EXPECT_NE(fid, id);
+  EXPECT_NE(fid, cid);
+}
+
+TEST(SharedArenaIdentity, CopyAssignmentInPlaceChangesTheIdentity) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  SharedVector<uint8_t> x(kBig, 1);
+  const SharedVector<uint8_t> y(kBig, 2);
+  const uint64_t idx = a->publish(x.data(), x.size());
+  const uint8_t* before = x.data();
+  x = y;  // same size: std::vector reuses x's (sealed) block and writes it in place
+  ASSERT_EQ(x.data(), before);
+  EXPECT_EQ(x[100], 2);
+  const uint64_t now = a->publish(x.data(), x.size());
+  EXPECT_NE(now, 0u);
+  EXPECT_NE(now, idx) << "in-place copy assignment kept the old bytes' identity";
+  // Assigned from a published vector, it takes that one's identity.
+  SharedVector<uint8_t> z(kBig, 4);
+  const uint64_t idz = a->publish(z.data(), z.size());
+  x = z;
+  EXPECT_EQ(a->publish(x.data(), x.size()), idz);
+  EXPECT_EQ(x[5], 4);
+}
+
+TEST(SharedArenaIdentity, OnlyLiveBlockStartsHaveIdentities) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  const SharedVector<uint8_t> v(kBig, 1);
+  EXPECT_EQ(a->publish(v.data() + 64, 64), 0u) << "not the start of a block";
+  EXPECT_EQ(a->publish(v.data(), SharedArena::kMinBytes * 4 + 1), 0u) << "past the block";
+  const std::vector<uint8_t> heap(100);
+  EXPECT_EQ(a->publish(heap.data(), heap.size()), 0u) << "not in the arena";
+}
+
+TEST(SharedArenaIdentityDeathTest, OtherFaultsStillCrash) {
+  SharedArena* a = SharedArena::get();
+  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        SharedVector<uint8_t> v(kBig, 1);
+        a->publish(v.data(), v.size());  // installs the handler
+        *static_cast<volatile int*>(nullptr) = 1;
+      },
+      "");
+}
+
 }  // namespace
 }  // namespace mlafuzz

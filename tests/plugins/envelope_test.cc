@@ -14,6 +14,8 @@
 
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
+#include "harness/campaign/worker.h"
+#include "harness/campaign/worker_protocol.h"
 #include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
@@ -344,6 +346,23 @@ TEST(Invariance, GrosslyWrongInexactKernelStillFailsTheBoundedCheck) {
       << o->detail;
   EXPECT_NE(o->detail.find("beyond the bound"), std::string::npos) << o->detail;
   EXPECT_GT(o->tightness, 1);
+}
+
+// ---- the extra-cache pipeline (issue 15) ----
+
+// A plugin's extra_pipeline reaches the tolerance model, in the campaign process and across the
+// worker's INFO reply (plugins run behind a `mlafuzz worker`).
+TEST(ExtraPipeline, DeclaredLseMergedReachesTheToleranceModel) {
+  auto joint = load_plugin_backend(variant("flashmla"));
+  auto merged = load_plugin_backend(variant("lse_merged"));
+  EXPECT_EQ(joint->extra_pipeline(), ExtraPipeline::kJoint);
+  EXPECT_EQ(merged->extra_pipeline(), ExtraPipeline::kLseMerged);
+  const campaign::WorkerInfo info =
+      campaign::decode_info(campaign::encode_info(campaign::describe_backend(*merged)));
+  EXPECT_EQ(static_cast<ExtraPipeline>(info.extra_pipeline), ExtraPipeline::kLseMerged);
+  EXPECT_EQ(campaign::decode_info(campaign::encode_info(campaign::describe_backend(*joint)))
+                .extra_pipeline,
+            0);
 }
 
 }  // namespace

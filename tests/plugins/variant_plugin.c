@@ -11,7 +11,9 @@
  *   VARIANT_BATCH_ORDER_INEXACT  the same kernel, declaring batch inexact: batch-alone is
  *                          checked within the bound, and passes.
  *   VARIANT_BATCH_WRONG_INEXACT  declares batch inexact but is grossly wrong for B = 1 (out
- *                          scaled by 1.5): the bounded batch-alone check must still fail. */
+ *                          scaled by 1.5): the bounded batch-alone check must still fail.
+ *   VARIANT_LSE_MERGED     the example kernel declaring extra_pipeline = MLAFUZZ_EXTRA_LSE_MERGED
+ *                          (the declaration's path to the tolerance model is what is tested). */
 #define mlafuzz_plugin_info example_plugin_info
 #define mlafuzz_plugin_run example_plugin_run
 #define mlafuzz_plugin_supports example_plugin_supports
@@ -26,6 +28,7 @@
 #define VARIANT_BATCH_ORDER 2
 #define VARIANT_BATCH_ORDER_INEXACT 3
 #define VARIANT_BATCH_WRONG_INEXACT 4
+#define VARIANT_LSE_MERGED 5
 
 #ifndef VARIANT
 #error "define VARIANT"
@@ -38,12 +41,19 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_run(const MlafuzzDecodeCall* c, char* e
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env);
 
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_info(MlafuzzPluginInfo* info) {
-  static const char* const names[] = {"", "flashmla-like", "batch-order-exact",
-                                      "batch-order-inexact", "batch-wrong-inexact"};
+  static const char* const names[] = {"",
+                                      "flashmla-like",
+                                      "batch-order-exact",
+                                      "batch-order-inexact",
+                                      "batch-wrong-inexact",
+                                      "lse-merged-declared"};
   example_plugin_info(info);
   snprintf(info->name, sizeof info->name, "%s", names[VARIANT]);
 #if VARIANT == VARIANT_BATCH_ORDER_INEXACT || VARIANT == VARIANT_BATCH_WRONG_INEXACT
   info->inexact_invariants = MLAFUZZ_INVARIANT_BATCH;
+#endif
+#if VARIANT == VARIANT_LSE_MERGED
+  info->extra_pipeline = MLAFUZZ_EXTRA_LSE_MERGED;
 #endif
   return 0;
 }

@@ -40,3 +40,10 @@ supports = numpy_decode.supports
 def decode(call: mlafuzz.DecodeCall) -> None:
     """numpy fp32 decode inside a FlashMLA-like envelope."""
     numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="numpy-lse-merged-declared", precision="fp32_simt", envelope=FLASHMLA_LIKE,
+                extra_pipeline="lse_merged")
+def decode_lse_merged(call: mlafuzz.DecodeCall) -> None:
+    """The same kernel, declaring the LSE-merged extra-cache pipeline (plugin-info shows it)."""
+    numpy_decode.attend(call)

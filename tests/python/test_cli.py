@@ -58,6 +58,13 @@ def test_plugin_info_prints_the_declared_envelope_and_claims() -> None:
                  "topk multiple of 64", "page_stride multiple of 16",
                  "all but batch (checked within the tolerance bound)"):
         assert want in proc.stdout, describe(proc)
+    assert "extra cache: joint (one online softmax" in proc.stdout, describe(proc)
+
+
+def test_plugin_info_shows_a_declared_lse_merged_pipeline() -> None:
+    proc = mlafuzz_cmd("plugin-info", "python:tests/python/envelope_kernels.py:decode_lse_merged")
+    assert proc.returncode == 0, describe(proc)
+    assert "extra cache: lse_merged (each list alone" in proc.stdout, describe(proc)
 
 
 def test_fuzz_generates_inside_a_python_kernels_envelope(tmp_path) -> None:

@@ -87,6 +87,15 @@ def test_envelope_rejects_bad_fields(kwargs, match) -> None:
         mlafuzz.kernel(name="k", envelope=mlafuzz.Envelope(**kwargs))
 
 
+def test_extra_pipeline_defaults_to_joint_and_is_checked() -> None:
+    joint = mlafuzz.kernel(name="k")(lambda call: None).__mlafuzz_kernel__
+    merged = mlafuzz.kernel(name="k", extra_pipeline="lse_merged")(
+        lambda call: None).__mlafuzz_kernel__
+    assert joint.extra_pipeline == "joint" and merged.extra_pipeline == "lse_merged"
+    with pytest.raises(ValueError, match="use 'joint' or 'lse_merged'"):
+        mlafuzz.kernel(name="k", extra_pipeline="merged")
+
+
 def test_unknown_inexact_invariant_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown invariant"):
         mlafuzz.kernel(name="k", inexact=["batches"])

@@ -1,0 +1,244 @@
+"""The device="cuda" worker's input cache (python/mlafuzz/_worker.py: DeviceCache, _to_device).
+
+CI has no torch and no GPU: these tests drive the worker's copy logic with a fake torch module
+whose "device" tensors are numpy arrays and which counts every host-to-device copy. What they
+check is the cache's promise: an input whose identity (SharedArena::publish) the worker has seen
+is not copied again; one with a new identity is, even at the same offset and length (a freed and
+reused arena block), so the kernel never sees stale bytes; the budget bounds what is kept; a
+kernel that writes a cached input is caught; MLAFUZZ_DEVICE_CACHE=0 copies everything. The real
+torch path runs only on a GPU machine (scripts/gpu_python.sh).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Dict, Optional
+
+import numpy as np
+import pytest
+
+from mlafuzz import _worker
+
+
+class FakeTensor:
+    def __init__(self, a: np.ndarray, fake: "FakeTorch", device: str) -> None:
+        self.a, self.fake, self.device = a, fake, device
+
+    def numel(self) -> int:
+        return int(self.a.size)
+
+    def __getitem__(self, k: Any) -> "FakeTensor":
+        return FakeTensor(self.a[k], self.fake, self.device)
+
+    def view(self, dtype: Any) -> "FakeTensor":
+        return FakeTensor(self.a.view(dtype), self.fake, self.device)
+
+    def numpy(self) -> np.ndarray:
+        assert self.device == "cpu", "numpy() of a device tensor"
+        return self.a
+
+    def copy_(self, src: "FakeTensor", non_blocking: bool = False) -> "FakeTensor":
+        if self.device != src.device:
+            self.fake.copies.append((self.device, src.device, src.a.nbytes, non_blocking))
+        np.copyto(self.a, src.a.view(self.a.dtype).reshape(self.a.shape))
+        return self
+
+    def fill_(self, v: int) -> "FakeTensor":
+        self.a[...] = v
+        return self
+
+    def __ne__(self, o: object) -> "FakeTensor":  # type: ignore[override]
+        assert isinstance(o, FakeTensor)
+        return FakeTensor(self.a != o.a, self.fake, self.device)
+
+    def tolist(self) -> Any:
+        return self.a.tolist()
+
+
+class FakeTorch(types.SimpleNamespace):
+    """The few torch calls _to_device, _outputs and _inputs_written make."""
+
+    uint8, int16, int32, int64 = np.uint8, np.int16, np.int32, np.int64
+
+    def __init__(self, pin_fails: bool = False) -> None:
+        super().__init__()
+        self.copies: list = []
+        self.pin_fails = pin_fails
+        self.pinned_allocations = 0
+
+    def empty(self, n: int, dtype: Any, device: Optional[str] = None,
+              pin_memory: bool = False) -> FakeTensor:
+        if pin_memory:
+            if self.pin_fails:
+                raise RuntimeError("cudaHostAlloc failed (fake)")
+            self.pinned_allocations += 1
+        # Garbage, as torch.empty: a copy that did not happen shows.
+        return FakeTensor(np.full(n, 0xEE, dtype=np.uint8).view(dtype), self,
+                          "cuda" if device is not None else "cpu")
+
+    def from_numpy(self, a: np.ndarray) -> FakeTensor:
+        return FakeTensor(a, self, "cpu")
+
+    def sum(self, t: FakeTensor, dtype: Any) -> FakeTensor:
+        return FakeTensor(np.array(t.a.astype(np.int64).sum()), self, t.device)
+
+    def stack(self, ts: list) -> FakeTensor:
+        return FakeTensor(np.array([t.a for t in ts]), self, ts[0].device)
+
+
+def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Server:
+    s = object.__new__(_worker.Server)  # no kernel to load: only the copy logic is exercised
+    s.torch = fake
+    s.device_buffers = {}
+    s.device_cache = _worker.DeviceCache(budget) if budget else None
+    s.staging = None
+    s.pinned = True
+    return s
+
+
+def inputs(seed: int, kv_bytes: int = 4096) -> Dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "q_raw": rng.integers(0, 1 << 16, 256, dtype=np.uint16),
+        "kv_cache": rng.integers(0, 256, kv_bytes, dtype=np.uint8).reshape(4, -1),
+        "indices_raw": rng.integers(0, 64, 32, dtype=np.int32),
+    }
+
+
+def device_bytes(t: FakeTensor) -> bytes:
+    return t.a.tobytes()
+
+
+def host_bytes(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x).tobytes()
+
+
+def uploads(fake: FakeTorch) -> int:
+    return sum(1 for dst, src, _, _ in fake.copies if dst == "cuda" and src == "cpu")
+
+
+def test_seen_identities_are_not_copied_again() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    a = inputs(1)
+    req = {"ids": {"q_raw": 11, "kv_cache": 12}}
+    first, keys = s._to_device(a, req, "cuda")
+    assert uploads(fake) == 3  # q, cache and the indices (no identity: copied every call)
+    assert {name for name, _, _ in keys} == {"q_raw", "kv_cache"}
+    fake.copies.clear()
+    again, keys = s._to_device(a, req, "cuda")
+    assert uploads(fake) == 1, fake.copies  # only the indices
+    assert again["kv_cache"] is first["kv_cache"]
+    for name in a:
+        assert device_bytes(again[name]) == host_bytes(a[name]), name
+    assert s.device_cache.hits == 2
+
+
+def test_a_new_identity_at_the_same_place_is_copied_no_stale_bytes() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    a, b = inputs(1), inputs(2)  # same shapes and lengths: a reused arena block, new bytes
+    s._to_device(a, {"ids": {"q_raw": 11, "kv_cache": 12}}, "cuda")
+    fake.copies.clear()
+    dev, _ = s._to_device(b, {"ids": {"q_raw": 13, "kv_cache": 14}}, "cuda")
+    assert uploads(fake) == 3
+    for name in b:
+        assert device_bytes(dev[name]) == host_bytes(b[name]), f"{name}: stale device bytes"
+    # An identity seen with another length is another entry too.
+    c = inputs(3, kv_bytes=8192)
+    fake.copies.clear()
+    dev, _ = s._to_device(c, {"ids": {"q_raw": 13, "kv_cache": 14}}, "cuda")
+    assert device_bytes(dev["kv_cache"]) == host_bytes(c["kv_cache"])
+    assert uploads(fake) == 2  # q (same identity and length) is a hit
+
+
+def test_without_identities_every_call_copies_everything() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    a = inputs(1)
+    for k in range(3):
+        dev, keys = s._to_device(a, {}, "cuda")
+        assert not keys
+        assert uploads(fake) == 3 * (k + 1)
+        for name in a:
+            assert device_bytes(dev[name]) == host_bytes(a[name])
+    off = make_server(fake, budget=None)  # MLAFUZZ_DEVICE_CACHE=0
+    fake.copies.clear()
+    off._to_device(a, {"ids": {"q_raw": 1, "kv_cache": 2}}, "cuda")
+    off._to_device(a, {"ids": {"q_raw": 1, "kv_cache": 2}}, "cuda")
+    assert uploads(fake) == 6
+
+
+def test_the_budget_keeps_the_most_recently_used() -> None:
+    cache = _worker.DeviceCache(budget=100)
+    assert cache.put("a", "A", 40) and cache.put("b", "B", 40)
+    assert cache.get("a") == "A"  # a is now the most recent
+    assert cache.put("c", "C", 40)  # 120 > 100: b leaves
+    assert cache.get("b") is None and cache.get("a") == "A" and cache.get("c") == "C"
+    assert cache.bytes == 80
+    assert not cache.put("huge", "H", 101)
+    assert cache.get("huge") is None and cache.bytes == 80
+    cache.put("a", "A2", 10)  # replacing an entry counts its bytes once
+    assert cache.bytes == 50 and cache.get("a") == "A2"
+
+
+def test_a_kernel_that_writes_a_cached_input_is_caught() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    a = inputs(1)
+    req = {"ids": {"q_raw": 11, "kv_cache": 12}}
+    dev, keys = s._to_device(a, req, "cuda")
+    assert s._inputs_written(keys, dev) == ""
+    dev["kv_cache"].a[5] ^= 0xFF  # the kernel stores into its cache input
+    assert s._inputs_written(keys, dev) == "kv_cache"
+    fake.copies.clear()
+    dev, _ = s._to_device(a, req, "cuda")  # the spoiled copy was dropped: copied again
+    assert uploads(fake) == 2
+    assert device_bytes(dev["kv_cache"]) == host_bytes(a["kv_cache"])
+
+
+def test_copies_go_through_pinned_staging_and_fall_back_without_it() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    s._to_device(inputs(1), {}, "cuda")
+    assert fake.pinned_allocations == 1
+    assert all(nb for dst, src, _, nb in fake.copies), "pinned copies are asynchronous"
+    fake = FakeTorch(pin_fails=True)
+    s = make_server(fake)
+    a = inputs(1)
+    dev, _ = s._to_device(a, {}, "cuda")
+    assert s.staging is False
+    for name in a:
+        assert device_bytes(dev[name]) == host_bytes(a[name])
+    assert not any(nb for _, _, _, nb in fake.copies)
+
+
+def test_outputs_are_filled_with_the_canaries_on_the_device() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    host = {"out_raw": np.zeros(40, np.uint16), "lse_raw": np.zeros(8, np.float32)}
+    out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    assert (out.a.view(np.uint16) == 0x7FA5).all() and (lse.a.view(np.uint32) == 0x7FA5A5A5).all()
+    assert uploads(fake) == 0
+    out2, _ = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    assert out2.a.ctypes.data == out.a.ctypes.data, "the device outputs are reused"
+    # A request without the canaries' bits (older mlafuzz): uploaded from the host.
+    host["out_raw"][:] = 0x1234
+    out3, _ = s._outputs(host, {}, "cuda")
+    assert uploads(fake) == 2 and (out3.a.view(np.uint16) == 0x1234).all()
+
+
+@pytest.mark.parametrize("env, budget", [
+    ({}, 4 << 30),
+    ({"MLAFUZZ_DEVICE_CACHE": "0"}, None),
+    ({"MLAFUZZ_DEVICE_CACHE_BYTES": "512M"}, 512 << 20),
+    ({"MLAFUZZ_DEVICE_CACHE_BYTES": "1000"}, 1000),
+    ({"MLAFUZZ_DEVICE_CACHE_BYTES": "2g"}, 2 << 30),
+])
+def test_the_budget_comes_from_the_environment(env: Dict[str, str], budget: Optional[int]) -> None:
+    assert _worker.device_cache_budget(env) == budget
+
+
+def test_a_bad_budget_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="MLAFUZZ_DEVICE_CACHE_BYTES"):
+        _worker.device_cache_budget({"MLAFUZZ_DEVICE_CACHE_BYTES": "lots"})
