@@ -492,7 +492,7 @@ TEST(PropertyTable, NamesKindsAndFigures) {
     if (has_error_figures(n)) figures.insert(n);
   }
   EXPECT_EQ(figures, (std::set<std::string>{"tolerance", "permute", "insert-invalid", "mma-vs-simt",
-                                            "move-to-extra"}));
+                                            "move-to-extra", "split-agree"}));
   EXPECT_FALSE(has_error_figures("fault")) << "the campaign's pseudo-property";
   EXPECT_EQ(find_property("fault"), nullptr);
   EXPECT_TRUE(property_info(PropertyId::kMmaVsSimt).needs_simt_partner);
