@@ -17,11 +17,27 @@ MUTANT tl.constexpr value, so its code is compiled only when that variant runs.
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Dict, Optional
 
 import mlafuzz
-from mla_triton import ENVELOPE, compilations, launch, unavailable  # noqa: F401
+from mla_triton import ENVELOPE, compilations, launch, launch2, unavailable  # noqa: F401
 from mla_triton import supports as _supports
+
+#: The kernel that triton-mma (and its mutants, h16, h64) runs: "mma2" (mma2_kernel: the token
+#: list split in SPLIT_TOKENS pieces merged by combine_kernel, the 16-byte gather and hardware
+#: e4m3 decode where rows are aligned) or "v1" (mma_kernel, as first shipped: one program per
+#: row and head block, byte-wise gather). MLAFUZZ_TRITON_MMA_PATH=v1 picks the old one.
+PATH = os.environ.get("MLAFUZZ_TRITON_MMA_PATH", "mma2")
+if PATH not in ("mma2", "v1"):
+    raise ValueError(f"MLAFUZZ_TRITON_MMA_PATH={PATH!r}: use mma2 or v1")
+
+
+def _run(call: mlafuzz.DecodeCall, block_h: int, mutant: int = 0) -> None:
+    if PATH == "v1":
+        launch(call, "mma_kernel", block_h=block_h, mutant=mutant)
+    else:
+        launch2(call, block_h=block_h, mutant=mutant)
 
 #: The planted bugs of this kernel: name -> what is wrong (mutant names follow
 #: kernels/common/mutants.h where the class exists there).
@@ -56,28 +72,35 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
                 envelope=ENVELOPE)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel (tl.dot bf16, fp32 accumulation, BLOCK_H 32)."""
-    launch(call, "mma_kernel", block_h=32)
+    _run(call, 32)
 
 
 @mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda",
                 envelope=ENVELOPE)
 def decode_h16(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 16."""
-    launch(call, "mma_kernel", block_h=16)
+    _run(call, 16)
 
 
 @mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda",
                 envelope=ENVELOPE)
 def decode_h64(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 64."""
-    launch(call, "mma_kernel", block_h=64)
+    _run(call, 64)
+
+
+@mlafuzz.kernel(name="triton-mma-v1", precision="bf16_mma", device="cuda",
+                envelope=ENVELOPE)
+def decode_v1(call: mlafuzz.DecodeCall) -> None:
+    """mma_kernel as first shipped (no split, byte-wise gather), BLOCK_H 32, whatever PATH."""
+    launch(call, "mma_kernel", block_h=32)
 
 
 def _make_mutant(name: str) -> Callable[[mlafuzz.DecodeCall], None]:
     mutant_id = _MUTANT_IDS[name]
 
     def run(call: mlafuzz.DecodeCall) -> None:
-        launch(call, "mma_kernel", block_h=32, mutant=mutant_id)
+        _run(call, 32, mutant_id)
 
     run.__name__ = "mutant_" + name.replace("-", "_")
     return mlafuzz.kernel(name=f"triton-mma.{name}", precision="bf16_mma", device="cuda",

@@ -221,3 +221,33 @@ def test_wrong_scale_group_is_killed_within_the_h200_runs_case_budget(tmp_path):
     (m,) = json.loads(report.read_text())["mutants"]
     assert m["mutant"] == "wrong-scale-group" and m["status"] == "killed", proc.stdout
     assert m["property"] == "tolerance" and m["case_index"] < 24, m
+
+
+def test_split_plan_depends_on_topk_only_and_tiles_the_row():
+    common = _load("mla_triton")
+    assert common.split_plan(512, 128, 32) == (128, 4)
+    assert common.split_plan(500, 100, 32) == (128, 4)  # rounded up to whole token tiles
+    assert common.split_plan(77, 128, 32) == (96, 1)  # one split: no workspace, no combine
+    assert common.split_plan(512, None, 32) == (512, 1)
+    assert common.split_plan(1, 128, 16) == (16, 1)
+    for topk in (1, 33, 128, 129, 512, 2048):
+        split_len, n = common.split_plan(topk, common.SPLIT_TOKENS, common.MMA_BLOCK_N)
+        assert split_len % common.MMA_BLOCK_N == 0 and (n - 1) * split_len < topk <= n * split_len
+
+
+def test_fast_path_needs_16_byte_rows_and_a_power_of_two_scale_tile():
+    common = _load("mla_triton")
+
+    class Cache:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    ok = _call(page_size=64, page_stride=64 * 584, kv_cache=Cache(256))
+    assert common.fast_path_ok(ok, 576)
+    assert not common.fast_path_ok(dataclasses.replace(ok, page_stride=61 * 584), 576)
+    assert not common.fast_path_ok(dataclasses.replace(ok, kv_cache=Cache(264)), 576)
+    assert not common.fast_path_ok(ok, 584)  # row bytes
+    assert not common.fast_path_ok(dataclasses.replace(ok, scale_tile=48, nope_dim=480), 608)
