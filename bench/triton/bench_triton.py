@@ -81,7 +81,17 @@ VARIANTS = {
     "mma2-s128-st2": ("launch2", dict(split_tokens=128, num_stages=2)),
     "mma2-s128-n64": ("launch2", dict(split_tokens=128, block_n=64)),
     "mma2-s128-n16": ("launch2", dict(split_tokens=128, block_n=16)),
-    "mma2": ("launch2", dict()),  # the shipped defaults (mla_triton.launch2)
+    "mma2-s128-h64-fp8": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True)),
+    "mma2-s128-h64-int": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=False)),
+    "mma2-s128-h64-pf": ("launch2", dict(split_tokens=128, block_h=64, prefetch=True)),
+    "mma2-s128-h64-fp8-pf": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True,
+                                             prefetch=True)),
+    "mma2-s128-h64-w16": ("launch2", dict(split_tokens=128, block_h=64, num_warps=16)),
+    "mma2-s128-h64-fp8-w16": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True,
+                                              num_warps=16)),
+    "mma2-s64-h64": ("launch2", dict(split_tokens=64, block_h=64)),
+    "mma2-s256-h64": ("launch2", dict(split_tokens=256, block_h=64)),
+    "mma2": ("launch2", dict(block_h=64)),  # what triton-mma runs (triton_mma.py, PATH mma2)
 }
 DEFAULT = "simt,old-h32,mma2"
 GRAPH = False

@@ -217,8 +217,8 @@ def split_plan(topk: int, split_tokens: Optional[int], block_n: int) -> Tuple[in
 
 def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check: bool = True,
             split_tokens: Optional[int] = SPLIT_TOKENS, fast: Optional[bool] = None,
-            fp8cvt: bool = True, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
-            num_stages: Optional[int] = None) -> None:
+            fp8cvt: bool = False, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
+            num_stages: Optional[int] = None, prefetch: bool = False) -> None:
     """Runs mma2_kernel (and combine_kernel when the row is split) on a device call.
 
     The same precision pipeline as mma_kernel; split_tokens None keeps one split per row (no
@@ -266,7 +266,7 @@ def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check:
     consts = dict(LAYOUT=layout, NOPE_PAD=nope_pad, ROPE_PAD=rope_pad, HAS_ROPE=rope > 0,
                   V_ROPE=v_rope, BLOCK_N=block_n, BLOCK_H=block_h, MUTANT=mutant, SPLIT=split,
                   FAST=bool(fast), STILE=call.scale_tile if fast else 0,
-                  FP8CVT=bool(fp8cvt and fast))
+                  FP8CVT=bool(fp8cvt and fast), PREFETCH=bool(prefetch and fast))
     args = (q, call.kv_cache, call.indices, len_arg, sink_arg, out, lse, ws, wml,
             call.heads, call.topk, q.stride(0), q.stride(1), call.indices.stride(0),
             out.stride(0), out.stride(1), lse.stride(0),

@@ -142,20 +142,14 @@ def _load_k_tile(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride, 
 
 
 @triton.jit
-def _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
-                      row_bytes, scale_base, scale_row, nope, rope, n_tiles,
-                      BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr,
-                      ROPE_PAD: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr,
-                      MUTANT: tl.constexpr):
-    """_load_k_tile for aligned geometries: the same values, in bf16 (K for tl.dot).
-
-    The host picks this path (``FAST``) only when every token row starts on a 16-byte boundary
-    (page stride, row bytes and nope multiples of 16, cache pointer aligned) and the scale tile
-    is a power of two >= 16 (``STILE``): the nope bytes are then read as [N, tiles, STILE]
-    with 16-byte vector loads, one scale per (token, tile) instead of one per element, and the
-    rope dims as bf16 (MODEL1) words. FP8CVT decodes e4m3 with the hardware conversion
-    (e4m3fn -> fp16 -> fp32 is exact for every byte, subnormals included; 0x7f/0xff -> NaN).
-    """
+def _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
+                 row_bytes, scale_base, scale_row, nope, rope, n_tiles,
+                 LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE_PAD: tl.constexpr,
+                 STILE: tl.constexpr, MUTANT: tl.constexpr):
+    """The loads of _load_k_tile_fast, nothing decoded: (nope bytes [N, NOPE_PAD / STILE,
+    STILE], raw scales [N, NOPE_PAD / STILE] (MODEL1 ue8m0 bytes, V32 fp32), rope bf16
+    [N, ROPE_PAD], load mask [N, NOPE_PAD / STILE]). Split from the decode so that mma2_kernel
+    can issue the next tile's loads before it computes on this one (PREFETCH)."""
     NT_PAD: tl.constexpr = NOPE_PAD // STILE
     load_ok = valid
     safe = tl.where(valid, idx, 0)
@@ -180,33 +174,61 @@ def _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_str
     nmask = tmask[:, :, None] & (te < STILE)[None, None, :]  # [N, NT_PAD, STILE]
     col = (tt * STILE)[None, :, None] + te[None, None, :]
     nb = tl.load(cache_ptr + row[:, None, None] + col, mask=nmask, other=0)
-    if FP8CVT:
-        code = nb.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32)
-    else:
-        code = _e4m3_to_f32(nb.to(tl.int32))
     group = tt
     if MUTANT == M_WRONG_SCALE_GROUP:
         group = tl.where((tt == n_tiles - 1) & (n_tiles > 1), tt - 1, tt)
     if LAYOUT == 0:
         srow = base + scale_base + slot * scale_row
-        eb = tl.load(cache_ptr + srow[:, None] + group[None, :], mask=tmask, other=127)
-        scale = _ue8m0_to_f32(eb.to(tl.int32))
+        sraw = tl.load(cache_ptr + srow[:, None] + group[None, :], mask=tmask, other=127)
         rope_at = row + nope
-    else:
-        saddr = cache_ptr + row[:, None] + (nope + 4 * group)[None, :]
-        s0 = tl.load(saddr, mask=tmask, other=0).to(tl.int32)
-        s1 = tl.load(saddr + 1, mask=tmask, other=0).to(tl.int32)
-        s2 = tl.load(saddr + 2, mask=tmask, other=0).to(tl.int32)
-        s3 = tl.load(saddr + 3, mask=tmask, other=0).to(tl.int32)
-        scale = (s0 | (s1 << 8) | (s2 << 16) | (s3 << 24)).to(tl.float32, bitcast=True)
+    else:  # the fp32 scales are 4-byte aligned here (row and nope multiples of 16)
+        sptr = (cache_ptr + row[:, None] + (nope + 4 * group)[None, :]).to(
+            tl.pointer_type(tl.float32))
+        sraw = tl.load(sptr, mask=tmask, other=0.0)
         rope_at = row + nope + 4 * n_tiles
-    k3 = tl.where(nmask, code * scale[:, :, None], 0.0)
-    kn = tl.reshape(k3, [BLOCK_N, NOPE_PAD]).to(tl.bfloat16)
     dr = tl.arange(0, ROPE_PAD)
     rmask = load_ok[:, None] & (dr < rope)[None, :]
     rptr = (cache_ptr + rope_at).to(tl.pointer_type(tl.bfloat16))
     kr = tl.load(rptr[:, None] + dr[None, :], mask=rmask, other=0.0)
-    return kn, kr
+    return nb, sraw, kr, tmask
+
+
+@triton.jit
+def _decode_fast(nb, sraw, tmask, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
+                 NOPE_PAD: tl.constexpr, FP8CVT: tl.constexpr):
+    """K nope in bf16 [N, NOPE_PAD] from _gather_fast's bytes: e4m3 * scale in fp32, masked."""
+    if FP8CVT:
+        code = nb.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32)
+    else:
+        code = _e4m3_to_f32(nb.to(tl.int32))
+    if LAYOUT == 0:
+        scale = _ue8m0_to_f32(sraw.to(tl.int32))
+    else:
+        scale = sraw
+    k3 = tl.where(tmask[:, :, None], code * scale[:, :, None], 0.0)
+    return tl.reshape(k3, [BLOCK_N, NOPE_PAD]).to(tl.bfloat16)
+
+
+@triton.jit
+def _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
+                      row_bytes, scale_base, scale_row, nope, rope, n_tiles,
+                      BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr,
+                      ROPE_PAD: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr,
+                      MUTANT: tl.constexpr):
+    """_load_k_tile for aligned geometries: the same values, in bf16 (K for tl.dot).
+
+    The host picks this path (``FAST``) only when every token row starts on a 16-byte boundary
+    (page stride, row bytes and nope multiples of 16, cache pointer aligned) and the scale tile
+    is a power of two >= 16 (``STILE``): the nope bytes are then read as [N, tiles, STILE]
+    with 16-byte vector loads, one scale per (token, tile) instead of one per element, and the
+    rope dims as bf16 words. FP8CVT decodes e4m3 with the hardware conversion (e4m3fn -> fp16
+    -> fp32); see the README for what the H200 showed of its exactness.
+    """
+    nb, sraw, kr, tmask = _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2,
+                                       page_stride, row_bytes, scale_base, scale_row, nope,
+                                       rope, n_tiles, LAYOUT, NOPE_PAD, ROPE_PAD, STILE,
+                                       MUTANT)
+    return _decode_fast(nb, sraw, tmask, BLOCK_N, LAYOUT, NOPE_PAD, FP8CVT), kr
 
 
 @triton.jit
@@ -391,7 +413,8 @@ def mma2_kernel(q_ptr, cache_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, lse_ptr, 
                 LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE_PAD: tl.constexpr,
                 HAS_ROPE: tl.constexpr, V_ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_H: tl.constexpr, MUTANT: tl.constexpr, SPLIT: tl.constexpr,
-                FAST: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr):
+                FAST: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr,
+                PREFETCH: tl.constexpr):
     """mma_kernel with a split of the token list (flash-decoding) and the aligned fast gather.
 
     Program (head block, batch row, split s) runs the online softmax over the tokens
@@ -424,15 +447,36 @@ def mma2_kernel(q_ptr, cache_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, lse_ptr, 
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc_n = tl.zeros([BLOCK_H, NOPE_PAD], tl.float32)
     acc_r = tl.zeros([BLOCK_H, ROPE_PAD], tl.float32)
+    if FAST and PREFETCH:  # the first tile's loads, before the loop
+        p_idx, p_valid = _valid_entries(idx_ptr, b, idx_sb, lo + tl.arange(0, BLOCK_N), hi,
+                                        any_negative)
+        p_nb, p_s, p_kr, p_m = _gather_fast(cache_ptr, p_idx, p_valid, page_size,
+                                            page_size_pow2, page_stride, row_bytes, scale_base,
+                                            scale_row, nope, rope, n_tiles, LAYOUT, NOPE_PAD,
+                                            ROPE_PAD, STILE, MUTANT)
     for start in range(lo, hi, BLOCK_N):
-        offs = start + tl.arange(0, BLOCK_N)
-        idx, valid = _valid_entries(idx_ptr, b, idx_sb, offs, hi, any_negative)
-        if FAST:
+        if FAST and PREFETCH:
+            valid = p_valid
+            c_nb, c_s, kr, c_m = p_nb, p_s, p_kr, p_m
+            # The next tile's loads go out before this tile's math (entries past hi: masked).
+            p_idx, p_valid = _valid_entries(idx_ptr, b, idx_sb,
+                                            start + BLOCK_N + tl.arange(0, BLOCK_N), hi,
+                                            any_negative)
+            p_nb, p_s, p_kr, p_m = _gather_fast(cache_ptr, p_idx, p_valid, page_size,
+                                                page_size_pow2, page_stride, row_bytes,
+                                                scale_base, scale_row, nope, rope, n_tiles,
+                                                LAYOUT, NOPE_PAD, ROPE_PAD, STILE, MUTANT)
+            kn = _decode_fast(c_nb, c_s, c_m, BLOCK_N, LAYOUT, NOPE_PAD, FP8CVT)
+        elif FAST:
+            offs = start + tl.arange(0, BLOCK_N)
+            idx, valid = _valid_entries(idx_ptr, b, idx_sb, offs, hi, any_negative)
             kn, kr = _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2,
                                        page_stride, row_bytes, scale_base, scale_row, nope,
                                        rope, n_tiles, BLOCK_N, LAYOUT, NOPE_PAD, ROPE_PAD,
                                        STILE, FP8CVT, MUTANT)
         else:
+            offs = start + tl.arange(0, BLOCK_N)
+            idx, valid = _valid_entries(idx_ptr, b, idx_sb, offs, hi, any_negative)
             kn32, kr32 = _load_k_tile(cache_ptr, idx, valid, page_size, page_size_pow2,
                                       page_stride, row_bytes, scale_base, scale_row, nope, rope,
                                       scale_tile, n_tiles, LAYOUT, NOPE_PAD, ROPE_PAD, MUTANT)
