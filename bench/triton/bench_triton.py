@@ -1,9 +1,11 @@
-"""Kernel time of triton-mma (BLOCK_H 16/32/64) and triton-simt on the GPU.
+"""Kernel time of triton-mma (v1 mma_kernel and mma2 variants) and triton-simt on the GPU.
 
 Two figures per kernel variant (VARIANTS below; --variants picks them, the first is the
-reference the others' outputs are compared with): triton.testing.do_bench's median (it clears L2 before every call: the
-cold-cache time) and the hot time, the mean of 200 back-to-back launches between two CUDA events
-(the Python launch overhead included where it exceeds the kernel).
+reference the others' outputs are compared with): triton.testing.do_bench's median (it clears
+L2 before every call: the cold-cache time) and the hot time, the mean of 200 back-to-back
+launches between two CUDA events (the Python launch overhead included where it exceeds the
+kernel); with --graph also do_bench_cudagraph's median (the kernels alone, as cuda-mma's
+bench_kernels times them).
 
     python3 bench/triton/bench_triton.py [--batch 32[,128]] [--heads 64] [--topk 512] [--page 64]
                                          [--variants simt,old-h32,mma2]
