@@ -1,10 +1,14 @@
-"""Kernel time of triton-mma (BLOCK_H 16/32/64) and triton-simt on the GPU.
+"""Kernel time of triton-mma (v1 mma_kernel and mma2 variants) and triton-simt on the GPU.
 
-Two figures per kernel: triton.testing.do_bench's median (it clears L2 before every call: the
-cold-cache time) and the hot time, the mean of 200 back-to-back launches between two CUDA events
-(the Python launch overhead included where it exceeds the kernel).
+Two figures per kernel variant (VARIANTS below; --variants picks them, the first is the
+reference the others' outputs are compared with): triton.testing.do_bench's median (it clears
+L2 before every call: the cold-cache time) and the hot time, the mean of 200 back-to-back
+launches between two CUDA events (the Python launch overhead included where it exceeds the
+kernel); with --graph also do_bench_cudagraph's median (the kernels alone, as cuda-mma's
+bench_kernels times them).
 
-    python3 bench/triton/bench_triton.py [--batch 32] [--heads 64] [--topk 512] [--page 64]
+    python3 bench/triton/bench_triton.py [--batch 32[,128]] [--heads 64] [--topk 512] [--page 64]
+                                         [--variants simt,old-h32,mma2]
 
 MODEL1 (448 e4m3 + 64 bf16 rope, ue8m0 scales), indices drawn from the whole cache; the cache
 bytes are random finite e4m3 with scales 2^-4..2^3. The index check of a campaign call
@@ -57,43 +61,107 @@ def make_call(b: int, h: int, topk: int, page: int, seed: int = 0) -> mlafuzz.De
         out=out, lse=lse, q_head_stride=nope + rope, q_batch_stride=h * (nope + rope))
 
 
+#: name -> (launcher, keyword arguments). "old": mma_kernel as it was (one program per row and
+#: head block, byte-wise gather); "mma2": mma2_kernel (split over the token list, vectorized
+#: gather where aligned, hardware e4m3 decode), with the knobs that were compared on the H200.
+VARIANTS = {
+    "simt": ("launch", dict(kernel="simt_kernel")),
+    "old-h16": ("launch", dict(kernel="mma_kernel", block_h=16)),
+    "old-h32": ("launch", dict(kernel="mma_kernel", block_h=32)),
+    "old-h64": ("launch", dict(kernel="mma_kernel", block_h=64)),
+    "mma2-nosplit-slow": ("launch2", dict(split_tokens=None, fast=False)),
+    "mma2-nosplit-fast-intdecode": ("launch2", dict(split_tokens=None, fp8cvt=False)),
+    "mma2-nosplit-fast": ("launch2", dict(split_tokens=None)),
+    "mma2-s256": ("launch2", dict(split_tokens=256)),
+    "mma2-s128": ("launch2", dict(split_tokens=128)),
+    "mma2-s64": ("launch2", dict(split_tokens=64)),
+    "mma2-s128-slow": ("launch2", dict(split_tokens=128, fast=False)),
+    "mma2-s128-h64": ("launch2", dict(split_tokens=128, block_h=64)),
+    "mma2-s128-h16": ("launch2", dict(split_tokens=128, block_h=16)),
+    "mma2-s128-w4": ("launch2", dict(split_tokens=128, num_warps=4)),
+    "mma2-s128-st1": ("launch2", dict(split_tokens=128, num_stages=1)),
+    "mma2-s128-st2": ("launch2", dict(split_tokens=128, num_stages=2)),
+    "mma2-s128-n64": ("launch2", dict(split_tokens=128, block_n=64)),
+    "mma2-s128-n16": ("launch2", dict(split_tokens=128, block_n=16)),
+    "mma2-s128-h64-fp8": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True)),
+    "mma2-s128-h64-int": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=False)),
+    "mma2-s128-h64-pf": ("launch2", dict(split_tokens=128, block_h=64, prefetch=True)),
+    "mma2-s128-h64-fp8-pf": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True,
+                                             prefetch=True)),
+    "mma2-s128-h64-w16": ("launch2", dict(split_tokens=128, block_h=64, num_warps=16)),
+    "mma2-s128-h64-fp8-w16": ("launch2", dict(split_tokens=128, block_h=64, fp8cvt=True,
+                                              num_warps=16)),
+    "mma2-s64-h64": ("launch2", dict(split_tokens=64, block_h=64)),
+    "mma2-s256-h64": ("launch2", dict(split_tokens=256, block_h=64)),
+    "mma2": ("launch2", dict(block_h=64)),  # what triton-mma runs (triton_mma.py, PATH mma2)
+}
+DEFAULT = "simt,old-h32,mma2"
+GRAPH = False
+
+
+def time_variant(call: mlafuzz.DecodeCall, name: str):
+    launcher, kw = VARIANTS[name]
+    fn = lambda: getattr(mla_triton, launcher)(call, check=False, **kw)  # noqa: E731
+    fn()
+    torch.cuda.synchronize()
+    out, lse = call.out.float().clone(), call.lse.clone()
+    ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(200):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    graph = None
+    if GRAPH:
+        try:  # the kernels' time without Python's launch cost (cuda-mma's figures are graph times)
+            graph = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+        except Exception as e:  # noqa: BLE001 - a variant that cannot be captured still times
+            print(f"{name}: no CUDA graph timing ({type(e).__name__}: {e})", flush=True)
+    return ms, start.elapsed_time(end) / 200, graph, out, lse
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batch", type=str, default="32", help="comma-separated batch sizes")
     ap.add_argument("--heads", type=int, default=64)
     ap.add_argument("--topk", type=int, default=512)
     ap.add_argument("--page", type=int, default=64)
+    ap.add_argument("--variants", default=DEFAULT,
+                    help=f"comma-separated, of: {', '.join(VARIANTS)} (default {DEFAULT})")
+    ap.add_argument("--graph", action="store_true",
+                    help="also time each variant in a CUDA graph (do_bench_cudagraph median)")
     a = ap.parse_args()
-    call = make_call(a.batch, a.heads, a.topk, a.page)
-    results = {}
-    runs = [("triton-simt", dict(kernel="simt_kernel"))]
-    runs += [(f"triton-mma BLOCK_H {bh}", dict(kernel="mma_kernel", block_h=bh))
-             for bh in mla_triton.MMA_BLOCK_H]
-    ref_out = None
-    for name, kw in runs:
-        fn = lambda kw=kw: mla_triton.launch(call, check=False, **kw)  # noqa: E731
-        fn()
-        torch.cuda.synchronize()
-        out = call.out.float().clone()
-        if ref_out is None:
-            ref_out = out
-        diff = (out - ref_out).abs().max().item()
-        ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(200):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        hot = start.elapsed_time(end) / 200
-        results[name] = ms
-        print(f"{name:<24} B={a.batch} H={a.heads} topk={a.topk} P={a.page}: "
-              f"cold {ms * 1000:8.1f} us (do_bench median), hot {hot * 1000:8.1f} us  "
-              f"max|out - simt|={diff:.3g}", flush=True)
-    simt = results["triton-simt"]
-    for name, ms in results.items():
-        if name != "triton-simt":
-            print(f"speedup {name} over triton-simt: {simt / ms:.2f}x")
+    global GRAPH
+    GRAPH = a.graph
+    names = a.variants.split(",")
+    for n in names:
+        if n not in VARIANTS:
+            ap.error(f"unknown variant {n!r}; known: {', '.join(VARIANTS)}")
+    for b in (int(x) for x in a.batch.split(",")):
+        call = make_call(b, a.heads, a.topk, a.page)
+        results, ref = {}, None
+        for name in names:
+            try:
+                ms, hot, graph, out, lse = time_variant(call, name)
+            except Exception as e:  # noqa: BLE001 - report and go on with the other variants
+                print(f"{name:<28} B={b}: FAILED {type(e).__name__}: {str(e)[-2000:]}", flush=True)
+                continue
+            if ref is None:
+                ref = (name, out, lse)
+            d_out = (out - ref[1]).abs().max().item()
+            n_diff = int((out != ref[1]).sum().item())
+            d_lse = (lse - ref[2]).abs().max().item()
+            results[name] = ms
+            print(f"{name:<28} B={b} H={a.heads} topk={a.topk} P={a.page}: "
+                  f"cold {ms * 1000:8.1f} us (do_bench median), hot {hot * 1000:8.1f} us"
+                  + (f", graph {graph * 1000:8.1f} us" if graph is not None else "") + "  "
+                  f"vs {ref[0]}: max|out|d {d_out:.3g} ({n_diff} differ) lse {d_lse:.3g}",
+                  flush=True)
+        base = "simt" if "simt" in results else names[0]
+        for name, ms in results.items():
+            if name != base:
+                print(f"B={b} speedup {name} over {base}: {results[base] / ms:.2f}x")
     print("compilations:", {k: v["configs"] for k, v in mla_triton.compilations().items()})
     return 0
 

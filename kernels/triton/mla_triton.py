@@ -16,6 +16,11 @@ import mlafuzz
 SIMT_BLOCK_N = 16  # tokens per tile, triton-simt
 MMA_BLOCK_N = 32  # tokens per tile, triton-mma
 MMA_BLOCK_H = (16, 32, 64)
+#: Tokens per split of mma2_kernel (flash-decoding): a function of the row's topk only, never of
+#: the batch, so that a row computed alone gives the same bits (batch-alone).
+SPLIT_TOKENS = 128
+#: Heads per program of the split combine.
+COMBINE_BLOCK_H = 16
 MAX_NOPE = 512
 MAX_ROPE = 64
 
@@ -191,6 +196,99 @@ def launch(call: mlafuzz.DecodeCall, kernel: str, block_h: int = 32, mutant: int
         grid = (triton_cdiv(call.heads, block_h), call.batch)
         j.mma_kernel[grid](*args, **consts, num_warps=4 if block_h == 16 else 8)
     _record(kernel, tuple(sorted(consts.items())))
+
+
+def fast_path_ok(call: mlafuzz.DecodeCall, row_bytes: int) -> bool:
+    """Whether every token row of the cache starts on a 16-byte boundary and the scale tile is a
+    power of two >= 16: mma2_kernel's vectorized gather (FAST) is then exact (same values)."""
+    tile = call.scale_tile
+    return (call.kv_cache.data_ptr() % 16 == 0 and call.page_stride % 16 == 0
+            and row_bytes % 16 == 0 and call.nope_dim % 16 == 0 and tile >= 16
+            and tile & (tile - 1) == 0 and call.nope_dim % tile == 0)
+
+
+def split_plan(topk: int, split_tokens: Optional[int], block_n: int) -> Tuple[int, int]:
+    """(split_len, n_splits) for a row of topk entries: split_len a multiple of block_n."""
+    if split_tokens is None or split_tokens <= 0 or split_tokens >= topk:
+        return max(block_n, triton_cdiv(max(topk, 1), block_n) * block_n), 1
+    split_len = triton_cdiv(split_tokens, block_n) * block_n
+    return split_len, triton_cdiv(topk, split_len)
+
+
+def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check: bool = True,
+            split_tokens: Optional[int] = SPLIT_TOKENS, fast: Optional[bool] = None,
+            fp8cvt: bool = False, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
+            num_stages: Optional[int] = None, prefetch: bool = False) -> None:
+    """Runs mma2_kernel (and combine_kernel when the row is split) on a device call.
+
+    The same precision pipeline as mma_kernel; split_tokens None keeps one split per row (no
+    workspace, no combine); fast None takes the vectorized gather where fast_path_ok says so.
+    """
+    import torch  # noqa: PLC0415
+
+    j = jit()
+    why = supports(call)
+    if why is not None:
+        raise ValueError(f"unsupported case: {why}")
+    if block_h not in MMA_BLOCK_H:
+        raise ValueError(f"BLOCK_H {block_h} (use 16, 32 or 64)")
+    if check:
+        _check_indices(call, torch)
+    nope, rope = call.nope_dim, call.rope_dim
+    n_tiles = nope // call.scale_tile
+    if call.layout == "model1":
+        layout = j.LAYOUT_MODEL1
+        row_bytes = nope + 2 * rope
+        scale_base = call.page_size * row_bytes
+        scale_row = (n_tiles + 7) // 8 * 8
+    else:
+        layout = j.LAYOUT_V32
+        row_bytes = call.token_bytes
+        scale_base = scale_row = 0
+    if fast is None:
+        fast = fast_path_ok(call, row_bytes)
+    q, out, lse = call.q, call.out, call.lse
+    has_len, has_sink = call.topk_length is not None, call.sink is not None
+    len_arg = call.topk_length if has_len else call.indices
+    sink_arg = call.sink if has_sink else lse
+    nope_pad = max(16, next_pow2(nope))
+    rope_pad = max(16, next_pow2(rope))
+    v_rope = layout == j.LAYOUT_MODEL1 and rope > 0
+    split_len, n_splits = split_plan(call.topk, split_tokens, block_n)
+    split = n_splits > 1
+    if split:
+        ws = torch.empty(call.batch * n_splits * call.heads * (nope_pad + rope_pad),
+                         dtype=torch.float32, device=q.device)
+        wml = torch.empty(call.batch * n_splits * 2 * call.heads, dtype=torch.float32,
+                          device=q.device)
+    else:
+        ws = wml = lse  # never touched
+    consts = dict(LAYOUT=layout, NOPE_PAD=nope_pad, ROPE_PAD=rope_pad, HAS_ROPE=rope > 0,
+                  V_ROPE=v_rope, BLOCK_N=block_n, BLOCK_H=block_h, MUTANT=mutant, SPLIT=split,
+                  FAST=bool(fast), STILE=call.scale_tile if fast else 0,
+                  FP8CVT=bool(fp8cvt and fast), PREFETCH=bool(prefetch and fast))
+    args = (q, call.kv_cache, call.indices, len_arg, sink_arg, out, lse, ws, wml,
+            call.heads, call.topk, q.stride(0), q.stride(1), call.indices.stride(0),
+            out.stride(0), out.stride(1), lse.stride(0),
+            call.page_size, next_pow2(call.page_size), call.page_stride, row_bytes, scale_base,
+            scale_row, nope, rope, call.scale_tile, n_tiles, float(call.sm_scale),
+            int(has_len), int(has_sink), int(call.invalid_index_rule == "any_negative"),
+            int(call.sink_in_lse), int(call.empty_row_lse == "+inf"), split_len, n_splits)
+    tune = dict(num_warps=num_warps or (4 if block_h == 16 else 8))
+    if num_stages is not None:
+        tune["num_stages"] = num_stages
+    grid = (triton_cdiv(call.heads, block_h), call.batch, n_splits)
+    j.mma2_kernel[grid](*args, **consts, **tune)
+    _record("mma2_kernel", tuple(sorted(consts.items())) + tuple(sorted(tune.items())))
+    if split:
+        cconsts = dict(NOPE_PAD=nope_pad, ROPE_PAD=rope_pad, V_ROPE=v_rope,
+                       BLOCK_H=COMBINE_BLOCK_H, MUTANT=mutant)
+        cgrid = (triton_cdiv(call.heads, COMBINE_BLOCK_H), call.batch)
+        j.combine_kernel[cgrid](ws, wml, sink_arg, out, lse, call.heads, out.stride(0),
+                                out.stride(1), lse.stride(0), nope, rope, n_splits,
+                                int(has_sink), int(call.sink_in_lse),
+                                int(call.empty_row_lse == "+inf"), **cconsts, num_warps=4)
+        _record("combine_kernel", tuple(sorted(cconsts.items())))
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -52,6 +52,10 @@ RUNTIME_INTS = [
     "nope", "rope", "scale_tile", "n_tiles",
     "has_len", "has_sink", "any_negative", "sink_in_lse", "empty_pos_inf",
 ]
+# Triton refuses a do_not_specialize name that is not a parameter: one list per kernel.
+RUNTIME_INTS_SPLIT = RUNTIME_INTS + ["split_len", "n_splits"]
+RUNTIME_INTS_COMBINE = ["H", "o_sb", "o_sh", "lse_sb", "nope", "rope", "n_splits", "has_sink",
+                        "sink_in_lse", "empty_pos_inf"]
 
 
 @triton.jit
@@ -135,6 +139,105 @@ def _load_k_tile(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride, 
     hi = tl.load(raddr + 1, mask=rmask, other=0).to(tl.int32)
     k_rope = tl.where(rmask, _bf16_bytes_to_f32(lo, hi), 0.0)
     return k_nope, k_rope
+
+
+@triton.jit
+def _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
+                 row_bytes, scale_base, scale_row, nope, rope, n_tiles,
+                 LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE_PAD: tl.constexpr,
+                 STILE: tl.constexpr, MUTANT: tl.constexpr):
+    """The loads of _load_k_tile_fast, nothing decoded: (nope bytes [N, NOPE_PAD / STILE,
+    STILE], raw scales [N, NOPE_PAD / STILE] (MODEL1 ue8m0 bytes, V32 fp32), rope bf16
+    [N, ROPE_PAD], load mask [N, NOPE_PAD / STILE]). Split from the decode so that mma2_kernel
+    can issue the next tile's loads before it computes on this one (PREFETCH)."""
+    NT_PAD: tl.constexpr = NOPE_PAD // STILE
+    load_ok = valid
+    safe = tl.where(valid, idx, 0)
+    if MUTANT == M_INVALID_INDEX_UNMASKED:
+        load_ok = valid | (idx == -1)
+        safe = tl.where(load_ok & (idx >= 0), idx, 0)
+    if MUTANT == M_PAGE_SIZE_POW2:
+        page = (safe // page_size_pow2).to(tl.int64)
+        slot = (safe % page_size_pow2).to(tl.int64)
+    else:
+        page = (safe // page_size).to(tl.int64)
+        slot = (safe % page_size).to(tl.int64)
+    base = page * page_stride
+    row = tl.multiple_of(base + slot * row_bytes, 16)
+    tt = tl.arange(0, NT_PAD)
+    te = tl.arange(0, STILE)
+    if MUTANT == M_UNMASKED_PAD_COLUMNS:
+        tcols = tt < NT_PAD
+    else:
+        tcols = tt < n_tiles
+    tmask = load_ok[:, None] & tcols[None, :]  # [N, NT_PAD]
+    nmask = tmask[:, :, None] & (te < STILE)[None, None, :]  # [N, NT_PAD, STILE]
+    col = (tt * STILE)[None, :, None] + te[None, None, :]
+    nb = tl.load(cache_ptr + row[:, None, None] + col, mask=nmask, other=0)
+    group = tt
+    if MUTANT == M_WRONG_SCALE_GROUP:
+        group = tl.where((tt == n_tiles - 1) & (n_tiles > 1), tt - 1, tt)
+    if LAYOUT == 0:
+        srow = base + scale_base + slot * scale_row
+        sraw = tl.load(cache_ptr + srow[:, None] + group[None, :], mask=tmask, other=127)
+        rope_at = row + nope
+    else:  # the fp32 scales are 4-byte aligned here (row and nope multiples of 16)
+        sptr = (cache_ptr + row[:, None] + (nope + 4 * group)[None, :]).to(
+            tl.pointer_type(tl.float32))
+        sraw = tl.load(sptr, mask=tmask, other=0.0)
+        rope_at = row + nope + 4 * n_tiles
+    dr = tl.arange(0, ROPE_PAD)
+    rmask = load_ok[:, None] & (dr < rope)[None, :]
+    rptr = (cache_ptr + rope_at).to(tl.pointer_type(tl.bfloat16))
+    kr = tl.load(rptr[:, None] + dr[None, :], mask=rmask, other=0.0)
+    return nb, sraw, kr, tmask
+
+
+@triton.jit
+def _decode_fast(nb, sraw, tmask, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
+                 NOPE_PAD: tl.constexpr, FP8CVT: tl.constexpr):
+    """K nope in bf16 [N, NOPE_PAD] from _gather_fast's bytes: e4m3 * scale in fp32, masked."""
+    if FP8CVT:
+        code = nb.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32)
+    else:
+        code = _e4m3_to_f32(nb.to(tl.int32))
+    if LAYOUT == 0:
+        scale = _ue8m0_to_f32(sraw.to(tl.int32))
+    else:
+        scale = sraw
+    k3 = tl.where(tmask[:, :, None], code * scale[:, :, None], 0.0)
+    return tl.reshape(k3, [BLOCK_N, NOPE_PAD]).to(tl.bfloat16)
+
+
+@triton.jit
+def _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
+                      row_bytes, scale_base, scale_row, nope, rope, n_tiles,
+                      BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr,
+                      ROPE_PAD: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr,
+                      MUTANT: tl.constexpr):
+    """_load_k_tile for aligned geometries: the same values, in bf16 (K for tl.dot).
+
+    The host picks this path (``FAST``) only when every token row starts on a 16-byte boundary
+    (page stride, row bytes and nope multiples of 16, cache pointer aligned) and the scale tile
+    is a power of two >= 16 (``STILE``): the nope bytes are then read as [N, tiles, STILE]
+    with 16-byte vector loads, one scale per (token, tile) instead of one per element, and the
+    rope dims as bf16 words. FP8CVT decodes e4m3 with the hardware conversion (e4m3fn -> fp16
+    -> fp32); see the README for what the H200 showed of its exactness.
+    """
+    nb, sraw, kr, tmask = _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2,
+                                       page_stride, row_bytes, scale_base, scale_row, nope,
+                                       rope, n_tiles, LAYOUT, NOPE_PAD, ROPE_PAD, STILE,
+                                       MUTANT)
+    return _decode_fast(nb, sraw, tmask, BLOCK_N, LAYOUT, NOPE_PAD, FP8CVT), kr
+
+
+@triton.jit
+def e4m3_decode_check_kernel(src_ptr, hw_ptr, sw_ptr):
+    """Both e4m3 decodes of the 256 bytes at src (tests: FP8CVT must give _e4m3_to_f32's bits)."""
+    i = tl.arange(0, 256)
+    b = tl.load(src_ptr + i)
+    tl.store(hw_ptr + i, b.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32))
+    tl.store(sw_ptr + i, _e4m3_to_f32(b.to(tl.int32)))
 
 
 @triton.jit
@@ -294,6 +397,191 @@ def mma_kernel(q_ptr, cache_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, lse_ptr,
     o_n = tl.where(has_tok[:, None], acc_n * inv[:, None], 0.0).to(tl.bfloat16)
     if MUTANT == M_STORE_PADDED_COLUMNS:
         ocols = dn < NOPE_PAD  # bug: padded columns stored (over the rope dims, or past d_v)
+    else:
+        ocols = dn < nope
+    tl.store(o_rows + dn[None, :], o_n, mask=hmask[:, None] & ocols[None, :])
+    tl.store(lse_ptr + b * lse_sb + hs, lse, mask=hmask)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS_SPLIT)
+def mma2_kernel(q_ptr, cache_ptr, idx_ptr, len_ptr, sink_ptr, out_ptr, lse_ptr, ws_ptr, wml_ptr,
+                H, topk, q_sb, q_sh, idx_sb, o_sb, o_sh, lse_sb,
+                page_size, page_size_pow2, page_stride, row_bytes, scale_base, scale_row,
+                nope, rope, scale_tile, n_tiles, sm_scale,
+                has_len, has_sink, any_negative, sink_in_lse, empty_pos_inf,
+                split_len, n_splits,
+                LAYOUT: tl.constexpr, NOPE_PAD: tl.constexpr, ROPE_PAD: tl.constexpr,
+                HAS_ROPE: tl.constexpr, V_ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_H: tl.constexpr, MUTANT: tl.constexpr, SPLIT: tl.constexpr,
+                FAST: tl.constexpr, STILE: tl.constexpr, FP8CVT: tl.constexpr,
+                PREFETCH: tl.constexpr):
+    """mma_kernel with a split of the token list (flash-decoding) and the aligned fast gather.
+
+    Program (head block, batch row, split s) runs the online softmax over the tokens
+    [s * split_len, (s + 1) * split_len) of its row (split_len a multiple of BLOCK_N, fixed by
+    the host from topk and the device only, never from the batch). SPLIT: the unnormalized fp32
+    O, the running max m and the fp32 row sum l go to the workspace (ws [B, S, H, NOPE_PAD +
+    ROPE_PAD], wml [B, S, 2, H]) and combine_kernel merges them; otherwise (one split) the
+    program finishes the row itself, as mma_kernel does. The precision pipeline is mma_kernel's.
+    """
+    DW: tl.constexpr = NOPE_PAD + ROPE_PAD
+    hb = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    sp = tl.program_id(2)
+    hs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = hs < H
+    dn = tl.arange(0, NOPE_PAD)
+    dr = tl.arange(0, ROPE_PAD)
+    q_rows = q_ptr + b * q_sb + hs[:, None] * q_sh
+    if MUTANT == M_UNMASKED_PAD_COLUMNS:
+        qcols = dn < NOPE_PAD
+    else:
+        qcols = dn < nope
+    qn = tl.load(q_rows + dn[None, :], mask=hmask[:, None] & qcols[None, :], other=0.0)
+    qr = tl.load(q_rows + nope + dr[None, :], mask=hmask[:, None] & (dr < rope)[None, :],
+                 other=0.0)
+    n_len = _row_length(len_ptr, b, topk, has_len, BLOCK_N, MUTANT)
+    lo = sp * split_len
+    hi = tl.minimum(lo + split_len, n_len)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc_n = tl.zeros([BLOCK_H, NOPE_PAD], tl.float32)
+    acc_r = tl.zeros([BLOCK_H, ROPE_PAD], tl.float32)
+    if FAST and PREFETCH:  # the first tile's loads, before the loop
+        p_idx, p_valid = _valid_entries(idx_ptr, b, idx_sb, lo + tl.arange(0, BLOCK_N), hi,
+                                        any_negative)
+        p_nb, p_s, p_kr, p_m = _gather_fast(cache_ptr, p_idx, p_valid, page_size,
+                                            page_size_pow2, page_stride, row_bytes, scale_base,
+                                            scale_row, nope, rope, n_tiles, LAYOUT, NOPE_PAD,
+                                            ROPE_PAD, STILE, MUTANT)
+    for start in range(lo, hi, BLOCK_N):
+        if FAST and PREFETCH:
+            valid = p_valid
+            c_nb, c_s, kr, c_m = p_nb, p_s, p_kr, p_m
+            # The next tile's loads go out before this tile's math (entries past hi: masked).
+            p_idx, p_valid = _valid_entries(idx_ptr, b, idx_sb,
+                                            start + BLOCK_N + tl.arange(0, BLOCK_N), hi,
+                                            any_negative)
+            p_nb, p_s, p_kr, p_m = _gather_fast(cache_ptr, p_idx, p_valid, page_size,
+                                                page_size_pow2, page_stride, row_bytes,
+                                                scale_base, scale_row, nope, rope, n_tiles,
+                                                LAYOUT, NOPE_PAD, ROPE_PAD, STILE, MUTANT)
+            kn = _decode_fast(c_nb, c_s, c_m, BLOCK_N, LAYOUT, NOPE_PAD, FP8CVT)
+        elif FAST:
+            offs = start + tl.arange(0, BLOCK_N)
+            idx, valid = _valid_entries(idx_ptr, b, idx_sb, offs, hi, any_negative)
+            kn, kr = _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2,
+                                       page_stride, row_bytes, scale_base, scale_row, nope,
+                                       rope, n_tiles, BLOCK_N, LAYOUT, NOPE_PAD, ROPE_PAD,
+                                       STILE, FP8CVT, MUTANT)
+        else:
+            offs = start + tl.arange(0, BLOCK_N)
+            idx, valid = _valid_entries(idx_ptr, b, idx_sb, offs, hi, any_negative)
+            kn32, kr32 = _load_k_tile(cache_ptr, idx, valid, page_size, page_size_pow2,
+                                      page_stride, row_bytes, scale_base, scale_row, nope, rope,
+                                      scale_tile, n_tiles, LAYOUT, NOPE_PAD, ROPE_PAD, MUTANT)
+            kn = kn32.to(tl.bfloat16)
+            kr = kr32.to(tl.bfloat16)
+        s = tl.dot(qn, tl.trans(kn))
+        if HAS_ROPE:
+            s = tl.dot(qr, tl.trans(kr), s)
+        x = s * sm_scale
+        x = tl.where(valid[None, :], x, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(x, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        if MUTANT == M_NO_RESCALE:
+            alpha = tl.where(m_i == float("-inf"), 0.0, 1.0)
+        p = tl.exp(x - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        pb = p.to(tl.bfloat16)
+        acc_n = tl.dot(pb, kn, acc_n * alpha[:, None])
+        if V_ROPE:
+            acc_r = tl.dot(pb, kr, acc_r * alpha[:, None])
+        m_i = m_new
+    if SPLIT:
+        cell = (b * n_splits + sp) * H
+        w_rows = ws_ptr + (cell + hs[:, None]).to(tl.int64) * DW
+        tl.store(w_rows + dn[None, :], acc_n, mask=hmask[:, None] & (dn < nope)[None, :])
+        if V_ROPE:
+            tl.store(w_rows + NOPE_PAD + dr[None, :], acc_r,
+                     mask=hmask[:, None] & (dr < rope)[None, :])
+        ml = wml_ptr + 2 * cell + hs
+        tl.store(ml, m_i, mask=hmask)
+        tl.store(ml + H, l_i, mask=hmask)
+    else:
+        sink = tl.load(sink_ptr + hs, mask=hmask & (has_sink != 0), other=float("-inf"))
+        inv, lse, has_tok = _finish(m_i, l_i, sink, has_sink, sink_in_lse, empty_pos_inf,
+                                    MUTANT)
+        o_rows = out_ptr + b * o_sb + hs[:, None] * o_sh
+        if V_ROPE:
+            o_r = tl.where(has_tok[:, None], acc_r * inv[:, None], 0.0).to(tl.bfloat16)
+            tl.store(o_rows + nope + dr[None, :], o_r,
+                     mask=hmask[:, None] & (dr < rope)[None, :])
+        o_n = tl.where(has_tok[:, None], acc_n * inv[:, None], 0.0).to(tl.bfloat16)
+        if MUTANT == M_STORE_PADDED_COLUMNS:
+            ocols = dn < NOPE_PAD
+        else:
+            ocols = dn < nope
+        tl.store(o_rows + dn[None, :], o_n, mask=hmask[:, None] & ocols[None, :])
+        tl.store(lse_ptr + b * lse_sb + hs, lse, mask=hmask)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS_COMBINE)
+def combine_kernel(ws_ptr, wml_ptr, sink_ptr, out_ptr, lse_ptr,
+                   H, o_sb, o_sh, lse_sb, nope, rope, n_splits,
+                   has_sink, sink_in_lse, empty_pos_inf,
+                   NOPE_PAD: tl.constexpr, ROPE_PAD: tl.constexpr, V_ROPE: tl.constexpr,
+                   BLOCK_H: tl.constexpr, MUTANT: tl.constexpr):
+    """Merges the splits of mma2_kernel: one program per (head block, batch row).
+
+    M = max_s m_s; O = sum_s exp(m_s - M) O_s and l = sum_s exp(m_s - M) l_s in fp32 (splits
+    in order, so the result does not depend on the batch); then the sink, LSE and empty-row
+    rules of _finish and the bf16 store, as in mma_kernel.
+    """
+    hb = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    hs = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    hmask = hs < H
+    dn = tl.arange(0, NOPE_PAD)
+    dr = tl.arange(0, ROPE_PAD)
+    DW: tl.constexpr = NOPE_PAD + ROPE_PAD
+    m_all = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for sp in range(0, n_splits):
+        cell = (b * n_splits + sp) * H
+        m_s = tl.load(wml_ptr + 2 * cell + hs, mask=hmask, other=float("-inf"))
+        m_all = tl.maximum(m_all, m_s)
+    m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc_n = tl.zeros([BLOCK_H, NOPE_PAD], tl.float32)
+    acc_r = tl.zeros([BLOCK_H, ROPE_PAD], tl.float32)
+    nmask = hmask[:, None] & (dn < nope)[None, :]
+    rmask = hmask[:, None] & (dr < rope)[None, :]
+    for sp in range(0, n_splits):
+        cell = (b * n_splits + sp) * H
+        m_s = tl.load(wml_ptr + 2 * cell + hs, mask=hmask, other=float("-inf"))
+        l_s = tl.load(wml_ptr + 2 * cell + H + hs, mask=hmask, other=0.0)
+        w = tl.exp(m_s - m_use)  # m_s = -inf (an empty split): 0
+        if MUTANT == M_NO_RESCALE:
+            w = tl.where(m_s == float("-inf"), 0.0, 1.0)
+        w_rows = ws_ptr + (cell + hs[:, None]).to(tl.int64) * DW
+        a_n = tl.load(w_rows + dn[None, :], mask=nmask & (m_s != float("-inf"))[:, None],
+                      other=0.0)
+        acc_n = acc_n + a_n * w[:, None]
+        if V_ROPE:
+            a_r = tl.load(w_rows + NOPE_PAD + dr[None, :],
+                          mask=rmask & (m_s != float("-inf"))[:, None], other=0.0)
+            acc_r = acc_r + a_r * w[:, None]
+        l_i = l_i + l_s * w
+    sink = tl.load(sink_ptr + hs, mask=hmask & (has_sink != 0), other=float("-inf"))
+    inv, lse, has_tok = _finish(m_all, l_i, sink, has_sink, sink_in_lse, empty_pos_inf, MUTANT)
+    o_rows = out_ptr + b * o_sb + hs[:, None] * o_sh
+    if V_ROPE:
+        o_r = tl.where(has_tok[:, None], acc_r * inv[:, None], 0.0).to(tl.bfloat16)
+        tl.store(o_rows + nope + dr[None, :], o_r, mask=rmask)
+    o_n = tl.where(has_tok[:, None], acc_n * inv[:, None], 0.0).to(tl.bfloat16)
+    if MUTANT == M_STORE_PADDED_COLUMNS:
+        ocols = dn < NOPE_PAD
     else:
         ocols = dn < nope
     tl.store(o_rows + dn[None, :], o_n, mask=hmask[:, None] & ocols[None, :])

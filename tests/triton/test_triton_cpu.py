@@ -173,3 +173,81 @@ def test_the_alias_carries_the_kernels_envelope_into_a_campaign(tmp_path):
     run = [line.split() for line in proc.stdout.splitlines() if line.split()[:2] == ["triton-mma", "run"]]
     # backend, property, cases, n/a, failures: every case applicable and passing.
     assert run and run[0][2:5] == ["6", "0", "0"], proc.stdout
+
+
+MUTANT_STAND_IN = '''
+import sys
+sys.path.insert(0, {examples!r})
+sys.path.insert(0, {kdir!r})
+import mlafuzz
+import numpy_decode
+from mla_triton import ENVELOPE, supports  # triton-mma's own envelope and refusals
+
+MUTANTS = {{"wrong-scale-group": "the last nope tile takes the previous tile's scale"}}
+
+
+@mlafuzz.kernel(name="triton-mma", precision="fp32_simt", device="cpu", envelope=ENVELOPE)
+def decode(call):
+    numpy_decode.decode(call)
+
+
+@mlafuzz.kernel(name="triton-mma.wrong-scale-group", precision="fp32_simt", device="cpu",
+                envelope=ENVELOPE)
+def mutant_wrong_scale_group(call):
+    numpy_decode.attend(call, mutant="wrong-scale-group")
+'''
+
+
+def test_wrong_scale_group_is_killed_within_the_h200_runs_case_budget(tmp_path):
+    # The H200 run of `mlafuzz mutants --backends triton-mma` let wrong-scale-group survive 24
+    # cases: the alias did not forward the kernel's envelope then (fixed in d8eaf46), so most
+    # cases were s_q > 1 or extra-cache ones the kernel refuses. Through the alias, with
+    # triton-mma's real ENVELOPE and supports() and a numpy stand-in of the same bug, the same
+    # seed and the same 24 cases must kill it (seed 1: the third case; seeds 1-8: 2-14 cases).
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    (kdir / "triton_mma.py").write_text(MUTANT_STAND_IN.format(
+        examples=os.path.join(ROOT, "examples", "python"), kdir=KDIR))
+    env = dict(os.environ, MLAFUZZ_TRITON_DIR=str(kdir))
+    report = tmp_path / "mutants.json"
+    proc = subprocess.run(
+        [mlafuzz.testing.find_mlafuzz(), "mutants", "--backends", "triton-mma", "--seed", "1",
+         "--max-cases", "24", "--shrink-evals", "40", "--json", str(report)],
+        cwd="/", env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        check=False)
+    assert proc.returncode == 0, proc.stdout
+    import json  # noqa: PLC0415
+
+    (m,) = json.loads(report.read_text())["mutants"]
+    assert m["mutant"] == "wrong-scale-group" and m["status"] == "killed", proc.stdout
+    assert m["property"] == "tolerance" and m["case_index"] < 24, m
+
+
+def test_split_plan_depends_on_topk_only_and_tiles_the_row():
+    common = _load("mla_triton")
+    assert common.split_plan(512, 128, 32) == (128, 4)
+    assert common.split_plan(500, 100, 32) == (128, 4)  # rounded up to whole token tiles
+    assert common.split_plan(77, 128, 32) == (96, 1)  # one split: no workspace, no combine
+    assert common.split_plan(512, None, 32) == (512, 1)
+    assert common.split_plan(1, 128, 16) == (16, 1)
+    for topk in (1, 33, 128, 129, 512, 2048):
+        split_len, n = common.split_plan(topk, common.SPLIT_TOKENS, common.MMA_BLOCK_N)
+        assert split_len % common.MMA_BLOCK_N == 0 and (n - 1) * split_len < topk <= n * split_len
+
+
+def test_fast_path_needs_16_byte_rows_and_a_power_of_two_scale_tile():
+    common = _load("mla_triton")
+
+    class Cache:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def data_ptr(self):
+            return self.ptr
+
+    ok = _call(page_size=64, page_stride=64 * 584, kv_cache=Cache(256))
+    assert common.fast_path_ok(ok, 576)
+    assert not common.fast_path_ok(dataclasses.replace(ok, page_stride=61 * 584), 576)
+    assert not common.fast_path_ok(dataclasses.replace(ok, kv_cache=Cache(264)), 576)
+    assert not common.fast_path_ok(ok, 584)  # row bytes
+    assert not common.fast_path_ok(dataclasses.replace(ok, scale_tile=48, nope_dim=480), 608)

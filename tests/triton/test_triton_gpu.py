@@ -77,3 +77,105 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
     assert after["configs"] == before["configs"], after
     if after["triton_compiled"] is not None:
         assert after["triton_compiled"] == before["triton_compiled"], after
+
+
+@pytest.mark.xfail(reason="H200 2026-12-01: some non-NaN byte decoded differently (not yet "
+                          "identified); FP8CVT stays off by default until this passes",
+                   strict=False)
+def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
+    # mma2_kernel's FP8CVT path (e4m3fn -> fp16 -> fp32 by the hardware conversion) must give
+    # the bits of _e4m3_to_f32 (SPEC.md section 2: subnormals kept, 0x7f/0xff NaN).
+    import torch  # noqa: PLC0415
+
+    import mla_triton_jit  # noqa: PLC0415
+
+    src = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8)
+    hw = torch.empty(256, dtype=torch.float32, device="cuda")
+    sw = torch.empty_like(hw)
+    mla_triton_jit.e4m3_decode_check_kernel[(1,)](src, hw, sw)
+    nan = torch.isnan(sw)
+    assert nan.nonzero().flatten().tolist() == [0x7F, 0xFF]
+    assert torch.equal(torch.isnan(hw), nan)
+    hb, sb = hw.view(torch.int32), sw.view(torch.int32)
+    bad = ((hb != sb) & ~nan).nonzero().flatten().tolist()
+    assert not bad, [(hex(i), hw[i].item(), sw[i].item(), hex(hb[i].item() & 0xFFFFFFFF),
+                      hex(sb[i].item() & 0xFFFFFFFF)) for i in bad]
+
+
+@pytest.mark.parametrize("page", [64, 61])  # 64: aligned rows (fast gather); 61: byte-wise
+def test_mma2_without_split_matches_mma_kernel(page):
+    # Byte-wise gather: mma_kernel's bits. Fast gather: the same K and q values, but the H200 run
+    # of 2026-12-01 saw 183 of 1M outputs 1 bf16 ulp apart at B=32 (LSE 1 fp32 ulp): tl.dot's
+    # fp32 accumulation order differs with the operand layout, so at most 1 ulp is asked.
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    call = bench_triton.make_call(3, 40, 77, page, seed=7)
+    assert mla_triton.fast_path_ok(call, 576) == (page == 64)
+    mla_triton.launch(call, "mma_kernel", block_h=32)
+    torch.cuda.synchronize()
+    ref = (call.out.clone(), call.lse.clone())
+    mla_triton.launch2(call, block_h=32, split_tokens=None)
+    torch.cuda.synchronize()
+    if page == 61:
+        assert torch.equal(call.out.view(torch.int16), ref[0].view(torch.int16))
+        assert torch.equal(call.lse, ref[1])
+    else:
+        d = (call.out.float() - ref[0].float()).abs()
+        assert bool((d <= ref[0].float().abs() * 2.0 ** -7).all()), d.max().item()
+        assert bool(((call.lse - ref[1]).abs() <= ref[1].abs() * 2.0 ** -22).all())
+
+
+def test_mma2_split_is_close_to_one_split_and_a_row_alone_gives_the_same_bits():
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    call = bench_triton.make_call(4, 64, 512, 64, seed=9)
+    mla_triton.launch2(call, split_tokens=None)
+    torch.cuda.synchronize()
+    one = (call.out.float().clone(), call.lse.clone())
+    mla_triton.launch2(call)  # the default split (SPLIT_TOKENS)
+    torch.cuda.synchronize()
+    split = (call.out.clone(), call.lse.clone())
+    scale = one[0].abs().max().item()
+    assert (split[0].float() - one[0]).abs().max().item() <= 0.02 * scale
+    assert (split[1] - one[1]).abs().max().item() <= 1e-3
+    # batch-alone: row 2 computed alone (same topk, so the same split) gives the same bits.
+    alone = bench_triton.make_call(4, 64, 512, 64, seed=9)
+    for name in ("q", "indices", "out", "lse"):
+        setattr(alone, name, getattr(alone, name)[2:3].clone())
+    alone.batch = 1
+    mla_triton.launch2(alone)
+    torch.cuda.synchronize()
+    assert torch.equal(alone.out.view(torch.int16), split[0][2:3].view(torch.int16))
+    assert torch.equal(alone.lse, split[1][2:3])
+
+
+@pytest.mark.parametrize("layout_page", [("model1", 64), ("v32", 64)])
+def test_mma2_prefetch_gives_the_same_bits(layout_page):
+    # PREFETCH only moves the next tile's loads ahead of this tile's math: the same bits.
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    call = bench_triton.make_call(3, 64, 300, layout_page[1], seed=11)
+    if layout_page[0] == "v32":  # reinterpret the same bytes as V32 rows of 656 bytes
+        call.layout, call.nope_dim, call.scale_tile, call.token_bytes = "v32", 512, 128, 656
+        call.d_qk, call.d_v = 576, 512
+        call.page_size = call.page_stride // 656 // 16 * 16 or 1
+        call.q = torch.randn(3, 64, 576, device="cuda").to(torch.bfloat16)
+        call.out = call.out[:, :, :512]
+        call.sm_scale = 576 ** -0.5
+        call.indices = call.indices % (call.num_pages * call.page_size)
+    outs = []
+    for prefetch in (False, True):
+        mla_triton.launch2(call, block_h=64, prefetch=prefetch)
+        torch.cuda.synchronize()
+        outs.append((call.out.clone(), call.lse.clone()))
+    assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
+    assert torch.equal(outs[0][1], outs[1][1])
