@@ -407,7 +407,7 @@ class Server:
             # the invariants it does not promise bit for bit.
             "envelope": i.envelope,
             "inexact": list(i.inexact),
-            "extra_pipeline": getattr(i, "extra_pipeline", "joint"),
+            "extra_pipeline": i.extra_pipeline,
             # The module's planted bugs (MUTANTS): backend <spec>~<name> runs mutant_<name>.
             "mutants": declared_mutants(sys.modules.get(getattr(self.func, "__module__", ""))),
         }
