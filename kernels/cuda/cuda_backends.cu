@@ -12,38 +12,10 @@
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/device_run.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/size_class_pool.h"
 
 namespace mlafuzz::cuda_detail {
 namespace {
-
-// One device buffer of a backend, kept between calls and grown when a case needs more: a
-// campaign makes thousands of calls per second, and cudaMalloc/cudaFree (which synchronizes the
-// device) cost more than the kernels. With MLAFUZZ_CUDA_EXACT_ALLOC=1 every call allocates its
-// buffers at their exact sizes and frees them afterwards, so that compute-sanitizer's memcheck
-// sees a read one byte past a buffer (scripts/gpu_check.sh sets it).
-struct DevMem {
-  void* ptr = nullptr;
-  size_t capacity = 0;
-  DevMem() = default;
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-  ~DevMem() { release(); }
-  void release() {
-    if (ptr != nullptr) (void)cudaFree(ptr);  // errors after a fault ignored
-    ptr = nullptr;
-    capacity = 0;
-  }
-  // At least `bytes` (1 for empty buffers); exact sizes when `exact`.
-  cudaError_t reserve(size_t bytes, bool exact) {
-    bytes = std::max<size_t>(bytes, 1);
-    if (ptr != nullptr && (exact ? capacity == bytes : capacity >= bytes)) return cudaSuccess;
-    release();
-    const size_t want = exact ? bytes : std::max<size_t>(bytes + bytes / 4, 4096);
-    const cudaError_t e = cudaMalloc(&ptr, want);
-    if (e == cudaSuccess) capacity = want;
-    return e;
-  }
-};
 
 bool exact_allocations() {
   static const bool exact = [] {
@@ -51,6 +23,110 @@ bool exact_allocations() {
     return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
   }();
   return exact;
+}
+
+// The most bytes each of a backend's two pools (device, pinned) keeps on its free lists:
+// MLAFUZZ_CUDA_POOL_MB (default 2048).
+size_t pool_cache_limit() {
+  static const size_t bytes = [] {
+    const char* v = std::getenv("MLAFUZZ_CUDA_POOL_MB");
+    const long long mb = v != nullptr && *v != '\0' ? std::atoll(v) : 2048;
+    return static_cast<size_t>(std::max<long long>(mb, 0)) << 20;
+  }();
+  return bytes;
+}
+
+struct DeviceBacking {
+  int allocate(size_t bytes, void** p) { return static_cast<int>(cudaMalloc(p, bytes)); }
+  void deallocate(void* p) { (void)cudaFree(p); }  // errors after a fault ignored
+};
+struct PinnedBacking {
+  int allocate(size_t bytes, void** p) {
+    return static_cast<int>(cudaHostAlloc(p, bytes, cudaHostAllocDefault));
+  }
+  void deallocate(void* p) { (void)cudaFreeHost(p); }
+};
+using DevicePool = mla::cuda::SizeClassPool<DeviceBacking>;
+using PinnedPool = mla::cuda::SizeClassPool<PinnedBacking>;
+
+// One buffer of a backend, kept between calls and swapped for a block of the backend's caching
+// pool (size_class_pool.h) when a case needs more or much less: a campaign makes thousands of
+// calls per second, and cudaMalloc/cudaFree (which synchronizes the device) cost more than the
+// kernels. With MLAFUZZ_CUDA_EXACT_ALLOC=1 (device buffers only) every call allocates its
+// buffers at their exact sizes with cudaMalloc and frees them afterwards, no pool, so that
+// compute-sanitizer's memcheck sees a read one byte past a buffer (scripts/gpu_check.sh sets it).
+template <typename Pool, typename Backing>
+struct PooledMem {
+  void* ptr = nullptr;
+  size_t capacity = 0;
+  Pool* pool = nullptr;  // where ptr came from; null: exact cudaMalloc
+  PooledMem() = default;
+  PooledMem(const PooledMem&) = delete;
+  PooledMem& operator=(const PooledMem&) = delete;
+  ~PooledMem() { release(); }
+  void release() {
+    if (ptr != nullptr) {
+      if (pool != nullptr) {
+        pool->release(ptr, capacity);
+      } else {
+        Backing{}.deallocate(ptr);
+      }
+    }
+    ptr = nullptr;
+    capacity = 0;
+    pool = nullptr;
+  }
+  // At least `bytes` (1 for empty buffers) from `from`; exact sizes, no pool, when `exact`. A
+  // block more than twice the need's size class goes back to the pool for a bigger case.
+  cudaError_t reserve(size_t bytes, bool exact, Pool* from) {
+    bytes = std::max<size_t>(bytes, 1);
+    if (ptr != nullptr) {
+      if (exact ? (pool == nullptr && capacity == bytes)
+                : (pool != nullptr && capacity >= bytes &&
+                   capacity <= 2 * mla::cuda::size_class(bytes))) {
+        return cudaSuccess;
+      }
+    }
+    release();
+    if (exact || from == nullptr) {
+      const int e = Backing{}.allocate(bytes, &ptr);
+      if (e != 0) {
+        ptr = nullptr;
+        return static_cast<cudaError_t>(e);
+      }
+      capacity = bytes;
+      return cudaSuccess;
+    }
+    const int e = from->acquire(bytes, &ptr, &capacity);
+    if (e == 0) pool = from;
+    return static_cast<cudaError_t>(e);
+  }
+  uint8_t* bytes_ptr() const { return static_cast<uint8_t*>(ptr); }
+};
+using DevMem = PooledMem<DevicePool, DeviceBacking>;
+using PinnedMem = PooledMem<PinnedPool, PinnedBacking>;
+
+// Fills the output block with the canaries (OutputBuffers::kCanaryBits, kLseCanaryBits) on the
+// device: no host-side canary buffer, no upload of it.
+__global__ void fill_canaries_kernel(uint16_t* out, size_t n_out, uint16_t out_bits, uint32_t* lse,
+                                     size_t n_lse, uint32_t lse_bits) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_out;
+       i += stride) {
+    out[i] = out_bits;
+  }
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_lse;
+       i += stride) {
+    lse[i] = lse_bits;
+  }
+}
+
+cudaError_t fill_canaries(uint16_t* out, size_t n_out, uint32_t* lse, size_t n_lse) {
+  const size_t n = std::max(n_out, n_lse);
+  const unsigned blocks = static_cast<unsigned>(std::clamp<size_t>((n + 255) / 256, 1, 1024));
+  fill_canaries_kernel<<<blocks, 256, 0, 0>>>(out, n_out, OutputBuffers::kCanaryBits, lse, n_lse,
+                                              OutputBuffers::kLseCanaryBits);
+  return cudaGetLastError();
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -75,34 +151,6 @@ bool resident_inputs_enabled() {
   return on && !exact_allocations();
 }
 
-// Page-locked host memory (cudaHostAlloc), grown and never shrunk: copies from it are DMA
-// transfers that need no driver-side staging copy.
-struct PinnedMem {
-  uint8_t* ptr = nullptr;
-  size_t capacity = 0;
-  PinnedMem() = default;
-  PinnedMem(const PinnedMem&) = delete;
-  PinnedMem& operator=(const PinnedMem&) = delete;
-  ~PinnedMem() {
-    if (ptr != nullptr) (void)cudaFreeHost(ptr);
-  }
-  cudaError_t reserve(size_t bytes) {
-    bytes = std::max<size_t>(bytes, 1);
-    if (ptr != nullptr && capacity >= bytes) return cudaSuccess;
-    if (ptr != nullptr) (void)cudaFreeHost(ptr);
-    ptr = nullptr;
-    capacity = 0;
-    const size_t want = std::max<size_t>(bytes + bytes / 4, 4096);
-    void* p = nullptr;
-    const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocDefault);
-    if (e == cudaSuccess) {
-      ptr = static_cast<uint8_t*>(p);
-      capacity = want;
-    }
-    return e;
-  }
-};
-
 // The last few distinct contents of one input (q, the cache, ...) kept on the device, each with a
 // pinned host copy of the bytes it holds. The property variants of a case share most of their
 // inputs (relocation and poisoning change the cache, rows and heads alone q and the indices,
@@ -122,7 +170,8 @@ class ResidentInput {
   // The device copy of `bytes` bytes at `src`: a kept version when one matches (hit), else the
   // least recently used version is refilled: its pinned copy now, the upload appended to
   // `uploads`.
-  cudaError_t stage(const void* src, size_t bytes, void** dev, std::vector<Copy>* uploads) {
+  cudaError_t stage(const void* src, size_t bytes, void** dev, std::vector<Copy>* uploads,
+                    DevicePool* dev_pool, PinnedPool* pinned_pool, double* alloc_s) {
     ++tick_;
     for (Version& v : versions_) {
       if (v.valid && v.bytes == bytes && (bytes == 0 || std::memcmp(v.host.ptr, src, bytes) == 0)) {
@@ -140,8 +189,10 @@ class ResidentInput {
       if (v.last_use < victim->last_use) victim = &v;
     }
     victim->valid = false;
-    cudaError_t e = victim->host.reserve(bytes);
-    if (e == cudaSuccess) e = victim->dev.reserve(bytes, false);
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaError_t e = victim->host.reserve(bytes, false, pinned_pool);
+    if (e == cudaSuccess) e = victim->dev.reserve(bytes, false, dev_pool);
+    *alloc_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (e != cudaSuccess) return e;
     if (bytes > 0) {
       std::memcpy(victim->host.ptr, src, bytes);
@@ -258,6 +309,9 @@ class CudaKernelBackend final : public Backend {
       RunResult r = run_resident(m);
       if (!r.ok()) {
         for (ResidentInput& in : inputs_) in.invalidate();
+        // A failed call (an out-of-memory among them) gives the cached free blocks back.
+        dev_pool_.trim();
+        pinned_pool_.trim();
       }
       return r;
     }
@@ -273,7 +327,8 @@ class CudaKernelBackend final : public Backend {
     if (splits_kv()) {
       const int setting = m.split_override != 0 ? m.split_override : split_.setting;
       const size_t bytes = split_.workspace_bytes(p, setting);
-      if (const cudaError_t e = d_ws_.reserve(bytes, exact_allocations()); e != cudaSuccess) {
+      if (const cudaError_t e = d_ws_.reserve(bytes, exact_allocations(), &dev_pool_);
+          e != cudaSuccess) {
         return failure(e, "split workspace (" + std::to_string(bytes) + " bytes)");
       }
       rc = split_.launch(p, setting, d_ws_.ptr, d_ws_.capacity);
@@ -290,14 +345,16 @@ class CudaKernelBackend final : public Backend {
     return RunResult{};
   }
 
-  void point_at_outputs(mla::DecodeParams& p, const OutputBuffers& bufs) {
-    p.out = static_cast<uint16_t*>(d_out_.ptr) + OutputBuffers::kGuard;
-    p.out_head_stride = bufs.out_head_stride;
-    p.out_token_stride = bufs.out_token_stride;
-    p.out_batch_stride = bufs.out_batch_stride;
-    p.lse = static_cast<float*>(d_lse_.ptr) + OutputBuffers::kGuard;
-    p.lse_token_stride = bufs.lse_token_stride;
-    p.lse_batch_stride = bufs.lse_batch_stride;
+  // Points p at device outputs laid out as OutputBuffers(m) (kGuard elements before the body).
+  static void point_at_outputs(mla::DecodeParams& p, const MaterializedCase& m, uint16_t* d_out,
+                               float* d_lse) {
+    p.out = d_out + OutputBuffers::kGuard;
+    p.out_head_stride = m.out_head_stride;
+    p.out_token_stride = m.out_token_stride;
+    p.out_batch_stride = m.out_batch_stride;
+    p.lse = d_lse + OutputBuffers::kGuard;
+    p.lse_token_stride = m.lse_token_stride;
+    p.lse_batch_stride = m.lse_batch_stride;
   }
 
   // The device pointers of the inputs (in the order of kInputs) into p; the extra cache's only
@@ -317,24 +374,30 @@ class CudaKernelBackend final : public Backend {
   }
 
   // The campaign path: inputs staged through ResidentInput (only changed ones uploaded, from
-  // pinned memory), the canary-filled outputs through pinned staging, every copy and the kernel
-  // asynchronous on the default stream, one synchronization. Phases: `alloc` and `stage` are
-  // host wall time (device and pinned allocations; comparing inputs with the kept versions and
-  // copying changed ones into pinned memory), `upload`, `kernel` and `download` the device-side
-  // durations between CUDA events.
+  // pinned memory), the output block (out, then lse 256-byte aligned) filled with the canaries
+  // on the device, every copy and the kernels asynchronous on the default stream, one download
+  // of the block into pinned memory, one synchronization. Every buffer comes from the backend's
+  // caching pools. Phases: `alloc` and `stage` are host wall time (device and pinned blocks
+  // taken from the pools or the driver; comparing inputs with the kept versions and copying
+  // changed ones into pinned memory), `upload` (the changed inputs and the canary fill),
+  // `kernel` and `download` the device-side durations between CUDA events.
   RunResult run_resident(const MaterializedCase& m) {
-    OutputBuffers bufs(m);
-    const size_t out_bytes = bufs.out.size() * 2, lse_bytes = bufs.lse.size() * 4;
+    const size_t out_n = OutputBuffers::out_elements(m), lse_n = OutputBuffers::lse_elements(m);
+    const size_t out_bytes = out_n * 2, lse_bytes = lse_n * 4;
+    const size_t lse_at = (out_bytes + 255) / 256 * 256;
+    const size_t block_bytes = lse_at + lse_bytes;
     RunResult timing;
     cudaError_t e;
     auto t0 = std::chrono::steady_clock::now();
-    if ((e = d_out_.reserve(out_bytes, false)) != cudaSuccess) return failure(e, "out");
-    if ((e = d_lse_.reserve(lse_bytes, false)) != cudaSuccess) return failure(e, "lse");
-    if ((e = pinned_out_.reserve(out_bytes + lse_bytes)) != cudaSuccess) {
+    if ((e = d_out_.reserve(block_bytes, false, &dev_pool_)) != cudaSuccess) {
+      return failure(e, "out and lse");
+    }
+    if ((e = pinned_out_.reserve(block_bytes, false, &pinned_pool_)) != cudaSuccess) {
       return failure(e, "pinned staging");
     }
     if ((e = events_.create()) != cudaSuccess) return failure(e, "cuda events");
-    timing.phases[Phase::kAlloc] = seconds_since(t0);
+    double alloc_s = seconds_since(t0);
+    timing.phases[Phase::kAlloc] = alloc_s;
     t0 = std::chrono::steady_clock::now();
     struct Input {
       const void* src;
@@ -354,33 +417,37 @@ class CudaKernelBackend final : public Backend {
     void* dev[kInputs] = {};
     uploads_.clear();
     for (int i = 0; i < kInputs; ++i) {
-      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, &dev[i], &uploads_)) != cudaSuccess) {
+      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, &dev[i], &uploads_, &dev_pool_,
+                                &pinned_pool_, &alloc_s)) != cudaSuccess) {
         return failure(e, in[i].what);
       }
     }
-    std::memcpy(pinned_out_.ptr, bufs.out.data(), out_bytes);
-    std::memcpy(pinned_out_.ptr + out_bytes, bufs.lse.data(), lse_bytes);
-    uploads_.push_back({d_out_.ptr, pinned_out_.ptr, out_bytes});
-    uploads_.push_back({d_lse_.ptr, pinned_out_.ptr + out_bytes, lse_bytes});
-    timing.phases[Phase::kStage] = seconds_since(t0);
-    // Host staging is done: the upload interval holds the copies alone.
+    // The inputs' pool allocations are alloc, not stage.
+    const double stage_alloc_s = alloc_s - timing.phases[Phase::kAlloc];
+    timing.phases[Phase::kAlloc] = alloc_s;
+    timing.phases[Phase::kStage] = std::max(0.0, seconds_since(t0) - stage_alloc_s);
+    // Host staging is done: the upload interval holds the copies and the canary fill alone.
     if ((e = cudaEventRecord(events_.e[0], 0)) != cudaSuccess) return failure(e, "event");
     for (const ResidentInput::Copy& c : uploads_) {
       if ((e = cudaMemcpyAsync(c.dev, c.host, c.bytes, cudaMemcpyHostToDevice, 0)) != cudaSuccess) {
         return failure(e, "upload");
       }
     }
+    uint16_t* d_out = static_cast<uint16_t*>(d_out_.ptr);
+    float* d_lse = reinterpret_cast<float*>(d_out_.bytes_ptr() + lse_at);
+    if ((e = fill_canaries(d_out, out_n, reinterpret_cast<uint32_t*>(d_lse), lse_n)) !=
+        cudaSuccess) {
+      return failure(e, "canary fill");
+    }
     if ((e = cudaEventRecord(events_.e[1], 0)) != cudaSuccess) return failure(e, "event");
 
     mla::DecodeParams p = m.host_params();
     point_at_inputs(p, m, dev);
-    point_at_outputs(p, bufs);
+    point_at_outputs(p, m, d_out, d_lse);
     if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
     if ((e = cudaEventRecord(events_.e[2], 0)) != cudaSuccess) return failure(e, "event");
-    if ((e = cudaMemcpyAsync(pinned_out_.ptr, d_out_.ptr, out_bytes, cudaMemcpyDeviceToHost, 0)) !=
-            cudaSuccess ||
-        (e = cudaMemcpyAsync(pinned_out_.ptr + out_bytes, d_lse_.ptr, lse_bytes,
-                             cudaMemcpyDeviceToHost, 0)) != cudaSuccess) {
+    if ((e = cudaMemcpyAsync(pinned_out_.ptr, d_out_.ptr, block_bytes, cudaMemcpyDeviceToHost,
+                             0)) != cudaSuccess) {
       return failure(e, "copy outputs back");
     }
     if ((e = cudaEventRecord(events_.e[3], 0)) != cudaSuccess) return failure(e, "event");
@@ -392,9 +459,10 @@ class CudaKernelBackend final : public Backend {
     timing.phases[Phase::kUpload] = events_.seconds(0, 1);
     timing.phases[Phase::kKernel] = events_.seconds(1, 2);
     timing.phases[Phase::kDownload] = events_.seconds(2, 3);
-    std::memcpy(bufs.out.data(), pinned_out_.ptr, out_bytes);
-    std::memcpy(bufs.lse.data(), pinned_out_.ptr + out_bytes, lse_bytes);
-    RunResult r = collect_outputs(m, bufs);
+    // The result's raw buffers copied once out of the pinned block (no canary fill on the host).
+    OutputBuffers bufs(m, static_cast<const uint16_t*>(pinned_out_.ptr),
+                       reinterpret_cast<const float*>(pinned_out_.bytes_ptr() + lse_at));
+    RunResult r = collect_outputs(m, std::move(bufs));
     r.phases = timing.phases;
     return r;
   }
@@ -426,7 +494,7 @@ class CudaKernelBackend final : public Backend {
     auto t0 = std::chrono::steady_clock::now();
     cudaError_t e;
     for (const Upload& u : uploads) {
-      if ((e = u.d.reserve(u.bytes, exact)) != cudaSuccess) return failure(e, u.what);
+      if ((e = u.d.reserve(u.bytes, exact, &dev_pool_)) != cudaSuccess) return failure(e, u.what);
     }
     timing.phases[Phase::kAlloc] = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -442,7 +510,7 @@ class CudaKernelBackend final : public Backend {
     void* const dev[kInputs] = {d_q_.ptr,    d_cache_.ptr,  d_idx_.ptr,  d_len_.ptr,
                                 d_sink_.ptr, d_xcache_.ptr, d_xidx_.ptr, d_xlen_.ptr};
     point_at_inputs(p, m, dev);
-    point_at_outputs(p, bufs);
+    point_at_outputs(p, m, static_cast<uint16_t*>(d_out_.ptr), static_cast<float*>(d_lse_.ptr));
 
     t0 = std::chrono::steady_clock::now();
     if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
@@ -474,7 +542,11 @@ class CudaKernelBackend final : public Backend {
   UnsupportedFn unsupported_;
   LaunchFn launch_;
   bool resident_;
-  // Device buffers kept between calls (DevMem); one backend object serves one thread.
+  // The caching pools every buffer below comes from (declared first: destroyed last, after the
+  // buffers went back to them); one backend object serves one thread.
+  DevicePool dev_pool_{DeviceBacking{}, pool_cache_limit()};
+  PinnedPool pinned_pool_{PinnedBacking{}, pool_cache_limit()};
+  // Device buffers kept between calls (DevMem).
   DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_xcache_, d_xidx_, d_xlen_, d_out_, d_lse_;
   // Split-KV: the launcher and its workspace (fp32 partials), kept between calls.
   SplitLaunch split_;
