@@ -93,7 +93,52 @@ struct RowTerms {
 
 // The model of tolerance.h for one head: writes ob[d_v] (delta_pre) and *lb (0 where the value
 // must be exact). Returns the largest logit error e_max (+inf when the model bounds nothing).
-double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb) {
+// What head_bound needs that no pipeline changes (the oracle's softmax weights with the sink
+// in the denominator, and the pass over V that reads them), computed once per head for every
+// pipeline compute_bounds_set bounds together. The same expressions as in head_bound: shared or
+// not, the bounds are the same bits.
+struct HeadShared {
+  double x_max = 0, x_min = 0, M = 0, Z = 0, w_s = 0;
+  Eigen::VectorXd w, under;
+  bool any_under = false;
+  std::vector<double> wvd, uvd;  // [d_v] sum_k w_k |V_kd|, sum_k under_k |V_kd|
+  bool ready = false;
+};
+
+void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
+  const Eigen::Index n = hs.n;
+  const auto x_row = rt.X.row(h).segment(hs.k0, n);
+  const double sink = hs.sink;
+  const bool sink_finite = std::isfinite(sink);
+  sh.x_max = x_row.maxCoeff();
+  sh.x_min = x_row.minCoeff();
+  sh.M = sink_finite ? std::max(sh.x_max, sink) : sh.x_max;
+  sh.Z = sink_finite ? std::exp(sink - sh.M) : 0.0;
+  for (Eigen::Index k = 0; k < n; ++k) sh.Z += std::exp(x_row(k) - sh.M);
+  sh.w_s = sink_finite ? std::exp(sink - sh.M) / sh.Z : 0.0;
+  sh.w.resize(n);
+  sh.under.resize(n);
+  for (Eigen::Index k = 0; k < n; ++k) {
+    sh.w(k) = std::exp(x_row(k) - sh.M) / sh.Z;
+    sh.under(k) = x_row(k) - sh.x_max < kUnderflowArg ? 0x1p-126 : 0.0;
+  }
+  sh.any_under = (sh.under.array() != 0.0).any();
+  sh.wvd.assign(static_cast<size_t>(rt.dv), 0.0);
+  sh.uvd.assign(static_cast<size_t>(rt.dv), 0.0);
+  for (int32_t d = 0; d < rt.dv; ++d) {
+    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
+    sh.wvd[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
+    sh.uvd[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
+  }
+  sh.ready = true;
+}
+
+// shared: the head's HeadShared for hs (computed here when null or not ready yet).
+double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb,
+                  HeadShared* shared = nullptr) {
+  HeadShared local;
+  HeadShared& sh = shared != nullptr ? *shared : local;
+
   const Pipeline& p = rt.p;
   const double u = p.u, s = rt.s;
   const int dqk = rt.dqk, dv = rt.dv, T = hs.T, nt = hs.nt;
@@ -114,7 +159,7 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   const double sink = hs.sink;
   const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
   const double R = x_max - x_min;
-  Eigen::VectorXd e(n), w(n), c(n), under(n);
+  Eigen::VectorXd e(n), c(n);
   // Logit errors e_k (model steps 1 and 2).
   for (Eigen::Index k = 0; k < n; ++k) {
     const double x = x_row(k);
@@ -156,28 +201,22 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   for (Eigen::Index k = 0; k < n; ++k) e_max = std::max(e_max, e(k));
   if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
 
-  // Output weights w (sink in the denominator).
-  const double M = sink_finite ? std::max(x_max, sink) : x_max;
-  double Z = sink_finite ? std::exp(sink - M) : 0.0;
-  for (Eigen::Index k = 0; k < n; ++k) Z += std::exp(x_row(k) - M);
-  const double w_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
-  for (Eigen::Index k = 0; k < n; ++k) {
-    w(k) = std::exp(x_row(k) - M) / Z;
-    c(k) = w(k) * std::expm1(e(k));
-    under(k) = x_row(k) - x_max < kUnderflowArg ? 0x1p-126 : 0.0;
-  }
+  // Output weights w (sink in the denominator), shared by the pipelines.
+  if (!sh.ready) share_head(rt, h, hs, sh);
+  const Eigen::VectorXd& w = sh.w;
+  const double w_s = sh.w_s;
+  for (Eigen::Index k = 0; k < n; ++k) c(k) = w(k) * std::expm1(e(k));
   const double grow = std::exp(e_max);
   const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
   // One pass over V per element: sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact
-  // in |V - O|), sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd|.
-  // V = K.leftCols(dv), column-major: column d is contiguous over the tokens.
-  const bool any_under = (under.array() != 0.0).any();
+  // in |V - O|); sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd| are the
+  // shared ones. V = K.leftCols(dv), column-major: column d is contiguous over the tokens.
   for (int32_t d = 0; d < dv; ++d) {
     const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
     const double od = std::fabs(O[d]);
     const double wt = (c.array() * (v - O[d]).abs()).sum();
-    const double wvd = (w.array() * v.abs()).sum();
-    const double uvd = any_under ? (under.array() * v.abs()).sum() : 0.0;
+    const double wvd = sh.wvd[static_cast<size_t>(d)];
+    const double uvd = sh.uvd[static_cast<size_t>(d)];
     double first = grow * (wt + w_s * std::expm1(e_s) * od);
     first += grow * (g_num * wvd + g_den * od);
     if (p.bf16_p) first += grow * kU16 * wvd;
@@ -313,22 +352,37 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
 
 }  // namespace
 
-Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
-                      int tile_topk) {
+std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
+                                       const std::vector<BoundsRequest>& requests) {
   const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
   const double s = std::fabs(m.sm_scale64);
   // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
   // then the extra list's: T counts both lists' entries, nt both lists' tiles. The LSE-merged
   // pipeline bounds each list alone and then their merge.
-  const int T_main = tile_topk > 0 ? tile_topk : m.topk;
-  const int T_extra = m.has_extra ? m.extra_topk : 0;
-  auto tiles = [&](int n) { return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1; };
-  const int nt = tiles(T_main) + (T_extra > 0 && p.token_tile > 0 ? tiles(T_extra) : 0);
-  const bool merged = p.lse_merged && m.has_extra;
-
-  Bounds bd;
-  bd.out.assign(static_cast<size_t>(B) * H * dv, 0.0);
-  bd.lse.assign(static_cast<size_t>(B) * H, 0.0);
+  struct Plan {
+    const Pipeline* p;
+    int T_main, T_extra, nt;
+    bool merged;
+    int tiles(int n) const {
+      return p->token_tile > 0 ? (n + p->token_tile - 1) / p->token_tile : 1;
+    }
+  };
+  std::vector<Plan> plans;
+  std::vector<Bounds> out(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const BoundsRequest& rq = requests[i];
+    Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0,
+            0, rq.pipeline.lse_merged && m.has_extra};
+    pl.nt = pl.tiles(pl.T_main) +
+            (pl.T_extra > 0 && rq.pipeline.token_tile > 0 ? pl.tiles(pl.T_extra) : 0);
+    plans.push_back(pl);
+    out[i].out.assign(static_cast<size_t>(B) * H * dv, 0.0);
+    out[i].lse.assign(static_cast<size_t>(B) * H, 0.0);
+  }
+  if (requests.empty()) return out;
+  // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
+  // pipeline-free terms once (HeadShared).
+  HeadShared sh;
   for (int32_t b = 0; b < B; ++b) {
     const OracleRow row = gather_row(m, b);
     const auto n = static_cast<Eigen::Index>(row.k.size());
@@ -336,24 +390,36 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
     const Eigen::MatrixXd Q = q_matrix(m, b);
     const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
-    const RowTerms rt{p, s, dqk, dv, X, A, row.K};
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
-      double* ob = bd.out.data() + rh * dv;
       const double* O = ref.out.data() + rh * dv;
-      if (merged) {
-        const HeadSubset lists[2] = {
-            {0, row.n_main, T_main, tiles(T_main), -kInf, false, nullptr, 0},
-            {row.n_main, n - row.n_main, T_extra, tiles(T_extra), -kInf, false, nullptr, 0}};
-        merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob, &bd.lse[rh]);
-      } else {
-        const HeadSubset all{0, n, T_main + T_extra, nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
-        head_bound(rt, h, all, ob, &bd.lse[rh]);
+      sh.ready = false;
+      for (size_t i = 0; i < plans.size(); ++i) {
+        const Plan& pl = plans[i];
+        const RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
+        double* ob = out[i].out.data() + rh * dv;
+        if (pl.merged) {
+          const HeadSubset lists[2] = {
+              {0, row.n_main, pl.T_main, pl.tiles(pl.T_main), -kInf, false, nullptr, 0},
+              {row.n_main, n - row.n_main, pl.T_extra, pl.tiles(pl.T_extra), -kInf, false, nullptr,
+               0}};
+          merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob,
+                            &out[i].lse[rh]);
+        } else {
+          const HeadSubset all{
+              0, n, pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
+          head_bound(rt, h, all, ob, &out[i].lse[rh], &sh);
+        }
       }
     }
   }
-  return bd;
+  return out;
+}
+
+Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
+                      int tile_topk) {
+  return std::move(compute_bounds_set(m, ref, {BoundsRequest{p, tile_topk}})[0]);
 }
 
 Pipeline pipeline_of(const Backend& be) {

@@ -129,6 +129,18 @@ struct Bounds {
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
                       int tile_topk = 0);
 
+// The bounds of one case for several pipelines (each with its tile_topk, as compute_bounds),
+// in the order asked: the same values bit for bit as one compute_bounds call each, with the
+// work no pipeline changes (the rows' cache gathers and logits, the oracle's softmax weights
+// and the pass over V that reads them) done once. A campaign bounds every case for the float64
+// oracle and each backend's pipeline, twice for insert-invalid's longer lists.
+struct BoundsRequest {
+  Pipeline pipeline;
+  int tile_topk = 0;
+};
+std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
+                                       const std::vector<BoundsRequest>& requests);
+
 // Custom bounds: abs + rel |ref| per element.
 Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol);
 

@@ -3,6 +3,7 @@
 // predicate, generator determinism and distribution, corpus round trips, the transformations.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -607,6 +608,59 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
                    "8.6626806259155273 |error| 9.5367431640625e-07 = 1 ulp (fp32)"),
             std::string::npos)
       << l;
+}
+
+}  // namespace
+}  // namespace mlafuzz
+
+namespace mlafuzz {
+namespace {
+
+// compute_bounds_set shares the pipeline-free work of several bounds (issue 13); each bound must
+// be the one compute_bounds gives alone, bit for bit, for every pipeline (joint and LSE-merged,
+// split-KV or not) and tile_topk, on generated cases of every family (sinks, extra caches, s_q > 1,
+// empty rows, special values).
+TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
+  GenConfig cfg;
+  cfg.max_work = int64_t{1} << 15;
+  std::vector<BoundsRequest> req;
+  for (const Precision p : {Precision::kFloat64, Precision::kSimtFp32, Precision::kMmaBf16}) {
+    Pipeline pl = pipeline_for(p);
+    req.push_back({pl, 0});
+    pl.lse_merged = true;
+    req.push_back({pl, 0});
+    pl.lse_merged = false;
+    pl.split_kv = !pl.split_kv;
+    req.push_back({pl, 0});
+  }
+  int compared = 0;
+  for (uint64_t i = 0; i < 40; ++i) {
+    const MaterializedCase m = materialize(generate_case(31, i, cfg, nullptr));
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    std::vector<BoundsRequest> r = req;
+    r.push_back({pipeline_for(Precision::kMmaBf16), m.topk + 3});
+    r.push_back({pipeline_for(Precision::kSimtFp32), m.topk + 64});
+    const std::vector<Bounds> set = compute_bounds_set(m, ref, r);
+    ASSERT_EQ(set.size(), r.size());
+    for (size_t k = 0; k < r.size(); ++k) {
+      const Bounds one = compute_bounds(m, ref, r[k].pipeline, r[k].tile_topk);
+      ASSERT_EQ(one.out.size(), set[k].out.size());
+      ASSERT_EQ(one.lse.size(), set[k].lse.size());
+      for (size_t j = 0; j < one.out.size(); ++j) {
+        ASSERT_EQ(std::bit_cast<uint64_t>(one.out[j]), std::bit_cast<uint64_t>(set[k].out[j]))
+            << "case " << i << " request " << k << " out[" << j << "]: " << one.out[j] << " vs "
+            << set[k].out[j] << "; rerun: property_model_tests "
+            << "--gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
+      }
+      for (size_t j = 0; j < one.lse.size(); ++j) {
+        ASSERT_EQ(std::bit_cast<uint64_t>(one.lse[j]), std::bit_cast<uint64_t>(set[k].lse[j]))
+            << "case " << i << " request " << k << " lse[" << j << "]; rerun: "
+            << "property_model_tests --gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 40 * 11);
 }
 
 }  // namespace
