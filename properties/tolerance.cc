@@ -6,6 +6,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -133,12 +134,22 @@ void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh)
   sh.ready = true;
 }
 
-// shared: the head's HeadShared for hs (computed here when null or not ready yet).
-double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb,
-                  HeadShared* shared = nullptr) {
-  HeadShared local;
-  HeadShared& sh = shared != nullptr ? *shared : local;
+// One pipeline's terms of a head between its scalar work (head_prepare) and the pass over V
+// (head_finish), which every pipeline of the head shares.
+struct HeadTail {
+  Eigen::VectorXd c;  // w_k expm1(e_k)
+  double grow = 0, sink_term = 0, g_num = 0, g_den = 0, abs_base = 0;
+  bool bf16_p = false, sink_overflow = false;
+  double* ob = nullptr;
+};
 
+// The bound of head h of a row for one pipeline up to the pass over V: *lb, and either ob
+// (hopeless rows: +inf; a +inf sink: out exactly 0, left 0) with *needs_tail false, or *tail
+// for head_finish. Returns e_max (+inf when hopeless). sh: the head's HeadShared for hs
+// (computed here when not ready yet).
+double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh, double* ob,
+                    double* lb, HeadTail* tail, bool* needs_tail) {
+  *needs_tail = false;
   const Pipeline& p = rt.p;
   const double u = p.u, s = rt.s;
   const int dqk = rt.dqk, dv = rt.dv, T = hs.T, nt = hs.nt;
@@ -155,7 +166,6 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   const double exp_ulps = (nt + 2) * p.c_exp * u;
   const auto x_row = rt.X.row(h).segment(hs.k0, n);
   const auto a_row = rt.A.row(h).segment(hs.k0, n);
-  const double* O = hs.O;
   const double sink = hs.sink;
   const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
   const double R = x_max - x_min;
@@ -206,23 +216,59 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   const Eigen::VectorXd& w = sh.w;
   const double w_s = sh.w_s;
   for (Eigen::Index k = 0; k < n; ++k) c(k) = w(k) * std::expm1(e(k));
-  const double grow = std::exp(e_max);
-  const bool sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
-  // One pass over V per element: sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact
-  // in |V - O|); sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd| are the
-  // shared ones. V = K.leftCols(dv), column-major: column d is contiguous over the tokens.
-  for (int32_t d = 0; d < dv; ++d) {
+  tail->c.swap(c);
+  tail->grow = std::exp(e_max);
+  tail->sink_term = w_s * std::expm1(e_s);
+  tail->g_num = g_num;
+  tail->g_den = g_den;
+  tail->abs_base = p.eta * (T + nt + 4 + 2 * ns);
+  tail->bf16_p = p.bf16_p;
+  tail->sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
+  tail->ob = ob;
+  *needs_tail = true;
+  return e_max;
+}
+
+// The pass over V of one head for every pipeline in tails (each after its head_prepare): per
+// element, sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact in |V - O|; |V - O|
+// computed once for all pipelines), with the shared sum_k w_k |V_kd| and, when a token may
+// underflow, sum_k under_k |V_kd|. V = K.leftCols(dv), column-major: column d is contiguous over
+// the tokens. The same expressions per pipeline as one pipeline alone: the same bits.
+void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
+                 HeadTail* const* tails, size_t count, Eigen::ArrayXd& t) {
+  if (count == 0) return;
+  const Eigen::Index n = hs.n;
+  const double* O = hs.O;
+  t.resize(n);
+  for (int32_t d = 0; d < rt.dv; ++d) {
     const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
     const double od = std::fabs(O[d]);
-    const double wt = (c.array() * (v - O[d]).abs()).sum();
+    t = (v - O[d]).abs();
     const double wvd = sh.wvd[static_cast<size_t>(d)];
     const double uvd = sh.uvd[static_cast<size_t>(d)];
-    double first = grow * (wt + w_s * std::expm1(e_s) * od);
-    first += grow * (g_num * wvd + g_den * od);
-    if (p.bf16_p) first += grow * kU16 * wvd;
-    double abs_terms = p.eta * (T + nt + 4 + 2 * ns) + uvd;
-    if (sink_overflow) abs_terms += od + wvd;
-    ob[d] = first * kSecondOrder + abs_terms;
+    for (size_t i = 0; i < count; ++i) {
+      const HeadTail& tl = *tails[i];
+      const double wt = (tl.c.array() * t).sum();
+      double first = tl.grow * (wt + tl.sink_term * od);
+      first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
+      if (tl.bf16_p) first += tl.grow * kU16 * wvd;
+      double abs_terms = tl.abs_base + uvd;
+      if (tl.sink_overflow) abs_terms += od + wvd;
+      tl.ob[d] = first * kSecondOrder + abs_terms;
+    }
+  }
+}
+
+// One pipeline's bound of head h: ob[d_v] and *lb; returns e_max.
+double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb) {
+  HeadShared sh;
+  HeadTail tail;
+  bool needs_tail = false;
+  const double e_max = head_prepare(rt, h, hs, sh, ob, lb, &tail, &needs_tail);
+  if (needs_tail) {
+    HeadTail* tails[1] = {&tail};
+    Eigen::ArrayXd t;
+    head_finish(rt, hs, sh, tails, 1, t);
   }
   return e_max;
 }
@@ -383,6 +429,11 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
   // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
   // pipeline-free terms once (HeadShared).
   HeadShared sh;
+  std::vector<HeadTail> tails(plans.size());
+  std::vector<HeadSubset> subsets(plans.size());
+  std::vector<HeadTail*> tail_ptrs(plans.size());
+  size_t n_tails = 0;
+  Eigen::ArrayXd t_buf;
   for (int32_t b = 0; b < B; ++b) {
     const OracleRow row = gather_row(m, b);
     const auto n = static_cast<Eigen::Index>(row.k.size());
@@ -395,6 +446,8 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
       const double* O = ref.out.data() + rh * dv;
       sh.ready = false;
+      n_tails = 0;
+      const HeadSubset* joint = nullptr;
       for (size_t i = 0; i < plans.size(); ++i) {
         const Plan& pl = plans[i];
         const RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
@@ -407,10 +460,18 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
           merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob,
                             &out[i].lse[rh]);
         } else {
-          const HeadSubset all{
+          subsets[i] = HeadSubset{
               0, n, pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
-          head_bound(rt, h, all, ob, &out[i].lse[rh], &sh);
+          bool needs_tail = false;
+          head_prepare(rt, h, subsets[i], sh, ob, &out[i].lse[rh], &tails[i], &needs_tail);
+          if (needs_tail) tail_ptrs[n_tails++] = &tails[i];
+          joint = &subsets[i];
         }
+      }
+      // Every joint pipeline's subset has the same entries, O and sink: one pass over V.
+      if (joint != nullptr) {
+        const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
+        head_finish(rt, *joint, sh, tail_ptrs.data(), n_tails, t_buf);
       }
     }
   }
@@ -454,10 +515,15 @@ void bf16_rounding_interval(double v, double* lo, double* hi) {
   if (a < 0x1p-126) {
     away = toward = 0x1p-134;  // subnormal bf16 spacing 2^-133
   } else {
-    const int ex = std::ilogb(a);
-    const double ulp = std::ldexp(1.0, ex - 7);
+    // a is a normal double: its exponent and "a is a power of two" read from the bits, and the
+    // ulp 2^(ex - 7) built from them (what ilogb and ldexp give, without their cost: check_bounds
+    // calls this for every output element).
+    const uint64_t bits = std::bit_cast<uint64_t>(a);
+    const int ex = static_cast<int>((bits >> 52) & 0x7ff) - 1023;
+    const double ulp = std::bit_cast<double>(static_cast<uint64_t>(ex - 7 + 1023) << 52);
+    const bool pow2 = (bits & ((uint64_t{1} << 52) - 1)) == 0;
     away = ulp / 2;
-    toward = (a == std::ldexp(1.0, ex) && ex > -126) ? ulp / 4 : ulp / 2;
+    toward = (pow2 && ex > -126) ? ulp / 4 : ulp / 2;
   }
   if (a == 0) {
     *lo = -0x1p-134;

@@ -616,6 +616,36 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
 namespace mlafuzz {
 namespace {
 
+// bf16_rounding_interval reads the exponent from the bits (issue 13: check_bounds calls it for
+// every element); the interval must be the ilogb/ldexp one for every bf16 value.
+TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const double v = mla::bf16_to_float(static_cast<uint16_t>(bits));
+    if (!std::isfinite(v)) continue;
+    const double a = std::fabs(v);
+    double away, toward;
+    if (a < 0x1p-126) {
+      away = toward = 0x1p-134;
+    } else {
+      const int ex = std::ilogb(a);
+      const double ulp = std::ldexp(1.0, ex - 7);
+      away = ulp / 2;
+      toward = (a == std::ldexp(1.0, ex) && ex > -126) ? ulp / 4 : ulp / 2;
+    }
+    double want_lo = v > 0 ? v - toward : v - away, want_hi = v > 0 ? v + away : v + toward;
+    if (a == 0) {
+      want_lo = -0x1p-134;
+      want_hi = 0x1p-134;
+    }
+    double lo, hi;
+    bf16_rounding_interval(v, &lo, &hi);
+    ASSERT_EQ(lo, want_lo) << "bf16 0x" << std::hex << bits << "; rerun: property_model_tests "
+                           << "--gtest_filter=Tolerance.Bf16RoundingIntervalMatchesTheLibmForm*";
+    ASSERT_EQ(hi, want_hi) << "bf16 0x" << std::hex << bits << "; rerun: property_model_tests "
+                           << "--gtest_filter=Tolerance.Bf16RoundingIntervalMatchesTheLibmForm*";
+  }
+}
+
 // compute_bounds_set shares the pipeline-free work of several bounds (issue 13); each bound must
 // be the one compute_bounds gives alone, bit for bit, for every pipeline (joint and LSE-merged,
 // split-KV or not) and tile_topk, on generated cases of every family (sinks, extra caches, s_q > 1,
