@@ -528,6 +528,16 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
 
 std::vector<CheckedRun> ProxyBackend::check_and_run(
     const std::vector<const MaterializedCase*>& cases) {
+  return proxy_batch(cases, true);
+}
+
+std::vector<CheckedRun> ProxyBackend::check_and_run_raw(
+    const std::vector<const MaterializedCase*>& cases) {
+  return proxy_batch(cases, false);
+}
+
+std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const MaterializedCase*>& cases,
+                                                  bool widen_values) {
   static const bool batched = [] {
     const char* v = std::getenv("MLAFUZZ_WORKER_BATCH");
     return v == nullptr || std::strcmp(v, "0") != 0;
@@ -557,7 +567,7 @@ std::vector<CheckedRun> ProxyBackend::check_and_run(
     }
   }
   for (size_t i = 0; i < out.size(); ++i) {
-    if (!out[i].unsupported) widen(*cases[i], out[i].result);
+    if (!out[i].unsupported) widen(*cases[i], out[i].result, widen_values);
     // One request carried the whole batch: counted with its first call.
     totals_->add(out[i].result.phases, i == 0 ? 1 : 0);
     if (out[i].result.status == RunStatus::kFault) {
@@ -568,10 +578,14 @@ std::vector<CheckedRun> ProxyBackend::check_and_run(
   return out;
 }
 
-void ProxyBackend::widen(const MaterializedCase& m, RunResult& r) {
+void ProxyBackend::widen(const MaterializedCase& m, RunResult& r, bool values) {
   if (!r.outputs_pending) return;
   const auto t0 = Clock::now();
-  widen_raw_outputs(m, r);
+  if (values) {
+    widen_raw_outputs(m, r);
+  } else {
+    check_raw_outputs(m, r);
+  }
   r.phases[Phase::kWiden] = std::chrono::duration<double>(Clock::now() - t0).count();
 }
 

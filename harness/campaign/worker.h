@@ -174,16 +174,22 @@ class ProxyBackend final : public IsolatedBackend {
   // and run(), as before batches). The queue, encode and transport time of the request are
   // split evenly over its calls in the time breakdown.
   std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases) override;
+  // The same request; the results keep their raw outputs (guard bands checked, not widened).
+  std::vector<CheckedRun> check_and_run_raw(
+      const std::vector<const MaterializedCase*>& cases) override;
 
   std::vector<FaultRecord> take_faults() override;
   int device() const override { return slot_->proc.spec().device; }
-  // A result with raw outputs only (protocol 2) widened here, timed as Phase::kWiden.
-  static void widen(const MaterializedCase& m, RunResult& r);
+  // A result with raw outputs only (protocol 2) widened here (values false: only
+  // check_raw_outputs, the guard bands), timed as Phase::kWiden.
+  static void widen(const MaterializedCase& m, RunResult& r, bool values = true);
   // Calls made through this proxy and where their time went (the campaign's time breakdown);
   // shared so that the campaign reads them while (and after) the proxy's thread runs.
   std::shared_ptr<const CallTotals> totals() const override { return totals_; }
 
  private:
+  std::vector<CheckedRun> proxy_batch(const std::vector<const MaterializedCase*>& cases,
+                                      bool widen_values);
   std::shared_ptr<WorkerSlot> slot_;
   double timeout_s_;
   WorkerInfo info_;

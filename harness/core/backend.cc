@@ -171,9 +171,9 @@ RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
   return r;
 }
 
-void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
-  if (!r.outputs_pending) return;
-  r.outputs_pending = false;
+namespace {
+// Whether r's raw buffers have the sizes of m's; otherwise r becomes the kFault saying so.
+bool raw_sizes_ok(const MaterializedCase& m, RunResult& r) {
   if (r.out_raw.size() != OutputBuffers::out_elements(m) ||
       r.lse_raw.size() != OutputBuffers::lse_elements(m)) {
     const std::string what = "raw outputs of " + std::to_string(r.out_raw.size()) + " and " +
@@ -183,8 +183,24 @@ void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
     r = RunResult{};
     r.status = RunStatus::kFault;
     r.message = "worker sent " + what;
-    return;
+    return false;
   }
+  return true;
+}
+}  // namespace
+
+void check_raw_outputs(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending || !raw_sizes_ok(m, r)) return;
+  OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
+  r.guard_violations = bufs.guard_violations(m);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
+}
+
+void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending) return;
+  r.outputs_pending = false;
+  if (!raw_sizes_ok(m, r)) return;
   OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
   RunResult w = widen_outputs(m, bufs);
   r.out = std::move(w.out);

@@ -201,6 +201,14 @@ class Backend {
   // a case. The default calls them one by one; a worker proxy sends all cases in one request
   // (harness/campaign/worker.h), its results the same as the calls one by one.
   virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
+  // check_and_run whose results may keep only their raw outputs (outputs_pending, with
+  // guard_violations already counted: check_raw_outputs): for a caller that compares some
+  // results bit for bit on the raw buffers and widens only those it reads values from
+  // (widen_raw_outputs; the properties, issue 13). The default is check_and_run.
+  virtual std::vector<CheckedRun> check_and_run_raw(
+      const std::vector<const MaterializedCase*>& cases) {
+    return check_and_run(cases);
+  }
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload
@@ -217,5 +225,9 @@ bool raw_outputs_only();
 // Computes out, lse and guard_violations from out_raw and lse_raw as collect_outputs does (the
 // same values bit for bit) and clears outputs_pending; does nothing when it is not set.
 void widen_raw_outputs(const MaterializedCase& m, RunResult& r);
+// The cheap half of widen_raw_outputs for a pending result: the raw buffers' sizes checked (a
+// mismatch makes r a kFault, as there) and guard_violations counted; out and lse stay empty
+// and outputs_pending set, for widen_raw_outputs later. Does nothing when nothing is pending.
+void check_raw_outputs(const MaterializedCase& m, RunResult& r);
 
 }  // namespace mlafuzz

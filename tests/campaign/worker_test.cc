@@ -173,6 +173,44 @@ TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
   EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
 }
 
+// check_raw_outputs (lazy widening, issue 13): a pending result gets its guard count and keeps
+// its raw buffers only; widening it later gives collect_outputs' bits.
+TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
+  const MaterializedCase m = small_case(3);
+  OutputBuffers bufs(m);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    for (int64_t h = 0; h < m.heads; ++h) {
+      uint16_t* row = bufs.out_begin() + b * bufs.out_batch_stride + h * bufs.out_head_stride;
+      for (int32_t d = 0; d < m.d_v(); ++d) row[d] = static_cast<uint16_t>(0x3f80 + d + h);
+      bufs.lse_begin()[b * bufs.lse_batch_stride + h] = static_cast<float>(b + h);
+    }
+  }
+  bufs.out[2] = 0;
+  bufs.lse[bufs.lse.size() - 1] = 1.0f;  // two guard elements written
+  const RunResult want = collect_outputs(m, bufs);
+  ASSERT_EQ(want.guard_violations, 2);
+  set_raw_outputs_only(true);
+  RunResult got = collect_outputs(m, bufs);
+  set_raw_outputs_only(false);
+  check_raw_outputs(m, got);
+  EXPECT_TRUE(got.outputs_pending);
+  EXPECT_TRUE(got.out.empty());
+  EXPECT_EQ(got.guard_violations, 2);
+  EXPECT_EQ(got.out_raw, want.out_raw);
+  std::string where;
+  EXPECT_TRUE(bitwise_equal(m, want, got, &where)) << where;  // on the raw buffers
+  widen_raw_outputs(m, got);
+  EXPECT_FALSE(got.outputs_pending);
+  EXPECT_EQ(0, std::memcmp(got.out.data(), want.out.data(), want.out.size() * 8));
+  EXPECT_EQ(got.guard_violations, 2);
+  RunResult bad = collect_outputs(m, bufs);
+  bad.outputs_pending = true;
+  bad.lse_raw.pop_back();
+  check_raw_outputs(m, bad);
+  EXPECT_EQ(bad.status, RunStatus::kFault);
+  EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
+}
+
 // Protocol 2: vectors in the parent's shared arena travel as offsets there (not copied into the
 // bulk area); a worker maps the arena read-only and reads them; one without it refuses.
 TEST(WorkerProtocol, ArenaVectorsTravelAsOffsets) {
@@ -427,6 +465,66 @@ TEST(Worker, EvaluationThroughABatchingWorkerMatchesInProcess) {
   EXPECT_EQ(compared, 6);
   // The clean run and the variants: two requests per case.
   EXPECT_EQ(proxy.totals()->requests(), 2 * compared);
+}
+
+// check_and_run_raw: the same request, results left pending (guard bands counted); widened,
+// the bits of the in-process backend.
+TEST(Worker, RawBatchLeavesTheWideningToTheCaller) {
+  const MaterializedCase m = small_case(3);
+  const MaterializedCase poisoned = poison_case(m, 2), relocated = relocate_pages(m, 5);
+  const std::vector<const MaterializedCase*> cases{&m, &poisoned, &relocated};
+  auto slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+  ProxyBackend proxy(slot, 60);
+  std::vector<CheckedRun> got = proxy.check_and_run_raw(cases);
+  ASSERT_EQ(got.size(), cases.size());
+  const auto local = make_backend("cpu-simt");
+  for (size_t k = 0; k < cases.size(); ++k) {
+    RunResult& r = got[k].result;
+    ASSERT_EQ(r.status, RunStatus::kOk) << k << ": " << r.message;
+    EXPECT_TRUE(r.outputs_pending) << k;
+    EXPECT_TRUE(r.out.empty()) << k;
+    const RunResult want = local->run(*cases[k]);
+    EXPECT_EQ(r.guard_violations, want.guard_violations) << k;
+    EXPECT_EQ(r.out_raw, want.out_raw) << k;
+    widen_raw_outputs(*cases[k], r);
+    EXPECT_EQ(r.out, want.out) << k;
+  }
+}
+
+// Planted bugs that the bitwise properties catch (reading pad bytes, writing the head pad,
+// ignoring the page stride) are judged the same through a worker, whose variants stay raw
+// until a property reads values, as in-process (same verdicts, details and figures).
+TEST(Worker, LazyWideningJudgesPlantedBugsAsInProcess) {
+  GenConfig cfg;
+  int failed_bitwise = 0;
+  for (const char* mutant : {"cpu-mma~unmasked-pad-columns", "cpu-mma~store-padded-columns",
+                             "cpu-mma~page-stride-ignored"}) {
+    auto slot = std::make_shared<WorkerSlot>(spec(mutant));
+    ProxyBackend proxy(slot, 60);
+    const auto local = make_backend(mutant);
+    int compared = 0;
+    for (uint64_t i = 0; compared < 5 && i < 60; ++i) {
+      const Case c = generate_case(17, i, cfg, nullptr);
+      if (c.batch * c.heads * c.topk > 8192) continue;
+      const CaseEvaluation a = evaluate_case(c, {&proxy}, {});
+      const CaseEvaluation b = evaluate_case(c, {local.get()}, {});
+      ASSERT_EQ(a.outcomes.size(), b.outcomes.size()) << mutant << " case " << i;
+      for (size_t k = 0; k < a.outcomes.size(); ++k) {
+        const PropertyOutcome &x = a.outcomes[k], &y = b.outcomes[k];
+        EXPECT_EQ(x.property, y.property) << mutant << " case " << i;
+        EXPECT_EQ(x.passed, y.passed) << mutant << " case " << i << " " << x.property;
+        EXPECT_EQ(x.detail, y.detail) << mutant << " case " << i << " " << x.property;
+        EXPECT_EQ(x.tightness, y.tightness) << mutant << " case " << i << " " << x.property;
+        const bool bitwise =
+            x.property == "poison" || x.property == "relocate" || x.property == "determinism";
+        failed_bitwise += bitwise && x.applicable && !x.passed;
+      }
+      ++compared;
+    }
+    EXPECT_EQ(compared, 5) << mutant;
+  }
+  EXPECT_GT(failed_bitwise, 0) << "no planted bug failed poison, relocate or determinism: the "
+                                  "test would not see a raw comparison that misses a difference";
 }
 
 TEST(Worker, UnknownBackendIsAClearError) {
