@@ -114,7 +114,8 @@ struct Pipeline {
 Pipeline pipeline_for(Precision p);
 
 // The pipeline of a backend: its precision's, with its extra-cache pipeline (joint or
-// LSE-merged).
+// LSE-merged) and its token tile where it has its own (Backend::token_tile(): 32 for
+// cpu-mma-small and cuda-mma-small).
 Pipeline pipeline_of(const Backend& be);
 
 // Per-element bounds (absolute) of one case for one pipeline.

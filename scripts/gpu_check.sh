@@ -25,9 +25,10 @@ cat "$OUT/nvidia-smi.txt"
 # the CPU oracle and host models); the benchmark runs alone afterwards.
 pids=()
 if want tests; then
-  echo "=== gpu_tests (4 processes)"
+  echo "=== gpu_tests (6 processes)"
   i=0
-  for f in '*/cuda_simt' '*/cuda_mma' '*/cuda_mma_h64' '-Backends/*'; do
+  for f in '*/cuda_simt' '*/cuda_mma' '*/cuda_mma_h64' '*/cuda_mma_small' '*/cuda_mma_split*' \
+    '-Backends/*'; do
     timeout 200 "$TESTS" --gtest_brief=1 "--gtest_filter=$f" >"$OUT/gpu_tests.$i.part" 2>&1 &
     pids+=("$!:gpu_tests[$f]")
     i=$((i + 1))

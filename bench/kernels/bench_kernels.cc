@@ -21,6 +21,7 @@
 //          production table alone, SIMT timed with the --quick repetitions there (it is only the
 //          speedup's reference and takes most of the time); --all: both tables)
 //        bench_kernels --split [--quick]   (only the split-KV rows, issue 17)
+//        bench_kernels --small [--quick]   (only the sm_120-sized configuration's rows, issue 17)
 //        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
 
@@ -213,7 +214,7 @@ void release(DeviceProblem& d) {
   for (void* b : d.bufs) CK(cudaFree(b));  // cudaFree(nullptr) is a no-op
 }
 
-enum class Kernel { kSimt, kMma32, kMma64, kMma32w4, kSplit1, kSplitAuto, kSplitMax };
+enum class Kernel { kSimt, kMma32, kMma64, kMma32w4, kMmaSmall, kSplit1, kSplitAuto, kSplitMax };
 const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kSimt:
@@ -224,6 +225,8 @@ const char* kernel_name(Kernel k) {
       return "mma-h64";
     case Kernel::kMma32w4:
       return "mma-w4";
+    case Kernel::kMmaSmall:
+      return "mma-small";
     case Kernel::kSplit1:
       return "mma-split1";
     case Kernel::kSplitAuto:
@@ -267,6 +270,9 @@ void launch(Kernel k, const mla::DecodeParams& p, cudaStream_t s) {
       break;
     case Kernel::kMma32w4:
       rc = mla::cuda::launch_mma_head_tiled_warps(p, 32, 4, s);
+      break;
+    case Kernel::kMmaSmall:
+      rc = mla::cuda::launch_mma_head_tiled_small(p, s);
       break;
     case Kernel::kSplit1:
     case Kernel::kSplitAuto:
@@ -539,15 +545,78 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
   return md;
 }
 
+// The sm_120-sized configuration (issue 17: cuda-mma-small, 32-token tiles, BLOCK_H 32, 97.25
+// KiB of shared memory) beside the default MMA kernel (BLOCK_H 32, 64-token tiles), H = 64, on
+// B = 1, 32, 128 at topk 512 (P = 64) and B = 1, 32 at topk 128 (P = 256). The target: within
+// 1.5x of the default on the H200. Before timing, the small output is checked within 2% of
+// max|out| of the default's (other tile boundaries: not the same bits; the GPU tests hold it to
+// the tolerance model and to cpu-mma-small). Returns the markdown table.
+std::string small_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool quick) {
+  struct SmallShape {
+    int batch, topk;
+  };
+  const SmallShape shapes[] = {{1, 512}, {32, 512}, {128, 512}, {1, 128}, {32, 128}};
+  std::string md =
+      "| topk (P) | B | MMA us | MMA-small us | small / MMA | L2-flushed MMA / small us |\n"
+      "|---|---|---|---|---|---|\n";
+  std::printf(
+      "\nsm_120-sized configuration (graph us per call; cold = L2 flushed)\n"
+      "%-9s %4s | %8s %8s %7s | %8s %8s\n",
+      "topk(P)", "B", "mma", "small", "ratio", "coldM", "coldS");
+  for (const SmallShape& sh : shapes) {
+    const int P = sh.topk == 128 ? 256 : 64;
+    Problem pr = make_problem(sh.batch, sh.topk, P);
+    DeviceProblem d = upload(pr);
+    const mla::DecodeParams& p = d.p;
+    const size_t n_out = static_cast<size_t>(sh.batch) * 64 * mla::d_v(pr.geom);
+    std::vector<uint16_t> o_mma(n_out), o_small(n_out);
+    const Kernel ks[2] = {Kernel::kMma32, Kernel::kMmaSmall};
+    std::vector<uint16_t>* outs[2] = {&o_mma, &o_small};
+    for (int i = 0; i < 2; ++i) {
+      CK(cudaMemsetAsync(p.out, 0xff, n_out * 2, s));
+      launch(ks[i], p, s);
+      CK(cudaMemcpyAsync(outs[i]->data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+    }
+    CK(cudaStreamSynchronize(s));
+    double max_ref = 1e-3, max_d = 0;
+    for (size_t i = 0; i < n_out; ++i) {
+      const double r = bf16f(o_mma[i]), v = bf16f(o_small[i]);
+      max_ref = std::max(max_ref, std::abs(r));
+      max_d = std::isfinite(v) ? std::max(max_d, std::abs(v - r)) : 1e30;
+    }
+    if (max_d > 0.02 * max_ref) {
+      std::printf("SMALL VALIDATION FAILED B=%d topk=%d: max|small-mma| %.3g, max|mma| %.3g\n",
+                  sh.batch, sh.topk, max_d, max_ref);
+    }
+    Timing t[2];
+    for (int i = 0; i < 2; ++i) t[i] = time_kernel(ks[i], p, s, flush, flush_bytes, quick);
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "%4d(%3d) %4d | %8.1f %8.1f %6.2fx | %8.1f %8.1f   [max|small-mma|=%.2e]\n",
+                  sh.topk, P, sh.batch, t[0].graph_us, t[1].graph_us, t[1].graph_us / t[0].graph_us,
+                  t[0].cold_us, t[1].cold_us, max_d);
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+    std::snprintf(line, sizeof line, "| %d (%d) | %d | %.1f | %.1f | %.2fx | %.1f / %.1f |\n",
+                  sh.topk, P, sh.batch, t[0].graph_us, t[1].graph_us, t[1].graph_us / t[0].graph_us,
+                  t[0].cold_us, t[1].cold_us);
+    md += line;
+    release(d);
+  }
+  std::printf("\n%s", md.c_str());
+  return md;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, profile = false, split_only = false, run_original = true,
+  bool quick = false, profile = false, split_only = false, small_only = false, run_original = true,
        run_production = false;
   std::string md_path;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) quick = true;
     if (std::strcmp(argv[i], "--split") == 0) split_only = true;
+    if (std::strcmp(argv[i], "--small") == 0) small_only = true;
     if (std::strcmp(argv[i], "--profile") == 0) profile = true;
     if (std::strcmp(argv[i], "--production") == 0) {
       run_original = false;
@@ -581,8 +650,9 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
-  if (split_only) {
-    split_rows(s, flush, flush_bytes, quick);
+  if (split_only || small_only) {
+    if (split_only) split_rows(s, flush, flush_bytes, quick);
+    if (small_only) small_rows(s, flush, flush_bytes, quick);
     CK(cudaFree(flush));
     CK(cudaStreamDestroy(s));
     return 0;
@@ -634,6 +704,8 @@ int main(int argc, char** argv) {
               md.c_str());
   md += "\n";  // (not "\n" + ...: GCC 12 warns -Wrestrict on that operator+)
   md += split_rows(s, flush, flush_bytes, quick);
+  md += "\n";
+  md += small_rows(s, flush, flush_bytes, quick);
   if (!md_path.empty()) {
     if (FILE* f = std::fopen(md_path.c_str(), "w")) {
       std::fputs(md.c_str(), f);

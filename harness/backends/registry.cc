@@ -64,6 +64,9 @@ std::vector<BackendSpec> make_table() {
                [] { return make_cpu_simt_backend(); }});
   t.push_back({"cpu-mma", "host model of the MMA kernel's bf16/fp32 pipeline (BLOCK_H 32)", false,
                [] { return make_cpu_mma_backend(); }});
+  t.push_back({"cpu-mma-small",
+               "host model of the sm_120-sized MMA configuration (32-token tiles, BLOCK_H 32)",
+               false, [] { return make_cpu_mma_small_backend(); }});
   t.push_back({"cpu-mma-lse-merged",
                "host model of an LSE-merged production decode: main and extra lists alone in the "
                "MMA pipeline, each stored bf16, merged by LSE (SGLang's Triton path)",
@@ -77,8 +80,14 @@ std::vector<BackendSpec> make_table() {
   t.push_back({"cpu-mma-split-max", "host model of the split-KV MMA pipeline, 1 split per tile",
                false, [] { return make_cpu_mma_split_backend(-1); }});
   const std::string simt = "CUDA SIMT per-head kernel (fp32)";
-  const std::string mma = "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32)";
+  const std::string mma =
+      "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32; runs the 97.25 KiB "
+      "cuda-mma-small configuration where the device's shared memory is below 157.5 KiB, e.g. "
+      "sm_120)";
   const std::string h64 = "CUDA tensor-core head-tiled kernel, BLOCK_H 64";
+  const std::string small =
+      "CUDA tensor-core head-tiled kernel, sm_120-sized: 32-token tiles, BLOCK_H 32, 8 warps, "
+      "97.25 KiB of shared memory";
   const std::string split1 = "CUDA split-KV MMA kernel + combine, 1 split per row (BLOCK_H 32)";
   const std::string split_auto =
       "CUDA split-KV MMA kernel + combine, automatic split count (row and SM count only)";
@@ -87,6 +96,7 @@ std::vector<BackendSpec> make_table() {
   t.push_back({"cuda-simt", simt, false, [] { return make_cuda_simt_backend(); }});
   t.push_back({"cuda-mma", mma, false, [] { return make_cuda_mma_backend(32); }});
   t.push_back({"cuda-mma-h64", h64, false, [] { return make_cuda_mma_backend(64); }});
+  t.push_back({"cuda-mma-small", small, false, [] { return make_cuda_mma_small_backend(); }});
   t.push_back({"cuda-mma-split1", split1, false, [] { return make_cuda_mma_split_backend(1); }});
   t.push_back({"cuda-mma-split", split_auto, false, [] { return make_cuda_mma_split_backend(0); }});
   t.push_back(
@@ -102,6 +112,8 @@ std::vector<BackendSpec> make_table() {
   t.push_back({"cuda-mma", mma, false, unavailable("cuda-mma", Precision::kMmaBf16, "cuda-simt")});
   t.push_back(
       {"cuda-mma-h64", h64, false, unavailable("cuda-mma-h64", Precision::kMmaBf16, "cuda-simt")});
+  t.push_back({"cuda-mma-small", small, false,
+               unavailable("cuda-mma-small", Precision::kMmaBf16, "cuda-simt")});
   t.push_back({"cuda-mma-split1", split1, false,
                unavailable("cuda-mma-split1", Precision::kMmaBf16, "cuda-simt")});
   t.push_back({"cuda-mma-split", split_auto, false,

@@ -30,6 +30,7 @@ class SelfIsolatedBackend final : public IsolatedBackend {
   bool is_reference() const override { return inner_->is_reference(); }
   std::string simt_partner() const override { return inner_->simt_partner(); }
   bool splits_kv() const override { return inner_->splits_kv(); }
+  int token_tile() const override { return inner_->token_tile(); }
   RunResult run(const MaterializedCase& m) override;
 
   std::vector<FaultRecord> take_faults() override;

@@ -213,6 +213,7 @@ WorkerInfo describe_backend(const Backend& backend) {
   i.inexact_invariants = backend.inexact_invariants();
   i.extra_pipeline = static_cast<int32_t>(backend.extra_pipeline());
   i.splits_kv = backend.splits_kv();
+  i.token_tile = backend.token_tile();
   return i;
 }
 

@@ -169,6 +169,7 @@ class ProxyBackend final : public IsolatedBackend {
     return static_cast<ExtraPipeline>(info_.extra_pipeline);
   }
   bool splits_kv() const override { return info_.splits_kv; }
+  int token_tile() const override { return info_.token_tile; }
   RunResult run(const MaterializedCase& m) override;
   // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
   // and run(), as before batches). The queue, encode and transport time of the request are

@@ -409,6 +409,7 @@ std::string encode_info(const WorkerInfo& i) {
   w.pod(i.inexact_invariants);
   w.pod(i.extra_pipeline);
   w.pod<uint8_t>(i.splits_kv);
+  w.pod(i.token_tile);
   return w.take();
 }
 
@@ -443,6 +444,8 @@ WorkerInfo decode_info(std::string_view bytes) {
     throw ProtocolError("info: unknown extra_pipeline " + std::to_string(i.extra_pipeline));
   }
   i.splits_kv = r.pod<uint8_t>() != 0;
+  i.token_tile = r.pod<int32_t>();
+  if (i.token_tile < 0) throw ProtocolError("info: negative token_tile");
   r.end();
   return i;
 }

@@ -50,6 +50,7 @@ struct WorkerInfo {
   uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
   int32_t extra_pipeline = 0;       // Backend::extra_pipeline() as int
   bool splits_kv = false;           // Backend::splits_kv()
+  int32_t token_tile = 0;           // Backend::token_tile()
 };
 
 // Thrown on a malformed payload.

@@ -196,6 +196,12 @@ class Backend {
   // issue 17) and honours MaterializedCase::split_override: the `split-agree` property reruns
   // such a backend with other split counts (false: not applicable).
   virtual bool splits_kv() const { return false; }
+  // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
+  // default (properties/tolerance.cc, pipeline_for: 64 for kMmaBf16, 32 for kSimtFp32), or 0
+  // for the default. The tolerance model counts the tiles (pipeline_of): cpu-mma-small and
+  // cuda-mma-small fold 32-token tiles, and so does cuda-mma on a device that runs its small
+  // configuration (sm_120).
+  virtual int token_tile() const { return 0; }
   virtual RunResult run(const MaterializedCase& m) = 0;
   // unsupported() and, when supported, run() for each case in order: the property variants of
   // a case. The default calls them one by one; a worker proxy sends all cases in one request

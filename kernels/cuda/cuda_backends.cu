@@ -255,7 +255,8 @@ class CudaKernelBackend final : public Backend {
  public:
   CudaKernelBackend(std::string name, Precision precision, std::string simt_partner,
                     UnsupportedFn unsupported, LaunchFn launch, bool resident,
-                    Envelope envelope = cuda_kernel_envelope(), SplitLaunch split = {})
+                    Envelope envelope = cuda_kernel_envelope(), SplitLaunch split = {},
+                    std::function<int()> token_tile = {})
       : envelope_(std::move(envelope)),
         name_(std::move(name)),
         precision_(precision),
@@ -263,8 +264,11 @@ class CudaKernelBackend final : public Backend {
         unsupported_(std::move(unsupported)),
         launch_(std::move(launch)),
         resident_(resident && resident_inputs_enabled()),
-        split_(std::move(split)) {}
+        split_(std::move(split)),
+        token_tile_(std::move(token_tile)) {}
   bool splits_kv() const override { return split_.setting != mla::kSplitOff; }
+  // 0 (the MMA default of 64) unless the backend says otherwise (the small configuration).
+  int token_tile() const override { return token_tile_ ? token_tile_() : 0; }
 
   std::string name() const override { return name_; }
   Precision precision() const override { return precision_; }
@@ -551,6 +555,7 @@ class CudaKernelBackend final : public Backend {
   // Split-KV: the launcher and its workspace (fp32 partials), kept between calls.
   SplitLaunch split_;
   DevMem d_ws_;
+  std::function<int()> token_tile_;
   // The resident path's inputs (the kInputs above), output staging, events.
   ResidentInput inputs_[kInputs];
   std::vector<ResidentInput::Copy> uploads_;
@@ -591,9 +596,11 @@ std::unique_ptr<Backend> make_split_kernel_backend(std::string name, Precision p
 
 std::unique_ptr<Backend> make_resident_kernel_backend(std::string name, Precision precision,
                                                       std::string simt_partner,
-                                                      UnsupportedFn unsupported, LaunchFn launch) {
-  return std::make_unique<CudaKernelBackend>(std::move(name), precision, std::move(simt_partner),
-                                             std::move(unsupported), std::move(launch), true);
+                                                      UnsupportedFn unsupported, LaunchFn launch,
+                                                      std::function<int()> token_tile = {}) {
+  return std::make_unique<CudaKernelBackend>(
+      std::move(name), precision, std::move(simt_partner), std::move(unsupported),
+      std::move(launch), true, cuda_kernel_envelope(), SplitLaunch{}, std::move(token_tile));
 }
 
 }  // namespace mlafuzz::cuda_detail
@@ -616,7 +623,20 @@ std::unique_ptr<Backend> make_cuda_mma_backend(int block_h) {
       [block_h](const mla::DecodeParams& p) { return mla::cuda::mma_unsupported(p, block_h); },
       [block_h](const mla::DecodeParams& p) {
         return mla::cuda::launch_mma_head_tiled(p, block_h, nullptr);
+      },
+      // 32 where the device runs the small configuration for cuda-mma (sm_120), else 0 (64).
+      [block_h] {
+        const int t = mla::cuda::mma_token_tile(block_h);
+        return t == mla::kMmaTokenTile ? 0 : t;
       });
+}
+
+std::unique_ptr<Backend> make_cuda_mma_small_backend() {
+  return cuda_detail::make_resident_kernel_backend(
+      "cuda-mma-small", Precision::kMmaBf16, "cuda-simt",
+      [](const mla::DecodeParams& p) { return mla::cuda::mma_small_unsupported(p); },
+      [](const mla::DecodeParams& p) { return mla::cuda::launch_mma_head_tiled_small(p, nullptr); },
+      [] { return mla::kMmaSmallTokenTile; });
 }
 
 std::unique_ptr<Backend> make_cuda_mma_split_backend(int split) {

@@ -28,14 +28,25 @@ inline constexpr int kErrWorkspace = 100001;    // the split workspace is missin
 // indices and strides, optional extra_topk_length; the main layout and dims) read in the same
 // online softmax after the main list's tiles.
 std::optional<std::string> simt_unsupported(const DecodeParams& p);
-// block_h must be 32 or 64; H need not be a multiple of it (extra rows are masked).
+// block_h must be 32 or 64; H need not be a multiple of it (extra rows are masked). block_h 32
+// on a device whose opt-in shared memory is below the default configuration's 157.5 KiB (sm_120:
+// 99 KiB) checks the small configuration, which launch_mma_head_tiled then runs.
 std::optional<std::string> mma_unsupported(const DecodeParams& p, int block_h);
+// The sm_120-sized configuration (issue 17): BLOCK_H 32, 8 warps, 32-token tiles, 97.25 KiB of
+// shared memory per block (mma_head_tiled.cuh has the arithmetic). Its online-softmax tiles are
+// 32 tokens (mla::kMmaSmallTokenTile): host model cpu-mma-small.
+std::optional<std::string> mma_small_unsupported(const DecodeParams& p);
+int launch_mma_head_tiled_small(const DecodeParams& p, void* stream);
+// The token tile launch_mma_head_tiled(p, block_h) uses on the current device: 32 where block_h
+// 32 runs the small configuration, else 64 (mla::kMmaTokenTile).
+int mma_token_tile(int block_h);
 
 // One thread block of 128 threads per (batch row, query token, head), fp32 pipeline. stream: a
 // cudaStream_t (nullptr = default stream).
 int launch_simt_per_head(const DecodeParams& p, void* stream);
 // One thread block of 512 threads per (batch row, query token, block of block_h heads), mma.sync
-// bf16 (H = 128: four blocks of 32 heads, or two of 64, per query token).
+// bf16 (H = 128: four blocks of 32 heads, or two of 64, per query token). block_h 32 runs the
+// small configuration (256 threads) where the device needs it (mma_unsupported above).
 int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 // The same kernel with an explicit number of warps per 16-head group (block_h 32: 8, the
 // default, or 4; block_h 64: 4). For benchmarks comparing the configurations; the outputs of

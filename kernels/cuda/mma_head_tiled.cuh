@@ -57,23 +57,47 @@
 
 namespace mla::cuda {
 
-inline constexpr int kMmaKStride = kMaxKCols + 8;      // bf16 elements per Ks/Qs row
-inline constexpr int kMmaPStride = kMmaTokenTile + 8;  // bf16 elements per Ps row
-inline constexpr int kMmaChunks = kMmaTokenTile / 8;   // 8-token chunks of a tile (row sums)
+inline constexpr int kMmaKStride = kMaxKCols + 8;  // bf16 elements per Ks/Qs row
+// bf16 elements per Ps row of a T-token tile (72 for 64, 40 for 32: an odd number of 16-byte
+// units either way).
+__host__ __device__ constexpr int mma_p_stride(int t) { return t + 8; }
+// 8-token chunks of a T-token tile (the row sums).
+__host__ __device__ constexpr int mma_chunks(int t) { return t / 8; }
 
 // Warps per head group: 8 for BH = 32, 4 for BH = 64 (16 warps either way). With one block per
 // SM (the tiles take 157-200 KiB of shared memory) the kernel is latency-bound; 16 warps hide
 // more of it than 8 (measured on the H200: see README, "Kernel speed on the H200").
 constexpr int mma_default_wg(int bh) { return bh == 32 ? 8 : 4; }
 
-constexpr size_t mma_smem_bytes(int bh, int wg) {
-  return static_cast<size_t>(kMmaTokenTile) * kMaxRawStride +
-         static_cast<size_t>(kMmaTokenTile) * kMmaKStride * 2 +
-         static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * kMmaPStride * 2 +
-         static_cast<size_t>(bh) * wg * 4 + static_cast<size_t>(bh) * kMmaChunks * 4 +
-         2 * kMmaTokenTile * 4;
+// Dynamic shared memory of the (BH, WG, T) configuration (the kernel has no static shared
+// memory): raw staging T*656, Ks T*584*2, Qs BH*584*2, Ps BH*(T+8)*2, partial maxima BH*WG*4,
+// chunk sums BH*(T/8)*4, validity 2*T*4.
+constexpr size_t mma_smem_bytes(int bh, int wg, int t = kMmaTokenTile) {
+  return static_cast<size_t>(t) * kMaxRawStride + static_cast<size_t>(t) * kMmaKStride * 2 +
+         static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * mma_p_stride(t) * 2 +
+         static_cast<size_t>(bh) * wg * 4 + static_cast<size_t>(bh) * mma_chunks(t) * 4 +
+         static_cast<size_t>(2) * t * 4;
 }
 constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
+
+// The sm_120-sized configuration (issue 17; `cuda-mma-small`): BLOCK_H 32, 4 warps per head
+// group (8 warps, 256 threads) and 32-token tiles (mla::kMmaSmallTokenTile). Its shared memory:
+//   raw 32*656 = 20992, Ks 32*584*2 = 37376, Qs 32*584*2 = 37376, Ps 32*40*2 = 2560,
+//   partial maxima 32*4*4 = 512, chunk sums 32*4*4 = 512, validity 2*32*4 = 256:
+//   99584 bytes (97.25 KiB), under sm_120's opt-in limit of 101376 bytes per block (99 KiB) with
+//   1792 bytes to spare (the kernel has no static shared memory). What does not fit: a 64-token
+//   tile at any BLOCK_H (raw + Ks alone are 116736 bytes); BLOCK_H 64 with 32-token tiles
+//   (136960 bytes). BLOCK_H 16 with 32-token tiles would take 79104 bytes, but decodes every K
+//   tile for 16 heads instead of 32 (twice the dequantization per head). On the H200 (233472
+//   bytes per SM) two blocks of this configuration share an SM: 16 warps, as the default has.
+inline constexpr int kMmaSmallBlockH = mla::kMmaSmallBlockH;
+inline constexpr int kMmaSmallWarps = 4;  // per head group
+inline constexpr int kMmaSmallTile = mla::kMmaSmallTokenTile;
+inline constexpr size_t kMmaSmallSmemBytes =
+    mma_smem_bytes(kMmaSmallBlockH, kMmaSmallWarps, kMmaSmallTile);
+inline constexpr size_t kSm120SmemOptin = 101376;  // cudaDevAttrMaxSharedMemoryPerBlockOptin
+static_assert(kMmaSmallSmemBytes == 99584, "the arithmetic in the comment above");
+static_assert(kMmaSmallSmemBytes <= kSm120SmemOptin, "the small configuration must fit sm_120");
 
 // Where the split kernel writes its partials and how it splits (unused when kSplit = false).
 // Partial (query row r = b * s_q + token, split i, head slot h) of ns_max splits and hpad = head
@@ -99,25 +123,33 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
 
 // EX: the call has an extra cache (a template flag, so that the one-cache kernel is the same code
 // as before the production decode). kSplit: the split-KV kernel (see the header).
-template <int BH, int WG, Mutant M, bool EX, bool kSplit = false>
-__global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
+// T: tokens per tile (kMmaTokenTile = 64, or kMmaSmallTile = 32 for the sm_120-sized
+// configuration; the online-softmax tile boundaries follow it, and so does the host model).
+// Launch bounds: one block per SM for 64-token tiles (their shared memory); two for the small
+// configuration (T = 32: 256 threads at <= 128 registers, so that two blocks share an H200 SM).
+template <int BH, int WG, Mutant M, bool EX, bool kSplit = false, int T = kMmaTokenTile>
+__global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
     mma_head_tiled_kernel(const __grid_constant__ DecodeParams p,
                           const __grid_constant__ LayoutPlan pl,
                           const __grid_constant__ SplitArgs sa) {
   constexpr int G = BH / 16;  // head groups of 16 rows (the MMA M dimension)
   constexpr int NW = G * WG;  // warps
   constexpr int NT = NW * 32;
-  constexpr int T = kMmaTokenTile;
   constexpr int KS = kMmaKStride;
-  constexpr int PS = kMmaPStride;
-  constexpr int TOK = T / WG;         // S phase: tokens per warp (16 or 8)
+  constexpr int PS = mma_p_stride(T);
+  constexpr int CH = mma_chunks(T);   // 8-token chunks of a tile (8 or 4)
+  constexpr int TOK = T / WG;         // S phase: tokens per warp (16 or 8; 8 for T = 32)
   constexpr int NS = TOK / 8;         // S phase: n8 tiles (8-token chunks) per warp (2 or 1)
   constexpr int CW = kMaxKCols / WG;  // PV phase: V columns per warp (144 or 72)
   constexpr int NTILE = CW / 8;       // PV phase: n8 tiles of O per warp (18 or 9)
   constexpr int NU = (kMaxKCols / 8 + 31) / 32;  // dequant: 8-column units per lane and row
   static_assert(WG == 4 || WG == 8, "4 or 8 warps per head group");
   static_assert(CW * WG == kMaxKCols && CW % 8 == 0, "column chunks must tile the V width");
-  static_assert(NS * WG == kMmaChunks, "S-phase chunks must tile the token tile");
+  static_assert(T == 64 || T == 32, "64- or 32-token tiles");
+  // The combine counts a row's tiles in 64-token tiles (combine.cuh, split_row_tiles).
+  static_assert(!kSplit || T == kMmaTokenTile, "split-KV runs 64-token tiles only");
+  static_assert(NS * WG == CH, "S-phase chunks must tile the token tile");
+  static_assert(CH % 4 == 0, "the chunk sums are read as float4");
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* raw = smem;                                                   // [T][raw_stride]
@@ -125,8 +157,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
   uint16_t* Qs = Ks + T * KS;                                            // [BH][KS] bf16
   uint16_t* Ps = Qs + BH * KS;                                           // [BH][PS] bf16
   float* s_pmax = reinterpret_cast<float*>(Ps + BH * PS);                // [BH][WG]
-  float* s_psum = s_pmax + BH * WG;                                      // [BH][kMmaChunks]
-  int* s_valid = reinterpret_cast<int*>(s_psum + BH * kMmaChunks);       // [2][T]
+  float* s_psum = s_pmax + BH * WG;                                      // [BH][CH]
+  int* s_valid = reinterpret_cast<int*>(s_psum + BH * CH);               // [2][T]
 
 #ifndef NDEBUG
   if (blockDim.x != NT) __trap();
@@ -490,8 +522,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
         c1 += __shfl_xor_sync(0xffffffffu, c1, 1);
         c1 += __shfl_xor_sync(0xffffffffu, c1, 2);
         if (t == 0) {
-          s_psum[row0 * kMmaChunks + quarter * NS + nt] = c0;
-          s_psum[row1 * kMmaChunks + quarter * NS + nt] = c1;
+          s_psum[row0 * CH + quarter * NS + nt] = c0;
+          s_psum[row1 * CH + quarter * NS + nt] = c1;
         }
       }
     }
@@ -499,13 +531,25 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
 
     // ---- PV phase ----
     {
-      // l += the tile's row sum: its 8 chunk sums added in chunk order.
-      const float4* c0 = reinterpret_cast<const float4*>(s_psum + row0 * kMmaChunks);
-      const float4* c1 = reinterpret_cast<const float4*>(s_psum + row1 * kMmaChunks);
-      const float4 a0 = c0[0], b0 = c0[1], a1 = c1[0], b1 = c1[1];
+      // l += the tile's row sum: its CH chunk sums added in chunk order
+      // (((c0 + c1) + c2) + c3) + ..., read four at a time.
+      const float4* c0 = reinterpret_cast<const float4*>(s_psum + row0 * CH);
+      const float4* c1 = reinterpret_cast<const float4*>(s_psum + row1 * CH);
+      float sum0, sum1;
+      {
+        const float4 a0 = c0[0], a1 = c1[0];
+        sum0 = ((a0.x + a0.y) + a0.z) + a0.w;
+        sum1 = ((a1.x + a1.y) + a1.z) + a1.w;
+      }
+#pragma unroll
+      for (int i = 1; i < CH / 4; ++i) {
+        const float4 a0 = c0[i], a1 = c1[i];
+        sum0 = (((sum0 + a0.x) + a0.y) + a0.z) + a0.w;
+        sum1 = (((sum1 + a1.x) + a1.y) + a1.z) + a1.w;
+      }
       // add.rn: never fused with softmax_advance's l *= alpha (the host model does not fuse).
-      st0.l = __fadd_rn(st0.l, ((((((a0.x + a0.y) + a0.z) + a0.w) + b0.x) + b0.y) + b0.z) + b0.w);
-      st1.l = __fadd_rn(st1.l, ((((((a1.x + a1.y) + a1.z) + a1.w) + b1.x) + b1.y) + b1.z) + b1.w);
+      st0.l = __fadd_rn(st0.l, sum0);
+      st1.l = __fadd_rn(st1.l, sum1);
 #pragma unroll
       for (int i = 0; i < NTILE; ++i) {
         o[i][0] *= alpha0, o[i][1] *= alpha0, o[i][2] *= alpha1, o[i][3] *= alpha1;
@@ -519,7 +563,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
         const uint32_t va =
             smem_u32(Ks + (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + c_begin + (lane >> 4) * 8);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
+        for (int kk = 0; kk < T / 16; ++kk) {
           uint32_t pa[4];
           ldsm_x4(pa, pa_addr + kk * 32);
 #pragma unroll
@@ -617,7 +661,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, 1)
 
 // Opt-in shared memory per block of the current device (0 when it cannot be queried, e.g. no
 // device: the check is then left to the launch). 227 KiB on the H200; about 99 KiB on sm_120
-// (RTX PRO 6000 Blackwell), where the kernel's tiles do not fit.
+// (RTX PRO 6000 Blackwell: 101376 bytes), where the default tiles do not fit and `cuda-mma`
+// runs the small configuration (mma_small_selected).
 inline int device_smem_optin() {
   static const int bytes = [] {
     int dev = 0, v = 0;
@@ -629,27 +674,41 @@ inline int device_smem_optin() {
   return bytes;
 }
 
-inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h) {
+// Whether the default configuration (BLOCK_H 32, 64-token tiles) does not fit the current
+// device's shared memory while the small one does: `cuda-mma` (launch_mma_head_tiled with
+// block_h 32) then runs the small configuration. False without a device (nothing to decide).
+inline bool mma_small_selected() {
+  const int have = device_smem_optin();
+  return have > 0 && static_cast<size_t>(have) < mma_smem_bytes(kMmaDefaultBlockH) &&
+         static_cast<size_t>(have) >= kMmaSmallSmemBytes;
+}
+
+// The explicit configuration's checks; smem: its dynamic shared memory.
+inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h,
+                                                       size_t smem) {
   if (block_h != 32 && block_h != 64) return "block_h must be 32 or 64";
   if (auto why = common_unsupported(p)) return why;
   if (static_cast<int64_t>((p.heads + block_h - 1) / block_h) * p.s_q > 0x7fffffffLL)
     return "too many (query token, head block) pairs for grid x";
   const int have = device_smem_optin();
-  if (have > 0 && static_cast<size_t>(have) < mma_smem_bytes(block_h)) {
-    return "needs " + std::to_string(mma_smem_bytes(block_h)) +
+  if (have > 0 && static_cast<size_t>(have) < smem) {
+    return "needs " + std::to_string(smem) +
            " bytes of shared memory per block, the device allows " + std::to_string(have);
   }
   return std::nullopt;
 }
+inline std::optional<std::string> mma_unsupported_impl(const DecodeParams& p, int block_h) {
+  return mma_unsupported_impl(p, block_h, mma_smem_bytes(block_h));
+}
 
-template <int BH, int WG, Mutant M, bool EX>
+template <int BH, int WG, Mutant M, bool EX, int T = kMmaTokenTile>
 int launch_mma_kernel(const DecodeParams& p, void* stream) {
   const LayoutPlan pl = make_plan(p);
-  constexpr size_t smem = mma_smem_bytes(BH, WG);
+  constexpr size_t smem = mma_smem_bytes(BH, WG, T);
   static std::atomic<bool> attr_set{false};
   if (!attr_set.load()) {
     const cudaError_t e =
-        cudaFuncSetAttribute(mma_head_tiled_kernel<BH, WG, M, EX>,
+        cudaFuncSetAttribute(mma_head_tiled_kernel<BH, WG, M, EX, false, T>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, int{smem});
     if (e != cudaSuccess) return static_cast<int>(e);
     attr_set.store(true);
@@ -657,24 +716,31 @@ int launch_mma_kernel(const DecodeParams& p, void* stream) {
   // x: (query token, head block) pairs, the head blocks of a token adjacent (they read the same
   // tokens: L2 reuse); y: batch rows.
   const dim3 grid(static_cast<unsigned>((p.heads + BH - 1) / BH * p.s_q), p.batch);
-  mma_head_tiled_kernel<BH, WG, M, EX>
+  mma_head_tiled_kernel<BH, WG, M, EX, false, T>
       <<<grid, BH / 16 * WG * 32, smem, static_cast<cudaStream_t>(stream)>>>(p, pl, SplitArgs{});
   return static_cast<int>(cudaGetLastError());
 }
 
 // The extra-cache kernel is instantiated for the normal kernel only: the planted bugs are about
 // one cache (a mutant launch with an extra cache is refused).
-template <int BH, Mutant M, int WG = mma_default_wg(BH)>
+// T: the token tile (kMmaSmallTile with WG = kMmaSmallWarps: the small configuration).
+template <int BH, Mutant M, int WG = mma_default_wg(BH), int T = kMmaTokenTile>
 int launch_mma_head_tiled_t(const DecodeParams& p, void* stream) {
-  if (mma_unsupported_impl(p, BH)) return kErrUnsupported;
+  if (mma_unsupported_impl(p, BH, mma_smem_bytes(BH, WG, T))) return kErrUnsupported;
   if (p.has_extra) {
     if constexpr (M == Mutant::kNone) {
-      return launch_mma_kernel<BH, WG, M, true>(p, stream);
+      return launch_mma_kernel<BH, WG, M, true, T>(p, stream);
     } else {
       return kErrUnsupported;
     }
   }
-  return launch_mma_kernel<BH, WG, M, false>(p, stream);
+  return launch_mma_kernel<BH, WG, M, false, T>(p, stream);
+}
+
+// The small configuration (kMmaSmallSmemBytes of shared memory; see above).
+template <Mutant M>
+int launch_mma_small_t(const DecodeParams& p, void* stream) {
+  return launch_mma_head_tiled_t<kMmaSmallBlockH, M, kMmaSmallWarps, kMmaSmallTile>(p, stream);
 }
 
 }  // namespace mla::cuda

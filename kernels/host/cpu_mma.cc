@@ -11,6 +11,11 @@ std::unique_ptr<Backend> make_cpu_mma_backend(int block_h) {
   return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(block_h);
 }
 
+std::unique_ptr<Backend> make_cpu_mma_small_backend() {
+  return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(
+      mla::kMmaSmallBlockH, /*lse_merged=*/false, mla::kSplitOff, mla::kMmaSmallTokenTile);
+}
+
 std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend() {
   return std::make_unique<host::CpuMmaBackend<mla::Mutant::kNone>>(mla::kMmaDefaultBlockH,
                                                                    /*lse_merged=*/true);

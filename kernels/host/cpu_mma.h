@@ -12,6 +12,8 @@
 // l += it, O *= alpha, and bf16(p) * V added to O in fp32. The store multiplies O by the
 // reciprocal of l (+ the sink term) and rounds to bf16.
 // Heads never interact, so a head's result does not depend on its block or BLOCK_H.
+// The tile is a parameter (`tile`): 64, or mla::kMmaSmallTokenTile = 32 for the sm_120-sized
+// kernel configuration (cpu-mma-small: 4 chunk sums per tile, the rescales every 32 tokens).
 // Split-KV (issue 17, `split` != mla::kSplitOff): the row's virtual tile range (main tiles, then
 // extra tiles, each list's tiles counted up to its topk_length as the kernel does) is cut into
 // mla::split_count splits; each split folds its tiles from a fresh softmax state into an fp32
@@ -124,27 +126,34 @@ inline void store_head_lse_merged(const HostCall& call, const PaddedColumns& col
       mla::softmax_lse(merged, p.sink, h, p.conv);
 }
 
-// Softmax step of one head for a tile of 64 logits x (masked: -inf): tile max, advance, p, the
-// row sum in the kernel's order (below), O *= alpha. Writes bf16(p) to pb.
+// Tokens per tile of the MMA kernel's configurations: 64 (mla::kMmaTokenTile) or 32
+// (mla::kMmaSmallTokenTile).
+inline bool valid_mma_tile(int32_t tile) {
+  return tile == mla::kMmaTokenTile || tile == mla::kMmaSmallTokenTile;
+}
+
+// Softmax step of one head for a tile of `tile` logits x (64 or 32; masked: -inf): tile max,
+// advance, p, the row sum in the kernel's order (below), O *= alpha. Writes bf16(p) to pb.
 template <Mutant M>
-void softmax_tile(const float* x, int32_t width_v, mla::SoftmaxState& s, float* __restrict O,
-                  float* __restrict pb) {
-  constexpr int32_t kTile = mla::kMmaTokenTile;
-  static_assert(kTile == 64, "the row-sum order below is the kernel's for 64-token tiles");
+void softmax_tile(const float* x, int32_t tile, int32_t width_v, mla::SoftmaxState& s,
+                  float* __restrict O, float* __restrict pb) {
+  constexpr int32_t kMaxTile = mla::kMmaTokenTile;
+  static_assert(mla::kMmaSmallTokenTile <= kMaxTile && mla::kMmaSmallTokenTile % 8 == 0,
+                "the row-sum order below is the kernel's for tiles of 8-token chunks");
   float tile_max = mla::neg_inf();
-  for (int32_t j = 0; j < kTile; ++j) {
+  for (int32_t j = 0; j < tile; ++j) {
     tile_max = x[j] > tile_max ? x[j] : tile_max;  // NaN logits are skipped, as fmaxf does
   }
   const float alpha = advance<M>(s, tile_max);
-  float p[kTile];
-  for (int32_t j = 0; j < kTile; ++j) {
+  float p[kMaxTile];
+  for (int32_t j = 0; j < tile; ++j) {
     p[j] = weight(s, x[j]);
     pb[j] = mla::round_to_bf16(p[j]);
   }
   // Per 8-token chunk c, quad lane t adds p[8c + 2t] + p[8c + 2t + 1]; the xor-1 and xor-2
-  // shuffles give (s0 + s1) + (s2 + s3); the tile's 8 chunk sums are added in chunk order.
+  // shuffles give (s0 + s1) + (s2 + s3); the tile's 8 (4) chunk sums are added in chunk order.
   float tile_sum = 0.0f;
-  for (int32_t c = 0; c < kTile / 8; ++c) {
+  for (int32_t c = 0; c < tile / 8; ++c) {
     float lane_sum[4];
     for (int32_t t = 0; t < 4; ++t) {
       lane_sum[t] = row_sum_term<M>(p[8 * c + 2 * t]) + row_sum_term<M>(p[8 * c + 2 * t + 1]);
@@ -186,10 +195,11 @@ inline void pv_tile2(const DecodedRow& row, int32_t width, int32_t width_v, int3
   }
 }
 
+// tile: tokens per tile, mla::kMmaTokenTile (cpu-mma) or mla::kMmaSmallTokenTile
+// (cpu-mma-small, the sm_120-sized kernel configuration).
 template <Mutant M>
 void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool lse_merged = false,
-                    int32_t split = mla::kSplitOff) {
-  constexpr int32_t kTile = mla::kMmaTokenTile;
+                    int32_t split = mla::kSplitOff, int32_t tile = mla::kMmaTokenTile) {
   const mla::DecodeParams& p = call.p;
   const PaddedColumns cols = padded_columns(p.geom);
   const ColumnLayout layout = identity_layout(cols, kDotLanes);
@@ -197,8 +207,8 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool l
   const size_t w = static_cast<size_t>(width);
   s.q.resize(block_h * w);
   s.o.resize(block_h * w);
-  s.x.resize(static_cast<size_t>(block_h) * kTile);
-  s.pb.resize(static_cast<size_t>(block_h) * kTile);
+  s.x.resize(static_cast<size_t>(block_h) * tile);
+  s.pb.resize(static_cast<size_t>(block_h) * tile);
   s.state.resize(block_h);
   const bool merged = lse_merged && p.has_extra;
   if (merged) {
@@ -211,13 +221,13 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool l
   auto fold_tile = [&](const DecodedRow& row, int32_t topk, int32_t t, int32_t nh,
                        mla::SoftmaxState* state, float* o) {
     {
-      const int32_t k0 = t * kTile, k1 = std::min(topk, k0 + kTile);
+      const int32_t k0 = t * tile, k1 = std::min(topk, k0 + tile);
       // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
       for (int32_t j = 0; j < nh; j += 2) {
         const bool pair = j + 1 < nh;
-        float* xa = s.x.data() + j * kTile;
-        float* xb = pair ? xa + kTile : nullptr;
-        for (int32_t jj = 0; jj < kTile; ++jj) {
+        float* xa = s.x.data() + j * tile;
+        float* xb = pair ? xa + tile : nullptr;
+        for (int32_t jj = 0; jj < tile; ++jj) {
           const int32_t k = k0 + jj;
           if (k < k1 && row.valid[k]) {
             float da = 0, db = 0;
@@ -232,29 +242,29 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool l
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        softmax_tile<M>(s.x.data() + j * kTile, cols.width_v, state[j], o + j * w,
-                        s.pb.data() + j * kTile);
+        softmax_tile<M>(s.x.data() + j * tile, tile, cols.width_v, state[j], o + j * w,
+                        s.pb.data() + j * tile);
       }
       for (int32_t j = 0; j < nh; j += 2) {
         const bool pair = j + 1 < nh;
-        pv_tile2(row, width, cols.width_v, k0, k1, s.pb.data() + j * kTile,
-                 pair ? s.pb.data() + (j + 1) * kTile : nullptr, o + j * w,
+        pv_tile2(row, width, cols.width_v, k0, k1, s.pb.data() + j * tile,
+                 pair ? s.pb.data() + (j + 1) * tile : nullptr, o + j * w,
                  pair ? o + (j + 1) * w : nullptr);
       }
     }
   };
   auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh, mla::SoftmaxState* state,
                        float* o) {
-    const int32_t tiles = num_token_tiles<M>(topk, kTile);
+    const int32_t tiles = num_token_tiles<M>(topk, tile);
     for (int32_t t = 0; t < tiles; ++t) fold_tile(row, topk, t, nh, state, o);
   };
   // The split pipeline of one head block: tiles [0, nt_main) of the main list then [nt_main,
   // nt) of the extra list, cut into ns splits, each folded from a fresh state into its partial;
   // then the combine, and the store of the merged state.
   auto split_block = [&](int32_t b, int32_t q, int32_t h0, int32_t nh) {
-    const int32_t nt_main = mla::list_tiles<M>(p.topk, main_list(call, b, q).topk_len, kTile);
+    const int32_t nt_main = mla::list_tiles<M>(p.topk, main_list(call, b, q).topk_len, tile);
     const int32_t nt_extra =
-        p.has_extra ? mla::list_tiles<M>(p.extra_topk, extra_list(call, b, q).topk_len, kTile) : 0;
+        p.has_extra ? mla::list_tiles<M>(p.extra_topk, extra_list(call, b, q).topk_len, tile) : 0;
     const int32_t nt = nt_main + nt_extra;
     const int32_t ns = mla::split_count(nt, split, mla::kHostModelSmCount);
     s.part_m.resize(static_cast<size_t>(ns) * block_h);
@@ -374,11 +384,18 @@ template <Mutant M>
 class CpuMmaBackend final : public Backend {
  public:
   // split: mla::kSplitOff (the unsplit kernel), kSplitAuto, kSplitMax or a forced count n > 0.
-  explicit CpuMmaBackend(int block_h, bool lse_merged = false, int32_t split = mla::kSplitOff)
-      : block_h_(std::max(1, block_h)), lse_merged_(lse_merged), split_(split) {}
+  // tile: tokens per tile, 64 (mla::kMmaTokenTile) or 32 (mla::kMmaSmallTokenTile: the
+  // sm_120-sized configuration, "cpu-mma-small"); any other value is taken as 64.
+  explicit CpuMmaBackend(int block_h, bool lse_merged = false, int32_t split = mla::kSplitOff,
+                         int32_t tile = mla::kMmaTokenTile)
+      : block_h_(std::max(1, block_h)),
+        lse_merged_(lse_merged),
+        split_(split),
+        tile_(valid_mma_tile(tile) ? tile : mla::kMmaTokenTile) {}
   std::string name() const override {
     std::string n =
         block_h_ == mla::kMmaDefaultBlockH ? "cpu-mma" : "cpu-mma-h" + std::to_string(block_h_);
+    if (tile_ == mla::kMmaSmallTokenTile) n += "-small";
     if (lse_merged_) n += "-lse-merged";
     // The combine mutants always run the split pipeline: their name is the catalogue's.
     if (!mla::is_combine_mutant(M)) n += split_suffix(split_);
@@ -393,11 +410,12 @@ class CpuMmaBackend final : public Backend {
     return lse_merged_ ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
   }
   bool splits_kv() const override { return split_ != mla::kSplitOff; }
+  int token_tile() const override { return tile_ == mla::kMmaTokenTile ? 0 : tile_; }
   RunResult run(const MaterializedCase& m) override {
     const int32_t split =
         split_ != mla::kSplitOff && m.split_override != 0 ? m.split_override : split_;
     return run_guarded(m, [this, split](const HostCall& c) {
-      mma_head_tiled<M>(c, block_h_, scratch_, lse_merged_, split);
+      mma_head_tiled<M>(c, block_h_, scratch_, lse_merged_, split, tile_);
     });
   }
 
@@ -405,6 +423,7 @@ class CpuMmaBackend final : public Backend {
   int32_t block_h_;
   bool lse_merged_;
   int32_t split_;
+  int32_t tile_;
   MmaScratch scratch_;
 };
 

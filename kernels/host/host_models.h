@@ -26,6 +26,11 @@ std::unique_ptr<Backend> make_cpu_simt_backend();  // "cpu-simt"
 // "cpu-mma" for block_h 32 (the kernel's default), "cpu-mma-h<block_h>" otherwise (64 is the
 // kernel's other option; any block_h >= 1 works on the host, and results never depend on it).
 std::unique_ptr<Backend> make_cpu_mma_backend(int block_h = 32);
+// "cpu-mma-small": the model of the sm_120-sized kernel configuration (cuda-mma-small, and
+// cuda-mma where the device's shared memory needs it): the same pipeline with 32-token tiles
+// (mla::kMmaSmallTokenTile), so its online-softmax rescales fall every 32 tokens and its row sum
+// adds 4 chunk sums per tile. Backend::token_tile() is 32.
+std::unique_ptr<Backend> make_cpu_mma_small_backend();
 // "cpu-mma-lse-merged": the same bf16/fp32 MMA pipeline, but the production decode's extra cache
 // is computed alone and LSE-merged with the main list's result (two bf16 roundings; SGLang's
 // Triton path, ExtraPipeline::kLseMerged): the reference for the LSE-merged tolerance bound.

@@ -555,6 +555,37 @@ class Server:
             res.append(t)
         return res[0], res[1]
 
+    def _download(self, pairs: list, dev: Any) -> None:
+        """Copies each device buffer's first host.nbytes bytes into the host array.
+
+        Through pinned staging when it is available: both copies queued asynchronously, one
+        synchronization, then one memcpy each into the shared memory (a copy from the device into
+        pageable memory, such as the shared output buffers, goes through the driver's own bounce
+        buffers at a fraction of the bus's speed). Without pinned memory: one copy each.
+        """
+        torch = self.torch
+        for host, _ in pairs:
+            if not host.flags.c_contiguous:  # reshape(-1) would copy: the bytes would be lost
+                raise ValueError("a raw output buffer is not contiguous")
+        total = sum((host.nbytes + 63) // 64 * 64 for host, _ in pairs)
+        staging = self._stage(total)
+        if staging is None:
+            for host, buf in pairs:
+                flat = host.reshape(-1).view(np.uint8)
+                torch.from_numpy(flat).copy_(buf[: flat.nbytes])
+            return
+        spans = []
+        offset = 0
+        for host, buf in pairs:
+            n = host.nbytes
+            staging[offset:offset + n].copy_(buf[:n], non_blocking=True)
+            spans.append((host, offset, n))
+            offset += (n + 63) // 64 * 64
+        torch.cuda.synchronize(dev)
+        pinned = staging.numpy()
+        for host, offset, n in spans:
+            np.copyto(host.reshape(-1).view(np.uint8), pinned[offset:offset + n])
+
     def _inputs_written(self, keys: list, inputs: Dict[str, Any]) -> str:
         """Names of cached inputs whose device bytes the kernel changed (their entries dropped)."""
         if not keys:
@@ -633,9 +664,9 @@ class Server:
         err, seconds = self._call_kernel(call)
         try:
             torch.cuda.synchronize(dev)
-            # Straight into the shared output buffers: one copy each, canaries included.
-            torch.from_numpy(a["out_raw"].view(np.int16)).copy_(out_raw.view(torch.int16))
-            torch.from_numpy(a["lse_raw"].view(np.int32)).copy_(lse_raw.view(torch.int32))
+            # Whole raw buffers, canaries included, into the shared output buffers.
+            self._download([(a["out_raw"], self.device_buffers["out_raw"]),
+                            (a["lse_raw"], self.device_buffers["lse_raw"])], dev)
             written = self._inputs_written(keys, inputs)
         except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
             return {"status": "fault",

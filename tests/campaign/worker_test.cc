@@ -245,6 +245,22 @@ TEST(WorkerProtocol, ArenaVectorsTravelAsOffsets) {
   munmap(ro, a->size());
 }
 
+// Backend::token_tile() crosses the worker boundary (the tolerance model of a proxied
+// cuda-mma-small, or of cuda-mma on sm_120, counts 32-token tiles).
+TEST(WorkerProtocol, InfoCarriesTheTokenTile) {
+  WorkerInfo i;
+  i.name = "cpu-mma-small";
+  i.token_tile = 32;
+  i.splits_kv = true;
+  const WorkerInfo back = decode_info(encode_info(i));
+  EXPECT_EQ(back.token_tile, 32);
+  EXPECT_TRUE(back.splits_kv);
+  i.token_tile = -1;
+  EXPECT_THROW(decode_info(encode_info(i)), ProtocolError);
+  EXPECT_EQ(describe_backend(*make_backend("cpu-mma-small")).token_tile, 32);
+  EXPECT_EQ(describe_backend(*make_backend("cpu-mma")).token_tile, 0);
+}
+
 TEST(WorkerProtocol, InfoOfAnotherProtocolVersionIsRefused) {
   WorkerInfo i;
   i.name = "x";

@@ -1,6 +1,7 @@
-// GPU tests of the CUDA kernels (cuda-simt, cuda-mma, cuda-mma-h64, the split-KV cuda-mma-split1,
-// cuda-mma-split, cuda-mma-split-max): against the float64 oracle
-// under a pipeline-derived bound, against their host models (cpu-simt, cpu-mma), bitwise
+// GPU tests of the CUDA kernels (cuda-simt, cuda-mma, cuda-mma-h64, the sm_120-sized
+// cuda-mma-small, the split-KV cuda-mma-split1, cuda-mma-split, cuda-mma-split-max): against the
+// float64 oracle under a pipeline-derived bound, against their host models (cpu-simt, cpu-mma,
+// cpu-mma-small), bitwise
 // invariants (poisoned unread bytes, determinism, BLOCK_H 32 == 64, guard bands), the fast fp8
 // decode, the table of the five original shapes, and the production decode of SPEC.md section 8
 // (extra cache, s_q > 1, H = 128: CudaProduction*). Every test skips without a CUDA device.
@@ -56,6 +57,11 @@ int random_cases(int dflt) {
 Bounds kernel_bound(const MaterializedCase& m, const OracleResult& ref, bool mma) {
   return compute_bounds(m, ref, pipeline_for(mma ? Precision::kMmaBf16 : Precision::kSimtFp32));
 }
+// The backend's own pipeline (pipeline_of: its token tile too, 32 for cuda-mma-small and for
+// cuda-mma where the device runs the small configuration).
+Bounds kernel_bound(const MaterializedCase& m, const OracleResult& ref, const Backend& be) {
+  return compute_bounds(m, ref, pipeline_of(be));
+}
 
 struct Tightness {
   double out = 0, lse = 0;
@@ -79,6 +85,11 @@ std::string host_model_of(const std::string& cuda_name) {
   // The split-KV kernels: the host model of the same split setting (the automatic rule there
   // assumes 132 SMs, the H200's; another device may split otherwise, still within the bound).
   if (cuda_name.rfind("cuda-mma-split", 0) == 0) return "cpu" + cuda_name.substr(4);
+  // The sm_120-sized configuration, and cuda-mma where this device runs it (32-token tiles).
+  if (cuda_name == "cuda-mma-small") return "cpu-mma-small";
+  if (cuda_name == "cuda-mma" && mla::cuda::mma_token_tile(32) == mla::kMmaSmallTokenTile) {
+    return "cpu-mma-small";
+  }
   return "cpu-mma";
 }
 
@@ -105,7 +116,6 @@ class CudaKernel : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaKernel, RandomRecipesWithinBoundOfOracleAndHostModel) {
   SKIP_WITHOUT_DEVICE();
   const std::string name = GetParam();
-  const bool mma = name != "cuda-simt";
   auto backend = make_backend(name);
   auto host = make_backend(host_model_of(name));
   const int cases = random_cases(300);
@@ -124,7 +134,7 @@ TEST_P(CudaKernel, RandomRecipesWithinBoundOfOracleAndHostModel) {
     const RunResult r = backend->run(m);  // the kernel runs before the reference allocates
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    const Bounds bd = kernel_bound(m, ref, mma);
+    const Bounds bd = kernel_bound(m, ref, *backend);
     const Tightness t = check_within(m, r, ref.out, ref.lse, bd, false, what + " vs oracle");
     if (HasFailure()) return;
     const RunResult hr = host->run(m);
@@ -186,7 +196,7 @@ TEST_P(CudaKernel, DeterministicAndGuardsIntact) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaKernel,
                          ::testing::Values("cuda-simt", "cuda-mma", "cuda-mma-h64",
-                                           "cuda-mma-split1", "cuda-mma-split",
+                                           "cuda-mma-small", "cuda-mma-split1", "cuda-mma-split",
                                            "cuda-mma-split-max"),
                          [](const auto& info) {
                            std::string s = info.param;
@@ -371,15 +381,17 @@ TEST(CudaCorpus, EveryCaseWithinBoundOfOracle) {
       ADD_FAILURE() << f << ": " << e.what();
       continue;
     }
-    for (const char* name : {"cuda-simt", "cuda-mma", "cuda-mma-h64", "cuda-mma-split-max"}) {
-      const RunResult r = make_backend(name)->run(m);
+    for (const char* name :
+         {"cuda-simt", "cuda-mma", "cuda-mma-h64", "cuda-mma-small", "cuda-mma-split-max"}) {
+      const auto be = make_backend(name);
+      const RunResult r = be->run(m);
       if (r.status == RunStatus::kUnsupported) {
         ++unsupported;
         continue;
       }
       ASSERT_TRUE(r.ok()) << f << " " << name << ": " << r.message;
       const OracleResult ref = run_oracle_eigen(m);
-      const Bounds bd = kernel_bound(m, ref, std::string(name) != "cuda-simt");
+      const Bounds bd = kernel_bound(m, ref, *be);
       check_within(m, r, ref.out, ref.lse, bd, false, f.filename().string() + " " + name);
       const RunResult hr = make_backend(host_model_of(name))->run(m);
       if (hr.ok()) {
@@ -488,7 +500,6 @@ class CudaProduction : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaProduction, HandWrittenCasesWithinBoundOfOracleAndHostModel) {
   SKIP_WITHOUT_DEVICE();
   const std::string name = GetParam();
-  const bool mma = name != "cuda-simt";
   auto backend = make_backend(name);
   auto host = make_backend(host_model_of(name));
   for (const Case& c : production_cases()) {
@@ -498,7 +509,7 @@ TEST_P(CudaProduction, HandWrittenCasesWithinBoundOfOracleAndHostModel) {
     const RunResult r = backend->run(m);
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    const Bounds bd = kernel_bound(m, ref, mma);
+    const Bounds bd = kernel_bound(m, ref, *backend);
     const Tightness t = check_within(m, r, ref.out, ref.lse, bd, false, what + " vs oracle");
     const RunResult hr = host->run(m);
     ASSERT_TRUE(hr.ok()) << what << " host model: " << hr.message;
@@ -520,7 +531,6 @@ TEST_P(CudaProduction, HandWrittenCasesWithinBoundOfOracleAndHostModel) {
 TEST_P(CudaProduction, GeneratedProductionAndEdgeCasesWithinBound) {
   SKIP_WITHOUT_DEVICE();
   const std::string name = GetParam();
-  const bool mma = name != "cuda-simt";
   auto backend = make_backend(name);
   auto host = make_backend(host_model_of(name));
   GenConfig cfg;
@@ -540,7 +550,7 @@ TEST_P(CudaProduction, GeneratedProductionAndEdgeCasesWithinBound) {
     const RunResult r = backend->run(m);
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    const Bounds bd = kernel_bound(m, ref, mma);
+    const Bounds bd = kernel_bound(m, ref, *backend);
     check_within(m, r, ref.out, ref.lse, bd, false, what + " vs oracle");
     const RunResult hr = host->run(m);
     ASSERT_TRUE(hr.ok()) << what << " host model: " << hr.message;
@@ -558,7 +568,8 @@ TEST_P(CudaProduction, GeneratedProductionAndEdgeCasesWithinBound) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, CudaProduction,
                          ::testing::Values("cuda-simt", "cuda-mma", "cuda-mma-h64",
-                                           "cuda-mma-split", "cuda-mma-split-max"),
+                                           "cuda-mma-small", "cuda-mma-split",
+                                           "cuda-mma-split-max"),
                          [](const auto& info) {
                            std::string s = info.param;
                            std::replace(s.begin(), s.end(), '-', '_');
@@ -661,7 +672,7 @@ TEST(CudaProductionCorpus, ProductionAndExtraCasesAreSupported) {
     if (e.path().extension() != ".json") continue;
     if (f.find("production") == std::string::npos && f.find("extra") == std::string::npos) continue;
     const MaterializedCase m = materialize(load_case(e.path().string()));
-    for (const char* name : {"cuda-simt", "cuda-mma", "cuda-mma-h64"}) {
+    for (const char* name : {"cuda-simt", "cuda-mma", "cuda-mma-h64", "cuda-mma-small"}) {
       const auto why = make_backend(name)->unsupported(m);
       EXPECT_FALSE(why) << f << " " << name << ": " << *why;
       ++checked;
@@ -709,7 +720,7 @@ TEST(CudaOriginalShapes, MmaVsSimtVsOracleTable) {
     // puts a few elements in 10^6 just past abs 1e-3 / rel 1.57% against a float64 oracle. The
     // assertion is the pipeline bound below.
     const OracleResult ref = run_oracle_eigen(m);
-    check_within(m, rm, ref.out, ref.lse, kernel_bound(m, ref, true), false, "original mma");
+    check_within(m, rm, ref.out, ref.lse, kernel_bound(m, ref, *mma), false, "original mma");
     check_within(m, rs, ref.out, ref.lse, kernel_bound(m, ref, false), false, "original simt");
   }
 }

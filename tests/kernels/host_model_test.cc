@@ -1,5 +1,6 @@
-// Tests of the host models cpu-simt and cpu-mma: differential against the float64 oracle under
-// a pipeline-derived bound, exact (bitwise) invariants, and bit-exactness on exact inputs.
+// Tests of the host models cpu-simt, cpu-mma and cpu-mma-small: differential against the float64
+// oracle under a pipeline-derived bound, exact (bitwise) invariants, and bit-exactness on exact
+// inputs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,8 +30,9 @@ constexpr double kU32 = 0x1p-24;  // fp32 unit roundoff
 // u_acc = u: the host models round their fp32 accumulation, where the campaign's MMA pipeline
 // allows 2u for tensor cores (which may truncate). Neither the oracle's own error bound (which
 // the tolerance property adds) is allowed: this test is stricter than the property.
-Pipeline host_pipeline(bool mma) {
-  Pipeline p = pipeline_for(mma ? Precision::kMmaBf16 : Precision::kSimtFp32);
+// The backend's own pipeline (pipeline_of: cpu-mma-small's 32-token tiles too).
+Pipeline host_pipeline(const Backend& be) {
+  Pipeline p = pipeline_of(be);
   p.u_acc = p.u;
   return p;
 }
@@ -43,9 +45,9 @@ struct Tightness {
 // rounding interval within delta_pre of the oracle), +inf/-inf/NaN positions identical, rows
 // without a valid token exact. Raises *t to the tightness (excess / bound).
 void check_against_oracle(const MaterializedCase& m, const RunResult& r, const OracleResult& ref,
-                          bool mma, const std::string& what, Tightness* t) {
+                          const Pipeline& pl, const std::string& what, Tightness* t) {
   EXPECT_EQ(r.guard_violations, 0) << what;
-  const Bounds bd = compute_bounds(m, ref, host_pipeline(mma));
+  const Bounds bd = compute_bounds(m, ref, pl);
   const BoundCheck check = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse}, bd,
                                         m.batch, m.heads, m.d_v());
   ASSERT_TRUE(check.passed) << what << ": " << check.describe();
@@ -56,14 +58,14 @@ void check_against_oracle(const MaterializedCase& m, const RunResult& r, const O
 // Whether the bound tells r from r with every finite output one bf16 ulp higher (a bound wider
 // than the bf16 spacing everywhere would let a kernel off by one ulp pass).
 bool one_ulp_off_caught(const MaterializedCase& m, const RunResult& r, const OracleResult& ref,
-                        bool mma) {
+                        const Pipeline& pl) {
   std::vector<double> up = r.out;
   for (double& v : up) {
     double lo, hi;
     bf16_rounding_interval(v, &lo, &hi);
     if (std::isfinite(hi)) v += 2 * (hi - v);  // the next bf16 value
   }
-  const Bounds bd = compute_bounds(m, ref, host_pipeline(mma));
+  const Bounds bd = compute_bounds(m, ref, pl);
   return !check_bounds(Side{&up, &r.lse, true}, Side{&ref.out, &ref.lse}, bd, m.batch, m.heads,
                        m.d_v())
               .passed;
@@ -77,6 +79,7 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
   const std::string name = GetParam();
   const bool mma = name.rfind("cpu-mma", 0) == 0;  // cpu-mma and the split pipeline
   auto backend = make_backend(name);
+  const Pipeline pl = host_pipeline(*backend);
   constexpr int kCases = 300;
   std::printf("[seed] %s: recipes from CounterRng(0x%llx, kGenerator)\n", name.c_str(),
               static_cast<unsigned long long>(kSeed));
@@ -93,9 +96,9 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
                              ")";
     ASSERT_TRUE(r.ok()) << what << ": " << r.message;
     const OracleResult ref = run_oracle_eigen(m, 1);
-    check_against_oracle(m, r, ref, mma, what, &worst);
+    check_against_oracle(m, r, ref, pl, what, &worst);
     if (::testing::Test::HasFatalFailure()) return;
-    if (!one_ulp_off_caught(m, r, ref, mma)) ++uncaught;
+    if (!one_ulp_off_caught(m, r, ref, pl)) ++uncaught;
     elements += static_cast<int64_t>(ref.out.size());
   }
   std::printf(
@@ -118,11 +121,13 @@ TEST_P(HostModelVsOracle, RandomRecipesWithinPipelineBound) {
 std::string backend_test_name(const std::string& b) {
   if (b == "cpu-simt") return "Simt";
   if (b == "cpu-mma") return "Mma";
-  return "MmaSplitMax";  // cpu-mma-split-max: one split per tile (issue 17)
+  if (b == "cpu-mma-small") return "MmaSmall";  // 32-token tiles (the sm_120 configuration)
+  return "MmaSplitMax";                         // cpu-mma-split-max: one split per tile (issue 17)
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle,
-                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-split-max"),
+                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-small",
+                                           "cpu-mma-split-max"),
                          [](const auto& info) { return backend_test_name(info.param); });
 
 // ---- Exact invariants (bitwise) ----
@@ -241,7 +246,8 @@ TEST_P(HostModelInvariants, ScratchReuseAcrossShapesChangesNoBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostModelInvariants,
-                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-split-max"),
+                         ::testing::Values("cpu-simt", "cpu-mma", "cpu-mma-small",
+                                           "cpu-mma-split-max"),
                          [](const auto& info) { return backend_test_name(info.param); });
 
 TEST(CpuMma, BlockH64GivesTheSameBitsAsBlockH32) {
@@ -398,6 +404,65 @@ TEST(HostModels, SinkInfinitiesAndEmptyRows) {
     EXPECT_EQ(testing::head_out_bits(m, r, 0, 1), testing::head_out_bits(m, r2, 0, 1));
     EXPECT_EQ(testing::head_lse_bits(m, r, 0, 1), testing::head_lse_bits(m, r2, 0, 1));
   }
+}
+
+// ---- cpu-mma-small: the sm_120-sized configuration's 32-token tiles (issue 17) ----
+
+// A MODEL1 case of B = 2, H = 16 and `topk` random valid entries over 8 pages of 64 tokens.
+Case small_tile_case(int topk, uint64_t seed) {
+  Case c;
+  c.name = "small-tile";
+  c.geom.layout = mla::Layout::kModel1;
+  c.geom.page_size = 64;
+  c.geom.num_pages = 16;
+  c.batch = 2;
+  c.heads = 16;
+  c.topk = topk;
+  c.data_seed = seed;
+  return c;
+}
+
+TEST(CpuMmaSmall, NamesItsTileAndTheToleranceModelCountsIt) {
+  auto small = make_backend("cpu-mma-small"), dflt = make_backend("cpu-mma");
+  EXPECT_EQ(small->name(), "cpu-mma-small");
+  EXPECT_EQ(small->token_tile(), mla::kMmaSmallTokenTile);
+  EXPECT_EQ(dflt->token_tile(), 0);  // the precision's default
+  EXPECT_EQ(pipeline_of(*small).token_tile, mla::kMmaSmallTokenTile);
+  EXPECT_EQ(pipeline_of(*dflt).token_tile, mla::kMmaTokenTile);
+  // More tiles, more rescales: on a 512-entry list the 32-token bound is wider somewhere and
+  // nowhere narrower than the 64-token one.
+  const MaterializedCase m = materialize(small_tile_case(512, 7));
+  const OracleResult ref = run_oracle_eigen(m, 1);
+  const Bounds b32 = compute_bounds(m, ref, pipeline_of(*small));
+  const Bounds b64 = compute_bounds(m, ref, pipeline_of(*dflt));
+  ASSERT_EQ(b32.out.size(), b64.out.size());
+  int wider = 0;
+  for (size_t i = 0; i < b32.out.size(); ++i) {
+    ASSERT_GE(b32.out[i], b64.out[i]) << "element " << i;
+    wider += b32.out[i] > b64.out[i];
+  }
+  EXPECT_GT(wider, 0);
+}
+
+// A list of at most 32 entries is one tile in both configurations (the 64-token tile's chunks
+// 4-7 add +0): the same bits. Longer lists fold other tiles (other rescales, other row-sum
+// order): some output bit differs, so the tile parameter is live.
+TEST(CpuMmaSmall, SameBitsAsCpuMmaOnOneTileOtherBitsOnLongerLists) {
+  auto small = make_backend("cpu-mma-small"), dflt = make_backend("cpu-mma");
+  for (int topk : {1, 7, 31, 32}) {
+    const MaterializedCase m = materialize(small_tile_case(topk, 100 + topk));
+    const RunResult a = small->run(m), b = dflt->run(m);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.message << b.message;
+    EXPECT_TRUE(testing::same_bits(a, b)) << "topk " << topk;
+  }
+  int differ = 0;
+  for (int topk : {64, 200, 512}) {
+    const MaterializedCase m = materialize(small_tile_case(topk, 200 + topk));
+    const RunResult a = small->run(m), b = dflt->run(m);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.message << b.message;
+    differ += !testing::same_bits(a, b);
+  }
+  EXPECT_GT(differ, 0) << "cpu-mma-small gave cpu-mma's bits on every multi-tile list";
 }
 
 }  // namespace

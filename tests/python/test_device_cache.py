@@ -65,6 +65,11 @@ class FakeTorch(types.SimpleNamespace):
         self.copies: list = []
         self.pin_fails = pin_fails
         self.pinned_allocations = 0
+        self.syncs = 0
+        self.cuda = types.SimpleNamespace(synchronize=self._synchronize)
+
+    def _synchronize(self, dev: Any) -> None:
+        self.syncs += 1
 
     def empty(self, n: int, dtype: Any, device: Optional[str] = None,
               pin_memory: bool = False) -> FakeTensor:
@@ -226,6 +231,34 @@ def test_outputs_are_filled_with_the_canaries_on_the_device() -> None:
     host["out_raw"][:] = 0x1234
     out3, _ = s._outputs(host, {}, "cuda")
     assert uploads(fake) == 2 and (out3.a.view(np.uint16) == 0x1234).all()
+
+
+def test_outputs_come_back_through_pinned_staging_with_one_synchronization() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    host = {"out_raw": np.zeros(40, np.uint16), "lse_raw": np.zeros(7, np.float32)}
+    out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    out.a[3] = 0x1234  # what the kernel wrote
+    lse.a.view(np.float32)[6] = 2.5
+    pairs = [(host["out_raw"], s.device_buffers["out_raw"]),
+             (host["lse_raw"], s.device_buffers["lse_raw"])]
+    s._download(pairs, "cuda")
+    assert fake.syncs == 1 and fake.pinned_allocations == 1
+    downloads = [c for c in fake.copies if c[0] == "cpu" and c[1] == "cuda"]
+    assert len(downloads) == 2 and all(nb for _, _, _, nb in downloads), "queued asynchronously"
+    assert host["out_raw"][3] == 0x1234 and (np.delete(host["out_raw"], 3) == 0x7FA5).all()
+    assert host["lse_raw"][6] == 2.5 and (host["lse_raw"][:6].view(np.uint32) == 0x7FA5A5A5).all()
+    # Without pinned memory: a copy each, straight into the shared buffers.
+    fake = FakeTorch(pin_fails=True)
+    s = make_server(fake)
+    host = {"out_raw": np.zeros(40, np.uint16), "lse_raw": np.zeros(7, np.float32)}
+    out, _ = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    out.a[0] = 0x4321
+    s._download([(host["out_raw"], s.device_buffers["out_raw"]),
+                 (host["lse_raw"], s.device_buffers["lse_raw"])], "cuda")
+    assert host["out_raw"][0] == 0x4321 and (host["lse_raw"].view(np.uint32) == 0x7FA5A5A5).all()
+    with pytest.raises(ValueError, match="not contiguous"):
+        s._download([(np.zeros((4, 4), np.uint16)[:, ::2], s.device_buffers["out_raw"])], "cuda")
 
 
 @pytest.mark.parametrize("env, budget", [
