@@ -313,7 +313,11 @@ class CudaKernelBackend final : public Backend {
       RunResult r = run_resident(m);
       if (!r.ok()) {
         for (ResidentInput& in : inputs_) in.invalidate();
-        // A failed call (an out-of-memory among them) gives the cached free blocks back.
+      }
+      if (r.status == RunStatus::kError || r.status == RunStatus::kFault) {
+        // A failed call (an out-of-memory among them) gives the cached free blocks back, once
+        // the copies it may have left in flight are done (a fault: returns at once).
+        (void)cudaDeviceSynchronize();
         dev_pool_.trim();
         pinned_pool_.trim();
       }

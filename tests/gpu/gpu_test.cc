@@ -194,6 +194,45 @@ TEST_P(CudaKernel, DeterministicAndGuardsIntact) {
   }
 }
 
+// One backend object across cases of changing sizes (issue 13: every buffer from the caching
+// pool, blocks reused by later cases of another size, canaries filled on the device, out and lse
+// downloaded as one block) gives the bits of a fresh backend per case, guards intact, and with
+// every body element written (no canary left where the kernel must store).
+TEST_P(CudaKernel, PooledBuffersAcrossCaseSizesGiveFreshBackendBits) {
+  SKIP_WITHOUT_DEVICE();
+  auto kept = make_backend(GetParam());
+  CounterRng rng(kSeed + 3, Stream::kGenerator);
+  const int cases = random_cases(16);
+  std::vector<MaterializedCase> ms;
+  for (int i = 0; i < cases; ++i) ms.push_back(materialize(random_recipe(rng)));
+  // Big, small, big...: blocks go back to the pool and come out for other sizes.
+  std::sort(ms.begin(), ms.end(), [](const MaterializedCase& a, const MaterializedCase& b) {
+    return OutputBuffers::out_elements(a) < OutputBuffers::out_elements(b);
+  });
+  for (int i = 0; i < cases; ++i) {
+    const MaterializedCase& m = ms[static_cast<size_t>(i % 2 == 0 ? cases - 1 - i / 2 : i / 2)];
+    const RunResult a = kept->run(m);
+    const RunResult b = make_backend(GetParam())->run(m);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.message << b.message;
+    EXPECT_EQ(a.guard_violations, 0) << GetParam() << " case " << i;
+    ASSERT_TRUE(testing::same_bits(a, b))
+        << GetParam() << " case " << i << ": the kept backend differs from a fresh one";
+    for (int64_t bb = 0; bb < m.batch; ++bb) {
+      for (int64_t t = 0; t < m.s_q; ++t) {
+        for (int64_t h = 0; h < m.heads; ++h) {
+          const size_t at = static_cast<size_t>(OutputBuffers::kGuard + bb * m.out_batch_stride +
+                                                t * m.out_token_stride + h * m.out_head_stride);
+          for (int32_t d = 0; d < m.d_v(); ++d) {
+            ASSERT_NE(a.out_raw[at + static_cast<size_t>(d)], OutputBuffers::kCanaryBits)
+                << GetParam() << " case " << i << ": out[b=" << bb << ",s=" << t << ",h=" << h
+                << ",d=" << d << "] still holds the canary";
+          }
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CudaKernel,
                          ::testing::Values("cuda-simt", "cuda-mma", "cuda-mma-h64",
                                            "cuda-mma-small", "cuda-mma-split1", "cuda-mma-split",
