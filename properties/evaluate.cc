@@ -901,11 +901,19 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   {
     // The bounds the clean runs' properties need, in one pass (insert-invalid's longer list
     // when that property runs).
+    const auto wants = [&](PropertyId id) { return selected(properties, property_info(id).name); };
+    // Only the bitwise properties selected, of backends that claim them all exact: the oracle's
+    // own bound (as always), no pipeline bounds.
+    bool bounded = wants(PropertyId::kTolerance) || wants(PropertyId::kMmaVsSimt) ||
+                   wants(PropertyId::kPermute) || wants(PropertyId::kInsertInvalid) ||
+                   wants(PropertyId::kMoveToExtra) || wants(PropertyId::kSplitAgree);
     std::vector<const Backend*> ran;
     for (const auto& st : states) {
       if (st.ran) ran.push_back(st.be);
+      if (st.ran && st.be->inexact_invariants() != 0) bounded = true;
     }
-    const bool insert = selected(properties, property_info(PropertyId::kInsertInvalid).name);
+    if (!bounded) ran.clear();
+    const bool insert = wants(PropertyId::kInsertInvalid);
     ctx.prefetch_bounds(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1);
   }
   for (auto& st : states) e.properties(st);
