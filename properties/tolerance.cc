@@ -104,6 +104,11 @@ struct HeadShared {
   bool any_under = false;
   std::vector<double> wvd, uvd;  // [d_v] sum_k w_k |V_kd|, sum_k under_k |V_kd|
   bool ready = false;
+  // The LSE weights w'_k (and the sink's, when it is folded into the lse) of head_prepare.
+  Eigen::VectorXd wl;
+  double sink_wl = 0;
+  bool lse_ready = false;
+  void reset() { ready = lse_ready = false; }
 };
 
 void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
@@ -191,13 +196,19 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   // LSE weights w' (tokens; the sink too when it is folded into the lse).
   const bool lse_sink = hs.sink_in_lse && sink_finite;
   {
-    const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
-    double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-    for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(x_row(k) - Ml);
-    double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
-    double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
+    if (!sh.lse_ready) {  // no pipeline changes them: once per head
+      const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
+      double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+      for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(x_row(k) - Ml);
+      sh.sink_wl = lse_sink ? std::exp(sink - Ml) / zl : 0.0;
+      sh.wl.resize(n);
+      for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = std::exp(x_row(k) - Ml) / zl;
+      sh.lse_ready = true;
+    }
+    double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
+    double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
     for (Eigen::Index k = 0; k < n; ++k) {
-      const double wk = std::exp(x_row(k) - Ml) / zl;
+      const double wk = sh.wl(k);
       up += wk * std::exp(e(k));
       down += wk * std::exp(-e(k));
     }
@@ -445,7 +456,7 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
       const double* O = ref.out.data() + rh * dv;
-      sh.ready = false;
+      sh.reset();
       n_tails = 0;
       const HeadSubset* joint = nullptr;
       for (size_t i = 0; i < plans.size(); ++i) {
