@@ -75,15 +75,23 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
     import bench_triton  # noqa: PLC0415
     import mla_triton  # noqa: PLC0415
 
-    outs = []
+    outs = {}
     for bh in mla_triton.MMA_BLOCK_H:
         call = bench_triton.make_call(3, 40, 77, 61, seed=5)
         mla_triton.launch(call, "mma_kernel", block_h=bh)
         torch.cuda.synchronize()
-        outs.append((call.out.clone(), call.lse.clone()))
-    for o, l in outs[1:]:
-        assert torch.equal(o.view(torch.int16), outs[0][0].view(torch.int16))
-        assert torch.equal(l, outs[0][1])
+        outs[bh] = (call.out.clone().view(torch.int16), call.lse.clone())
+    # BLOCK_H 16 and 32 lower tl.dot to mma.sync: the same bits.
+    assert torch.equal(outs[32][0], outs[16][0])
+    assert torch.equal(outs[32][1].view(torch.int32), outs[16][1].view(torch.int32))
+    # BLOCK_H 64 lowers it to wgmma on sm_90 (the H200's Triton cache of 2026-12-02 holds
+    # mma2_kernel builds with wgmma and others with mma.sync only), whose summation inside the
+    # products is another: at this seed 19 of 61,440 outputs 1 bf16 ulp apart and 78 of 120 LSEs
+    # in the last fp32 bits. Both orders are inside the MMA pipeline's bound (the corpus cases
+    # and campaigns above check BLOCK_H 64, triton-mma's default, against the oracle).
+    o64, l64 = outs[64]
+    assert int((o64.int() - outs[16][0].int()).abs().max()) <= 1
+    assert torch.allclose(l64, outs[16][1], rtol=1e-6, atol=1e-6, equal_nan=True)
     before = mla_triton.compilations()["mma_kernel"]
     for b, h, topk, page in ((1, 1, 1, 1), (5, 64, 512, 64), (2, 7, 33, 256)):
         mla_triton.launch(bench_triton.make_call(b, h, topk, page), "mma_kernel", block_h=32)
@@ -192,4 +200,5 @@ def test_mma2_prefetch_gives_the_same_bits(layout_page):
         torch.cuda.synchronize()
         outs.append((call.out.clone(), call.lse.clone()))
     assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
-    assert torch.equal(outs[0][1], outs[1][1])
+    # The bits: the V32 reinterpretation decodes e4m3 NaN codes, and NaN != NaN in torch.equal.
+    assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32))
