@@ -84,9 +84,9 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
     # BLOCK_H 16 and 32 lower tl.dot to mma.sync: the same bits.
     assert torch.equal(outs[32][0], outs[16][0])
     assert torch.equal(outs[32][1].view(torch.int32), outs[16][1].view(torch.int32))
-    # BLOCK_H 64 lowers it to wgmma on sm_90 (the H200's Triton cache of 2026-12-02 holds
-    # mma2_kernel builds with wgmma and others with mma.sync only), whose summation inside the
-    # products is another: at this seed 19 of 61,440 outputs 1 bf16 ulp apart and 78 of 120 LSEs
+    # BLOCK_H 64 most likely lowers it to wgmma on sm_90 (the H200's Triton cache of 2026-12-02
+    # holds mma2_kernel builds with wgmma and others with mma.sync only; not confirmed per
+    # configuration), whose summation inside the products is another: at this seed 19 of 61,440 outputs 1 bf16 ulp apart and 78 of 120 LSEs
     # in the last fp32 bits. Both orders are inside the MMA pipeline's bound (the corpus cases
     # and campaigns above check BLOCK_H 64, triton-mma's default, against the oracle).
     o64, l64 = outs[64]
