@@ -368,6 +368,15 @@ double flashmla_us(int topk, int batch, bool cold) {
   return 0;
 }
 
+// "graph (flushed)" of FlashMLA's figure for the shape, "-" where SPEC.md has none.
+std::string flashmla_text(int topk, int batch) {
+  const double g = flashmla_us(topk, batch, false);
+  if (g <= 0) return "-";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.1f (%.1f)", g, flashmla_us(topk, batch, true));
+  return buf;
+}
+
 float bf16f(uint16_t b) { return mla::bf16_to_float(b); }
 
 // One row of a table: one shape timed on every kernel after validating MMA (both BLOCK_H)
@@ -383,8 +392,7 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
                         bool quick) {
   const int B = sh.batch, H = sh.heads;
   Problem pr = make_problem(B, sh.topk, sh.page_size, H, sh.s_q, sh.extra_topk, sh.extra_page_size);
-  const double fl = sh.flashmla ? flashmla_us(sh.topk, B, false) : 0;
-  const double fl_cold = sh.flashmla ? flashmla_us(sh.topk, B, true) : 0;
+  const std::string fl_text = sh.flashmla ? flashmla_text(sh.topk, B) : "-";
   DeviceProblem d = upload(pr);
   const mla::DecodeParams& p = d.p;
   // Validate before timing: MMA (both BLOCK_H) against SIMT on the same inputs.
@@ -446,22 +454,19 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
   char line[512];
   std::snprintf(line, sizeof line,
                 "%s %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
-                "%8.1f %8.1f %8.1f | %.1f (%.1f)   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
+                "%8.1f %8.1f %8.1f | %s   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
                 sh.label.c_str(), B, ts.events_us, tm.events_us, th.events_us, speedup,
                 flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
-                H * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold, fl, fl_cold,
+                H * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold, fl_text.c_str(),
                 max_d, tw4.graph_us);
   std::fputs(line, stdout);
   std::fflush(stdout);
-  std::snprintf(
-      line, sizeof line,
-      "| %s | %d | %.1f | %.1f | %.1f | %.1fx | %.0f | %.0f | %.0f / %.0f | "
-      "%.1f | %s |\n",
-      sh.md_label.c_str(), B, ts.graph_us, tm.graph_us, th.graph_us, speedup, flops / best * 1e-6,
-      kv / best * 1e-3, kv / ts.graph_us * 1e-3, H * kv / ts.graph_us * 1e-3, best_cold,
-      fl > 0 ? (std::to_string(fl).substr(0, 4) + " (" + std::to_string(fl_cold).substr(0, 4) + ")")
-                   .c_str()
-             : "-");
+  std::snprintf(line, sizeof line,
+                "| %s | %d | %.1f | %.1f | %.1f | %.1fx | %.0f | %.0f | %.0f / %.0f | "
+                "%.1f | %s |\n",
+                sh.md_label.c_str(), B, ts.graph_us, tm.graph_us, th.graph_us, speedup,
+                flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
+                H * kv / ts.graph_us * 1e-3, best_cold, fl_text.c_str());
   release(d);
   return line;
 }
@@ -521,11 +526,11 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
     const double best = std::min({t[1].graph_us, t[2].graph_us, t[3].graph_us});
     char line[512];
     std::snprintf(line, sizeof line,
-                  "%4d(%3d) %4d | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %.1f (%.1f)   "
+                  "%4d(%3d) %4d | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f %8.1f | %s   "
                   "[max|split-mma|=%.2e, split-max %.2e]\n",
                   sh.topk, P, sh.batch, t[0].graph_us, t[1].graph_us, t[2].graph_us, t[3].graph_us,
-                  t[0].cold_us, t[2].cold_us, t[3].cold_us, flashmla_us(sh.topk, sh.batch, false),
-                  flashmla_us(sh.topk, sh.batch, true), max_a, max_m);
+                  t[0].cold_us, t[2].cold_us, t[3].cold_us,
+                  flashmla_text(sh.topk, sh.batch).c_str(), max_a, max_m);
     std::fputs(line, stdout);
     std::fflush(stdout);
     std::snprintf(
@@ -533,11 +538,7 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
         "| %d (%d) | %d | %.1f | %.1f | %.1f | %.1f | %.2fx | %.1f / %.1f / %.1f | %s |\n", sh.topk,
         P, sh.batch, t[0].graph_us, t[1].graph_us, t[2].graph_us, t[3].graph_us,
         t[0].graph_us / best, t[0].cold_us, t[2].cold_us, t[3].cold_us,
-        flashmla_us(sh.topk, sh.batch, false) > 0
-            ? (std::to_string(flashmla_us(sh.topk, sh.batch, false)).substr(0, 4) + " (" +
-               std::to_string(flashmla_us(sh.topk, sh.batch, true)).substr(0, 4) + ")")
-                  .c_str()
-            : "-");
+        flashmla_text(sh.topk, sh.batch).c_str());
     md += line;
     release(d);
   }
