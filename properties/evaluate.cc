@@ -54,15 +54,22 @@ struct CaseContext {
   MaterializedCase m;
   OracleResult ref;
   Bounds b64;  // the oracle's own error
-  // Per pipeline and token count (the list length the bound's rounding terms count: the case's
-  // own, or a transformed case's; 0 stands for the case's own).
-  std::map<std::tuple<Precision, ExtraPipeline, int>, Bounds> bounds;
+  // What a backend's bound depends on besides the case: its pipeline (pipeline_of: precision,
+  // the extra cache's pipeline, the token tile) and the token count the bound's rounding terms
+  // count (the case's own list, or a transformed case's; 0 stands for the case's own). Two
+  // backends share a bound exactly when their keys are equal (cuda-mma and cuda-mma-small do
+  // not: 64- and 32-token tiles).
+  using BoundsKey = std::tuple<Precision, bool, int, int>;
+  static BoundsKey bounds_key(const Backend& be, int tile_topk) {
+    const Pipeline pl = pipeline_of(be);
+    return {pl.precision, pl.lse_merged, pl.token_tile, tile_topk};
+  }
+  std::map<BoundsKey, Bounds> bounds;
   const Bounds& pipeline_bounds(const Backend& be, int tile_topk = 0) {
-    const std::tuple<Precision, ExtraPipeline, int> key{be.precision(), be.extra_pipeline(),
-                                                        tile_topk == m.topk ? 0 : tile_topk};
+    const BoundsKey key = bounds_key(be, tile_topk == m.topk ? 0 : tile_topk);
     auto it = bounds.find(key);
     if (it == bounds.end()) {
-      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<2>(key))).first;
+      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<3>(key))).first;
     }
     return it->second;
   }
@@ -72,13 +79,12 @@ struct CaseContext {
   void prefetch_bounds(const std::vector<const Backend*>& bes, int insert_topk) {
     ran_backends = bes;
     std::vector<BoundsRequest> req{{pipeline_for(Precision::kFloat64), 0}};
-    std::vector<std::tuple<Precision, ExtraPipeline, int>> keys;
+    std::vector<BoundsKey> keys;
     for (const Backend* be : bes) {
       if (be->precision() == Precision::kCustom) continue;
       for (const int t : {0, insert_topk}) {
         if (t < 0 || (t != 0 && t == m.topk)) continue;
-        const std::tuple<Precision, ExtraPipeline, int> key{be->precision(), be->extra_pipeline(),
-                                                            t};
+        const BoundsKey key = bounds_key(*be, t);
         if (bounds.count(key) != 0 || std::find(keys.begin(), keys.end(), key) != keys.end()) {
           continue;
         }
@@ -93,12 +99,9 @@ struct CaseContext {
   // The bound of a transformed case v for backend be's pipeline (v's own lists and tiles, the
   // same exact result): computed at the first request for every backend prefetch_bounds saw, in
   // one compute_bounds_set pass over v.
-  std::map<std::pair<const MaterializedCase*, std::tuple<Precision, ExtraPipeline, int>>, Bounds>
-      variant_bounds_;
+  std::map<std::pair<const MaterializedCase*, BoundsKey>, Bounds> variant_bounds_;
   const Bounds& variant_bounds(const MaterializedCase& v, const Backend& be) {
-    const auto key_of = [](const Backend& b) {
-      return std::tuple<Precision, ExtraPipeline, int>{b.precision(), b.extra_pipeline(), 0};
-    };
+    const auto key_of = [](const Backend& b) { return bounds_key(b, 0); };
     if (auto it = variant_bounds_.find({&v, key_of(be)}); it != variant_bounds_.end()) {
       return it->second;
     }
@@ -107,7 +110,7 @@ struct CaseContext {
       if (b->precision() != Precision::kCustom && key_of(*b) != key_of(be)) want.push_back(b);
     }
     std::vector<BoundsRequest> req;
-    std::vector<std::tuple<Precision, ExtraPipeline, int>> keys;
+    std::vector<BoundsKey> keys;
     for (const Backend* b : want) {
       if (variant_bounds_.count({&v, key_of(*b)}) != 0 ||
           std::find(keys.begin(), keys.end(), key_of(*b)) != keys.end()) {

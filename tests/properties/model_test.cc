@@ -693,5 +693,39 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
   EXPECT_EQ(compared, 40 * 11);
 }
 
+// Backends of one precision whose pipelines differ (cpu-mma folds 64-token tiles, cpu-mma-small
+// 32) are each judged under their own bound in one evaluation: the per-case bounds cache is
+// keyed on the pipeline, so evaluating them together gives each the figures it gets alone (a
+// key of precision and extra pipeline only gave cpu-mma the bound of whichever came first).
+TEST(Evaluate, BackendsOfOnePrecisionWithOtherTilesKeepTheirOwnBounds) {
+  Case c = small_case();
+  c.geom.page_size = 64;
+  c.geom.num_pages = 4;
+  c.topk = 192;  // 3 tiles of 64, 6 of 32: the two bounds differ
+  c.heads = 4;
+  const auto mma = make_backend("cpu-mma");
+  const auto small = make_backend("cpu-mma-small");
+  const auto tolerance_of = [&](const std::vector<Backend*>& bes, const std::string& name) {
+    const CaseEvaluation ev = evaluate_case(c, bes, {"tolerance"});
+    for (const auto& o : ev.outcomes) {
+      if (o.property == "tolerance" && o.backend == name) return o;
+    }
+    ADD_FAILURE() << "no tolerance outcome for " << name;
+    return PropertyOutcome{};
+  };
+  const PropertyOutcome mma_alone = tolerance_of({mma.get()}, "cpu-mma");
+  const PropertyOutcome small_alone = tolerance_of({small.get()}, "cpu-mma-small");
+  ASSERT_NE(mma_alone.bound, small_alone.bound) << "the case must tell the two bounds apart";
+  for (const std::vector<Backend*>& bes : {std::vector<Backend*>{small.get(), mma.get()},
+                                           std::vector<Backend*>{mma.get(), small.get()}}) {
+    const PropertyOutcome m = tolerance_of(bes, "cpu-mma");
+    const PropertyOutcome s = tolerance_of(bes, "cpu-mma-small");
+    EXPECT_EQ(m.bound, mma_alone.bound);
+    EXPECT_EQ(m.tightness, mma_alone.tightness);
+    EXPECT_EQ(s.bound, small_alone.bound);
+    EXPECT_EQ(s.tightness, small_alone.tightness);
+  }
+}
+
 }  // namespace
 }  // namespace mlafuzz
