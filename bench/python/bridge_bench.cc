@@ -12,14 +12,19 @@
 // MLAFUZZ_SHARED_ARENA=0 measures the bridge without the shared arena (inputs copied into the
 // call's shared memory); MLAFUZZ_DEVICE_CACHE=0 without the device cache (cold = warm).
 //
-//   bridge_bench [BACKEND] [CALLS]
+//   bridge_bench [BACKEND] [CALLS] [SHAPES]
 //   default BACKEND python:examples/python/numpy_decode.py:decode_noop (run from the source
-//   root); on the GPU machine: python:examples/python/torch_decode.py:decode_noop
+//   root); on the GPU machine: python:examples/python/torch_decode.py:decode_noop. SHAPES, e.g.
+//   "1:128,32:512", keeps only those B:topk pairs (with MLAFUZZ_WORKER_PROFILE=DIR, a profile
+//   of the worker on those shapes alone).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness/backends/registry.h"
@@ -35,6 +40,28 @@ using Clock = std::chrono::steady_clock;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// "1:128,32:512" -> {(1, 128), (32, 512)}; empty: every shape. Exits 2 on a malformed list.
+std::set<std::pair<int, int>> parse_shapes(const char* text) {
+  std::set<std::pair<int, int>> shapes;
+  if (text == nullptr) return shapes;
+  const std::string s = text;
+  size_t at = 0;
+  while (at <= s.size()) {
+    const size_t end = std::min(s.find(',', at), s.size());
+    const std::string item = s.substr(at, end - at);
+    int b = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%d:%d%c", &b, &k, &tail) != 2 || b < 1 || k < 1) {
+      std::fprintf(stderr, "bridge_bench: SHAPES item '%s': give B:topk, e.g. 32:512\n",
+                   item.c_str());
+      std::exit(2);
+    }
+    shapes.emplace(b, k);
+    at = end + 1;
+  }
+  return shapes;
 }
 
 double since(Clock::time_point t0) {
@@ -67,6 +94,7 @@ int main(int argc, char** argv) {
   const std::string backend =
       argc > 1 ? argv[1] : "python:examples/python/numpy_decode.py:decode_noop";
   const int calls = argc > 2 ? std::atoi(argv[2]) : 50;
+  const std::set<std::pair<int, int>> only = parse_shapes(argc > 3 ? argv[3] : nullptr);
   auto b = mlafuzz::make_backend(backend);
   std::printf("backend %s, %d calls per shape (median per call, ms)\n", backend.c_str(), calls);
   std::printf("arena %s\n", mlafuzz::SharedArena::get() != nullptr ? "on" : "off");
@@ -74,6 +102,7 @@ int main(int argc, char** argv) {
               "warm", "variant", "outputs", "bridge c", "bridge w", "bridge v", "kernel");
   for (const int topk : {128, 512}) {
     for (const int batch : {1, 4, 16, 32}) {
+      if (!only.empty() && only.count({batch, topk}) == 0) continue;
       const int page_size = topk == 128 ? 256 : 64;
       size_t in_bytes = 0;
       std::vector<double> run_s[3], kernel_s[3], outputs_s;

@@ -10,7 +10,10 @@
 #include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "harness/backends/ipc_channel.h"
@@ -214,12 +217,21 @@ class PythonBackend final : public Backend {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
     if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
-    json req = scalars(m);
-    const ipc::Child::Reply r = child_.call(kMsgSupports, req.dump(), python_call_timeout());
-    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;
+    const std::string req = scalars(m).dump();
+    // supports() sees the scalar fields only (its arrays are None: the contract), so its verdict
+    // on one request holds for every case with the same fields: a campaign's property variants
+    // (and run() after check_and_run's unsupported()) would otherwise cost a round trip each.
+    if (const auto hit = verdicts_.find(req); hit != verdicts_.end()) return hit->second;
+    const ipc::Child::Reply r = child_.call(kMsgSupports, req, python_call_timeout());
+    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: run() sees
     const json j = json::parse(r.payload, nullptr, false);
-    if (!j.is_object() || !j.contains("reason") || j["reason"].is_null()) return std::nullopt;
-    return backend_ + ": " + j["reason"].get<std::string>();
+    std::optional<std::string> verdict;
+    if (j.is_object() && j.contains("reason") && j["reason"].is_string()) {
+      verdict = backend_ + ": " + j["reason"].get<std::string>();
+    }
+    if (verdicts_.size() >= kMaxVerdicts) verdicts_.clear();
+    verdicts_.emplace(req, verdict);
+    return verdict;
   }
 
   RunResult run(const MaterializedCase& m) override {
@@ -467,6 +479,9 @@ class PythonBackend final : public Backend {
   std::string backend_, spec_;
   // Mutable: unsupported() is const in Backend but talks to (and may restart) the worker.
   mutable std::mutex mu_;
+  // supports() verdicts by the request's scalar JSON (cleared when full).
+  static constexpr size_t kMaxVerdicts = 4096;
+  mutable std::unordered_map<std::string, std::optional<std::string>> verdicts_;
   mutable ipc::Child child_;
   mutable std::unique_ptr<ipc::SharedMemory> shm_;
   mutable PythonDescription desc_;

@@ -724,6 +724,35 @@ def main(argv: Optional[list] = None) -> int:
     except LoadError as e:
         server, load_error = None, str(e)
 
+    profile_dir = os.environ.get("MLAFUZZ_WORKER_PROFILE", "")
+    if profile_dir:
+        return _serve_profiled(server, load_error, in_fd, reply_fd, profile_dir)
+    return _serve(server, load_error, in_fd, reply_fd)
+
+
+def _serve_profiled(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: int,
+                    profile_dir: str) -> int:
+    """_serve under cProfile; the statistics go to PROFILE_DIR/worker-PID.prof at the end.
+
+    ``MLAFUZZ_WORKER_PROFILE=DIR`` in mlafuzz's environment: where a bridge call's time goes in
+    the worker (read it with ``python3 -m pstats DIR/worker-PID.prof``). Written atomically
+    when the worker leaves normally (the end of the run or campaign); a killed worker leaves none.
+    """
+    import cProfile  # noqa: PLC0415 - only when asked
+
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return _serve(server, load_error, in_fd, reply_fd)
+    finally:
+        prof.disable()
+        os.makedirs(profile_dir, exist_ok=True)
+        path = os.path.join(profile_dir, f"worker-{os.getpid()}.prof")
+        prof.dump_stats(path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def _serve(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: int) -> int:
     while True:
         frame = read_frame(in_fd)
         if frame is None:

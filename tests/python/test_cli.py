@@ -107,3 +107,16 @@ def test_a_finding_on_a_relative_path_replays_from_any_directory(tmp_path) -> No
     assert replay.returncode == 1, describe(replay)
     assert "the finding persists" in replay.stdout, describe(replay)
     assert f"--backends {source}" in replay.stdout, describe(replay)
+
+
+def test_worker_profile_is_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pstats  # noqa: PLC0415
+
+    monkeypatch.setenv("MLAFUZZ_WORKER_PROFILE", str(tmp_path / "prof"))
+    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 0, describe(proc)
+    profiles = list((tmp_path / "prof").glob("worker-*.prof"))
+    assert len(profiles) == 1, (profiles, describe(proc))
+    stats = pstats.Stats(str(profiles[0]))
+    # The kernel's own function is in it: the profile covers the calls, not just the start.
+    assert any(name == "attend" for (_, _, name) in stats.stats), sorted(stats.stats)[:20]
