@@ -316,6 +316,11 @@ class DeviceCache:
         entry = self.entries.get(key)
         return None if entry is None else entry[2]
 
+    def set_checksum(self, key: Hashable, checksum: Any) -> None:
+        entry = self.entries.get(key)
+        if entry is not None:
+            self.entries[key] = (entry[0], entry[1], checksum)
+
     def put(self, key: Hashable, value: Any, nbytes: int, checksum: Any = None) -> bool:
         """Keeps value under key; returns False when it is larger than the budget."""
         self.drop(key)
@@ -353,6 +358,8 @@ class Server:
         budget = device_cache_budget()
         self.device_cache: Optional[DeviceCache] = DeviceCache(budget) if budget else None
         self.staging: Any = None  # pinned host memory for copies to the device; False: none
+        # fd 3's mapping as registered with cudaHostRegister (base, size); False: refused.
+        self.registered: Any = None
         self.pinned = os.environ.get("MLAFUZZ_TORCH_PINNED", "1") != "0"
         self.func, self.info, self.supports = load_kernel(spec)
         self.torch: Any = None
@@ -436,7 +443,42 @@ class Server:
             arrays[name] = _array(region, desc, name in _OUTPUTS)
         if self.info.device == "cpu":
             return self._run_cpu(call, arrays)
+        self._register_shm(shm)
         return self._run_cuda(call, arrays, req)
+
+    def _register_shm(self, region: mmap.mmap) -> None:
+        """Page-locks the call's shared memory (fd 3) with cudaHostRegister, once per mapping.
+
+        The outputs then come back from the device straight into fd 3 by DMA, without the
+        pinned staging buffer and its memcpy. Safe where the arena is not (see
+        docs/WORKER_PROTOCOL.md): mlafuzz only ever grows fd 3, never truncates or punches it,
+        so the registered pages stay the file's. A refusal (or MLAFUZZ_TORCH_PINNED=0) leaves
+        the staging path.
+        """
+        if not self.pinned or self.registered is False:
+            return
+        view = np.frombuffer(region, dtype=np.uint8)
+        base, size = int(view.ctypes.data), int(view.nbytes)
+        del view  # no export of the mapping left behind (ensure() may close it)
+        if self.registered is not None and self.registered[0] == base \
+                and self.registered[1] == size:
+            return
+        cudart = self.torch.cuda.cudart()
+        if self.registered is not None:
+            cudart.cudaHostUnregister(self.registered[0])
+            self.registered = None
+        try:
+            err = cudart.cudaHostRegister(base, size, 0)
+        except Exception:  # noqa: BLE001 - no cudart binding: the staging path
+            err = -1
+        self.registered = (base, size) if int(err) == 0 else False
+
+    def _in_registered(self, host: np.ndarray) -> bool:
+        r = self.registered
+        if not r:
+            return False
+        at = int(host.ctypes.data)
+        return r[0] <= at and at + host.nbytes <= r[0] + r[1]
 
     def _call_kernel(self, call: mlafuzz.DecodeCall) -> Tuple[Optional[str], float]:
         t0 = time.perf_counter()
@@ -480,8 +522,9 @@ class Server:
         Inputs whose identity the request gives (``ids``) come from the device cache when it has
         them; the others are copied (through pinned staging when it is available) into buffers
         kept per name (not cached) or into new tensors that the cache keeps. Returns the tensors
-        and, for each cached input the call uses, (name, key, device sum of its bytes): checked
-        after the kernel, because a kernel that wrote an input would spoil the later calls.
+        and, for each cached input the call uses, (name, key, checksum, words): its checksum
+        (an int, or a device tensor queued after its copy) and the int64 words it is summed over
+        (_check_sums, after the kernel: a kernel that wrote an input would spoil later calls).
         """
         torch = self.torch
         kept = self.device_buffers
@@ -498,12 +541,21 @@ class Server:
             n = host.nbytes
             key = (int(ids[name]), n) if cache is not None and name in ids else None
             if key is not None:
-                t = cache.get(key)
-                if t is not None:
-                    out[name] = t
-                    keys.append((name, key, cache.checksum(key)))
+                hit = cache.get(key)
+                if hit is not None:
+                    out[name] = hit[0]
+                    keys.append((name, key, cache.checksum(key), hit[1]))
                     continue
-                t = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)[:n]
+                # Whole int64 words, the tail past n zeroed: the checksum sums 8 bytes at a time
+                # (a uint8 sum widened to int64 cost ~8x the device work and host time).
+                words = (n + 7) // 8
+                full = torch.empty(max(words, 1) * 8, dtype=torch.uint8, device=dev)
+                if words * 8 > n:
+                    full[n:].zero_()
+                t = full[:n]
+                misses.append((name, host, t, key, full.view(torch.int64)))
+                out[name] = t
+                continue
             else:
                 buf = kept.get(name)
                 if buf is None or buf.numel() < n:
@@ -511,11 +563,11 @@ class Server:
                     kept[name] = buf
                 t = buf[:n]
             out[name] = t
-            misses.append((name, host, t, key))
+            misses.append((name, host, t, None, None))
         total = sum((m[1].nbytes + 63) // 64 * 64 for m in misses)
         staging = self._stage(total) if total else None
         offset = 0
-        for name, host, t, key in misses:
+        for name, host, t, key, words in misses:
             n = host.nbytes
             if staging is not None:
                 dst = staging[offset:offset + n]
@@ -528,9 +580,9 @@ class Server:
                     warnings.simplefilter("ignore", UserWarning)
                     t.copy_(torch.from_numpy(host))
             if key is not None:
-                checksum = torch.sum(t, dtype=torch.int64)  # queued after the copy
-                if cache.put(key, t, n, checksum):
-                    keys.append((name, key, checksum))
+                checksum = torch.sum(words)  # queued after the copy; wraps modulo 2^64
+                if cache.put(key, (t, words), n, checksum):
+                    keys.append((name, key, checksum, words))
         return out, keys
 
     def _outputs(self, a: Dict[str, np.ndarray], req: Dict[str, Any], dev: Any) -> Tuple[Any, Any]:
@@ -567,6 +619,16 @@ class Server:
         for host, _ in pairs:
             if not host.flags.c_contiguous:  # reshape(-1) would copy: the bytes would be lost
                 raise ValueError("a raw output buffer is not contiguous")
+        direct = [(h, b) for h, b in pairs if self._in_registered(h)]
+        if direct:
+            # Page-locked fd 3: straight in by DMA, queued beside the staged ones.
+            for host, buf in direct:
+                flat = host.reshape(-1).view(np.uint8)
+                torch.from_numpy(flat).copy_(buf[: flat.nbytes], non_blocking=True)
+            pairs = [(h, b) for h, b in pairs if not self._in_registered(h)]
+            if not pairs:
+                torch.cuda.synchronize(dev)
+                return
         total = sum((host.nbytes + 63) // 64 * 64 for host, _ in pairs)
         staging = self._stage(total)
         if staging is None:
@@ -586,20 +648,29 @@ class Server:
         for host, offset, n in spans:
             np.copyto(host.reshape(-1).view(np.uint8), pinned[offset:offset + n])
 
-    def _inputs_written(self, keys: list, inputs: Dict[str, Any]) -> str:
-        """Names of cached inputs whose device bytes the kernel changed (their entries dropped)."""
-        if not keys:
-            return ""
+    def _queue_sums(self, keys: list) -> Any:
+        """One device tensor: each lent input's checksum now, then the not yet known "before"
+        sums (entries put by this call). Queued after the kernel, read back with the outputs."""
         torch = self.torch
+        now = [torch.sum(words) for _, _, _, words in keys]
+        before = [c for _, _, c, _ in keys if not isinstance(c, int)]
+        return torch.stack(now + before)
+
+    def _check_sums(self, keys: list, sums: np.ndarray) -> str:
+        """Names of cached inputs whose device bytes the kernel changed (their entries dropped);
+        the others keep their checksum as an int (no device sum of "before" again)."""
         cache = self.device_cache
         assert cache is not None
-        now = torch.stack([torch.sum(inputs[name], dtype=torch.int64) for name, _, _ in keys])
-        was = torch.stack([c for _, _, c in keys])
-        changed = (now != was).tolist()  # one synchronization for every cached input
-        bad = [name for (name, _, _), c in zip(keys, changed) if c]
-        for name, key, _ in keys:
-            if name in bad:
+        values = [int(v) for v in sums]
+        now, before = values[: len(keys)], iter(values[len(keys):])
+        bad = []
+        for (name, key, was, _), is_now in zip(keys, now):
+            was = was if isinstance(was, int) else next(before)
+            if is_now != was:
+                bad.append(name)
                 cache.drop(key)
+            else:
+                cache.set_checksum(key, was)
         return ", ".join(bad)
 
     def _run_cuda(
@@ -663,11 +734,19 @@ class Server:
                     "seconds": 0.0}
         err, seconds = self._call_kernel(call)
         try:
+            # The whole device first: a kernel may have used streams of its own.
             torch.cuda.synchronize(dev)
-            # Whole raw buffers, canaries included, into the shared output buffers.
-            self._download([(a["out_raw"], self.device_buffers["out_raw"]),
-                            (a["lse_raw"], self.device_buffers["lse_raw"])], dev)
-            written = self._inputs_written(keys, inputs)
+            # Whole raw buffers, canaries included, into the shared output buffers, and the lent
+            # inputs' checksums with them (one more synchronization for all).
+            pairs = [(a["out_raw"], self.device_buffers["out_raw"]),
+                     (a["lse_raw"], self.device_buffers["lse_raw"])]
+            sums = None
+            if keys:
+                sums = np.empty(len(keys) + sum(not isinstance(k[2], int) for k in keys),
+                                dtype=np.int64)
+                pairs.append((sums, self._queue_sums(keys).view(torch.uint8)))
+            self._download(pairs, dev)
+            written = self._check_sums(keys, sums) if keys else ""
         except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
             return {"status": "fault",
                     "message": "CUDA error after the kernel:\n" + traceback.format_exc()

@@ -47,6 +47,9 @@ class FakeTensor:
         self.a[...] = v
         return self
 
+    def zero_(self) -> "FakeTensor":
+        return self.fill_(0)
+
     def __ne__(self, o: object) -> "FakeTensor":  # type: ignore[override]
         assert isinstance(o, FakeTensor)
         return FakeTensor(self.a != o.a, self.fake, self.device)
@@ -56,7 +59,7 @@ class FakeTensor:
 
 
 class FakeTorch(types.SimpleNamespace):
-    """The few torch calls _to_device, _outputs and _inputs_written make."""
+    """The few torch calls _to_device, _outputs, _queue_sums and _download make."""
 
     uint8, int16, int32, int64 = np.uint8, np.int16, np.int32, np.int64
 
@@ -84,8 +87,10 @@ class FakeTorch(types.SimpleNamespace):
     def from_numpy(self, a: np.ndarray) -> FakeTensor:
         return FakeTensor(a, self, "cpu")
 
-    def sum(self, t: FakeTensor, dtype: Any) -> FakeTensor:
-        return FakeTensor(np.array(t.a.astype(np.int64).sum()), self, t.device)
+    def sum(self, t: FakeTensor, dtype: Any = None) -> FakeTensor:
+        # torch sums integers into int64, wrapping around like the device does.
+        with np.errstate(over="ignore"):
+            return FakeTensor(np.array(t.a.astype(np.int64).sum(dtype=np.int64)), self, t.device)
 
     def stack(self, ts: list) -> FakeTensor:
         return FakeTensor(np.array([t.a for t in ts]), self, ts[0].device)
@@ -98,6 +103,7 @@ def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Ser
     s.device_cache = _worker.DeviceCache(budget) if budget else None
     s.staging = None
     s.pinned = True
+    s.registered = False  # fd 3 not page-locked (test_..._registered_shared_memory: it is)
     return s
 
 
@@ -129,7 +135,7 @@ def test_seen_identities_are_not_copied_again() -> None:
     req = {"ids": {"q_raw": 11, "kv_cache": 12}}
     first, keys = s._to_device(a, req, "cuda")
     assert uploads(fake) == 3  # q, cache and the indices (no identity: copied every call)
-    assert {name for name, _, _ in keys} == {"q_raw", "kv_cache"}
+    assert {name for name, _, _, _ in keys} == {"q_raw", "kv_cache"}
     fake.copies.clear()
     again, keys = s._to_device(a, req, "cuda")
     assert uploads(fake) == 1, fake.copies  # only the indices
@@ -187,15 +193,25 @@ def test_the_budget_keeps_the_most_recently_used() -> None:
     assert cache.bytes == 50 and cache.get("a") == "A2"
 
 
-def test_a_kernel_that_writes_a_cached_input_is_caught() -> None:
+def written(s: _worker.Server, keys: list) -> str:
+    """What _run_cuda does after the kernel: the sums queued, read back, compared."""
+    return s._check_sums(keys, s._queue_sums(keys).a)
+
+
+@pytest.mark.parametrize("kv_bytes", [4096, 4100])  # whole int64 words, and a tail
+def test_a_kernel_that_writes_a_cached_input_is_caught(kv_bytes: int) -> None:
     fake = FakeTorch()
     s = make_server(fake)
-    a = inputs(1)
+    a = inputs(1, kv_bytes)
     req = {"ids": {"q_raw": 11, "kv_cache": 12}}
     dev, keys = s._to_device(a, req, "cuda")
-    assert s._inputs_written(keys, dev) == ""
-    dev["kv_cache"].a[5] ^= 0xFF  # the kernel stores into its cache input
-    assert s._inputs_written(keys, dev) == "kv_cache"
+    assert written(s, keys) == ""
+    # The checksums are now known as ints: the next call sums only the inputs as they are now.
+    dev, keys = s._to_device(a, req, "cuda")
+    assert all(isinstance(c, int) for _, _, c, _ in keys) and len(s._queue_sums(keys).a) == 2
+    assert written(s, keys) == ""
+    dev["kv_cache"].a[kv_bytes - 1] ^= 0xFF  # the kernel stores into its cache input (last byte)
+    assert written(s, keys) == "kv_cache"
     fake.copies.clear()
     dev, _ = s._to_device(a, req, "cuda")  # the spoiled copy was dropped: copied again
     assert uploads(fake) == 2
@@ -275,3 +291,63 @@ def test_the_budget_comes_from_the_environment(env: Dict[str, str], budget: Opti
 def test_a_bad_budget_is_an_error_naming_the_variable() -> None:
     with pytest.raises(ValueError, match="MLAFUZZ_DEVICE_CACHE_BYTES"):
         _worker.device_cache_budget({"MLAFUZZ_DEVICE_CACHE_BYTES": "lots"})
+
+
+class FakeCudart:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.registered: list = []
+        self.unregistered: list = []
+
+    def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:  # noqa: N802
+        if self.refuse:
+            return 1  # cudaErrorInvalidValue
+        self.registered.append((ptr, size, flags))
+        return 0
+
+    def cudaHostUnregister(self, ptr: int) -> int:  # noqa: N802
+        self.unregistered.append(ptr)
+        return 0
+
+
+def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
+    import mmap  # noqa: PLC0415
+
+    fake = FakeTorch()
+    cudart = FakeCudart()
+    fake.cuda.cudart = lambda: cudart
+    s = make_server(fake)
+    s.registered = None
+    region = mmap.mmap(-1, 1 << 16)
+    s._register_shm(region)
+    s._register_shm(region)  # the same mapping: registered once
+    assert len(cudart.registered) == 1 and cudart.registered[0][1] == 1 << 16
+    shm = np.frombuffer(region, dtype=np.uint8)
+    host = {"out_raw": shm[:80].view(np.uint16), "lse_raw": shm[128:156].view(np.float32)}
+    out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    out.a[3] = 0x1234
+    sums = np.zeros(2, np.int64)  # not in fd 3: through the staging buffer
+    s._download([(host["out_raw"], s.device_buffers["out_raw"]),
+                 (host["lse_raw"], s.device_buffers["lse_raw"]),
+                 (sums, FakeTensor(np.array([5, 7], np.int64).view(np.uint8), fake, "cuda"))],
+                "cuda")
+    downloads = [c for c in fake.copies if c[0] == "cpu" and c[1] == "cuda"]
+    assert len(downloads) == 3 and all(nb for _, _, _, nb in downloads)
+    assert fake.pinned_allocations == 1 and fake.syncs == 1
+    assert host["out_raw"][3] == 0x1234 and (host["lse_raw"].view(np.uint32) == 0x7FA5A5A5).all()
+    assert sums.tolist() == [5, 7]
+    # Only fd 3 in the call: no staging buffer at all.
+    fake2 = FakeTorch()
+    fake2.cuda.cudart = lambda: cudart
+    s2 = make_server(fake2)
+    s2.registered = s.registered
+    o2, _ = s2._outputs(host, {"out_canary": 1, "lse_canary": 2}, "cuda")
+    s2._download([(host["out_raw"], s2.device_buffers["out_raw"])], "cuda")
+    assert fake2.pinned_allocations == 0 and fake2.syncs == 1 and host["out_raw"][0] == 1
+    # A refusal leaves the staging path for good.
+    s3 = make_server(FakeTorch())
+    s3.torch.cuda.cudart = lambda: FakeCudart(refuse=True)
+    s3.registered = None
+    s3._register_shm(region)
+    assert s3.registered is False and not s3._in_registered(host["out_raw"])
+    del shm, host, out, lse, o2
