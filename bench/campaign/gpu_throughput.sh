@@ -6,7 +6,7 @@
 #   bench/campaign/gpu_throughput.sh MLAFUZZ SECONDS CONFIG...
 # CONFIG is NAME:BACKENDS:PROPERTIES:PROFILE:WORKERS[:ENV] (PROPERTIES "all" for every property,
 # WORKERS "-" to leave --workers-per-gpu out, e.g. for a binary that predates it; ENV an optional
-# comma-separated list of NAME=VALUE set for that run), e.g.
+# comma-separated list of NAME=VALUE set for that run; JOBS=N there passes --jobs N instead), e.g.
 #   both-all:cuda-mma,cuda-simt:all:default:4
 #   before:cuda-mma,cuda-simt:all:default:2:MLAFUZZ_WORKER_BATCH=0,MLAFUZZ_CUDA_RESIDENT=0
 # (MLAFUZZ_WORKER_BATCH=0: one worker request per call; MLAFUZZ_CUDA_RESIDENT=0: every input
@@ -25,7 +25,12 @@ for config in "$@"; do
   [[ $props != all ]] && args+=(--properties "$props")
   [[ $workers != - ]] && args+=(--workers-per-gpu "$workers")
   env_args=()
-  [[ -n ${envs:-} ]] && IFS=, read -ra env_args <<<"$envs"
+  if [[ -n ${envs:-} ]]; then
+    IFS=, read -ra all_env <<<"$envs"
+    for e in "${all_env[@]}"; do
+      if [[ $e == JOBS=* ]]; then args+=(--jobs "${e#JOBS=}"); else env_args+=("$e"); fi
+    done
+  fi
   env "${env_args[@]}" "$MLAFUZZ" "${args[@]}" >"$OUT/$name.log" 2>&1
   rc=$?
   python3 - "$OUT/$name/report.json" "$name" "$rc" <<'PY'

@@ -406,7 +406,8 @@ RunResult WorkerProcess::fault_from(const std::string& why) {
 }
 
 std::vector<CheckedRun> WorkerProcess::run_batch(const std::vector<const MaterializedCase*>& cases,
-                                                 double timeout_s) {
+                                                 double timeout_s,
+                                                 const std::vector<uint32_t>* same, double same_s) {
   std::vector<CheckedRun> out(cases.size());
   if (cases.empty()) return out;
   if (!child_.running()) {
@@ -426,9 +427,9 @@ std::vector<CheckedRun> WorkerProcess::run_batch(const std::vector<const Materia
   shm_->reserve(need);
   BulkArea bulk{shm_->data(), shm_->size(), 0};
   bulk.use_arena = arena_enabled();
-  const std::string request = encode_batch(cases, &bulk);
+  const std::string request = encode_batch(cases, &bulk, same);
   const double encode_s =
-      std::chrono::duration<double>(Clock::now() - t_encode).count() / cases.size();
+      (same_s + std::chrono::duration<double>(Clock::now() - t_encode).count()) / cases.size();
   // The worker writes its replies' vectors from the start of the area (it copied the request
   // out first), each after the previous one; a reply names its vectors' offsets.
   std::string fault = child_.send(static_cast<uint32_t>(MsgType::kRunBatch), request, timeout_s);
@@ -545,11 +546,16 @@ std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const Materi
   }();
   if (!batched || cases.empty()) return Backend::check_and_run(cases);
   std::vector<CheckedRun> out;
+  // The variants' buffers compared with the first case's before the worker is taken: the
+  // comparisons (whole caches, byte for byte) run on this thread while the worker serves others.
+  const auto t_same = Clock::now();
+  const std::vector<uint32_t> same = batch_same_masks(cases);
+  const double same_s = std::chrono::duration<double>(Clock::now() - t_same).count();
   const auto t_wait = Clock::now();
   {
     std::lock_guard<std::mutex> lock(slot_->mu);
     const auto t_call = Clock::now();
-    out = slot_->proc.run_batch(cases, timeout_s_);
+    out = slot_->proc.run_batch(cases, timeout_s_, &same, same_s);
     const auto t_end = Clock::now();
     const double n = static_cast<double>(cases.size());
     const double queue_s = std::chrono::duration<double>(t_call - t_wait).count() / n;

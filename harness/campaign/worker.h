@@ -75,9 +75,12 @@ class WorkerProcess {
   // unsupported() and run() of every case in one kRunBatch request (each reply within
   // timeout_s of the previous one). When the worker faults on case k, k is the fault and the
   // cases after it run one by one as run() and unsupported() would (on a fresh worker).
-  // Each result's phases hold its share of the batch's encode and decode.
+  // Each result's phases hold its share of the batch's encode and decode. `same`, when given,
+  // is batch_same_masks(cases), computed by the caller before it took the worker (the
+  // comparisons of the variants' buffers with the first case's are most of the encoding).
   std::vector<CheckedRun> run_batch(const std::vector<const MaterializedCase*>& cases,
-                                    double timeout_s);
+                                    double timeout_s, const std::vector<uint32_t>* same = nullptr,
+                                    double same_s = 0);
   int starts() const { return starts_; }
   const WorkerSpec& spec() const { return spec_; }
   void stop();

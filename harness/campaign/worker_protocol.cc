@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <type_traits>
 
 #include "harness/core/case.h"
@@ -21,6 +22,14 @@ constexpr size_t kBulkAlign = 64;
 
 size_t align_up(size_t n) { return (n + kBulkAlign - 1) / kBulkAlign * kBulkAlign; }
 
+// Whether v may travel as a reference to `base` (flag 2): at least kBulkThreshold bytes, equal.
+template <typename T, typename A>
+bool same_bytes(const std::vector<T, A>& v, const std::vector<T, A>* base) {
+  const size_t bytes = v.size() * sizeof(T);
+  return base != nullptr && bytes >= kBulkThreshold && base->size() == v.size() &&
+         std::memcmp(base->data(), v.data(), bytes) == 0;
+}
+
 class Writer {
  public:
   // Large vectors go to `bulk` (from bulk->used on) when it is given and has room.
@@ -34,12 +43,11 @@ class Writer {
     pod<uint64_t>(s.size());
     out_.append(s);
   }
-  // As vec(v), or a reference (flag 2) when `base` holds the same bytes: returns whether.
+  // As vec(v), or a reference (flag 2) when `same` (or, when `same` is null, `base` holds the
+  // same bytes): returns whether.
   template <typename T, typename A>
-  bool vec_or_same(const std::vector<T, A>& v, const std::vector<T, A>* base) {
-    const size_t bytes = v.size() * sizeof(T);
-    if (base != nullptr && bytes >= kBulkThreshold && base->size() == v.size() &&
-        std::memcmp(base->data(), v.data(), bytes) == 0) {
+  bool vec_or_same(const std::vector<T, A>& v, const std::vector<T, A>* base, const bool* same) {
+    if (same != nullptr ? *same && base != nullptr : same_bytes(v, base)) {
       pod<uint64_t>(v.size());
       pod<uint8_t>(2);
       return true;
@@ -165,10 +173,15 @@ namespace {
 // One case into `w`; the vectors equal to `base`'s (when given) as references, their bits set
 // in the returned mask (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink, 5 extra_cache,
 // 6 extra_indices, 7 extra_topk_length).
-uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase* base) {
+uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase* base,
+                    const uint32_t* known = nullptr) {
   // The recipe does not travel: backends read the buffers and the fields below (the recipe's JSON
   // cost a third of a small call's host time on the H200).
   uint32_t same = 0;
+  // Bit i of the precomputed mask, when there is one.
+  bool bits[8];
+  for (int i = 0; i < 8; ++i) bits[i] = known != nullptr && (*known & (1u << i)) != 0;
+  const auto bit = [&](int i) { return known != nullptr ? &bits[i] : nullptr; };
   w.pod(m.geom);
   w.pod(m.batch);
   w.pod(m.heads);
@@ -176,12 +189,12 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
   w.pod(m.sm_scale);
   w.pod(m.sm_scale64);
   w.pod(m.conv);
-  if (w.vec_or_same(m.q, base ? &base->q : nullptr)) same |= 1u << 0;
+  if (w.vec_or_same(m.q, base ? &base->q : nullptr, bit(0))) same |= 1u << 0;
   w.pod(m.q_head_stride);
-  if (w.vec_or_same(m.cache, base ? &base->cache : nullptr)) same |= 1u << 1;
-  if (w.vec_or_same(m.indices, base ? &base->indices : nullptr)) same |= 1u << 2;
-  if (w.vec_or_same(m.topk_length, base ? &base->topk_length : nullptr)) same |= 1u << 3;
-  if (w.vec_or_same(m.sink, base ? &base->sink : nullptr)) same |= 1u << 4;
+  if (w.vec_or_same(m.cache, base ? &base->cache : nullptr, bit(1))) same |= 1u << 1;
+  if (w.vec_or_same(m.indices, base ? &base->indices : nullptr, bit(2))) same |= 1u << 2;
+  if (w.vec_or_same(m.topk_length, base ? &base->topk_length : nullptr, bit(3))) same |= 1u << 3;
+  if (w.vec_or_same(m.sink, base ? &base->sink : nullptr, bit(4))) same |= 1u << 4;
   w.pod(m.out_head_stride);
   // The production decode (case format version 2): query tokens, every stride, the extra cache.
   w.pod(m.s_q);
@@ -196,11 +209,11 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
     const MaterializedCase* xb = base != nullptr && base->has_extra ? base : nullptr;
     w.pod(m.extra_geom);
     w.pod(m.extra_topk);
-    if (w.vec_or_same(m.extra_cache, xb ? &xb->extra_cache : nullptr)) same |= 1u << 5;
-    if (w.vec_or_same(m.extra_indices, xb ? &xb->extra_indices : nullptr)) same |= 1u << 6;
+    if (w.vec_or_same(m.extra_cache, xb ? &xb->extra_cache : nullptr, bit(5))) same |= 1u << 5;
+    if (w.vec_or_same(m.extra_indices, xb ? &xb->extra_indices : nullptr, bit(6))) same |= 1u << 6;
     w.pod(m.extra_indices_token_stride);
     w.pod(m.extra_indices_batch_stride);
-    if (w.vec_or_same(m.extra_topk_length, xb ? &xb->extra_topk_length : nullptr)) {
+    if (w.vec_or_same(m.extra_topk_length, xb ? &xb->extra_topk_length : nullptr, bit(7))) {
       same |= 1u << 7;
     }
   }
@@ -285,11 +298,39 @@ MaterializedCase decode_case(std::string_view bytes, const BulkArea* bulk) {
   return m;
 }
 
-std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk) {
+std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk,
+                         const std::vector<uint32_t>* same) {
+  if (same != nullptr && same->size() != cases.size()) {
+    throw std::logic_error("encode_batch: one mask per case");
+  }
   Writer w(bulk);
   w.pod(static_cast<uint32_t>(cases.size()));
-  for (size_t k = 0; k < cases.size(); ++k) write_case(w, *cases[k], k == 0 ? nullptr : cases[0]);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    write_case(w, *cases[k], k == 0 ? nullptr : cases[0],
+               k == 0 || same == nullptr ? nullptr : &(*same)[k]);
+  }
   return w.take();
+}
+
+std::vector<uint32_t> batch_same_masks(const std::vector<const MaterializedCase*>& cases) {
+  std::vector<uint32_t> masks(cases.size(), 0);
+  for (size_t k = 1; k < cases.size(); ++k) {
+    const MaterializedCase& m = *cases[k];
+    const MaterializedCase& b = *cases[0];
+    uint32_t x = 0;
+    if (same_bytes(m.q, &b.q)) x |= 1u << 0;
+    if (same_bytes(m.cache, &b.cache)) x |= 1u << 1;
+    if (same_bytes(m.indices, &b.indices)) x |= 1u << 2;
+    if (same_bytes(m.topk_length, &b.topk_length)) x |= 1u << 3;
+    if (same_bytes(m.sink, &b.sink)) x |= 1u << 4;
+    if (m.has_extra && b.has_extra) {
+      if (same_bytes(m.extra_cache, &b.extra_cache)) x |= 1u << 5;
+      if (same_bytes(m.extra_indices, &b.extra_indices)) x |= 1u << 6;
+      if (same_bytes(m.extra_topk_length, &b.extra_topk_length)) x |= 1u << 7;
+    }
+    masks[k] = x;
+  }
+  return masks;
 }
 
 DecodedBatch decode_batch(std::string_view bytes, const BulkArea* bulk) {

@@ -88,7 +88,13 @@ size_t bulk_bytes_needed(const MaterializedCase& m);
 // of 4 KiB or more byte-identical to the same vector of the batch's first case (the property
 // variants share most of their buffers with each other) travels as a reference to it (flag 2):
 // its bytes cross once per batch.
-std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk);
+// `same`, when given, holds batch_same_masks(cases) computed before (so that the comparisons run
+// outside the worker's lock, on the caller's thread); without it encode_batch compares.
+std::string encode_batch(const std::vector<const MaterializedCase*>& cases, BulkArea* bulk,
+                         const std::vector<uint32_t>* same = nullptr);
+// Per case, the bits (as DecodedBatch::same_as_first) of its vectors of at least 4 KiB that hold
+// the same bytes as cases[0]'s: what encode_batch sends as references. 0 for cases[0].
+std::vector<uint32_t> batch_same_masks(const std::vector<const MaterializedCase*>& cases);
 struct DecodedBatch {
   std::vector<MaterializedCase> cases;
   // Per case, bit i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink): the vector is left empty

@@ -326,6 +326,37 @@ TEST(WorkerProtocol, BatchSendsSharedVectorsOnce) {
   EXPECT_EQ(ok.result.out, r.out);
 }
 
+TEST(WorkerProtocol, PrecomputedMasksGiveTheSameFrame) {
+  // ProxyBackend compares the variants with the first case outside the worker's lock
+  // (batch_same_masks) and hands the masks to encode_batch: the frame must not change.
+  const MaterializedCase m = small_case(3);
+  const MaterializedCase poisoned = poison_case(m, 0);
+  const MaterializedCase permuted = permute_indices(m, 7);
+  const MaterializedCase alone = head_alone(m, 1);
+  const std::vector<const MaterializedCase*> cases{&m, &m, &poisoned, &permuted, &alone};
+  const std::vector<uint32_t> masks = batch_same_masks(cases);
+  ASSERT_EQ(masks.size(), cases.size());
+  EXPECT_EQ(masks[0], 0u);
+  EXPECT_NE(masks[1] & 1u, 0u);  // the repeated case: q ...
+  EXPECT_NE(masks[1] & 2u, 0u);  // ... and the cache
+  EXPECT_EQ(masks[2] & 2u, 0u);  // the poisoned cache differs
+  EXPECT_NE(masks[3] & 2u, 0u);  // permuted indices, the same cache
+  EXPECT_EQ(masks[4] & 1u, 0u);  // one head's q is another vector
+  size_t need = 0;
+  for (const auto* c : cases) need += bulk_bytes_needed(*c);
+  std::vector<uint8_t> area_a(need), area_b(need);
+  BulkArea a{area_a.data(), area_a.size(), 0}, b{area_b.data(), area_b.size(), 0};
+  const std::string compared = encode_batch(cases, &a);
+  const std::string given = encode_batch(cases, &b, &masks);
+  EXPECT_EQ(compared, given);
+  ASSERT_EQ(a.used, b.used);
+  EXPECT_EQ(0, std::memcmp(area_a.data(), area_b.data(), a.used));
+  const DecodedBatch back = decode_batch(given, &b);
+  EXPECT_EQ(back.same_as_first, masks);
+  const std::vector<uint32_t> wrong_count(2, 0);
+  EXPECT_THROW(encode_batch(cases, nullptr, &wrong_count), std::logic_error);
+}
+
 WorkerSpec spec(const std::string& backend) {
   WorkerSpec s;
   s.exe = MLAFUZZ_BINARY;
