@@ -13,31 +13,18 @@
 namespace mlafuzz::campaign {
 
 // A backend that isolates itself (a python: backend, whose run() already turns a dead or hung
-// worker into RunStatus::kFault): records those faults as a ProxyBackend does.
-class SelfIsolatedBackend final : public IsolatedBackend {
+// worker into RunStatus::kFault): records those faults as a ProxyBackend does. It describes
+// itself as the backend it wraps (its envelope and invariance claims included).
+class SelfIsolatedBackend final : public ForwardingBackend<IsolatedBackend> {
  public:
-  explicit SelfIsolatedBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  Precision precision() const override { return inner_->precision(); }
-  Availability availability() const override { return inner_->availability(); }
-  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
-    return inner_->unsupported(m);
-  }
-  double abs_tol() const override { return inner_->abs_tol(); }
-  double rel_tol() const override { return inner_->rel_tol(); }
-  bool on_device() const override { return inner_->on_device(); }
-  bool needs_worker() const override { return inner_->needs_worker(); }
-  bool is_reference() const override { return inner_->is_reference(); }
-  std::string simt_partner() const override { return inner_->simt_partner(); }
-  bool splits_kv() const override { return inner_->splits_kv(); }
-  int token_tile() const override { return inner_->token_tile(); }
+  explicit SelfIsolatedBackend(std::unique_ptr<Backend> inner)
+      : ForwardingBackend<IsolatedBackend>(std::move(inner)) {}
   RunResult run(const MaterializedCase& m) override;
 
   std::vector<FaultRecord> take_faults() override;
   std::shared_ptr<const CallTotals> totals() const override { return totals_; }
 
  private:
-  std::unique_ptr<Backend> inner_;
   std::mutex faults_mu_;
   std::vector<FaultRecord> faults_;
   std::shared_ptr<CallTotals> totals_ = std::make_shared<CallTotals>();

@@ -59,6 +59,48 @@ TestFault test_fault_from_env() {
   return t;
 }
 
+// Whether a backend that can overlap two calls does (MLAFUZZ_WORKER_OVERLAP=0: one call at a
+// time, as before; for before/after measurements).
+bool overlap_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("MLAFUZZ_WORKER_OVERLAP");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// MLAFUZZ_TEST_OVERLAP=1 (tests): the worker's backend wrapped so that it overlaps two calls
+// as the CUDA backends do (begin_run keeps a copy of the case, finish_run runs it), so that the
+// overlapped batch loop, its reply order and its fault isolation are tested without a GPU.
+class OverlapForTests final : public ForwardingBackend<> {
+ public:
+  explicit OverlapForTests(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
+  int max_in_flight() const override { return 2; }
+  std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m) override {
+    if (++in_flight_ > 2) throw std::logic_error("more than max_in_flight() calls begun");
+    auto p = std::make_unique<Copied>();
+    p->m = m;
+    return p;
+  }
+  RunResult finish_run(std::unique_ptr<PendingRun> pending) override {
+    auto* p = dynamic_cast<Copied*>(pending.get());
+    if (p == nullptr) throw std::logic_error("finish_run of a call begun elsewhere");
+    --in_flight_;
+    return inner_->run(p->m);
+  }
+
+ private:
+  struct Copied final : PendingRun {
+    MaterializedCase m;
+  };
+  int in_flight_ = 0;
+};
+
+bool test_overlap_requested() {
+  const char* v = std::getenv("MLAFUZZ_TEST_OVERLAP");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 // Leave when the campaign is gone, even while a backend call hangs (pipes alone would only
 // tell a worker that is reading). Returns false when the parent is gone already.
 bool watch_parent() {
@@ -75,11 +117,8 @@ bool watch_parent() {
   return true;
 }
 
-// One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
-// must exit (4 after a sticky device fault: `r` is then the fault to report).
-std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
-                           const TestFault& tf, RunResult& r) {
-  const bool hooked = !tf.kind.empty() && m.heads >= tf.min_heads;
+// The crash, abort and hang test hooks, where a case runs (the sticky one: sticky_fault).
+void strike_test_hook(const TestFault& tf, bool hooked) {
   if (hooked && tf.kind == "crash") {
     ::signal(SIGSEGV, SIG_DFL);
     ::raise(SIGSEGV);
@@ -88,11 +127,12 @@ std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double d
   } else if (hooked && tf.kind == "hang") {
     while (true) ::pause();
   }
-  const auto t0 = Clock::now();
-  r = backend.run(m);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.phases[Phase::kDecode] = decode_s;
-  r.phases[Phase::kRun] = r.seconds;
+}
+
+// The fault to report instead of `r` when the device context is poisoned for good (or the
+// sticky test hook says so): the worker then exits so that a fresh one follows.
+std::optional<RunResult> sticky_fault(const Backend& backend, const TestFault& tf, bool hooked,
+                                      const RunResult& r) {
   std::optional<std::string> sticky;
   if (hooked && tf.kind == "sticky") {
     sticky = "cudaErrorIllegalAddress: an illegal memory access was encountered (test hook)";
@@ -100,12 +140,28 @@ std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double d
     sticky = sticky_device_error();
   }
   if (!sticky) return std::nullopt;
-  // The context is poisoned for good: report, then exit so that a fresh worker follows.
   RunResult f;
   f.status = RunStatus::kFault;
   f.message = "device fault: " + *sticky + (r.message.empty() ? "" : " (" + r.message + ")");
-  r = std::move(f);
-  return 4;
+  return f;
+}
+
+// One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
+// must exit (4 after a sticky device fault: `r` is then the fault to report).
+std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
+                           const TestFault& tf, RunResult& r) {
+  const bool hooked = !tf.kind.empty() && m.heads >= tf.min_heads;
+  strike_test_hook(tf, hooked);
+  const auto t0 = Clock::now();
+  r = backend.run(m);
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.phases[Phase::kDecode] = decode_s;
+  r.phases[Phase::kRun] = r.seconds;
+  if (auto f = sticky_fault(backend, tf, hooked, r)) {
+    r = std::move(*f);
+    return 4;
+  }
+  return std::nullopt;
 }
 
 // A kRun request: decode, run, and the reply. Returns the exit code when the worker must exit
@@ -129,13 +185,33 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
 // as soon as it is done, so that a fault or hang is the case's own. The replies' vectors follow
 // each other in the shared memory (the parent reads one while the next is written). A later
 // case's vectors that equal the first case's are lent from it for the run (no copy).
+std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch, double decode_s,
+                                          BulkArea& bulk, const TestFault& tf, int reply_fd);
+
+// Worker-local names of the decoded vectors (InputTags): a fresh one for each vector decoded,
+// the first case's for a vector lent from it, so that a backend keeping device copies knows
+// the lent ones without comparing their bytes again.
+void tag_inputs(DecodedBatch& batch) {
+  static uint64_t next = 0;
+  for (size_t k = 0; k < batch.cases.size(); ++k) {
+    for (int i = 0; i < 8; ++i) {
+      const bool lent = k > 0 && (batch.same_as_first[k] & (1u << i)) != 0;
+      batch.cases[k].input_tags.tag[i] = lent ? batch.cases[0].input_tags.tag[i] : ++next;
+    }
+  }
+}
+
 std::optional<int> serve_batch(Backend& backend, const std::string& payload, BulkArea& bulk,
                                const TestFault& tf, int reply_fd) {
   const auto t_decode = Clock::now();
   DecodedBatch batch = decode_batch(payload, &bulk);
+  tag_inputs(batch);
   const size_t n = batch.cases.size();
   const double decode_s =
       std::chrono::duration<double>(Clock::now() - t_decode).count() / std::max<size_t>(n, 1);
+  if (backend.max_in_flight() > 1 && overlap_enabled()) {
+    return serve_batch_overlapped(backend, batch, decode_s, bulk, tf, reply_fd);
+  }
   for (size_t k = 0; k < n; ++k) {
     MaterializedCase& m = batch.cases[k];
     const uint32_t lent = batch.same_as_first[k];
@@ -153,6 +229,58 @@ std::optional<int> serve_batch(Backend& backend, const std::string& payload, Bul
       return 3;
     }
   }
+  return std::nullopt;
+}
+
+// serve_batch for a backend that runs two calls at once (Backend::max_in_flight): case k is
+// checked and begun (its host staging, its copies and kernel queued) before case k-1 is
+// finished, so that k's host work overlaps k-1's device work. Replies still go out in case
+// order, each as soon as its case is finished; a device fault surfaces when its own case is
+// finished (the call after it, queued behind it, is never replied to: the worker exits and the
+// campaign reruns the rest of the batch one by one), so it stays that case's finding. The test
+// hooks (MLAFUZZ_TEST_FAULT) strike where such a fault surfaces: when the case is finished.
+std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch, double decode_s,
+                                          BulkArea& bulk, const TestFault& tf, int reply_fd) {
+  std::unique_ptr<Backend::PendingRun> in_flight;
+  int32_t in_flight_heads = 0;
+  // Finishes the call in flight and replies; the exit code when the worker must exit.
+  const auto finish = [&]() -> std::optional<int> {
+    const bool hooked = !tf.kind.empty() && in_flight_heads >= tf.min_heads;
+    strike_test_hook(tf, hooked);
+    RunResult r = backend.finish_run(std::move(in_flight));
+    r.phases[Phase::kDecode] = decode_s;
+    r.phases[Phase::kRun] = r.seconds;
+    if (const auto f = sticky_fault(backend, tf, hooked, r)) {
+      write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(std::nullopt, *f, nullptr));
+      return 4;
+    }
+    if (!write_frame_blocking(reply_fd, MsgType::kRunBatch,
+                              encode_checked(std::nullopt, r, &bulk))) {
+      return 3;
+    }
+    return std::nullopt;
+  };
+  for (size_t k = 0; k < batch.cases.size(); ++k) {
+    MaterializedCase& m = batch.cases[k];
+    const uint32_t lent = batch.same_as_first[k];
+    swap_vectors(batch.cases[0], m, lent);
+    const std::optional<std::string> why = backend.unsupported(m);
+    std::unique_ptr<Backend::PendingRun> begun;
+    if (!why) begun = backend.begin_run(m);  // reads m's vectors here only
+    swap_vectors(batch.cases[0], m, lent);
+    if (in_flight) {
+      if (const auto code = finish()) return code;
+    }
+    if (why) {
+      if (!write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(why, {}, &bulk))) {
+        return 3;
+      }
+      continue;
+    }
+    in_flight = std::move(begun);
+    in_flight_heads = m.heads;
+  }
+  if (in_flight) return finish();
   return std::nullopt;
 }
 
@@ -233,6 +361,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   std::string make_error;
   try {
     backend = make_backend(backend_name);
+    if (test_overlap_requested()) backend = std::make_unique<OverlapForTests>(std::move(backend));
   } catch (const std::exception& e) {
     make_error = e.what();
   }

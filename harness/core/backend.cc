@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <string>
 
 namespace mlafuzz {
@@ -208,6 +209,25 @@ void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
   r.guard_violations = w.guard_violations;
   r.out_raw = std::move(bufs.out);
   r.lse_raw = std::move(bufs.lse);
+}
+
+namespace {
+// What the default begin_run leaves: run()'s result, handed over by finish_run.
+struct RanAlready final : Backend::PendingRun {
+  RunResult result;
+};
+}  // namespace
+
+std::unique_ptr<Backend::PendingRun> Backend::begin_run(const MaterializedCase& m) {
+  auto p = std::make_unique<RanAlready>();
+  p->result = run(m);
+  return p;
+}
+
+RunResult Backend::finish_run(std::unique_ptr<PendingRun> pending) {
+  auto* p = dynamic_cast<RanAlready*>(pending.get());
+  if (p == nullptr) throw std::logic_error(name() + ": finish_run of a call begun elsewhere");
+  return std::move(p->result);
 }
 
 std::vector<CheckedRun> Backend::check_and_run(const std::vector<const MaterializedCase*>& cases) {

@@ -203,6 +203,20 @@ class Backend {
   // configuration (sm_120).
   virtual int token_tile() const { return 0; }
   virtual RunResult run(const MaterializedCase& m) = 0;
+  // Two-phase run, so that a caller serving a batch (`mlafuzz worker`, harness/campaign/
+  // worker.cc) can prepare the next case while this one runs on the device: begin_run(m)
+  // prepares and queues the call and returns at once; finish_run waits for it and gives what
+  // run(m) would. After begin_run returns, the call reads nothing of m but its scalar fields
+  // (the input vectors may be moved away; m itself must live until finish_run). At most
+  // max_in_flight() calls are begun and not finished, finished in the order begun. The defaults
+  // run the case in begin_run (max_in_flight 1: no overlap).
+  class PendingRun {
+   public:
+    virtual ~PendingRun() = default;
+  };
+  virtual int max_in_flight() const { return 1; }
+  virtual std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m);
+  virtual RunResult finish_run(std::unique_ptr<PendingRun> pending);
   // unsupported() and, when supported, run() for each case in order: the property variants of
   // a case. The default calls them one by one; a worker proxy sends all cases in one request
   // (harness/campaign/worker.h), its results the same as the calls one by one.
@@ -215,6 +229,37 @@ class Backend {
       const std::vector<const MaterializedCase*>& cases) {
     return check_and_run(cases);
   }
+};
+
+// A wrapper that describes itself exactly as the backend it wraps (every description method
+// forwarded: name, precision, envelope, invariance claims, extra pipeline, tolerances, device,
+// split-KV, token tile) and runs through it; a wrapper overrides only what it changes.
+// Base is Backend or an interface derived from it (campaign::IsolatedBackend).
+template <class Base = Backend>
+class ForwardingBackend : public Base {
+ public:
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  Precision precision() const override { return inner_->precision(); }
+  Availability availability() const override { return inner_->availability(); }
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    return inner_->unsupported(m);
+  }
+  Envelope envelope() const override { return inner_->envelope(); }
+  uint32_t inexact_invariants() const override { return inner_->inexact_invariants(); }
+  ExtraPipeline extra_pipeline() const override { return inner_->extra_pipeline(); }
+  double abs_tol() const override { return inner_->abs_tol(); }
+  double rel_tol() const override { return inner_->rel_tol(); }
+  bool on_device() const override { return inner_->on_device(); }
+  bool needs_worker() const override { return inner_->needs_worker(); }
+  bool is_reference() const override { return inner_->is_reference(); }
+  std::string simt_partner() const override { return inner_->simt_partner(); }
+  bool splits_kv() const override { return inner_->splits_kv(); }
+  int token_tile() const override { return inner_->token_tile(); }
+  RunResult run(const MaterializedCase& m) override { return inner_->run(m); }
+
+ protected:
+  std::unique_ptr<Backend> inner_;
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload

@@ -14,6 +14,31 @@
 
 namespace mlafuzz {
 
+// Worker-side names for the bytes of a case's input vectors (harness/campaign/worker.cc): a
+// nonzero tag i names the bytes of input i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink,
+// 5 extra cache, 6 extra indices, 7 extra topk_length) as they were decoded, and two cases of
+// a batch with the same tag hold the very same vector (lent). A backend that keeps device
+// copies of inputs (the CUDA backends' ResidentInput) may take equal tags for equal bytes
+// without comparing them. A copy or a move yields no tags (all 0), so a transformed copy of a
+// case (a property variant, an edited case) never carries a stale name.
+struct InputTags {
+  uint64_t tag[8] = {};
+  InputTags() = default;
+  InputTags(const InputTags&) {}
+  InputTags(InputTags&&) noexcept {}
+  InputTags& operator=(const InputTags&) {
+    clear();
+    return *this;
+  }
+  InputTags& operator=(InputTags&&) noexcept {
+    clear();
+    return *this;
+  }
+  void clear() {
+    for (uint64_t& t : tag) t = 0;
+  }
+};
+
 struct MaterializedCase {
   Case recipe;              // with indices made explicit (logical positions) and stride resolved
   mla::CacheGeometry geom;  // page_stride resolved
@@ -64,6 +89,9 @@ struct MaterializedCase {
   // n > 0: n splits (at most the row's tiles); -1: one split per tile (mla::kSplitMax). The
   // `split-agree` property sets it; other backends ignore it.
   int32_t split_override = 0;
+
+  // Set by a worker only (see InputTags); never in a case file, never copied.
+  InputTags input_tags;
 
   int32_t d_qk() const { return mla::d_qk(geom); }
   int32_t d_v() const { return mla::d_v(geom); }

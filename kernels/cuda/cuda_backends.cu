@@ -170,24 +170,40 @@ class ResidentInput {
   // The device copy of `bytes` bytes at `src`: a kept version when one matches (hit), else the
   // least recently used version is refilled: its pinned copy now, the upload appended to
   // `uploads`.
-  cudaError_t stage(const void* src, size_t bytes, void** dev, std::vector<Copy>* uploads,
-                    DevicePool* dev_pool, PinnedPool* pinned_pool, double* alloc_s) {
+  // The version used is marked in use (*used receives its number) until release(*used): a
+  // call in flight keeps its versions (their device bytes, the pinned bytes its upload reads)
+  // from being refilled by the next call's staging. `tag` (InputTags, 0: none) names the bytes:
+  // a version holding the same nonzero tag matches without a comparison.
+  cudaError_t stage(const void* src, size_t bytes, uint64_t tag, void** dev,
+                    std::vector<Copy>* uploads, DevicePool* dev_pool, PinnedPool* pinned_pool,
+                    double* alloc_s, int* used) {
     ++tick_;
-    for (Version& v : versions_) {
-      if (v.valid && v.bytes == bytes && (bytes == 0 || std::memcmp(v.host.ptr, src, bytes) == 0)) {
+    *used = -1;
+    for (int i = 0; i < kVersions; ++i) {
+      Version& v = versions_[i];
+      const bool same =
+          v.valid && v.bytes == bytes &&
+          ((tag != 0 && v.tag == tag) || bytes == 0 || std::memcmp(v.host.ptr, src, bytes) == 0);
+      if (same) {
+        if (tag != 0) v.tag = tag;
         v.last_use = tick_;
+        ++v.in_use;
+        *used = i;
         *dev = v.dev.ptr;
         return cudaSuccess;
       }
     }
-    Version* victim = &versions_[0];
+    Version* victim = nullptr;
     for (Version& v : versions_) {
+      if (v.in_use > 0) continue;
       if (!v.valid) {
         victim = &v;
         break;
       }
-      if (v.last_use < victim->last_use) victim = &v;
+      if (victim == nullptr || v.last_use < victim->last_use) victim = &v;
     }
+    // At most two calls are in flight, each holding one version: one of four is free.
+    if (victim == nullptr) return cudaErrorNotReady;
     victim->valid = false;
     const auto t0 = std::chrono::steady_clock::now();
     cudaError_t e = victim->host.reserve(bytes, false, pinned_pool);
@@ -199,12 +215,20 @@ class ResidentInput {
       uploads->push_back({victim->dev.ptr, victim->host.ptr, bytes});
     }
     victim->bytes = bytes;
+    victim->tag = tag;
     victim->last_use = tick_;
     victim->valid = true;  // the caller issues the upload (a failed call invalidates)
+    ++victim->in_use;
+    *used = static_cast<int>(victim - versions_);
     *dev = victim->dev.ptr;
     return cudaSuccess;
   }
-  // Forgets every version (after a failed call: an upload may not have completed).
+  // The call that staged version `used` (stage's *used; -1: none) is done with it.
+  void release(int used) {
+    if (used >= 0 && versions_[used].in_use > 0) --versions_[used].in_use;
+  }
+  // Forgets every version (after a failed call: an upload may not have completed). Versions
+  // still in use by a call in flight stay unrefillable until it releases them.
   void invalidate() {
     for (Version& v : versions_) v.valid = false;
   }
@@ -214,7 +238,9 @@ class ResidentInput {
     DevMem dev;
     PinnedMem host;
     size_t bytes = 0;
+    uint64_t tag = 0;  // the InputTags name of the bytes it holds (0: none)
     uint64_t last_use = 0;
+    int in_use = 0;  // calls begun and not finished that read this version
     bool valid = false;
   };
   Version versions_[kVersions];
@@ -288,58 +314,89 @@ class CudaKernelBackend final : public Backend {
     return unsupported_(p);
   }
 
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run(const MaterializedCase& m) override { return finish_run(begin_run(m)); }
+
+  // The campaign path overlaps two calls (harness/campaign/worker.cc, serve_batch): the second
+  // one's host staging and queued copies while the first one's copies and kernel run. Each call
+  // in flight has its own output block, pinned staging, events and split workspace (slot 0 or
+  // 1), and keeps the input versions it reads (ResidentInput::release at its finish).
+  int max_in_flight() const override { return resident_ ? 2 : 1; }
+
+  std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    RunResult r = run_impl(m);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto p = std::make_unique<Pending>();
+    p->m = &m;
+    if (const Availability a = availability(); !a.available) {
+      p->result.status = RunStatus::kError;
+      p->result.message = name_ + ": " + a.reason;
+    } else if (auto why = unsupported(m)) {
+      p->result.status = RunStatus::kUnsupported;
+      p->result.message = *why;
+    } else if (!resident_) {
+      p->result = run_per_call(m);
+    } else {
+      p->slot = next_slot_;
+      next_slot_ ^= 1;
+      p->result = begin_resident(m, *p);
+      p->queued = p->result.status == RunStatus::kOk;
+      if (!p->queued) after_failure(*p, p->result);
+    }
+    p->host_s = seconds_since(t0);
+    return p;
+  }
+
+  RunResult finish_run(std::unique_ptr<PendingRun> pending) override {
+    auto* p = dynamic_cast<Pending*>(pending.get());
+    if (p == nullptr) throw std::logic_error(name_ + ": finish_run of a call begun elsewhere");
+    const auto t0 = std::chrono::steady_clock::now();
+    RunResult r = p->queued ? finish_resident(*p) : std::move(p->result);
+    if (p->queued && !r.ok()) after_failure(*p, r);
+    for (int i = 0; i < kInputs; ++i) inputs_[i].release(p->used[i]);
+    r.seconds = p->host_s + seconds_since(t0);  // the call's own host time, not the overlap
     return r;
   }
 
  private:
-  RunResult run_impl(const MaterializedCase& m) {
-    if (const Availability a = availability(); !a.available) {
-      RunResult r;
-      r.status = RunStatus::kError;
-      r.message = name_ + ": " + a.reason;
-      return r;
+  // q, cache, indices, topk_length, sink, extra cache, extra indices, extra topk_length.
+  static constexpr int kInputs = 8;
+  // A call begun (begin_run): its slot, what it staged, and where its result lies.
+  struct Pending final : PendingRun {
+    const MaterializedCase* m = nullptr;
+    int slot = 0;
+    bool queued = false;  // everything queued: finish_resident collects it; else `result`
+    RunResult result;     // the early result, or the phases measured while queueing
+    int used[kInputs] = {-1, -1, -1, -1, -1, -1, -1, -1};
+    size_t out_n = 0, lse_n = 0, lse_at = 0, block_bytes = 0;
+    double host_s = 0;
+  };
+
+  // After a failed call: the kept input versions are forgotten (an upload may not have
+  // completed); an error or a fault (an out-of-memory among them) also gives the pools' free
+  // blocks back, once the copies in flight are done (a fault: returns at once).
+  void after_failure(const Pending& p, const RunResult& r) {
+    (void)p;
+    for (ResidentInput& in : inputs_) in.invalidate();
+    if (r.status == RunStatus::kError || r.status == RunStatus::kFault) {
+      (void)cudaDeviceSynchronize();
+      dev_pool_.trim();
+      pinned_pool_.trim();
     }
-    if (auto why = unsupported(m)) {
-      RunResult r;
-      r.status = RunStatus::kUnsupported;
-      r.message = *why;
-      return r;
-    }
-    if (resident_) {
-      RunResult r = run_resident(m);
-      if (!r.ok()) {
-        for (ResidentInput& in : inputs_) in.invalidate();
-      }
-      if (r.status == RunStatus::kError || r.status == RunStatus::kFault) {
-        // A failed call (an out-of-memory among them) gives the cached free blocks back, once
-        // the copies it may have left in flight are done (a fault: returns at once).
-        (void)cudaDeviceSynchronize();
-        dev_pool_.trim();
-        pinned_pool_.trim();
-      }
-      return r;
-    }
-    return run_per_call(m);
   }
 
   // Launches on the default stream; kOk, or the launcher's rejection or error as a RunResult.
   // A split-KV backend launches with its setting (or the case's split_override) and its
-  // workspace, grown when a case needs more and kept between calls (exact sizes, freed after
-  // the call, under MLAFUZZ_CUDA_EXACT_ALLOC).
-  RunResult launch_and_check(mla::DecodeParams& p, const MaterializedCase& m) {
+  // workspace `ws`, grown when a case needs more and kept between calls (exact sizes, freed
+  // after the call, under MLAFUZZ_CUDA_EXACT_ALLOC).
+  RunResult launch_and_check(mla::DecodeParams& p, const MaterializedCase& m, DevMem& ws) {
     int rc = 0;
     if (splits_kv()) {
       const int setting = m.split_override != 0 ? m.split_override : split_.setting;
       const size_t bytes = split_.workspace_bytes(p, setting);
-      if (const cudaError_t e = d_ws_.reserve(bytes, exact_allocations(), &dev_pool_);
+      if (const cudaError_t e = ws.reserve(bytes, exact_allocations(), &dev_pool_);
           e != cudaSuccess) {
         return failure(e, "split workspace (" + std::to_string(bytes) + " bytes)");
       }
-      rc = split_.launch(p, setting, d_ws_.ptr, d_ws_.capacity);
+      rc = split_.launch(p, setting, ws.ptr, ws.capacity);
     } else {
       rc = launch_(p);
     }
@@ -384,26 +441,30 @@ class CudaKernelBackend final : public Backend {
   // The campaign path: inputs staged through ResidentInput (only changed ones uploaded, from
   // pinned memory), the output block (out, then lse 256-byte aligned) filled with the canaries
   // on the device, every copy and the kernels asynchronous on the default stream, one download
-  // of the block into pinned memory, one synchronization. Every buffer comes from the backend's
-  // caching pools. Phases: `alloc` and `stage` are host wall time (device and pinned blocks
-  // taken from the pools or the driver; comparing inputs with the kept versions and copying
-  // changed ones into pinned memory), `upload` (the changed inputs and the canary fill),
-  // `kernel` and `download` the device-side durations between CUDA events.
-  RunResult run_resident(const MaterializedCase& m) {
-    const size_t out_n = OutputBuffers::out_elements(m), lse_n = OutputBuffers::lse_elements(m);
-    const size_t out_bytes = out_n * 2, lse_bytes = lse_n * 4;
-    const size_t lse_at = (out_bytes + 255) / 256 * 256;
-    const size_t block_bytes = lse_at + lse_bytes;
+  // of the block into pinned memory, one synchronization (in finish_resident). Every buffer
+  // comes from the backend's caching pools. Phases: `alloc` and `stage` are host wall time
+  // (device and pinned blocks taken from the pools or the driver; comparing inputs with the
+  // kept versions and copying changed ones into pinned memory), `upload` (the changed inputs
+  // and the canary fill), `kernel` and `download` the device-side durations between CUDA events
+  // (the first event runs when the stream reaches it: after the call before, when two overlap).
+  // kOk when everything is queued (p.result holds the host phases), else the failure.
+  RunResult begin_resident(const MaterializedCase& m, Pending& p) {
+    const int slot = p.slot;
+    p.out_n = OutputBuffers::out_elements(m);
+    p.lse_n = OutputBuffers::lse_elements(m);
+    p.lse_at = (p.out_n * 2 + 255) / 256 * 256;
+    p.block_bytes = p.lse_at + p.lse_n * 4;
     RunResult timing;
     cudaError_t e;
     auto t0 = std::chrono::steady_clock::now();
-    if ((e = d_out_.reserve(block_bytes, false, &dev_pool_)) != cudaSuccess) {
+    if ((e = d_block_[slot].reserve(p.block_bytes, false, &dev_pool_)) != cudaSuccess) {
       return failure(e, "out and lse");
     }
-    if ((e = pinned_out_.reserve(block_bytes, false, &pinned_pool_)) != cudaSuccess) {
+    if ((e = pinned_block_[slot].reserve(p.block_bytes, false, &pinned_pool_)) != cudaSuccess) {
       return failure(e, "pinned staging");
     }
-    if ((e = events_.create()) != cudaSuccess) return failure(e, "cuda events");
+    PhaseEvents& ev = events_[slot];
+    if ((e = ev.create()) != cudaSuccess) return failure(e, "cuda events");
     double alloc_s = seconds_since(t0);
     timing.phases[Phase::kAlloc] = alloc_s;
     t0 = std::chrono::steady_clock::now();
@@ -425,8 +486,8 @@ class CudaKernelBackend final : public Backend {
     void* dev[kInputs] = {};
     uploads_.clear();
     for (int i = 0; i < kInputs; ++i) {
-      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, &dev[i], &uploads_, &dev_pool_,
-                                &pinned_pool_, &alloc_s)) != cudaSuccess) {
+      if ((e = inputs_[i].stage(in[i].src, in[i].bytes, m.input_tags.tag[i], &dev[i], &uploads_,
+                                &dev_pool_, &pinned_pool_, &alloc_s, &p.used[i])) != cudaSuccess) {
         return failure(e, in[i].what);
       }
     }
@@ -435,42 +496,51 @@ class CudaKernelBackend final : public Backend {
     timing.phases[Phase::kAlloc] = alloc_s;
     timing.phases[Phase::kStage] = std::max(0.0, seconds_since(t0) - stage_alloc_s);
     // Host staging is done: the upload interval holds the copies and the canary fill alone.
-    if ((e = cudaEventRecord(events_.e[0], 0)) != cudaSuccess) return failure(e, "event");
+    if ((e = cudaEventRecord(ev.e[0], 0)) != cudaSuccess) return failure(e, "event");
     for (const ResidentInput::Copy& c : uploads_) {
       if ((e = cudaMemcpyAsync(c.dev, c.host, c.bytes, cudaMemcpyHostToDevice, 0)) != cudaSuccess) {
         return failure(e, "upload");
       }
     }
-    uint16_t* d_out = static_cast<uint16_t*>(d_out_.ptr);
-    float* d_lse = reinterpret_cast<float*>(d_out_.bytes_ptr() + lse_at);
-    if ((e = fill_canaries(d_out, out_n, reinterpret_cast<uint32_t*>(d_lse), lse_n)) !=
+    uint16_t* d_out = static_cast<uint16_t*>(d_block_[slot].ptr);
+    float* d_lse = reinterpret_cast<float*>(d_block_[slot].bytes_ptr() + p.lse_at);
+    if ((e = fill_canaries(d_out, p.out_n, reinterpret_cast<uint32_t*>(d_lse), p.lse_n)) !=
         cudaSuccess) {
       return failure(e, "canary fill");
     }
-    if ((e = cudaEventRecord(events_.e[1], 0)) != cudaSuccess) return failure(e, "event");
+    if ((e = cudaEventRecord(ev.e[1], 0)) != cudaSuccess) return failure(e, "event");
 
-    mla::DecodeParams p = m.host_params();
-    point_at_inputs(p, m, dev);
-    point_at_outputs(p, m, d_out, d_lse);
-    if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
-    if ((e = cudaEventRecord(events_.e[2], 0)) != cudaSuccess) return failure(e, "event");
-    if ((e = cudaMemcpyAsync(pinned_out_.ptr, d_out_.ptr, block_bytes, cudaMemcpyDeviceToHost,
-                             0)) != cudaSuccess) {
+    mla::DecodeParams params = m.host_params();
+    point_at_inputs(params, m, dev);
+    point_at_outputs(params, m, d_out, d_lse);
+    if (RunResult l = launch_and_check(params, m, d_ws_[slot]); l.status != RunStatus::kOk) {
+      return l;
+    }
+    if ((e = cudaEventRecord(ev.e[2], 0)) != cudaSuccess) return failure(e, "event");
+    if ((e = cudaMemcpyAsync(pinned_block_[slot].ptr, d_block_[slot].ptr, p.block_bytes,
+                             cudaMemcpyDeviceToHost, 0)) != cudaSuccess) {
       return failure(e, "copy outputs back");
     }
-    if ((e = cudaEventRecord(events_.e[3], 0)) != cudaSuccess) return failure(e, "event");
-    // The call's one synchronization: a kernel fault surfaces here.
-    if ((e = cudaEventSynchronize(events_.e[3])) != cudaSuccess) {
-      return failure(e, name_ + " kernel");
-    }
+    if ((e = cudaEventRecord(ev.e[3], 0)) != cudaSuccess) return failure(e, "event");
+    return timing;
+  }
+
+  // The call's one synchronization (a kernel fault surfaces here) and its outputs.
+  RunResult finish_resident(Pending& p) {
+    const int slot = p.slot;
+    PhaseEvents& ev = events_[slot];
+    cudaError_t e;
+    if ((e = cudaEventSynchronize(ev.e[3])) != cudaSuccess) return failure(e, name_ + " kernel");
     if ((e = cudaGetLastError()) != cudaSuccess) return failure(e, name_ + " kernel");
-    timing.phases[Phase::kUpload] = events_.seconds(0, 1);
-    timing.phases[Phase::kKernel] = events_.seconds(1, 2);
-    timing.phases[Phase::kDownload] = events_.seconds(2, 3);
+    RunResult& timing = p.result;
+    timing.phases[Phase::kUpload] = ev.seconds(0, 1);
+    timing.phases[Phase::kKernel] = ev.seconds(1, 2);
+    timing.phases[Phase::kDownload] = ev.seconds(2, 3);
     // The result's raw buffers copied once out of the pinned block (no canary fill on the host).
-    OutputBuffers bufs(m, static_cast<const uint16_t*>(pinned_out_.ptr),
-                       reinterpret_cast<const float*>(pinned_out_.bytes_ptr() + lse_at));
-    RunResult r = collect_outputs(m, std::move(bufs));
+    const PinnedMem& block = pinned_block_[slot];
+    OutputBuffers bufs(*p.m, static_cast<const uint16_t*>(block.ptr),
+                       reinterpret_cast<const float*>(block.bytes_ptr() + p.lse_at));
+    RunResult r = collect_outputs(*p.m, std::move(bufs));
     r.phases = timing.phases;
     return r;
   }
@@ -521,7 +591,7 @@ class CudaKernelBackend final : public Backend {
     point_at_outputs(p, m, static_cast<uint16_t*>(d_out_.ptr), static_cast<float*>(d_lse_.ptr));
 
     t0 = std::chrono::steady_clock::now();
-    if (RunResult l = launch_and_check(p, m); l.status != RunStatus::kOk) return l;
+    if (RunResult l = launch_and_check(p, m, d_ws_[0]); l.status != RunStatus::kOk) return l;
     if ((e = cudaDeviceSynchronize()) != cudaSuccess) return failure(e, name_ + " kernel");
     timing.phases[Phase::kKernel] = seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -534,15 +604,13 @@ class CudaKernelBackend final : public Backend {
     timing.phases[Phase::kDownload] = seconds_since(t0);
     if (exact) {
       for (const Upload& u : uploads) u.d.release();
-      d_ws_.release();
+      d_ws_[0].release();
     }
     RunResult r = collect_outputs(m, bufs);
     r.phases = timing.phases;
     return r;
   }
 
-  // q, cache, indices, topk_length, sink, extra cache, extra indices, extra topk_length.
-  static constexpr int kInputs = 8;
   Envelope envelope_;
   std::string name_;
   Precision precision_;
@@ -556,15 +624,18 @@ class CudaKernelBackend final : public Backend {
   PinnedPool pinned_pool_{PinnedBacking{}, pool_cache_limit()};
   // Device buffers kept between calls (DevMem).
   DevMem d_q_, d_cache_, d_idx_, d_len_, d_sink_, d_xcache_, d_xidx_, d_xlen_, d_out_, d_lse_;
-  // Split-KV: the launcher and its workspace (fp32 partials), kept between calls.
+  // Split-KV: the launcher and its workspace (fp32 partials) per slot, kept between calls.
   SplitLaunch split_;
-  DevMem d_ws_;
+  DevMem d_ws_[2];
   std::function<int()> token_tile_;
   // The resident path's inputs (the kInputs above), output staging, events.
   ResidentInput inputs_[kInputs];
   std::vector<ResidentInput::Copy> uploads_;
-  PinnedMem pinned_out_;
-  PhaseEvents events_;
+  // Per slot (a call in flight): the device output block, its pinned copy, the events.
+  DevMem d_block_[2];
+  PinnedMem pinned_block_[2];
+  PhaseEvents events_[2];
+  int next_slot_ = 0;
 };
 
 }  // namespace

@@ -9,10 +9,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "harness/backends/registry.h"
+#include "harness/campaign/isolation.h"
 #include "harness/campaign/worker_protocol.h"
 #include "harness/core/backend.h"
+#include "harness/core/envelope.h"
 #include "harness/core/materialize.h"
 #include "harness/core/rng.h"
 #include "harness/core/shared_arena.h"
@@ -425,15 +428,10 @@ TEST(Worker, StickyDeviceErrorBecomesFault) {
   expect_fault_then_recovery("sticky:2", "illegal memory access", 60);
 }
 
-// The property variants of a case in one request: the same bits as the in-process backend run
-// case by case, one round trip for all of them.
-TEST(Worker, BatchGivesTheCallsOneByOne) {
-  const MaterializedCase m = small_case(3);
-  const MaterializedCase poisoned = poison_case(m, 1), alone = head_alone(m, 2),
-                         relocated = relocate_pages(m, 3), permuted = permute_indices(m, 4);
-  const std::vector<const MaterializedCase*> cases{&m,         &m,     &poisoned,
-                                                   &relocated, &alone, &permuted};
-  auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma"));
+// `cases` through one batch request to the worker of `slot`: the same bits as the in-process
+// backend run case by case, one round trip for all of them.
+void expect_batch_gives_the_calls_one_by_one(std::shared_ptr<WorkerSlot> slot,
+                                             const std::vector<const MaterializedCase*>& cases) {
   ProxyBackend proxy(slot, 60);
   const std::vector<CheckedRun> got = proxy.check_and_run(cases);
   ASSERT_EQ(got.size(), cases.size());
@@ -453,6 +451,15 @@ TEST(Worker, BatchGivesTheCallsOneByOne) {
   EXPECT_EQ(proxy.totals()->get().first, static_cast<int64_t>(cases.size()));
   EXPECT_EQ(proxy.totals()->requests(), 1);
   EXPECT_EQ(slot->proc.starts(), 1);
+}
+
+// The property variants of a case in one request.
+TEST(Worker, BatchGivesTheCallsOneByOne) {
+  const MaterializedCase m = small_case(3);
+  const MaterializedCase poisoned = poison_case(m, 1), alone = head_alone(m, 2),
+                         relocated = relocate_pages(m, 3), permuted = permute_indices(m, 4);
+  expect_batch_gives_the_calls_one_by_one(std::make_shared<WorkerSlot>(spec("cpu-mma")),
+                                          {&m, &m, &poisoned, &relocated, &alone, &permuted});
 }
 
 // A fault inside a batch costs that case only: the cases before it keep their results, the
@@ -479,6 +486,75 @@ void expect_batch_fault_isolated(const char* hook, const std::string& needle, do
   ASSERT_EQ(faults.size(), 1u);
   EXPECT_EQ(slot->proc.starts(), 2);
   EXPECT_EQ(slot->faults, 1);
+}
+
+// The overlapped batch loop (a backend with max_in_flight() 2, as the CUDA backends: case k
+// begun before case k-1 is finished), through the test adapter of MLAFUZZ_TEST_OVERLAP=1.
+struct OverlapEnv {
+  OverlapEnv() { ::setenv("MLAFUZZ_TEST_OVERLAP", "1", 1); }
+  ~OverlapEnv() { ::unsetenv("MLAFUZZ_TEST_OVERLAP"); }
+};
+
+TEST(Worker, OverlappedBatchGivesTheCallsOneByOne) {
+  const MaterializedCase m = small_case(3), other = small_case(2);
+  const MaterializedCase poisoned = poison_case(m, 1), alone = head_alone(m, 2),
+                         relocated = relocate_pages(m, 3), permuted = permute_indices(m, 4);
+  std::shared_ptr<WorkerSlot> slot;
+  {
+    OverlapEnv env;
+    slot = std::make_shared<WorkerSlot>(spec("cpu-mma"));
+    slot->proc.info();
+  }
+  // Lent vectors (the repeats of m) and cases of other shapes, in order.
+  expect_batch_gives_the_calls_one_by_one(
+      slot, {&m, &m, &poisoned, &relocated, &alone, &permuted, &other, &m});
+}
+
+TEST(Worker, CrashInAnOverlappedBatchCostsOneCase) {
+  OverlapEnv env;
+  expect_batch_fault_isolated("crash:2", "signal 11", 60);
+}
+TEST(Worker, HangInAnOverlappedBatchCostsOneCase) {
+  OverlapEnv env;
+  expect_batch_fault_isolated("hang:2", "hang", 1.0);
+}
+TEST(Worker, StickyErrorInAnOverlappedBatchCostsOneCase) {
+  OverlapEnv env;
+  expect_batch_fault_isolated("sticky:2", "illegal memory access", 60);
+}
+
+// A python: kernel in a campaign is wrapped (SelfIsolatedBackend): the wrapper must describe
+// it as the kernel does, or its invariance claims and extra pipeline would be ignored there.
+class DescribedBackend final : public Backend {
+ public:
+  std::string name() const override { return "described"; }
+  Precision precision() const override { return Precision::kSimtFp32; }
+  Envelope envelope() const override {
+    Envelope e;
+    e.heads.max = 7;
+    e.refuses = kFeatureExtraCache;
+    return e;
+  }
+  uint32_t inexact_invariants() const override { return kInvariantBatch | kInvariantHead; }
+  ExtraPipeline extra_pipeline() const override { return ExtraPipeline::kLseMerged; }
+  double abs_tol() const override { return 0.25; }
+  bool splits_kv() const override { return true; }
+  int token_tile() const override { return 32; }
+  std::string simt_partner() const override { return "partner"; }
+  RunResult run(const MaterializedCase&) override { return {}; }
+};
+
+TEST(Isolation, SelfIsolatedBackendDescribesItselfAsTheKernel) {
+  const SelfIsolatedBackend w(std::make_unique<DescribedBackend>());
+  const DescribedBackend d;
+  EXPECT_EQ(w.name(), d.name());
+  EXPECT_EQ(w.inexact_invariants(), d.inexact_invariants());
+  EXPECT_EQ(w.extra_pipeline(), d.extra_pipeline());
+  EXPECT_EQ(envelope_to_json(w.envelope()).dump(), envelope_to_json(d.envelope()).dump());
+  EXPECT_EQ(w.abs_tol(), d.abs_tol());
+  EXPECT_EQ(w.splits_kv(), d.splits_kv());
+  EXPECT_EQ(w.token_tile(), d.token_tile());
+  EXPECT_EQ(w.simt_partner(), d.simt_partner());
 }
 
 TEST(Worker, CrashInABatchCostsOneCase) { expect_batch_fault_isolated("crash:2", "signal 11", 60); }

@@ -30,6 +30,7 @@
 #include "kernels/cuda/launch.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
+#include "properties/properties.h"
 #include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"
 
@@ -230,6 +231,54 @@ TEST_P(CudaKernel, PooledBuffersAcrossCaseSizesGiveFreshBackendBits) {
         }
       }
     }
+  }
+}
+
+// Two calls in flight (Backend::begin_run / finish_run, as `mlafuzz worker` runs a batch):
+// each gives the bits of a fresh backend's run(), whatever the other one staged meanwhile. The
+// sequence mixes repeats (kept versions shared by both calls in flight), poisoned copies (a new
+// version while the first call still reads the old one), other sizes, and more than four
+// distinct caches (versions refilled while a call in flight holds one). The inputs are handed
+// over with worker tags (InputTags) as a worker lends them, and taken away after begin_run.
+TEST_P(CudaKernel, TwoCallsInFlightGiveTheSequentialBits) {
+  SKIP_WITHOUT_DEVICE();
+  auto be = make_backend(GetParam());
+  ASSERT_EQ(be->max_in_flight(), 2) << GetParam();
+  CounterRng rng(kSeed + 4, Stream::kGenerator);
+  std::vector<MaterializedCase> base;
+  for (int i = 0; i < 3; ++i) base.push_back(materialize(random_recipe(rng)));
+  std::vector<MaterializedCase> seq;
+  for (int round = 0; round < 3; ++round) {
+    for (const MaterializedCase& m : base) {
+      seq.push_back(m);
+      seq.push_back(m);
+      seq.push_back(poison_case(m, round % kPoisonVariants));
+    }
+  }
+  std::vector<RunResult> want;
+  for (const MaterializedCase& m : seq) want.push_back(make_backend(GetParam())->run(m));
+  std::unique_ptr<Backend::PendingRun> in_flight;
+  size_t in_flight_k = 0;
+  std::vector<RunResult> got(seq.size());
+  for (size_t k = 0; k < seq.size(); ++k) {
+    // Tags as a worker gives them: a repeat (k % 3 == 1) names the bytes of the case before it.
+    for (int i = 0; i < 8; ++i) {
+      seq[k].input_tags.tag[i] = 1000 * (k % 3 == 1 ? k : k + 1) + static_cast<uint64_t>(i);
+    }
+    std::unique_ptr<Backend::PendingRun> begun = be->begin_run(seq[k]);
+    // The worker's lending: the bytes are there for begin_run only (the case itself stays).
+    std::fill(seq[k].cache.begin(), seq[k].cache.end(), uint8_t{0xEE});
+    std::fill(seq[k].q.begin(), seq[k].q.end(), uint16_t{0xEEEE});
+    if (in_flight) got[in_flight_k] = be->finish_run(std::move(in_flight));
+    in_flight = std::move(begun);
+    in_flight_k = k;
+  }
+  got[in_flight_k] = be->finish_run(std::move(in_flight));
+  for (size_t k = 0; k < seq.size(); ++k) {
+    ASSERT_TRUE(got[k].ok() && want[k].ok()) << k << ": " << got[k].message << want[k].message;
+    EXPECT_EQ(got[k].guard_violations, 0) << GetParam() << " call " << k;
+    EXPECT_TRUE(testing::same_bits(got[k], want[k]))
+        << GetParam() << " call " << k << ": two in flight differ from one at a time";
   }
 }
 

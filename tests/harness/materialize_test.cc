@@ -440,5 +440,24 @@ TEST(Materialize, BatchRowGapsAreStridedAndFilled) {
   EXPECT_EQ(p.indices_batch_stride, p.topk);
 }
 
+// A worker names its decoded inputs (InputTags) for the CUDA backends' device copies; a copy or
+// a move of a case must not carry the names, or a transformed copy (a poisoned variant) would
+// pass for the original's bytes.
+TEST(Materialize, InputTagsAreNeverCopied) {
+  MaterializedCase m = materialize(golden_options());
+  for (int i = 0; i < 8; ++i) m.input_tags.tag[i] = 100 + i;
+  const MaterializedCase copy = m;
+  MaterializedCase assigned;
+  assigned = m;
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(copy.input_tags.tag[i], 0u) << i;
+    EXPECT_EQ(assigned.input_tags.tag[i], 0u) << i;
+    EXPECT_EQ(m.input_tags.tag[i], 100u + i) << i;
+  }
+  const MaterializedCase moved = std::move(m);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(moved.input_tags.tag[i], 0u) << i;
+  EXPECT_EQ(content_hash(moved), content_hash(copy));  // the bytes themselves travel
+}
+
 }  // namespace
 }  // namespace mlafuzz
