@@ -181,13 +181,6 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
   return std::nullopt;
 }
 
-// A kRunBatch request: every case checked (unsupported) and run in order, one reply per case
-// as soon as it is done, so that a fault or hang is the case's own. The replies' vectors follow
-// each other in the shared memory (the parent reads one while the next is written). A later
-// case's vectors that equal the first case's are lent from it for the run (no copy).
-std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch, double decode_s,
-                                          BulkArea& bulk, const TestFault& tf, int reply_fd);
-
 // Worker-local names of the decoded vectors (InputTags): a fresh one for each vector decoded,
 // the first case's for a vector lent from it, so that a backend keeping device copies knows
 // the lent ones without comparing their bytes again.
@@ -201,6 +194,16 @@ void tag_inputs(DecodedBatch& batch) {
   }
 }
 
+// A kRunBatch request: every case checked (unsupported) and run in order, one reply per case
+// as soon as it is done, so that a fault or hang is the case's own. The replies' vectors follow
+// each other in the shared memory (the parent reads one while the next is written). A later
+// case's vectors that equal the first case's are lent from it while it is begun (no copy).
+// A backend that runs two calls at once (Backend::max_in_flight, the CUDA backends) has case k
+// checked and begun (its host staging, its copies and kernel queued) before case k-1 is
+// finished, so that k's host work overlaps k-1's device work; the replies keep their order. A
+// device fault surfaces when its own case is finished (the call queued behind it is never
+// replied to: the worker exits and the campaign reruns the rest of the batch one by one), so it
+// stays that case's finding; the test hooks (MLAFUZZ_TEST_FAULT) strike there too.
 std::optional<int> serve_batch(Backend& backend, const std::string& payload, BulkArea& bulk,
                                const TestFault& tf, int reply_fd) {
   const auto t_decode = Clock::now();
@@ -209,49 +212,27 @@ std::optional<int> serve_batch(Backend& backend, const std::string& payload, Bul
   const size_t n = batch.cases.size();
   const double decode_s =
       std::chrono::duration<double>(Clock::now() - t_decode).count() / std::max<size_t>(n, 1);
-  if (backend.max_in_flight() > 1 && overlap_enabled()) {
-    return serve_batch_overlapped(backend, batch, decode_s, bulk, tf, reply_fd);
-  }
-  for (size_t k = 0; k < n; ++k) {
-    MaterializedCase& m = batch.cases[k];
-    const uint32_t lent = batch.same_as_first[k];
-    swap_vectors(batch.cases[0], m, lent);
-    std::optional<std::string> why = backend.unsupported(m);
-    RunResult r;
-    std::optional<int> code;
-    if (!why) code = run_one(backend, m, decode_s, tf, r);
-    swap_vectors(batch.cases[0], m, lent);
-    if (code) {
-      write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(std::nullopt, r, nullptr));
-      return code;
-    }
-    if (!write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(why, r, &bulk))) {
-      return 3;
-    }
-  }
-  return std::nullopt;
-}
-
-// serve_batch for a backend that runs two calls at once (Backend::max_in_flight): case k is
-// checked and begun (its host staging, its copies and kernel queued) before case k-1 is
-// finished, so that k's host work overlaps k-1's device work. Replies still go out in case
-// order, each as soon as its case is finished; a device fault surfaces when its own case is
-// finished (the call after it, queued behind it, is never replied to: the worker exits and the
-// campaign reruns the rest of the batch one by one), so it stays that case's finding. The test
-// hooks (MLAFUZZ_TEST_FAULT) strike where such a fault surfaces: when the case is finished.
-std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch, double decode_s,
-                                          BulkArea& bulk, const TestFault& tf, int reply_fd) {
-  std::unique_ptr<Backend::PendingRun> in_flight;
-  int32_t in_flight_heads = 0;
+  const bool overlap = backend.max_in_flight() > 1 && overlap_enabled();
+  struct InFlight {
+    std::unique_ptr<Backend::PendingRun> pending;
+    int32_t heads = 0;
+    double begin_s = 0;  // host time of begin_run: with finish_run's, the call's `run`
+  };
+  std::optional<InFlight> in_flight;
   // Finishes the call in flight and replies; the exit code when the worker must exit.
   const auto finish = [&]() -> std::optional<int> {
-    const bool hooked = !tf.kind.empty() && in_flight_heads >= tf.min_heads;
+    InFlight f = std::move(*in_flight);
+    in_flight.reset();
+    const bool hooked = !tf.kind.empty() && f.heads >= tf.min_heads;
     strike_test_hook(tf, hooked);
-    RunResult r = backend.finish_run(std::move(in_flight));
+    const auto t0 = Clock::now();
+    RunResult r = backend.finish_run(std::move(f.pending));
+    r.seconds = f.begin_s + std::chrono::duration<double>(Clock::now() - t0).count();
     r.phases[Phase::kDecode] = decode_s;
     r.phases[Phase::kRun] = r.seconds;
-    if (const auto f = sticky_fault(backend, tf, hooked, r)) {
-      write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(std::nullopt, *f, nullptr));
+    if (const auto fault = sticky_fault(backend, tf, hooked, r)) {
+      write_frame_blocking(reply_fd, MsgType::kRunBatch,
+                           encode_checked(std::nullopt, *fault, nullptr));
       return 4;
     }
     if (!write_frame_blocking(reply_fd, MsgType::kRunBatch,
@@ -260,13 +241,17 @@ std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch,
     }
     return std::nullopt;
   };
-  for (size_t k = 0; k < batch.cases.size(); ++k) {
+  for (size_t k = 0; k < n; ++k) {
     MaterializedCase& m = batch.cases[k];
     const uint32_t lent = batch.same_as_first[k];
     swap_vectors(batch.cases[0], m, lent);
     const std::optional<std::string> why = backend.unsupported(m);
-    std::unique_ptr<Backend::PendingRun> begun;
-    if (!why) begun = backend.begin_run(m);  // reads m's vectors here only
+    InFlight begun;
+    if (!why) {
+      const auto t0 = Clock::now();
+      begun = {backend.begin_run(m), m.heads, 0};  // reads m's vectors here only
+      begun.begin_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    }
     swap_vectors(batch.cases[0], m, lent);
     if (in_flight) {
       if (const auto code = finish()) return code;
@@ -278,7 +263,9 @@ std::optional<int> serve_batch_overlapped(Backend& backend, DecodedBatch& batch,
       continue;
     }
     in_flight = std::move(begun);
-    in_flight_heads = m.heads;
+    if (!overlap) {
+      if (const auto code = finish()) return code;
+    }
   }
   if (in_flight) return finish();
   return std::nullopt;

@@ -43,17 +43,15 @@ class Writer {
     pod<uint64_t>(s.size());
     out_.append(s);
   }
-  // As vec(v), or a reference (flag 2) when `same` (or, when `same` is null, `base` holds the
-  // same bytes): returns whether.
+  // As vec(v), or a reference (flag 2) to the same vector of the batch's first case when `same`.
   template <typename T, typename A>
-  bool vec_or_same(const std::vector<T, A>& v, const std::vector<T, A>* base, const bool* same) {
-    if (same != nullptr ? *same && base != nullptr : same_bytes(v, base)) {
+  void vec_or_same(const std::vector<T, A>& v, bool same) {
+    if (same) {
       pod<uint64_t>(v.size());
       pod<uint8_t>(2);
-      return true;
+      return;
     }
     vec(v);
-    return false;
   }
   template <typename T, typename A>
   void vec(const std::vector<T, A>& v) {
@@ -170,18 +168,13 @@ class Reader {
 
 namespace {
 
-// One case into `w`; the vectors equal to `base`'s (when given) as references, their bits set
-// in the returned mask (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink, 5 extra_cache,
-// 6 extra_indices, 7 extra_topk_length).
-uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase* base,
-                    const uint32_t* known = nullptr) {
+// One case into `w`; the vectors whose bit is set in `lent` (batch_same_masks: 0 q, 1 cache,
+// 2 indices, 3 topk_length, 4 sink, 5 extra_cache, 6 extra_indices, 7 extra_topk_length) as
+// references to the batch's first case.
+void write_case(Writer& w, const MaterializedCase& m, uint32_t lent = 0) {
   // The recipe does not travel: backends read the buffers and the fields below (the recipe's JSON
   // cost a third of a small call's host time on the H200).
-  uint32_t same = 0;
-  // Bit i of the precomputed mask, when there is one.
-  bool bits[8];
-  for (int i = 0; i < 8; ++i) bits[i] = known != nullptr && (*known & (1u << i)) != 0;
-  const auto bit = [&](int i) { return known != nullptr ? &bits[i] : nullptr; };
+  const auto bit = [lent](int i) { return (lent & (1u << i)) != 0; };
   w.pod(m.geom);
   w.pod(m.batch);
   w.pod(m.heads);
@@ -189,12 +182,12 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
   w.pod(m.sm_scale);
   w.pod(m.sm_scale64);
   w.pod(m.conv);
-  if (w.vec_or_same(m.q, base ? &base->q : nullptr, bit(0))) same |= 1u << 0;
+  w.vec_or_same(m.q, bit(0));
   w.pod(m.q_head_stride);
-  if (w.vec_or_same(m.cache, base ? &base->cache : nullptr, bit(1))) same |= 1u << 1;
-  if (w.vec_or_same(m.indices, base ? &base->indices : nullptr, bit(2))) same |= 1u << 2;
-  if (w.vec_or_same(m.topk_length, base ? &base->topk_length : nullptr, bit(3))) same |= 1u << 3;
-  if (w.vec_or_same(m.sink, base ? &base->sink : nullptr, bit(4))) same |= 1u << 4;
+  w.vec_or_same(m.cache, bit(1));
+  w.vec_or_same(m.indices, bit(2));
+  w.vec_or_same(m.topk_length, bit(3));
+  w.vec_or_same(m.sink, bit(4));
   w.pod(m.out_head_stride);
   // The production decode (case format version 2): query tokens, every stride, the extra cache.
   w.pod(m.s_q);
@@ -206,18 +199,14 @@ uint32_t write_case(Writer& w, const MaterializedCase& m, const MaterializedCase
   w.pod(m.split_override);
   w.pod(static_cast<int32_t>(m.has_extra));
   if (m.has_extra) {
-    const MaterializedCase* xb = base != nullptr && base->has_extra ? base : nullptr;
     w.pod(m.extra_geom);
     w.pod(m.extra_topk);
-    if (w.vec_or_same(m.extra_cache, xb ? &xb->extra_cache : nullptr, bit(5))) same |= 1u << 5;
-    if (w.vec_or_same(m.extra_indices, xb ? &xb->extra_indices : nullptr, bit(6))) same |= 1u << 6;
+    w.vec_or_same(m.extra_cache, bit(5));
+    w.vec_or_same(m.extra_indices, bit(6));
     w.pod(m.extra_indices_token_stride);
     w.pod(m.extra_indices_batch_stride);
-    if (w.vec_or_same(m.extra_topk_length, xb ? &xb->extra_topk_length : nullptr, bit(7))) {
-      same |= 1u << 7;
-    }
+    w.vec_or_same(m.extra_topk_length, bit(7));
   }
-  return same;
 }
 
 // One case from `r`; references allowed only when `same` is given (a batch's later cases).
@@ -287,7 +276,7 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
 
 std::string encode_case(const MaterializedCase& m, BulkArea* bulk) {
   Writer w(bulk);
-  write_case(w, m, nullptr);
+  write_case(w, m);
   return w.take();
 }
 
@@ -303,12 +292,12 @@ std::string encode_batch(const std::vector<const MaterializedCase*>& cases, Bulk
   if (same != nullptr && same->size() != cases.size()) {
     throw std::logic_error("encode_batch: one mask per case");
   }
+  const std::vector<uint32_t> computed =
+      same == nullptr ? batch_same_masks(cases) : std::vector<uint32_t>{};
+  const std::vector<uint32_t>& masks = same != nullptr ? *same : computed;
   Writer w(bulk);
   w.pod(static_cast<uint32_t>(cases.size()));
-  for (size_t k = 0; k < cases.size(); ++k) {
-    write_case(w, *cases[k], k == 0 ? nullptr : cases[0],
-               k == 0 || same == nullptr ? nullptr : &(*same)[k]);
-  }
+  for (size_t k = 0; k < cases.size(); ++k) write_case(w, *cases[k], k == 0 ? 0 : masks[k]);
   return w.take();
 }
 

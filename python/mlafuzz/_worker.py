@@ -540,6 +540,7 @@ class Server:
             host = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
             n = host.nbytes
             key = (int(ids[name]), n) if cache is not None and name in ids else None
+            words = None
             if key is not None:
                 hit = cache.get(key)
                 if hit is not None:
@@ -548,14 +549,11 @@ class Server:
                     continue
                 # Whole int64 words, the tail past n zeroed: the checksum sums 8 bytes at a time
                 # (a uint8 sum widened to int64 cost ~8x the device work and host time).
-                words = (n + 7) // 8
-                full = torch.empty(max(words, 1) * 8, dtype=torch.uint8, device=dev)
-                if words * 8 > n:
+                n_words = (n + 7) // 8
+                full = torch.empty(max(n_words, 1) * 8, dtype=torch.uint8, device=dev)
+                if n_words * 8 > n:
                     full[n:].zero_()
-                t = full[:n]
-                misses.append((name, host, t, key, full.view(torch.int64)))
-                out[name] = t
-                continue
+                t, words = full[:n], full.view(torch.int64)
             else:
                 buf = kept.get(name)
                 if buf is None or buf.numel() < n:
@@ -563,7 +561,7 @@ class Server:
                     kept[name] = buf
                 t = buf[:n]
             out[name] = t
-            misses.append((name, host, t, None, None))
+            misses.append((name, host, t, key, words))
         total = sum((m[1].nbytes + 63) // 64 * 64 for m in misses)
         staging = self._stage(total) if total else None
         offset = 0
@@ -619,16 +617,18 @@ class Server:
         for host, _ in pairs:
             if not host.flags.c_contiguous:  # reshape(-1) would copy: the bytes would be lost
                 raise ValueError("a raw output buffer is not contiguous")
-        direct = [(h, b) for h, b in pairs if self._in_registered(h)]
-        if direct:
-            # Page-locked fd 3: straight in by DMA, queued beside the staged ones.
-            for host, buf in direct:
+        staged = []
+        for host, buf in pairs:
+            if self._in_registered(host):
+                # Page-locked fd 3: straight in by DMA, queued beside the staged ones.
                 flat = host.reshape(-1).view(np.uint8)
                 torch.from_numpy(flat).copy_(buf[: flat.nbytes], non_blocking=True)
-            pairs = [(h, b) for h, b in pairs if not self._in_registered(h)]
-            if not pairs:
-                torch.cuda.synchronize(dev)
-                return
+            else:
+                staged.append((host, buf))
+        if not staged:
+            torch.cuda.synchronize(dev)
+            return
+        pairs = staged
         total = sum((host.nbytes + 63) // 64 * 64 for host, _ in pairs)
         staging = self._stage(total)
         if staging is None:
@@ -742,9 +742,9 @@ class Server:
                      (a["lse_raw"], self.device_buffers["lse_raw"])]
             sums = None
             if keys:
-                sums = np.empty(len(keys) + sum(not isinstance(k[2], int) for k in keys),
-                                dtype=np.int64)
-                pairs.append((sums, self._queue_sums(keys).view(torch.uint8)))
+                queued = self._queue_sums(keys)
+                sums = np.empty(queued.numel(), dtype=np.int64)
+                pairs.append((sums, queued.view(torch.uint8)))
             self._download(pairs, dev)
             written = self._check_sums(keys, sums) if keys else ""
         except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
