@@ -261,6 +261,8 @@ def _array(region: mmap.mmap, desc: Any, writeable: bool) -> np.ndarray:
 
 # The arrays a kernel writes; every other array is an input and read-only.
 _OUTPUTS = frozenset(("out", "out_raw", "lse", "lse_raw"))
+# Host views a device="cuda" call never reads (it builds its tensors from the raw buffers).
+_HOST_VIEWS = frozenset(("q", "indices", "out", "lse"))
 
 
 DEFAULT_DEVICE_CACHE_BYTES = 4 << 30
@@ -343,21 +345,97 @@ class DeviceCache:
         self.bytes = 0
 
 
+class PhaseTimer:
+    """Where a worker's calls spend their time, phase by phase (``MLAFUZZ_WORKER_TIMING=DIR``).
+
+    Each RUN request is timed from the end of its frame's read to the end of its reply's write,
+    in the phases the code marks (parse, arrays, to_device, ...). Calls are grouped by
+    (device, batch, topk, cold or warm: whether any input missed the device cache) and the table
+    of median microseconds per phase is written atomically to DIR/timing-PID.txt when the
+    worker leaves normally. It says where a bridge call goes, shape by shape, without a
+    profiler's overhead (cProfile, ``MLAFUZZ_WORKER_PROFILE``, slows each Python call).
+    """
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, f"timing-{os.getpid()}.txt")
+        self.groups: "OrderedDict[Tuple[Any, ...], Dict[str, list]]" = OrderedDict()
+        self.marks: list = []
+        self.group: Tuple[Any, ...] = ()
+        self.cold = False
+
+    def start(self) -> None:
+        self.marks = [("", time.perf_counter())]
+        self.group, self.cold = (), False
+
+    def mark(self, phase: str) -> None:
+        self.marks.append((phase, time.perf_counter()))
+
+    def finish(self) -> None:
+        if not self.group or len(self.marks) < 2:
+            return
+        key = self.group + ("cold" if self.cold else "warm",)
+        phases = self.groups.setdefault(key, OrderedDict())
+        for (_, t0), (name, t1) in zip(self.marks, self.marks[1:]):
+            phases.setdefault(name, []).append(t1 - t0)
+        phases.setdefault("total", []).append(self.marks[-1][1] - self.marks[0][1])
+
+    def table(self) -> str:
+        lines = ["median us per call and phase, by (device, batch, topk, cold|warm)"]
+        for key, phases in self.groups.items():
+            calls = len(phases.get("total", []))
+            cells = " ".join(f"{name}={1e6 * float(np.median(v)):.1f}"
+                             for name, v in phases.items())
+            lines.append(f"{' '.join(str(k) for k in key)}: {calls} calls: {cells}")
+        return "\n".join(lines) + "\n"
+
+    def write(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(self.table())
+        os.replace(tmp, self.path)
+
+
+class _NoTimer:
+    """PhaseTimer's interface doing nothing (timing off, the default)."""
+
+    cold = False
+    group: Tuple[Any, ...] = ()
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, phase: str) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def words_device(keys: list) -> Any:
+    """The device of the checksummed words of _to_device's keys (the first one's)."""
+    return keys[0][3].device
+
+
 # Inputs a device="cuda" call copies to the device (whole raw buffers: pads and gaps included).
 _DEVICE_INPUTS = ("q_raw", "kv_cache", "indices_raw", "topk_length", "sink", "extra_kv_cache",
                   "extra_indices", "extra_topk_length")
 
 
 class Server:
+    timer: Any = _NoTimer()  # MLAFUZZ_WORKER_TIMING=DIR: a PhaseTimer (main())
+
     def __init__(self, spec: str, shm_fd: int, reply_fd: int, arena_fd: int = -1) -> None:
         self.spec = spec
         self.reply_fd = reply_fd
         self.shm = SharedMemory(shm_fd) if shm_fd >= 0 else None
         self.arena = SharedMemory(arena_fd, read_only=True) if arena_fd >= 0 else None
         self.device_buffers: Dict[str, Any] = {}  # device="cuda": kept across calls
+        self.views: Dict[str, Tuple[Any, Any, Any]] = {}  # _kept_view's entries
         budget = device_cache_budget()
         self.device_cache: Optional[DeviceCache] = DeviceCache(budget) if budget else None
         self.staging: Any = None  # pinned host memory for copies to the device; False: none
+        self.sums_host: Any = None  # pinned int64 host tensor for the checksums; False: none
         # fd 3's mapping as registered with cudaHostRegister (base, size); False: refused.
         self.registered: Any = None
         self.pinned = os.environ.get("MLAFUZZ_TORCH_PINNED", "1") != "0"
@@ -432,15 +510,20 @@ class Server:
         assert self.shm is not None
         shm = self.shm.ensure(int(req["shm_size"]))
         arena = self.arena.ensure(0) if self.arena is not None else None
-        call = scalars_call(req, "host" if self.info.device == "cpu" else "device")
+        on_host = self.info.device == "cpu"
+        call = scalars_call(req, "host" if on_host else "device")
         arrays = {}
         for name, desc in req["arrays"].items():
+            if not on_host and name in _HOST_VIEWS:
+                continue
             region = shm
             if len(desc) > 4 and desc[4] == "arena":
                 if arena is None:
                     raise RuntimeError(f"{name} is in the shared arena but no --arena-fd was given")
                 region = arena
             arrays[name] = _array(region, desc, name in _OUTPUTS)
+        self.timer.group = (self.info.device, call.batch, call.topk)
+        self.timer.mark("arrays")
         if self.info.device == "cpu":
             return self._run_cpu(call, arrays)
         self._register_shm(shm)
@@ -495,6 +578,7 @@ class Server:
         call.extra_kv_cache, call.extra_indices = a.get("extra_kv_cache"), a.get("extra_indices")
         call.extra_topk_length = a.get("extra_topk_length")
         err, seconds = self._call_kernel(call)
+        self.timer.mark("kernel")
         del call, a
         if err is not None:
             return {"status": "error", "message": err, "seconds": seconds}
@@ -537,8 +621,7 @@ class Server:
             x = call_inputs.get(name)
             if x is None:
                 continue
-            host = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-            n = host.nbytes
+            n = x.nbytes
             key = (int(ids[name]), n) if cache is not None and name in ids else None
             words = None
             if key is not None:
@@ -547,6 +630,9 @@ class Server:
                     out[name] = hit[0]
                     keys.append((name, key, cache.checksum(key), hit[1]))
                     continue
+                self.timer.cold = True
+            host = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+            if key is not None:
                 # Whole int64 words, the tail past n zeroed: the checksum sums 8 bytes at a time
                 # (a uint8 sum widened to int64 cost ~8x the device work and host time).
                 n_words = (n + 7) // 8
@@ -559,15 +645,23 @@ class Server:
                 if buf is None or buf.numel() < n:
                     buf = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
                     kept[name] = buf
-                t = buf[:n]
+                t = self._kept_view(name, n, buf, lambda u: u[:n])
             out[name] = t
             misses.append((name, host, t, key, words))
-        total = sum((m[1].nbytes + 63) // 64 * 64 for m in misses)
+        total = sum((m[1].nbytes + 63) // 64 * 64 for m in misses
+                    if not self._in_registered(m[1]))
         staging = self._stage(total) if total else None
         offset = 0
         for name, host, t, key, words in misses:
             n = host.nbytes
-            if staging is not None:
+            if self._in_registered(host):
+                # In page-locked fd 3 (the inputs mlafuzz copies into the call's shared memory):
+                # straight to the device by DMA, no memcpy into the staging. fd 3 is not written
+                # again before this call's reply, and the call synchronizes before it.
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # read-only numpy source
+                    t.copy_(torch.from_numpy(host), non_blocking=True)
+            elif staging is not None:
                 dst = staging[offset:offset + n]
                 np.copyto(dst.numpy(), host)  # the arena is pageable: one memcpy into pinned
                 t.copy_(dst, non_blocking=True)
@@ -583,6 +677,22 @@ class Server:
                     keys.append((name, key, checksum, words))
         return out, keys
 
+    def _kept_view(self, name: str, geometry: Hashable, base: Any,
+                   make: Callable[[Any], Any]) -> Any:
+        """make(base), kept under name while base is the same tensor object and geometry the same.
+
+        One entry per name, replaced by the next call that differs: the memo keeps alive no
+        tensor but those of the last call (an evicted cache entry is not held beyond it). The
+        entry holds base itself, so the test is identity (an id() can be reused once a tensor
+        is freed).
+        """
+        hit = self.views.get(name)
+        if hit is not None and hit[0] is base and hit[1] == geometry:
+            return hit[2]
+        v = make(base)
+        self.views[name] = (base, geometry, v)
+        return v
+
     def _outputs(self, a: Dict[str, np.ndarray], req: Dict[str, Any], dev: Any) -> Tuple[Any, Any]:
         """Device out_raw and lse_raw (kept per name, grown), filled with the canaries."""
         torch = self.torch
@@ -595,7 +705,9 @@ class Server:
             if buf is None or buf.numel() < x.nbytes:
                 buf = torch.empty(max(x.nbytes, 4), dtype=torch.uint8, device=dev)
                 kept[name] = buf
-            t = buf[: x.nbytes].view(code)
+            # The typed view of the first x.nbytes bytes, kept while the buffer and size stay.
+            nbytes = x.nbytes
+            t = self._kept_view(name, nbytes, buf, lambda u: u[:nbytes].view(code))
             if canary is None:  # an older request: the canaries come from the host
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
@@ -648,13 +760,39 @@ class Server:
         for host, offset, n in spans:
             np.copyto(host.reshape(-1).view(np.uint8), pinned[offset:offset + n])
 
+    def _pinned_sums(self, n: int) -> Any:
+        """A page-locked int64 host tensor of n elements for the checksums (kept, grown), or None
+        when pinning is refused: a copy into pageable memory would go through the staging."""
+        torch = self.torch
+        kept = getattr(self, "sums_host", None)
+        if not self.pinned or kept is False:
+            return None
+        if kept is None or kept.numel() < n:
+            try:
+                kept = torch.empty(max(n, 16), dtype=torch.int64, pin_memory=True)
+            except Exception:  # noqa: BLE001 - no pinned memory here
+                kept = False
+            self.sums_host = kept
+            if kept is False:
+                return None
+        return kept[:n]
+
     def _queue_sums(self, keys: list) -> Any:
         """One device tensor: each lent input's checksum now, then the not yet known "before"
         sums (entries put by this call). Queued after the kernel, read back with the outputs."""
         torch = self.torch
-        now = [torch.sum(words) for _, _, _, words in keys]
         before = [c for _, _, c, _ in keys if not isinstance(c, int)]
-        return torch.stack(now + before)
+        n = len(keys) + len(before)
+        dst = self.device_buffers.get("sums")
+        if dst is None or dst.numel() < n:
+            dst = torch.empty(max(n, 16), dtype=torch.int64, device=words_device(keys))
+            self.device_buffers["sums"] = dst
+        # Each sum written in place (no stack: one launch fewer per call).
+        for i, (_, _, _, words) in enumerate(keys):
+            torch.sum(words, dim=0, keepdim=True, out=dst[i:i + 1])
+        for j, c in enumerate(before, start=len(keys)):
+            dst[j:j + 1].copy_(c.reshape(1))
+        return dst[:n]
 
     def _check_sums(self, keys: list, sums: np.ndarray) -> str:
         """Names of cached inputs whose device bytes the kernel changed (their entries dropped);
@@ -683,12 +821,12 @@ class Server:
         keys: list = []
         try:
             inputs, keys = self._to_device(a, req, dev)
+            self.timer.mark("to_device")
             # Whole raw buffers (pads and guard bands included), then strided views of them,
             # so that the device sees the same layout and the canaries come back.
-            q_raw = inputs["q_raw"].view(torch.bfloat16)
             out_raw, lse_raw = self._outputs(a, req, dev)
-            out_raw = out_raw.view(torch.bfloat16)
-            lse_raw = lse_raw.view(torch.float32)
+            self.timer.mark("outputs")
+            view = self._kept_view
             b, h = call.batch, call.heads
             # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
             lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
@@ -698,24 +836,33 @@ class Server:
                 q_st += (call.q_token_stride,)
                 o_st += (call.out_token_stride,)
                 l_st += (call.lse_token_stride,)
-            call.q = q_raw.as_strided(lead + (h, call.d_qk), q_st + (call.q_head_stride, 1))
-            call.out = out_raw.as_strided(
-                lead + (h, call.d_v), o_st + (call.out_head_stride, 1), int(req["out_guard"]),
-            )
-            call.lse = lse_raw.as_strided(lead + (h,), l_st + (1,), int(req["lse_guard"]))
+            # Views of the same tensors with the same geometry are kept (_kept_view): a warm
+            # call builds none of them again.
+            q_shape, q_strides = lead + (h, call.d_qk), q_st + (call.q_head_stride, 1)
+            call.q = view("q", (q_shape, q_strides), inputs["q_raw"], lambda t: t.view(
+                torch.bfloat16).as_strided(q_shape, q_strides))
+            o_shape, o_strides = lead + (h, call.d_v), o_st + (call.out_head_stride, 1)
+            o_off, l_off = int(req["out_guard"]), int(req["lse_guard"])
+            call.out = view("out", (o_shape, o_strides, o_off), out_raw, lambda t: t.view(
+                torch.bfloat16).as_strided(o_shape, o_strides, o_off))
+            l_shape, l_strides = lead + (h,), l_st + (1,)
+            call.lse = view("lse", (l_shape, l_strides, l_off), lse_raw, lambda t: t.view(
+                torch.float32).as_strided(l_shape, l_strides, l_off))
 
             def shaped(name: str, dtype: Any, shape: Tuple[int, ...]) -> Any:
                 t = inputs.get(name)
-                return None if t is None else t.view(dtype).view(shape)
+                if t is None:
+                    return None
+                return view(name + ":view", (dtype, shape), t, lambda u: u.view(dtype).view(shape))
 
             call.kv_cache = shaped("kv_cache", torch.uint8, tuple(a["kv_cache"].shape))
             # The index rows keep their gaps on the device too (indices_batch_stride).
             i_st = (call.indices_batch_stride,)
             if call.s_q > 1:
                 i_st += (call.indices_token_stride,)
-            call.indices = inputs["indices_raw"].view(torch.int32).as_strided(
-                lead + (call.topk,), i_st + (1,)
-            )
+            i_shape, i_strides = lead + (call.topk,), i_st + (1,)
+            call.indices = view("indices", (i_shape, i_strides), inputs["indices_raw"],
+                                lambda t: t.view(torch.int32).as_strided(i_shape, i_strides))
             call.topk_length = shaped("topk_length", torch.int32, (b,))
             if "extra_kv_cache" in inputs:
                 call.extra_kv_cache = shaped("extra_kv_cache", torch.uint8,
@@ -726,16 +873,20 @@ class Server:
                 call.extra_topk_length = shaped("extra_topk_length", torch.int32, (b,))
             call.sink = shaped("sink", torch.float32, (h,))
             call.stream = torch.cuda.current_stream(dev)
+            self.timer.mark("views")
             torch.cuda.synchronize(dev)
+            self.timer.mark("sync_before")
         except Exception:  # noqa: BLE001 - the staging itself failed: a device problem
             if self.device_cache is not None:
                 self.device_cache.clear()
             return {"status": "fault", "message": "CUDA staging failed:\n" + traceback.format_exc(),
                     "seconds": 0.0}
         err, seconds = self._call_kernel(call)
+        self.timer.mark("kernel")
         try:
             # The whole device first: a kernel may have used streams of its own.
             torch.cuda.synchronize(dev)
+            self.timer.mark("sync_after")
             # Whole raw buffers, canaries included, into the shared output buffers, and the lent
             # inputs' checksums with them (one more synchronization for all).
             pairs = [(a["out_raw"], self.device_buffers["out_raw"]),
@@ -743,10 +894,18 @@ class Server:
             sums = None
             if keys:
                 queued = self._queue_sums(keys)
-                sums = np.empty(queued.numel(), dtype=np.int64)
-                pairs.append((sums, queued.view(torch.uint8)))
+                pinned = self._pinned_sums(queued.numel())
+                if pinned is not None:  # straight into page-locked memory, queued with the rest
+                    pinned.copy_(queued, non_blocking=True)
+                    sums = pinned.numpy()
+                else:
+                    sums = np.empty(queued.numel(), dtype=np.int64)
+                    pairs.append((sums, queued.view(torch.uint8)))
+            self.timer.mark("sums")
             self._download(pairs, dev)
+            self.timer.mark("download")
             written = self._check_sums(keys, sums) if keys else ""
+            self.timer.mark("check")
         except Exception:  # noqa: BLE001 - a sticky CUDA error: the context is gone
             return {"status": "fault",
                     "message": "CUDA error after the kernel:\n" + traceback.format_exc()
@@ -803,10 +962,17 @@ def main(argv: Optional[list] = None) -> int:
     except LoadError as e:
         server, load_error = None, str(e)
 
+    timing = os.environ.get("MLAFUZZ_WORKER_TIMING", "")
+    if timing and server is not None:
+        server.timer = PhaseTimer(timing)
     profile_dir = os.environ.get("MLAFUZZ_WORKER_PROFILE", "")
     if profile_dir:
-        return _serve_profiled(server, load_error, in_fd, reply_fd, profile_dir)
-    return _serve(server, load_error, in_fd, reply_fd)
+        rc = _serve_profiled(server, load_error, in_fd, reply_fd, profile_dir)
+    else:
+        rc = _serve(server, load_error, in_fd, reply_fd)
+    if isinstance(server, Server) and isinstance(server.timer, PhaseTimer):
+        server.timer.write()
+    return rc
 
 
 def _serve_profiled(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: int,
@@ -839,6 +1005,8 @@ def _serve(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: in
         kind, payload = frame
         if kind == MSG_QUIT:
             return 0
+        timer = server.timer if server is not None else _NoTimer()
+        timer.start()
         if server is None:
             write_frame(reply_fd, MSG_ERROR, load_error.encode())
             return 3
@@ -848,8 +1016,11 @@ def _serve(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: in
         elif kind == MSG_SUPPORTS:
             _send_json(reply_fd, MSG_SUPPORTS, server.supports_reply(req))
         elif kind == MSG_RUN:
+            timer.mark("parse")
             reply = server.run_reply(req)
             _send_json(reply_fd, MSG_RUN, reply)
+            timer.mark("reply")
+            timer.finish()
             if reply["status"] == "fault":
                 return 4  # the CUDA context is poisoned: a fresh worker follows
         else:

@@ -109,14 +109,32 @@ def test_a_finding_on_a_relative_path_replays_from_any_directory(tmp_path) -> No
     assert f"--backends {source}" in replay.stdout, describe(replay)
 
 
+def _worker_file(tmp_path, monkeypatch: pytest.MonkeyPatch, variable: str, pattern: str):
+    """Runs the numpy kernel on the small case with variable=tmp_path/out; the one file it left."""
+    monkeypatch.setenv(variable, str(tmp_path / "out"))
+    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 0, describe(proc)
+    files = list((tmp_path / "out").glob(pattern))
+    assert len(files) == 1, (files, describe(proc))
+    return files[0]
+
+
+def test_worker_timing_is_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = [_worker_file(tmp_path, monkeypatch, "MLAFUZZ_WORKER_TIMING", "timing-*.txt")]
+    rows = [line for line in files[0].read_text().splitlines() if line.startswith("cpu ")]
+    # small_case.json: B=2; one group of warm host calls, each phase with a median.
+    assert len(rows) == 1 and rows[0].startswith("cpu 2 "), files[0].read_text()
+    for phase in ("parse=", "arrays=", "kernel=", "reply=", "total="):
+        assert phase in rows[0], rows[0]
+    # The kernel's own phase is part of the total, and every figure is a number of microseconds.
+    cells = dict(c.split("=") for c in rows[0].split(": ")[-1].split())
+    assert float(cells["total"]) >= float(cells["kernel"]) > 0, rows[0]
+
+
 def test_worker_profile_is_written(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pstats  # noqa: PLC0415
 
-    monkeypatch.setenv("MLAFUZZ_WORKER_PROFILE", str(tmp_path / "prof"))
-    proc = mlafuzz_cmd("run", "--case", SMALL_CASE, "--backends", f"{NUMPY_KERNEL}:decode")
-    assert proc.returncode == 0, describe(proc)
-    profiles = list((tmp_path / "prof").glob("worker-*.prof"))
-    assert len(profiles) == 1, (profiles, describe(proc))
-    stats = pstats.Stats(str(profiles[0]))
+    profile = _worker_file(tmp_path, monkeypatch, "MLAFUZZ_WORKER_PROFILE", "worker-*.prof")
+    stats = pstats.Stats(str(profile))
     # The kernel's own function is in it: the profile covers the calls, not just the start.
     assert any(name == "attend" for (_, _, name) in stats.stats), sorted(stats.stats)[:20]

@@ -12,7 +12,7 @@ torch path runs only on a GPU machine (scripts/gpu_python.sh).
 from __future__ import annotations
 
 import types
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -57,6 +57,9 @@ class FakeTensor:
     def tolist(self) -> Any:
         return self.a.tolist()
 
+    def reshape(self, *shape: int) -> "FakeTensor":
+        return FakeTensor(self.a.reshape(shape), self.fake, self.device)
+
 
 class FakeTorch(types.SimpleNamespace):
     """The few torch calls _to_device, _outputs, _queue_sums and _download make."""
@@ -81,16 +84,23 @@ class FakeTorch(types.SimpleNamespace):
                 raise RuntimeError("cudaHostAlloc failed (fake)")
             self.pinned_allocations += 1
         # Garbage, as torch.empty: a copy that did not happen shows.
-        return FakeTensor(np.full(n, 0xEE, dtype=np.uint8).view(dtype), self,
+        nbytes = n * np.dtype(dtype).itemsize  # n elements of dtype, as torch.empty
+        return FakeTensor(np.full(nbytes, 0xEE, dtype=np.uint8).view(dtype), self,
                           "cuda" if device is not None else "cpu")
 
     def from_numpy(self, a: np.ndarray) -> FakeTensor:
         return FakeTensor(a, self, "cpu")
 
-    def sum(self, t: FakeTensor, dtype: Any = None) -> FakeTensor:
-        # torch sums integers into int64, wrapping around like the device does.
+    def sum(self, t: FakeTensor, dtype: Any = None, dim: Any = None, keepdim: bool = False,
+            out: Optional[FakeTensor] = None) -> FakeTensor:
+        # torch sums integers into int64, wrapping around like the device does; out= writes in
+        # place (the worker's kept checksum tensor).
         with np.errstate(over="ignore"):
-            return FakeTensor(np.array(t.a.astype(np.int64).sum(dtype=np.int64)), self, t.device)
+            total = np.array(t.a.astype(np.int64).sum(dtype=np.int64))
+        if out is None:
+            return FakeTensor(total.reshape((1,) if keepdim else ()), self, t.device)
+        out.a[...] = total
+        return out
 
     def stack(self, ts: list) -> FakeTensor:
         return FakeTensor(np.array([t.a for t in ts]), self, ts[0].device)
@@ -100,6 +110,7 @@ def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Ser
     s = object.__new__(_worker.Server)  # no kernel to load: only the copy logic is exercised
     s.torch = fake
     s.device_buffers = {}
+    s.views = {}
     s.device_cache = _worker.DeviceCache(budget) if budget else None
     s.staging = None
     s.pinned = True
@@ -310,7 +321,8 @@ class FakeCudart:
         return 0
 
 
-def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
+def registered_server() -> Tuple[FakeTorch, FakeCudart, _worker.Server, Any]:
+    """A server whose (fake) fd 3, a 64 KiB mapping returned last, is page-locked."""
     import mmap  # noqa: PLC0415
 
     fake = FakeTorch()
@@ -320,6 +332,11 @@ def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
     s.registered = None
     region = mmap.mmap(-1, 1 << 16)
     s._register_shm(region)
+    return fake, cudart, s, region
+
+
+def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
+    fake, cudart, s, region = registered_server()
     s._register_shm(region)  # the same mapping: registered once
     assert len(cudart.registered) == 1 and cudart.registered[0][1] == 1 << 16
     shm = np.frombuffer(region, dtype=np.uint8)
@@ -351,3 +368,67 @@ def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
     s3._register_shm(region)
     assert s3.registered is False and not s3._in_registered(host["out_raw"])
     del shm, host, out, lse, o2
+
+
+def test_inputs_in_registered_shared_memory_go_straight_to_the_device() -> None:
+    fake, _, s, region = registered_server()
+    shm = np.frombuffer(region, dtype=np.uint8)
+    a = inputs(3)
+    # The indices as mlafuzz lends them: copied into fd 3 (no identity); q and the cache in the
+    # arena (pageable here: through the staging).
+    in_shm = shm[256:256 + a["indices_raw"].nbytes].view(np.int32)
+    in_shm[:] = a["indices_raw"]
+    a["indices_raw"] = in_shm
+    dev, _ = s._to_device(a, {"ids": {"q_raw": 1, "kv_cache": 2}}, "cuda")
+    for name in a:
+        assert device_bytes(dev[name]) == host_bytes(a[name]), name
+    uploads_ = [c for c in fake.copies if c[0] == "cuda" and c[1] == "cpu"]
+    assert len(uploads_) == 3 and all(nb for _, _, _, nb in uploads_), "all asynchronous"
+    # The staging holds q and then the cache; where the indices would follow it is untouched
+    # (torch.empty's garbage, 0xEE here): they came by DMA from fd 3.
+    def up64(n: int) -> int:
+        return (n + 63) // 64 * 64
+
+    after = up64(a["q_raw"].nbytes) + up64(a["kv_cache"].nbytes)
+    assert (s.staging.a[: a["q_raw"].nbytes].view(np.uint16) == a["q_raw"]).all()
+    assert (s.staging.a[after:after + a["indices_raw"].nbytes] == 0xEE).all()
+    del shm, in_shm, a, dev
+
+
+def test_the_typed_output_views_are_kept_until_the_buffer_or_size_changes() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    req = {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}
+    host = {"out_raw": np.zeros(40, np.uint16), "lse_raw": np.zeros(8, np.float32)}
+    out, lse = s._outputs(host, req, "cuda")
+    out2, lse2 = s._outputs(host, req, "cuda")
+    assert out2 is out and lse2 is lse
+    out.a[:] = 0  # a kernel wrote everything: the next call's fill restores the canaries
+    s._outputs(host, req, "cuda")
+    assert (out.a.view(np.uint16) == 0x7FA5).all()
+    smaller = {"out_raw": np.zeros(20, np.uint16), "lse_raw": np.zeros(8, np.float32)}
+    out3, _ = s._outputs(smaller, req, "cuda")
+    assert out3 is not out and out3.a.nbytes == 40
+    bigger = {"out_raw": np.zeros(400, np.uint16), "lse_raw": np.zeros(8, np.float32)}
+    out4, _ = s._outputs(bigger, req, "cuda")
+    assert out4.a.nbytes == 800 and s.device_buffers["out_raw"].numel() == 800
+
+
+def test_kept_views_are_reused_only_for_the_same_tensor_and_geometry() -> None:
+    s = make_server(FakeTorch())
+    base = FakeTensor(np.arange(8, dtype=np.uint8), s.torch, "cuda")
+    made = []
+
+    def make(t: FakeTensor) -> FakeTensor:
+        made.append(t)
+        return t[:4]
+
+    v1 = s._kept_view("x", 4, base, make)
+    assert s._kept_view("x", 4, base, make) is v1 and len(made) == 1
+    # Another tensor with the same bytes and geometry (a freed buffer's successor): rebuilt.
+    other = FakeTensor(base.a.copy(), s.torch, "cuda")
+    v2 = s._kept_view("x", 4, other, make)
+    assert v2 is not v1 and v2.a.base is other.a and len(made) == 2
+    assert s._kept_view("x", 5, other, make) is not v2 and len(made) == 3  # another geometry
+    # One entry per name: nothing but the last call's tensors is kept alive.
+    assert len(s.views) == 1 and s.views["x"][0] is other
