@@ -412,18 +412,16 @@ class _NoTimer:
         pass
 
 
-def words_device(keys: list) -> Any:
-    """The device of the checksummed words of _to_device's keys (the first one's)."""
-    return keys[0][3].device
-
-
 # Inputs a device="cuda" call copies to the device (whole raw buffers: pads and gaps included).
 _DEVICE_INPUTS = ("q_raw", "kv_cache", "indices_raw", "topk_length", "sink", "extra_kv_cache",
                   "extra_indices", "extra_topk_length")
 
 
+_NO_TIMER = _NoTimer()
+
+
 class Server:
-    timer: Any = _NoTimer()  # MLAFUZZ_WORKER_TIMING=DIR: a PhaseTimer (main())
+    timer: Any = _NO_TIMER  # MLAFUZZ_WORKER_TIMING=DIR: a PhaseTimer (main())
 
     def __init__(self, spec: str, shm_fd: int, reply_fd: int, arena_fd: int = -1) -> None:
         self.spec = spec
@@ -524,7 +522,7 @@ class Server:
             arrays[name] = _array(region, desc, name in _OUTPUTS)
         self.timer.group = (self.info.device, call.batch, call.topk)
         self.timer.mark("arrays")
-        if self.info.device == "cpu":
+        if on_host:
             return self._run_cpu(call, arrays)
         self._register_shm(shm)
         return self._run_cuda(call, arrays, req)
@@ -584,20 +582,24 @@ class Server:
             return {"status": "error", "message": err, "seconds": seconds}
         return {"status": "ok", "message": "", "seconds": seconds}
 
-    def _stage(self, nbytes: int) -> Any:
-        """Pinned host memory of at least nbytes (grown), or None when pinning is refused."""
-        torch = self.torch
-        if not self.pinned or self.staging is False:
+    def _pinned_host(self, attr: str, n: int, dtype: Any, minimum: int) -> Any:
+        """The page-locked host tensor kept in self.<attr>: at least n elements of dtype (grown,
+        at least minimum), or None when pinning is off or refused (False is then kept)."""
+        kept = getattr(self, attr)
+        if not self.pinned or kept is False:
             return None
-        if self.staging is None or self.staging.numel() < nbytes:
-            self.staging = None
+        if kept is None or kept.numel() < n:
+            setattr(self, attr, None)  # the old buffer goes before the larger one is pinned
             try:
-                self.staging = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8,
-                                           pin_memory=True)
+                kept = self.torch.empty(max(n, minimum), dtype=dtype, pin_memory=True)
             except Exception:  # noqa: BLE001 - no pinned memory here: pageable copies
-                self.staging = False
-                return None
-        return self.staging
+                kept = False
+            setattr(self, attr, kept)
+        return None if kept is False else kept
+
+    def _stage(self, nbytes: int) -> Any:
+        """Pinned staging of at least nbytes (grown), or None when pinning is refused."""
+        return self._pinned_host("staging", nbytes, self.torch.uint8, 1 << 20)
 
     def _to_device(self, call_inputs: Dict[str, np.ndarray], req: Dict[str, Any],
                    dev: Any) -> Tuple[Dict[str, Any], list]:
@@ -761,21 +763,10 @@ class Server:
             np.copyto(host.reshape(-1).view(np.uint8), pinned[offset:offset + n])
 
     def _pinned_sums(self, n: int) -> Any:
-        """A page-locked int64 host tensor of n elements for the checksums (kept, grown), or None
-        when pinning is refused: a copy into pageable memory would go through the staging."""
-        torch = self.torch
-        kept = getattr(self, "sums_host", None)
-        if not self.pinned or kept is False:
-            return None
-        if kept is None or kept.numel() < n:
-            try:
-                kept = torch.empty(max(n, 16), dtype=torch.int64, pin_memory=True)
-            except Exception:  # noqa: BLE001 - no pinned memory here
-                kept = False
-            self.sums_host = kept
-            if kept is False:
-                return None
-        return kept[:n]
+        """n page-locked int64 elements for the checksums (kept, grown), or None when pinning is
+        refused: a copy into pageable memory then goes through the staging."""
+        kept = self._pinned_host("sums_host", n, self.torch.int64, 16)
+        return None if kept is None else kept[:n]
 
     def _queue_sums(self, keys: list) -> Any:
         """One device tensor: each lent input's checksum now, then the not yet known "before"
@@ -785,7 +776,7 @@ class Server:
         n = len(keys) + len(before)
         dst = self.device_buffers.get("sums")
         if dst is None or dst.numel() < n:
-            dst = torch.empty(max(n, 16), dtype=torch.int64, device=words_device(keys))
+            dst = torch.empty(max(n, 16), dtype=torch.int64, device=keys[0][3].device)
             self.device_buffers["sums"] = dst
         # Each sum written in place (no stack: one launch fewer per call).
         for i, (_, _, _, words) in enumerate(keys):
@@ -1005,7 +996,7 @@ def _serve(server: Optional["Server"], load_error: str, in_fd: int, reply_fd: in
         kind, payload = frame
         if kind == MSG_QUIT:
             return 0
-        timer = server.timer if server is not None else _NoTimer()
+        timer = server.timer if server is not None else _NO_TIMER
         timer.start()
         if server is None:
             write_frame(reply_fd, MSG_ERROR, load_error.encode())

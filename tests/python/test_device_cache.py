@@ -113,6 +113,7 @@ def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Ser
     s.views = {}
     s.device_cache = _worker.DeviceCache(budget) if budget else None
     s.staging = None
+    s.sums_host = None
     s.pinned = True
     s.registered = False  # fd 3 not page-locked (test_..._registered_shared_memory: it is)
     return s
@@ -432,3 +433,17 @@ def test_kept_views_are_reused_only_for_the_same_tensor_and_geometry() -> None:
     assert s._kept_view("x", 5, other, make) is not v2 and len(made) == 3  # another geometry
     # One entry per name: nothing but the last call's tensors is kept alive.
     assert len(s.views) == 1 and s.views["x"][0] is other
+
+
+def test_the_checksums_come_back_into_kept_pinned_memory_or_none() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    a = s._pinned_sums(3)
+    assert a is not None and a.numel() == 3 and fake.pinned_allocations == 1
+    assert s._pinned_sums(5).a.base is a.a.base and fake.pinned_allocations == 1  # kept (16)
+    assert s._pinned_sums(40).numel() == 40 and fake.pinned_allocations == 2  # grown
+    s._stage(100)  # the staging is its own buffer
+    assert fake.pinned_allocations == 3
+    refused = make_server(FakeTorch(pin_fails=True))
+    assert refused._pinned_sums(3) is None and refused.sums_host is False
+    assert refused._stage(10) is None and refused.staging is False
