@@ -54,6 +54,9 @@ Io wait_fd(int fd, short events, Clock::time_point deadline) {
   }
 }
 
+// Frames up to this size go out in one write (the pipe's default capacity is 64 KiB).
+constexpr size_t kOneWriteBytes = 64 << 10;
+
 Io write_all(int fd, const char* p, size_t n, Clock::time_point deadline) {
   while (n > 0) {
     const ssize_t k = ::write(fd, p, n);
@@ -317,9 +320,17 @@ Child::Reply Child::call(uint32_t type, std::string_view payload, double timeout
 std::string Child::send(uint32_t type, std::string_view payload, double timeout_s) {
   if (pid_ < 0) return (spec_.label.empty() ? "worker" : spec_.label) + ": not running";
   const auto deadline = deadline_in(timeout_s);
-  const std::string h = frame_header(type, payload.size());
-  Io io = write_all(to_fd_, h.data(), h.size(), deadline);
-  if (io == Io::kOk) io = write_all(to_fd_, payload.data(), payload.size(), deadline);
+  std::string h = frame_header(type, payload.size());
+  Io io;
+  if (payload.size() <= kOneWriteBytes) {
+    // One write for header and payload: a reader woken by the header alone would block again
+    // on the payload: a second wake-up per request.
+    h.append(payload);
+    io = write_all(to_fd_, h.data(), h.size(), deadline);
+  } else {
+    io = write_all(to_fd_, h.data(), h.size(), deadline);
+    if (io == Io::kOk) io = write_all(to_fd_, payload.data(), payload.size(), deadline);
+  }
   return io == Io::kOk ? std::string() : kill_and_describe(io_name(io));
 }
 

@@ -26,7 +26,7 @@ namespace {
 using json = nlohmann::json;
 
 // docs/WORKER_PROTOCOL.md: the Python worker's version and message types.
-constexpr int kProtocolVersion = 2;
+constexpr int kProtocolVersion = 3;
 constexpr uint32_t kMsgInfo = 1, kMsgSupports = 2, kMsgRun = 3, kMsgQuit = 4, kMsgError = 5;
 constexpr double kStartTimeoutS = 120;  // importing torch and initializing CUDA is slow
 
@@ -178,9 +178,25 @@ class CallLayout {
   int64_t next_ = 0;
 };
 
-json desc(std::pair<int64_t, const char*> where, std::vector<int64_t> shape,
-          std::vector<int64_t> strides, const char* dtype) {
-  return json::array({where.first, shape, strides, dtype, where.second});
+// Where a buffer of the call lies: its offset in its region and, for an input in the arena, the
+// buffer's name (the descriptors of the layout line are relative to it; the call line says where
+// it starts this time).
+struct Where {
+  int64_t offset;
+  const char* region;
+  const char* base = nullptr;
+};
+
+Where input_at(std::pair<int64_t, const char*> at, const char* base) {
+  return {at.first, at.second, std::strcmp(at.second, "arena") == 0 ? base : nullptr};
+}
+
+// A descriptor of the layout line: an arena input's offset is relative to its buffer (the call
+// line's "bases" gives the start), so that the same geometry repeats the same bytes.
+json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strides,
+          const char* dtype, int64_t delta = 0) {
+  if (w.base != nullptr) return json::array({delta, shape, strides, dtype, w.region, w.base});
+  return json::array({w.offset + delta, shape, strides, dtype, w.region});
 }
 
 // MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
@@ -277,68 +293,81 @@ class PythonBackend final : public Backend {
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
     // Every view carries the real strides: row gaps and head gaps stay outside the views.
     const int64_t qhs = m.q_head_stride, ohs = m.out_head_stride;
-    const std::pair<int64_t, const char*> out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
-    const std::pair<int64_t, const char*> out_body{out_off + 2 * G, "shm"};
-    const std::pair<int64_t, const char*> lse_body{lse_off + 4 * G, "shm"};
+    const Where q_in = input_at(q_at, "q_raw"), kv_in = input_at(kv_at, "kv_cache");
+    const Where idx_in = input_at(idx_at, "indices_raw"), len_in = input_at(len_at, "topk_length");
+    const Where sink_in = input_at(sink_at, "sink"), xkv_in = input_at(xkv_at, "extra_kv_cache");
+    const Where xidx_in = input_at(xidx_at, "extra_indices");
+    const Where xlen_in = input_at(xlen_at, "extra_topk_length");
+    const Where out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
     json req = scalars(m);
     // [B, (s_q,) ...] views: the s_q axis when s_q > 1.
-    auto tokens = [&](std::pair<int64_t, const char*> at, std::vector<int64_t> shape,
-                      std::vector<int64_t> strides, int64_t batch_stride, int64_t token_stride,
-                      int64_t elem, const char* t) {
+    auto tokens = [&](const Where& at, std::vector<int64_t> shape, std::vector<int64_t> strides,
+                      int64_t batch_stride, int64_t token_stride, int64_t elem, const char* t,
+                      int64_t delta = 0) {
       token_dims(m, batch_stride, token_stride, elem, shape, strides);
-      return desc(at, std::move(shape), std::move(strides), t);
+      return desc(at, std::move(shape), std::move(strides), t, delta);
     };
     json arrays = {
         {"q",
-         tokens(q_at, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
-        {"q_raw", desc(q_at, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
+         tokens(q_in, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
+        {"q_raw", desc(q_in, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
         {"kv_cache",
-         desc(kv_at, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
+         desc(kv_in, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
         {"indices",
-         tokens(idx_at, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
-        {"indices_raw", desc(idx_at, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
-        {"out", tokens(out_body, {H, m.d_v()}, {2 * ohs, 2}, m.out_batch_stride, m.out_token_stride,
-                       2, "u2")},
+         tokens(idx_in, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
+        {"indices_raw", desc(idx_in, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
+        {"out", tokens(out_at, {H, m.d_v()}, {2 * ohs, 2}, m.out_batch_stride, m.out_token_stride,
+                       2, "u2", 2 * G)},
         {"out_raw", desc(out_at, {static_cast<int64_t>(out_n)}, {2}, "u2")},
-        {"lse", tokens(lse_body, {H}, {4}, m.lse_batch_stride, m.lse_token_stride, 4, "f4")},
+        {"lse", tokens(lse_at, {H}, {4}, m.lse_batch_stride, m.lse_token_stride, 4, "f4", 4 * G)},
         {"lse_raw", desc(lse_at, {static_cast<int64_t>(lse_n)}, {4}, "f4")},
     };
-    if (!m.topk_length.empty()) arrays["topk_length"] = desc(len_at, {B}, {4}, "i4");
-    if (!m.sink.empty()) arrays["sink"] = desc(sink_at, {H}, {4}, "f4");
+    if (!m.topk_length.empty()) arrays["topk_length"] = desc(len_in, {B}, {4}, "i4");
+    if (!m.sink.empty()) arrays["sink"] = desc(sink_in, {H}, {4}, "f4");
     if (m.has_extra) {
       const mla::CacheGeometry& e = m.extra_geom;
       arrays["extra_kv_cache"] =
-          desc(xkv_at, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
-      arrays["extra_indices"] = tokens(xidx_at, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
+          desc(xkv_in, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
+      arrays["extra_indices"] = tokens(xidx_in, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
                                        m.extra_indices_token_stride, 4, "i4");
       if (!m.extra_topk_length.empty()) {
-        arrays["extra_topk_length"] = desc(xlen_at, {B}, {4}, "i4");
+        arrays["extra_topk_length"] = desc(xlen_in, {B}, {4}, "i4");
       }
     }
     req["arrays"] = std::move(arrays);
+    req["out_guard"] = G;
+    req["lse_guard"] = G;
+    // The call line (docs/WORKER_PROTOCOL.md, protocol 3): what differs between calls of the
+    // same geometry, so that the layout line above repeats byte for byte.
+    json per_call{{"shm_size", shm_->size()}};
+    json bases = json::object();
+    for (const Where* w :
+         {&q_in, &kv_in, &idx_in, &len_in, &sink_in, &xkv_in, &xidx_in, &xlen_in}) {
+      if (w->base != nullptr) bases[w->base] = w->offset;
+    }
+    if (!bases.empty()) per_call["bases"] = std::move(bases);
     if (device_cache) {
       // Identities of the inputs read in the arena (SharedArena::publish; they seal the blocks):
       // the worker keeps device copies by identity and copies only what it has not seen.
       json ids = json::object();
       SharedArena* a = SharedArena::get();
-      const auto identify = [&](const char* name, std::pair<int64_t, const char*> at,
-                                const void* data, size_t bytes) {
-        if (a == nullptr || std::strcmp(at.second, "arena") != 0) return;
+      const auto identify = [&](const char* name, const Where& at, const void* data, size_t bytes) {
+        if (a == nullptr || at.base == nullptr) return;
         if (const uint64_t id = a->publish(data, bytes); id != 0) ids[name] = id;
       };
-      identify("q_raw", q_at, m.q.data(), bytes_of(m.q));
-      identify("kv_cache", kv_at, m.cache.data(), bytes_of(m.cache));
-      identify("extra_kv_cache", xkv_at, m.extra_cache.data(), bytes_of(m.extra_cache));
-      req["ids"] = std::move(ids);
+      identify("q_raw", q_in, m.q.data(), bytes_of(m.q));
+      identify("kv_cache", kv_in, m.cache.data(), bytes_of(m.cache));
+      identify("extra_kv_cache", xkv_in, m.extra_cache.data(), bytes_of(m.extra_cache));
+      per_call["ids"] = std::move(ids);
       // The canaries' bits: the worker fills its device outputs with them instead of uploading.
       req["out_canary"] = OutputBuffers::kCanaryBits;
       req["lse_canary"] = OutputBuffers::kLseCanaryBits;
     }
-    req["shm_size"] = shm_->size();
-    req["out_guard"] = G;
-    req["lse_guard"] = G;
+    std::string payload = req.dump();
+    payload.push_back('\n');
+    payload += per_call.dump();
 
-    const ipc::Child::Reply reply = child_.call(kMsgRun, req.dump(), python_call_timeout());
+    const ipc::Child::Reply reply = child_.call(kMsgRun, payload, python_call_timeout());
     if (!reply.fault.empty()) return fault(reply.fault);
     const json j = json::parse(reply.payload, nullptr, false);
     if (reply.type != kMsgRun || !j.is_object() || !j.contains("status")) {

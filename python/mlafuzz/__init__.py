@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 #: Version of the protocol between the mlafuzz executable and the worker
 #: (docs/WORKER_PROTOCOL.md). Both ends refuse a peer of another version.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 
 __all__ = [
     "DecodeCall",

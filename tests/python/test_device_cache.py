@@ -11,6 +11,7 @@ torch path runs only on a GPU machine (scripts/gpu_python.sh).
 
 from __future__ import annotations
 
+import ctypes
 import types
 from typing import Any, Dict, Optional, Tuple
 
@@ -60,6 +61,9 @@ class FakeTensor:
     def reshape(self, *shape: int) -> "FakeTensor":
         return FakeTensor(self.a.reshape(shape), self.fake, self.device)
 
+    def data_ptr(self) -> int:  # host memory stands for the device's: the fake driver copies it
+        return int(self.a.ctypes.data)
+
 
 class FakeTorch(types.SimpleNamespace):
     """The few torch calls _to_device, _outputs, _queue_sums and _download make."""
@@ -91,6 +95,10 @@ class FakeTorch(types.SimpleNamespace):
     def from_numpy(self, a: np.ndarray) -> FakeTensor:
         return FakeTensor(a, self, "cpu")
 
+    def frombuffer(self, buf: Any, dtype: Any) -> FakeTensor:  # the host tensor over fd 3
+        self.frombuffers = getattr(self, "frombuffers", 0) + 1
+        return FakeTensor(np.frombuffer(buf, dtype=dtype), self, "cpu")
+
     def sum(self, t: FakeTensor, dtype: Any = None, dim: Any = None, keepdim: bool = False,
             out: Optional[FakeTensor] = None) -> FakeTensor:
         # torch sums integers into int64, wrapping around like the device does; out= writes in
@@ -116,6 +124,10 @@ def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Ser
     s.sums_host = None
     s.pinned = True
     s.registered = False  # fd 3 not page-locked (test_..._registered_shared_memory: it is)
+    s.shm_tensor = None
+    s.device = None
+    s.cu = None  # torch does every copy (test_the_driver_path_...: the driver does some)
+    s.stream = 0
     return s
 
 
@@ -340,6 +352,7 @@ def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
     fake, cudart, s, region = registered_server()
     s._register_shm(region)  # the same mapping: registered once
     assert len(cudart.registered) == 1 and cudart.registered[0][1] == 1 << 16
+    assert fake.frombuffers == 1  # one host tensor over the mapping, sliced by every copy
     shm = np.frombuffer(region, dtype=np.uint8)
     host = {"out_raw": shm[:80].view(np.uint16), "lse_raw": shm[128:156].view(np.float32)}
     out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
@@ -371,18 +384,25 @@ def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
     del shm, host, out, lse, o2
 
 
-def test_inputs_in_registered_shared_memory_go_straight_to_the_device() -> None:
-    fake, _, s, region = registered_server()
+def lend_indices_in_fd3(s: _worker.Server, region: Any, seed: int) -> Tuple[Any, ...]:
+    """_to_device of inputs(seed) with the indices as mlafuzz lends them: copied into fd 3 (no
+    identity); q and the cache in the arena (pageable here: through the staging). Checks that
+    every input reached the device intact; returns (fd 3 bytes, the indices there, the inputs,
+    the device tensors)."""
     shm = np.frombuffer(region, dtype=np.uint8)
-    a = inputs(3)
-    # The indices as mlafuzz lends them: copied into fd 3 (no identity); q and the cache in the
-    # arena (pageable here: through the staging).
+    a = inputs(seed)
     in_shm = shm[256:256 + a["indices_raw"].nbytes].view(np.int32)
     in_shm[:] = a["indices_raw"]
     a["indices_raw"] = in_shm
     dev, _ = s._to_device(a, {"ids": {"q_raw": 1, "kv_cache": 2}}, "cuda")
     for name in a:
         assert device_bytes(dev[name]) == host_bytes(a[name]), name
+    return shm, in_shm, a, dev
+
+
+def test_inputs_in_registered_shared_memory_go_straight_to_the_device() -> None:
+    fake, _, s, region = registered_server()
+    shm, in_shm, a, dev = lend_indices_in_fd3(s, region, 3)
     uploads_ = [c for c in fake.copies if c[0] == "cuda" and c[1] == "cpu"]
     assert len(uploads_) == 3 and all(nb for _, _, _, nb in uploads_), "all asynchronous"
     # The staging holds q and then the cache; where the indices would follow it is untouched
@@ -447,3 +467,78 @@ def test_the_checksums_come_back_into_kept_pinned_memory_or_none() -> None:
     refused = make_server(FakeTorch(pin_fails=True))
     assert refused._pinned_sums(3) is None and refused.sums_host is False
     assert refused._stage(10) is None and refused.staging is False
+
+
+class FakeDriver:
+    """CudaDriver's calls on host memory (the fake device tensors are numpy arrays): the copies
+    and fills really move bytes, so a wrong address or size shows in the buffers."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+
+    def htod(self, dst: int, src: int, n: int, stream: int) -> None:
+        self.calls.append(("htod", n, stream))
+        ctypes.memmove(dst, src, n)
+
+    def dtoh(self, dst: int, src: int, n: int, stream: int) -> None:
+        self.calls.append(("dtoh", n, stream))
+        ctypes.memmove(dst, src, n)
+
+    def _fill(self, dst: int, value: int, count: int, ctype: Any) -> None:
+        (ctype * count).from_address(dst)[:] = [value] * count
+
+    def fill16(self, dst: int, value: int, count: int, stream: int) -> None:
+        self.calls.append(("fill16", count, stream))
+        self._fill(dst, value, count, ctypes.c_uint16)
+
+    def fill32(self, dst: int, value: int, count: int, stream: int) -> None:
+        self.calls.append(("fill32", count, stream))
+        self._fill(dst, value, count, ctypes.c_uint32)
+
+    def synchronize(self) -> None:
+        self.calls.append(("sync",))
+
+
+def test_the_driver_path_moves_the_same_bytes_as_torch_would() -> None:
+    fake, _, s, region = registered_server()
+    s.cu, s.stream = FakeDriver(), 7
+    shm, in_shm, a, dev = lend_indices_in_fd3(s, region, 5)
+    # Only the fd 3 input went through the driver, on torch's current stream; the arena inputs
+    # (pageable) through the staging and torch.
+    assert s.cu.calls == [("htod", a["indices_raw"].nbytes, 7)]
+    host = {"out_raw": shm[1024:1104].view(np.uint16), "lse_raw": shm[1152:1180].view(np.float32)}
+    out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
+    assert (out.a == 0x7FA5).all() and (lse.a.view(np.uint32) == 0x7FA5A5A5).all()
+    assert s.cu.calls[1:] == [("fill16", 40, 7), ("fill32", 7, 7)]
+    out.a[5] = 0x1234
+    # The kept buffer beyond the call's size is not the call's: never filled, never copied.
+    s.device_buffers["out_raw"].a[80:] = 0x33
+    s._download([(host["out_raw"], s.device_buffers["out_raw"]),
+                 (host["lse_raw"], s.device_buffers["lse_raw"])], "cuda")
+    assert s.cu.calls[3:] == [("dtoh", 80, 7), ("dtoh", 28, 7), ("sync",)]
+    assert host["out_raw"][5] == 0x1234 and (np.delete(host["out_raw"], 5) == 0x7FA5).all()
+    assert (host["lse_raw"].view(np.uint32) == 0x7FA5A5A5).all()
+    assert (shm[1104:1152] == 0).all() and (shm[1180:1200] == 0).all(), "nothing outside them"
+    assert fake.syncs == 0, "the driver synchronized, not torch"
+    del shm, in_shm, a, dev, host, out, lse
+
+
+def test_the_driver_is_off_when_asked_and_errors_name_the_call() -> None:
+    assert _worker.CudaDriver.load({"MLAFUZZ_CUDA_DRIVER": "0"}) is None
+
+    class Lib:  # a libcuda whose every call fails with CUDA_ERROR_ILLEGAL_ADDRESS (700)
+        def __getattr__(self, name: str) -> Any:
+            def f(*args: Any) -> int:
+                if name == "cuGetErrorName":
+                    args[1]._obj.value = b"CUDA_ERROR_ILLEGAL_ADDRESS"
+                    return 0
+                return 700
+
+            return f
+
+    cu = _worker.CudaDriver(Lib())
+    with pytest.raises(RuntimeError, match=r"cuCtxSynchronize: CUDA driver error 700 "
+                                           r"\(CUDA_ERROR_ILLEGAL_ADDRESS\)"):
+        cu.synchronize()
+    with pytest.raises(RuntimeError, match="cuMemcpyDtoHAsync"):
+        cu.dtoh(0, 0, 1, 0)

@@ -1,0 +1,140 @@
+"""The RUN request of worker protocol 3 (docs/WORKER_PROTOCOL.md): a layout line parsed once while
+it repeats, a call line parsed every time, arena descriptors relative to the buffer the call line
+places. The end-to-end path (the executable's requests) is covered by every test that runs a
+python: backend; these pin the worker's side of the memo.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import types
+
+import numpy as np
+import pytest
+
+from mlafuzz import _worker
+
+
+def layout(batch: int = 2) -> dict:
+    return {
+        "layout": "model1", "nope_dim": 448, "rope_dim": 64, "scale_tile": 64, "page_size": 64,
+        "num_pages": 4, "page_stride": 64 * 656, "kv_cache_bytes": 4 * 64 * 656,
+        "token_bytes": 656, "d_qk": 512, "d_v": 448, "invalid_index_rule": "minus_one_only",
+        "empty_row_lse": "+inf", "sink_in_lse": False, "batch": batch, "heads": 1, "topk": 4,
+        "sm_scale": 0.0625, "q_head_stride": 512, "q_batch_stride": 512,
+        "indices_batch_stride": 4, "out_head_stride": 448, "out_batch_stride": 448,
+        "lse_batch_stride": 1, "has_topk_length": False, "has_sink": False,
+        "arrays": {
+            "indices_raw": [0, [batch * 4], [4], "i4", "arena", "indices_raw"],
+            "indices": [0, [batch, 4], [16, 4], "i4", "arena", "indices_raw"],
+            "lse_raw": [64, [batch], [4], "f4", "shm"],
+        },
+        "out_guard": 0, "lse_guard": 0,
+    }
+
+
+def payload(lay: dict, call: dict) -> bytes:
+    return (json.dumps(lay, separators=(",", ":")) + "\n" + json.dumps(call)).encode()
+
+
+def test_the_layout_line_is_parsed_once_while_it_repeats() -> None:
+    lay = layout()
+    req, first, memo = _worker.parse_run(payload(lay, {"shm_size": 4096}), None)
+    assert req["batch"] == 2 and req["shm_size"] == 4096 and first.fields["sm_scale"] == 0.0625
+    req2, again, memo2 = _worker.parse_run(payload(lay, {"shm_size": 8192, "ids": {"q": 1}}), memo)
+    assert again is first  # the same bytes: not parsed again
+    assert req2["shm_size"] == 8192 and req2["ids"] == {"q": 1}
+    assert "ids" not in first.req  # the call line never leaks into the kept layout
+    req3, other, _ = _worker.parse_run(payload(layout(batch=3), {"shm_size": 8192}), memo2)
+    assert other is not first and req3["batch"] == 3 and other.fields["batch"] == 3
+
+
+def test_a_single_line_request_is_parsed_whole_and_not_kept() -> None:
+    lay = layout()
+    lay["shm_size"] = 4096
+    req, parsed, memo = _worker.parse_run(json.dumps(lay).encode(), None)
+    assert req["shm_size"] == 4096 and parsed.fields["topk"] == 4 and memo is None
+
+
+class _Info:
+    device = "cpu"
+
+
+@pytest.mark.parametrize("base", [0, 128, 4000])
+def test_arena_descriptors_are_placed_by_the_call_lines_bases(base: int) -> None:
+    arena = mmap.mmap(-1, 8192)
+    rows = np.arange(8, dtype=np.int32) + base
+    arena[base:base + rows.nbytes] = rows.tobytes()
+    shm = mmap.mmap(-1, 4096)
+    s = object.__new__(_worker.Server)
+    s.shm = types.SimpleNamespace(ensure=lambda size: shm)
+    s.arena = types.SimpleNamespace(ensure=lambda size: arena)
+    s.info = _Info()
+    seen = {}
+    s._run_cpu = lambda call, a: seen.update(a) or {"status": "ok", "message": "", "seconds": 0}
+    req, lay, _ = _worker.parse_run(payload(layout(), {"shm_size": 4096,
+                                                       "bases": {"indices_raw": base}}), None)
+    s.run_reply(req, lay)
+    assert seen["indices"].tolist() == [list(rows[:4]), list(rows[4:])]
+    assert seen["indices_raw"].tolist() == list(rows)
+    assert not seen["indices"].flags.writeable and seen["lse_raw"].flags.writeable
+
+
+def test_the_ok_reply_is_the_bytes_json_would_write() -> None:
+    r, w = os.pipe()
+    try:
+        for seconds in (0.0, 1.25e-05, 3.0):
+            _worker._send_run_reply(w, {"status": "ok", "message": "", "seconds": seconds})
+            kind, body = _worker.read_frame(r)
+            assert kind == _worker.MSG_RUN
+            assert body == json.dumps({"status": "ok", "message": "", "seconds": seconds}).encode()
+        _worker._send_run_reply(w, {"status": "error", "message": "boom", "seconds": 1.0})
+        assert json.loads(_worker.read_frame(r)[1])["message"] == "boom"
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> None:
+    arena, shm = mmap.mmap(-1, 8192), mmap.mmap(-1, 4096)
+    rows = np.arange(2048, dtype=np.int32)
+    arena[:] = rows.tobytes()
+    maps = {"shm": shm}
+    s = object.__new__(_worker.Server)
+    s.shm = types.SimpleNamespace(ensure=lambda size: maps["shm"])
+    s.arena = types.SimpleNamespace(ensure=lambda size: arena)
+    s.info = types.SimpleNamespace(device="cuda")
+    s.host_arrays = {}
+    s._register_shm = lambda region: None
+    seen: list = []
+    s._run_cuda = lambda call, a, req: seen.append(dict(a)) or {"status": "ok"}
+    lay = layout()
+
+    def run(base: int) -> dict:
+        req, parsed, _ = _worker.parse_run(payload(lay, {"shm_size": 4096,
+                                                         "bases": {"indices_raw": base}}), None)
+        s.run_reply(req, parsed)
+        return seen[-1]
+
+    first = run(64)
+    assert "indices" not in first  # a host view a cuda call never reads
+    assert first["indices_raw"].tolist() == list(range(16, 24))
+    again = run(64)
+    # parse_run without a memo parses again: a new layout entry, so new views
+    assert again["indices_raw"] is not first["indices_raw"]
+    req, parsed, _ = _worker.parse_run(payload(lay, {"shm_size": 4096,
+                                                     "bases": {"indices_raw": 64}}), None)
+    s.run_reply(req, parsed)
+    kept = seen[-1]["indices_raw"]
+    s.run_reply(dict(req), parsed)
+    assert seen[-1]["indices_raw"] is kept, "the same entry, offset and mapping: kept"
+    req["bases"] = {"indices_raw": 128}
+    s.run_reply(req, parsed)
+    moved = seen[-1]["indices_raw"]
+    assert moved is not kept and moved.tolist() == list(range(32, 40))
+    maps["shm"] = mmap.mmap(-1, 8192)  # fd 3 mapped again: every kept view goes
+    s.run_reply(req, parsed)
+    assert seen[-1]["lse_raw"] is not seen[-2]["lse_raw"]
+    assert seen[-1]["indices_raw"] is not moved
