@@ -232,8 +232,27 @@ class PythonBackend final : public Backend {
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
+    return verdict(scalars(m).dump());
+  }
+
+  RunResult run(const MaterializedCase& m) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    json req = scalars(m);  // the supports() request and the RUN request's layout line share it
+    if (desc_.has_supports) {
+      if (const auto why = verdict(req.dump())) {
+        RunResult r;
+        r.status = RunStatus::kUnsupported;
+        r.message = *why;
+        return r;
+      }
+    }
+    return run_locked(m, std::move(req));
+  }
+
+ private:
+  // supports()' verdict on a request of scalars (mu_ held).
+  std::optional<std::string> verdict(const std::string& req) const {
     if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
-    const std::string req = scalars(m).dump();
     // supports() sees the scalar fields only (its arrays are None: the contract), so its verdict
     // on one request holds for every case with the same fields: a campaign's property variants
     // (and run() after check_and_run's unsupported()) would otherwise cost a round trip each.
@@ -250,14 +269,8 @@ class PythonBackend final : public Backend {
     return verdict;
   }
 
-  RunResult run(const MaterializedCase& m) override {
-    if (const auto why = unsupported(m)) {
-      RunResult r;
-      r.status = RunStatus::kUnsupported;
-      r.message = *why;
-      return r;
-    }
-    const std::lock_guard<std::mutex> lock(mu_);
+  // run() with mu_ held and the call's scalars built (req).
+  RunResult run_locked(const MaterializedCase& m, json req) {
     if (!child_.running()) {
       if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
     }
@@ -299,7 +312,6 @@ class PythonBackend final : public Backend {
     const Where xidx_in = input_at(xidx_at, "extra_indices");
     const Where xlen_in = input_at(xlen_at, "extra_topk_length");
     const Where out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
-    json req = scalars(m);
     // [B, (s_q,) ...] views: the s_q axis when s_q > 1.
     auto tokens = [&](const Where& at, std::vector<int64_t> shape, std::vector<int64_t> strides,
                       int64_t batch_stride, int64_t token_stride, int64_t elem, const char* t,
@@ -394,7 +406,6 @@ class PythonBackend final : public Backend {
     return r;
   }
 
- private:
   RunResult fault(const std::string& message) const {
     RunResult r;
     r.status = RunStatus::kFault;
