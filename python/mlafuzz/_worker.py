@@ -707,29 +707,24 @@ class Server:
                 warnings.simplefilter("ignore", UserWarning)
                 self.shm_tensor = self.torch.frombuffer(region, dtype=self.torch.uint8)
 
-    def _in_registered(self, host: np.ndarray) -> bool:
+    def _registered_at(self, host: np.ndarray) -> Optional[int]:
+        """host's address when its bytes lie in page-locked fd 3 (cudaHostRegister), else None."""
         r = self.registered
         if not r:
-            return False
-        at = int(host.ctypes.data)
-        return r[0] <= at and at + host.nbytes <= r[0] + r[1]
-
-    def _registered_ptr(self, host: np.ndarray) -> Optional[int]:
-        """host's address when its bytes lie in page-locked fd 3 and the driver path is on."""
-        r = self.registered
-        if not r or self.cu is None:
             return None
         at = int(host.ctypes.data)
         return at if r[0] <= at and at + host.nbytes <= r[0] + r[1] else None
 
+    def _registered_ptr(self, host: np.ndarray) -> Optional[int]:
+        """_registered_at when the driver path is on (CudaDriver), else None."""
+        return None if self.cu is None else self._registered_at(host)
+
     def _registered_bytes(self, host: np.ndarray) -> Any:
         """The host tensor of host's bytes when they lie in page-locked fd 3, else None."""
-        r = self.registered
-        if not r:
+        at = self._registered_at(host)
+        if at is None:
             return None
-        at = int(host.ctypes.data) - r[0]
-        if at < 0 or at + host.nbytes > r[1]:
-            return None
+        at -= self.registered[0]
         t = getattr(self, "shm_tensor", None)
         if t is not None:
             return t[at:at + host.nbytes]
