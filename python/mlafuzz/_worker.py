@@ -1,6 +1,6 @@
 """The worker process the ``mlafuzz`` executable starts for a ``python:`` backend.
 
-    python -m mlafuzz._worker --backend SPEC --shm-fd FD [--arena-fd FD] [--protocol 2]
+    python -m mlafuzz._worker --backend SPEC --shm-fd FD [--arena-fd FD] [--protocol 3]
 
 It loads the kernel named by SPEC (``path/to/file.py:func`` or ``package.module:func``), then
 serves requests framed on stdin and answers on stdout (docs/WORKER_PROTOCOL.md); the arrays of
