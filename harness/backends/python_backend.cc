@@ -1,8 +1,6 @@
 // The python: backend (see python_backend.h and docs/WORKER_PROTOCOL.md).
 #include "harness/backends/python_backend.h"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -76,100 +74,55 @@ Precision precision_from(const std::string& s, const std::string& who) {
 
 const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
 
-// A JSON object written straight as text, member by member. The requests' objects hold only
-// numbers, booleans, fixed ASCII strings and such objects and arrays; building them as
-// nlohmann::json trees first cost ~30 us a call for the scalars alone, then ~12 us to dump
-// (measured on the CI machine).
-class JsonText {
- public:
-  JsonText& add(std::string_view key, int64_t v) { return member(key, fmt::format("{}", v)); }
-  JsonText& add(std::string_view key, int32_t v) { return add(key, int64_t{v}); }
-  JsonText& add(std::string_view key, uint64_t v) { return member(key, fmt::format("{}", v)); }
-  JsonText& add(std::string_view key, bool v) { return member(key, v ? "true" : "false"); }
-  // The shortest text that reads back as v (null where JSON has no number for it, as nlohmann).
-  JsonText& add(std::string_view key, double v) {
-    return member(key, std::isfinite(v) ? fmt::format("{}", v) : "null");
-  }
-  JsonText& add(std::string_view key, const char* v) { return member(key, quoted(v)); }
-  // A member whose value is JSON text already (an object or an array).
-  JsonText& add_json(std::string_view key, std::string_view json_text) {
-    return member(key, json_text);
-  }
-  bool empty() const { return text_.empty(); }
-  std::string object() const { return "{" + text_ + "}"; }
-
-  static std::string quoted(std::string_view s) {
-    std::string q = "\"";
-    for (const char ch : s) {
-      if (ch == '"' || ch == '\\' || static_cast<unsigned char>(ch) < 0x20) {
-        q += fmt::format("\\u{:04x}", static_cast<unsigned char>(ch));
-      } else {
-        q += ch;
-      }
-    }
-    return q + "\"";
-  }
-
- private:
-  JsonText& member(std::string_view key, std::string_view value) {
-    if (!text_.empty()) text_ += ',';
-    text_ += quoted(key);
-    text_ += ':';
-    text_ += value;
-    return *this;
-  }
-  std::string text_;
-};
-
 // The call's scalar fields, under MlafuzzDecodeCall's names (strings for enumerations).
-JsonText scalars(const MaterializedCase& m) {
+json scalars(const MaterializedCase& m) {
   const mla::DecodeParams p = m.host_params();  // every stride of the case, outputs included
   const MlafuzzDecodeCall c = make_plugin_call(p, MLAFUZZ_RUNS_ON_HOST, nullptr);
-  JsonText j;
-  j.add("layout", layout_str(c.layout))
-      .add("nope_dim", c.nope_dim)
-      .add("rope_dim", c.rope_dim)
-      .add("scale_tile", c.scale_tile)
-      .add("page_size", c.page_size)
-      .add("num_pages", c.num_pages)
-      .add("page_stride", c.page_stride)
-      .add("kv_cache_bytes", c.kv_cache_bytes)
-      .add("token_bytes", c.token_bytes)
-      .add("d_qk", c.d_qk)
-      .add("d_v", c.d_v)
-      .add("invalid_index_rule", c.invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY
-                                     ? "minus_one_only"
-                                     : "any_negative")
-      .add("empty_row_lse", c.empty_row_lse == MLAFUZZ_EMPTY_LSE_POS_INF ? "+inf" : "-inf")
-      .add("sink_in_lse", c.sink_in_lse != 0)
-      .add("batch", c.batch)
-      .add("heads", c.heads)
-      .add("topk", c.topk)
-      .add("sm_scale", static_cast<double>(c.sm_scale))  // exact: a float widened
-      .add("q_head_stride", c.q_head_stride)
-      .add("q_batch_stride", c.q_batch_stride)
-      .add("indices_batch_stride", c.indices_batch_stride)
-      .add("out_head_stride", c.out_head_stride)
-      .add("out_batch_stride", c.out_batch_stride)
-      .add("lse_batch_stride", c.lse_batch_stride)
-      .add("has_topk_length", c.topk_length != nullptr)
-      .add("has_sink", c.sink != nullptr)
+  json j{
+      {"layout", layout_str(c.layout)},
+      {"nope_dim", c.nope_dim},
+      {"rope_dim", c.rope_dim},
+      {"scale_tile", c.scale_tile},
+      {"page_size", c.page_size},
+      {"num_pages", c.num_pages},
+      {"page_stride", c.page_stride},
+      {"kv_cache_bytes", c.kv_cache_bytes},
+      {"token_bytes", c.token_bytes},
+      {"d_qk", c.d_qk},
+      {"d_v", c.d_v},
+      {"invalid_index_rule",
+       c.invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY ? "minus_one_only" : "any_negative"},
+      {"empty_row_lse", c.empty_row_lse == MLAFUZZ_EMPTY_LSE_POS_INF ? "+inf" : "-inf"},
+      {"sink_in_lse", c.sink_in_lse != 0},
+      {"batch", c.batch},
+      {"heads", c.heads},
+      {"topk", c.topk},
+      {"sm_scale", static_cast<double>(c.sm_scale)},  // exact: a float widened
+      {"q_head_stride", c.q_head_stride},
+      {"q_batch_stride", c.q_batch_stride},
+      {"indices_batch_stride", c.indices_batch_stride},
+      {"out_head_stride", c.out_head_stride},
+      {"out_batch_stride", c.out_batch_stride},
+      {"lse_batch_stride", c.lse_batch_stride},
+      {"has_topk_length", c.topk_length != nullptr},
+      {"has_sink", c.sink != nullptr},
       // ABI version 2 (SPEC.md section 8): query tokens and the extra cache.
-      .add("s_q", c.s_q)
-      .add("q_token_stride", c.q_token_stride)
-      .add("indices_token_stride", c.indices_token_stride)
-      .add("out_token_stride", c.out_token_stride)
-      .add("lse_token_stride", c.lse_token_stride)
-      .add("has_extra", c.has_extra != 0);
+      {"s_q", c.s_q},
+      {"q_token_stride", c.q_token_stride},
+      {"indices_token_stride", c.indices_token_stride},
+      {"out_token_stride", c.out_token_stride},
+      {"lse_token_stride", c.lse_token_stride},
+      {"has_extra", c.has_extra != 0},
+  };
   if (c.has_extra != 0) {
-    j.add("extra_page_size", c.extra_page_size)
-        .add("extra_num_pages", c.extra_num_pages)
-        .add("extra_page_stride", c.extra_page_stride)
-        .add("extra_kv_cache_bytes", c.extra_kv_cache_bytes)
-        .add("extra_topk", c.extra_topk)
-        .add("extra_indices_batch_stride", c.extra_indices_batch_stride)
-        .add("extra_indices_token_stride", c.extra_indices_token_stride)
-        .add("has_extra_topk_length", !m.extra_topk_length.empty());
+    j["extra_page_size"] = c.extra_page_size;
+    j["extra_num_pages"] = c.extra_num_pages;
+    j["extra_page_stride"] = c.extra_page_stride;
+    j["extra_kv_cache_bytes"] = c.extra_kv_cache_bytes;
+    j["extra_topk"] = c.extra_topk;
+    j["extra_indices_batch_stride"] = c.extra_indices_batch_stride;
+    j["extra_indices_token_stride"] = c.extra_indices_token_stride;
+    j["has_extra_topk_length"] = !m.extra_topk_length.empty();
   }
   return j;
 }
@@ -240,13 +193,10 @@ Where input_at(std::pair<int64_t, const char*> at, const char* base) {
 
 // A descriptor of the layout line: an arena input's offset is relative to its buffer (the call
 // line's "bases" gives the start), so that the same geometry repeats the same bytes.
-std::string desc(const Where& w, const std::vector<int64_t>& shape,
-                 const std::vector<int64_t>& strides, const char* dtype, int64_t delta = 0) {
-  std::string d =
-      fmt::format("[{},[{}],[{}],\"{}\",\"{}\"", w.base != nullptr ? delta : w.offset + delta,
-                  fmt::join(shape, ","), fmt::join(strides, ","), dtype, w.region);
-  if (w.base != nullptr) d += fmt::format(",\"{}\"", w.base);
-  return d + "]";
+json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strides,
+          const char* dtype, int64_t delta = 0) {
+  if (w.base != nullptr) return json::array({delta, shape, strides, dtype, w.region, w.base});
+  return json::array({w.offset + delta, shape, strides, dtype, w.region});
 }
 
 // MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
@@ -282,14 +232,14 @@ class PythonBackend final : public Backend {
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     if (!desc_.has_supports) return std::nullopt;
     const std::lock_guard<std::mutex> lock(mu_);
-    return verdict(scalars(m).object());
+    return verdict(scalars(m).dump());
   }
 
   RunResult run(const MaterializedCase& m) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    JsonText req = scalars(m);  // the supports() request and the RUN request's layout line share it
+    json req = scalars(m);  // the supports() request and the RUN request's layout line share it
     if (desc_.has_supports) {
-      if (const auto why = verdict(req.object())) {
+      if (const auto why = verdict(req.dump())) {
         RunResult r;
         r.status = RunStatus::kUnsupported;
         r.message = *why;
@@ -320,7 +270,7 @@ class PythonBackend final : public Backend {
   }
 
   // run() with mu_ held and the call's scalars built (req).
-  RunResult run_locked(const MaterializedCase& m, JsonText req) {
+  RunResult run_locked(const MaterializedCase& m, json req) {
     if (!child_.running()) {
       if (const std::string e = start(); !e.empty()) return fault("worker restart failed: " + e);
     }
@@ -367,38 +317,38 @@ class PythonBackend final : public Backend {
                       int64_t batch_stride, int64_t token_stride, int64_t elem, const char* t,
                       int64_t delta = 0) {
       token_dims(m, batch_stride, token_stride, elem, shape, strides);
-      return desc(at, shape, strides, t, delta);
+      return desc(at, std::move(shape), std::move(strides), t, delta);
     };
-    JsonText arrays;
-    arrays
-        .add_json("q", tokens(q_in, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride,
-                              2, "u2"))
-        .add_json("q_raw", desc(q_in, {static_cast<int64_t>(m.q.size())}, {2}, "u2"))
-        .add_json("kv_cache", desc(kv_in, {m.geom.num_pages, m.geom.page_stride},
-                                   {m.geom.page_stride, 1}, "u1"))
-        .add_json("indices", tokens(idx_in, {m.topk}, {4}, m.indices_batch_stride,
-                                    m.indices_token_stride, 4, "i4"))
-        .add_json("indices_raw", desc(idx_in, {static_cast<int64_t>(m.indices.size())}, {4}, "i4"))
-        .add_json("out", tokens(out_at, {H, m.d_v()}, {2 * ohs, 2}, m.out_batch_stride,
-                                m.out_token_stride, 2, "u2", 2 * G))
-        .add_json("out_raw", desc(out_at, {static_cast<int64_t>(out_n)}, {2}, "u2"))
-        .add_json("lse",
-                  tokens(lse_at, {H}, {4}, m.lse_batch_stride, m.lse_token_stride, 4, "f4", 4 * G))
-        .add_json("lse_raw", desc(lse_at, {static_cast<int64_t>(lse_n)}, {4}, "f4"));
-    if (!m.topk_length.empty()) arrays.add_json("topk_length", desc(len_in, {B}, {4}, "i4"));
-    if (!m.sink.empty()) arrays.add_json("sink", desc(sink_in, {H}, {4}, "f4"));
+    json arrays = {
+        {"q",
+         tokens(q_in, {H, m.d_qk()}, {2 * qhs, 2}, m.q_batch_stride, m.q_token_stride, 2, "u2")},
+        {"q_raw", desc(q_in, {static_cast<int64_t>(m.q.size())}, {2}, "u2")},
+        {"kv_cache",
+         desc(kv_in, {m.geom.num_pages, m.geom.page_stride}, {m.geom.page_stride, 1}, "u1")},
+        {"indices",
+         tokens(idx_in, {m.topk}, {4}, m.indices_batch_stride, m.indices_token_stride, 4, "i4")},
+        {"indices_raw", desc(idx_in, {static_cast<int64_t>(m.indices.size())}, {4}, "i4")},
+        {"out", tokens(out_at, {H, m.d_v()}, {2 * ohs, 2}, m.out_batch_stride, m.out_token_stride,
+                       2, "u2", 2 * G)},
+        {"out_raw", desc(out_at, {static_cast<int64_t>(out_n)}, {2}, "u2")},
+        {"lse", tokens(lse_at, {H}, {4}, m.lse_batch_stride, m.lse_token_stride, 4, "f4", 4 * G)},
+        {"lse_raw", desc(lse_at, {static_cast<int64_t>(lse_n)}, {4}, "f4")},
+    };
+    if (!m.topk_length.empty()) arrays["topk_length"] = desc(len_in, {B}, {4}, "i4");
+    if (!m.sink.empty()) arrays["sink"] = desc(sink_in, {H}, {4}, "f4");
     if (m.has_extra) {
       const mla::CacheGeometry& e = m.extra_geom;
-      arrays.add_json("extra_kv_cache",
-                      desc(xkv_in, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1"));
-      arrays.add_json("extra_indices",
-                      tokens(xidx_in, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
-                             m.extra_indices_token_stride, 4, "i4"));
+      arrays["extra_kv_cache"] =
+          desc(xkv_in, {e.num_pages, e.page_stride}, {e.page_stride, 1}, "u1");
+      arrays["extra_indices"] = tokens(xidx_in, {m.extra_topk}, {4}, m.extra_indices_batch_stride,
+                                       m.extra_indices_token_stride, 4, "i4");
       if (!m.extra_topk_length.empty()) {
-        arrays.add_json("extra_topk_length", desc(xlen_in, {B}, {4}, "i4"));
+        arrays["extra_topk_length"] = desc(xlen_in, {B}, {4}, "i4");
       }
     }
-    req.add_json("arrays", arrays.object()).add("out_guard", G).add("lse_guard", G);
+    req["arrays"] = std::move(arrays);
+    req["out_guard"] = G;
+    req["lse_guard"] = G;
     // The call line (docs/WORKER_PROTOCOL.md, protocol 3): what differs between calls of the
     // same geometry, so that the layout line above repeats byte for byte.
     json per_call{{"shm_size", shm_->size()}};
@@ -422,10 +372,10 @@ class PythonBackend final : public Backend {
       identify("extra_kv_cache", xkv_in, m.extra_cache.data(), bytes_of(m.extra_cache));
       per_call["ids"] = std::move(ids);
       // The canaries' bits: the worker fills its device outputs with them instead of uploading.
-      req.add("out_canary", int64_t{OutputBuffers::kCanaryBits})
-          .add("lse_canary", int64_t{OutputBuffers::kLseCanaryBits});
+      req["out_canary"] = OutputBuffers::kCanaryBits;
+      req["lse_canary"] = OutputBuffers::kLseCanaryBits;
     }
-    std::string payload = req.object();
+    std::string payload = req.dump();
     payload.push_back('\n');
     payload += per_call.dump();
 
