@@ -140,15 +140,23 @@ void token_dims(const MaterializedCase& m, int64_t batch_stride, int64_t token_s
 }
 
 // Where each buffer of a call lies, described for numpy: [offset, shape, strides in bytes, dtype,
-// region]. Inputs already in the shared arena (harness/core/shared_arena.h) are read there
+// region(, base)]. Inputs already in the shared arena (harness/core/shared_arena.h) are read there
 // (region "arena", no copy); the others, and the outputs, get a place in the call's shared
 // memory (region "shm", 64-byte aligned), inputs copied in by copy_in().
 class CallLayout {
  public:
-  // An input: returns its descriptor's [offset, region].
-  std::pair<int64_t, const char*> input(const void* data, size_t bytes) {
+  // Where a buffer of the call lies: its offset in its region and, for an input in the arena, the
+  // buffer's name (the descriptors of the layout line are relative to it; the call line says
+  // where it starts this time).
+  struct Where {
+    int64_t offset;
+    const char* region;
+    const char* base = nullptr;
+  };
+  // The input named `name`: in the arena where materialize() put it, else copied into fd 3.
+  Where input(const char* name, const void* data, size_t bytes) {
     if (SharedArena* a = SharedArena::get(); a != nullptr && bytes > 0) {
-      if (const int64_t off = a->offset_of(data, bytes); off >= 0) return {off, "arena"};
+      if (const int64_t off = a->offset_of(data, bytes); off >= 0) return {off, "arena", name};
     }
     const int64_t off = place(bytes);
     copies_.push_back({off, data, bytes});
@@ -178,18 +186,7 @@ class CallLayout {
   int64_t next_ = 0;
 };
 
-// Where a buffer of the call lies: its offset in its region and, for an input in the arena, the
-// buffer's name (the descriptors of the layout line are relative to it; the call line says where
-// it starts this time).
-struct Where {
-  int64_t offset;
-  const char* region;
-  const char* base = nullptr;
-};
-
-Where input_at(std::pair<int64_t, const char*> at, const char* base) {
-  return {at.first, at.second, std::strcmp(at.second, "arena") == 0 ? base : nullptr};
-}
+using Where = CallLayout::Where;
 
 // A descriptor of the layout line: an arena input's offset is relative to its buffer (the call
 // line's "bases" gives the start), so that the same geometry repeats the same bytes.
@@ -277,14 +274,17 @@ class PythonBackend final : public Backend {
     const bool device_cache = desc_.device == "cuda" && device_cache_enabled();
     const auto bytes_of = [](const auto& v) { return v.size() * sizeof(v[0]); };
     CallLayout layout;
-    const auto q_at = layout.input(m.q.data(), bytes_of(m.q));
-    const auto kv_at = layout.input(m.cache.data(), bytes_of(m.cache));
-    const auto idx_at = layout.input(m.indices.data(), bytes_of(m.indices));
-    const auto len_at = layout.input(m.topk_length.data(), bytes_of(m.topk_length));
-    const auto sink_at = layout.input(m.sink.data(), bytes_of(m.sink));
-    const auto xkv_at = layout.input(m.extra_cache.data(), bytes_of(m.extra_cache));
-    const auto xidx_at = layout.input(m.extra_indices.data(), bytes_of(m.extra_indices));
-    const auto xlen_at = layout.input(m.extra_topk_length.data(), bytes_of(m.extra_topk_length));
+    const Where q_in = layout.input("q_raw", m.q.data(), bytes_of(m.q));
+    const Where kv_in = layout.input("kv_cache", m.cache.data(), bytes_of(m.cache));
+    const Where idx_in = layout.input("indices_raw", m.indices.data(), bytes_of(m.indices));
+    const Where len_in = layout.input("topk_length", m.topk_length.data(), bytes_of(m.topk_length));
+    const Where sink_in = layout.input("sink", m.sink.data(), bytes_of(m.sink));
+    const Where xkv_in =
+        layout.input("extra_kv_cache", m.extra_cache.data(), bytes_of(m.extra_cache));
+    const Where xidx_in =
+        layout.input("extra_indices", m.extra_indices.data(), bytes_of(m.extra_indices));
+    const Where xlen_in = layout.input("extra_topk_length", m.extra_topk_length.data(),
+                                       bytes_of(m.extra_topk_length));
     const size_t out_n = OutputBuffers::out_elements(m), lse_n = OutputBuffers::lse_elements(m);
     const int64_t out_off = layout.output(out_n * sizeof(uint16_t));
     const int64_t lse_off = layout.output(lse_n * sizeof(float));
@@ -306,11 +306,6 @@ class PythonBackend final : public Backend {
     const int64_t B = m.batch, H = m.heads, G = OutputBuffers::kGuard;
     // Every view carries the real strides: row gaps and head gaps stay outside the views.
     const int64_t qhs = m.q_head_stride, ohs = m.out_head_stride;
-    const Where q_in = input_at(q_at, "q_raw"), kv_in = input_at(kv_at, "kv_cache");
-    const Where idx_in = input_at(idx_at, "indices_raw"), len_in = input_at(len_at, "topk_length");
-    const Where sink_in = input_at(sink_at, "sink"), xkv_in = input_at(xkv_at, "extra_kv_cache");
-    const Where xidx_in = input_at(xidx_at, "extra_indices");
-    const Where xlen_in = input_at(xlen_at, "extra_topk_length");
     const Where out_at{out_off, "shm"}, lse_at{lse_off, "shm"};
     // [B, (s_q,) ...] views: the s_q axis when s_q > 1.
     auto tokens = [&](const Where& at, std::vector<int64_t> shape, std::vector<int64_t> strides,
@@ -363,13 +358,13 @@ class PythonBackend final : public Backend {
       // the worker keeps device copies by identity and copies only what it has not seen.
       json ids = json::object();
       SharedArena* a = SharedArena::get();
-      const auto identify = [&](const char* name, const Where& at, const void* data, size_t bytes) {
-        if (a == nullptr || at.base == nullptr) return;
-        if (const uint64_t id = a->publish(data, bytes); id != 0) ids[name] = id;
+      const auto identify = [&](const Where& at, const void* data, size_t bytes) {
+        if (a == nullptr || at.base == nullptr) return;  // not in the arena: no identity
+        if (const uint64_t id = a->publish(data, bytes); id != 0) ids[at.base] = id;
       };
-      identify("q_raw", q_in, m.q.data(), bytes_of(m.q));
-      identify("kv_cache", kv_in, m.cache.data(), bytes_of(m.cache));
-      identify("extra_kv_cache", xkv_in, m.extra_cache.data(), bytes_of(m.extra_cache));
+      identify(q_in, m.q.data(), bytes_of(m.q));
+      identify(kv_in, m.cache.data(), bytes_of(m.cache));
+      identify(xkv_in, m.extra_cache.data(), bytes_of(m.extra_cache));
       per_call["ids"] = std::move(ids);
       // The canaries' bits: the worker fills its device outputs with them instead of uploading.
       req["out_canary"] = OutputBuffers::kCanaryBits;

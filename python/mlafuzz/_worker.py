@@ -725,7 +725,7 @@ class Server:
         if at is None:
             return None
         at -= self.registered[0]
-        t = getattr(self, "shm_tensor", None)
+        t = self.shm_tensor
         if t is not None:
             return t[at:at + host.nbytes]
         with warnings.catch_warnings():

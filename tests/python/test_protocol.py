@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import types
 
 import numpy as np
 import pytest
 
+from conftest import NUMPY_KERNEL, ROOT, describe, mlafuzz_cmd
 from mlafuzz import _worker
 
 
@@ -138,3 +140,21 @@ def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> N
     s.run_reply(req, parsed)
     assert seen[-1]["lse_raw"] is not seen[-2]["lse_raw"]
     assert seen[-1]["indices_raw"] is not moved
+
+
+def test_a_package_of_the_previous_protocol_is_refused_naming_the_fix(tmp_path, monkeypatch
+                                                                       ) -> None:
+    """An installed package older than the executable (protocol 2) is a clear error, exit 2:
+    the layout line would otherwise be read as a one-line request without its call line."""
+    old = tmp_path / "mlafuzz"
+    shutil.copytree(os.path.join(ROOT, "python", "mlafuzz"), old,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = old / "__init__.py"
+    text = init.read_text()
+    assert "PROTOCOL_VERSION = 3" in text
+    init.write_text(text.replace("PROTOCOL_VERSION = 3", "PROTOCOL_VERSION = 2"))
+    monkeypatch.setenv("MLAFUZZ_PYTHON_PACKAGE_DIR", str(tmp_path))
+    proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 2, describe(proc)
+    assert "mlafuzz speaks worker protocol 3" in proc.stdout, describe(proc)
+    assert "speaks 2" in proc.stdout and "pip install ./python" in proc.stdout, describe(proc)
