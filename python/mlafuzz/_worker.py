@@ -425,6 +425,12 @@ class CudaDriver:
         self._sync = fn("cuCtxSynchronize")
         self._name = fn("cuGetErrorName", ctypes.c_int, ctypes.POINTER(ctypes.c_char_p))
         self._ctypes = ctypes
+        # The checksum kernel (_sum64_ptx), loaded at its first use (sum64).
+        self._sum_fn: Any = None  # its CUfunction; False: the driver refused it (torch sums)
+        self.sum_error = ""  # why, when it was refused
+        self._sum_grid_cap = 0  # blocks per buffer: twice the multiprocessors
+        self._sum_args: Any = None  # the launch's parameter values, kept (9 x u64)
+        self._sum_argv: Any = None  # and the pointers to them that cuLaunchKernel reads
 
     @classmethod
     def load(cls, env: Optional[Dict[str, str]] = None) -> Optional["CudaDriver"]:
@@ -460,6 +466,65 @@ class CudaDriver:
 
     def synchronize(self) -> None:
         self._check(self._sync(), "cuCtxSynchronize")
+
+    def sum64_ready(self) -> bool:
+        """Loads the checksum kernel into the current context (torch's) once; False when the
+        driver refuses it (sum_error says why): the worker then sums with torch."""
+        if self._sum_fn is None:
+            from mlafuzz._sum64_ptx import SUM64_ENTRY, SUM64_PTX  # noqa: PLC0415
+
+            c = self._ctypes
+            lib = self._lib
+            module, func, dev, sms = c.c_void_p(), c.c_void_p(), c.c_int(), c.c_int()
+            try:
+                self._check(lib.cuModuleLoadData(c.byref(module), c.c_char_p(SUM64_PTX.encode())),
+                            "cuModuleLoadData(mlafuzz_sum64)")
+                self._check(lib.cuModuleGetFunction(c.byref(func), module,
+                                                    c.c_char_p(SUM64_ENTRY.encode())),
+                            "cuModuleGetFunction(mlafuzz_sum64)")
+                self._check(lib.cuCtxGetDevice(c.byref(dev)), "cuCtxGetDevice")
+                # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
+                self._check(lib.cuDeviceGetAttribute(c.byref(sms), 16, dev),
+                            "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)")
+            except RuntimeError as e:
+                self._sum_fn, self.sum_error = False, str(e)
+                return False
+            launch = lib.cuLaunchKernel
+            launch.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p, c.c_void_p,
+                                                                c.c_void_p]
+            launch.restype = c.c_int
+            self._launch = launch
+            self._sum_args = (c.c_uint64 * 9)()
+            self._sum_argv = (c.c_void_p * 9)(
+                *[c.addressof(self._sum_args) + 8 * i for i in range(9)])
+            self._sum_grid_cap = max(1, 2 * sms.value)
+            self._sum_fn = func
+        return self._sum_fn is not False
+
+    def sum64(self, buffers: list, dst: int, stream: int) -> bool:
+        """Queues on stream: int64 dst[i] = the sum modulo 2^64 of the n_i 64-bit words at
+        device address p_i, for each (p_i, n_i) in buffers. One memset and one launch per four
+        buffers. False (nothing queued) when the kernel is not available."""
+        if not self.sum64_ready():
+            return False
+        from mlafuzz._sum64_ptx import SUM64_BUFFERS, SUM64_THREADS  # noqa: PLC0415
+
+        self.fill32(dst, 0, 2 * len(buffers), stream)
+        args = self._sum_args
+        for first in range(0, len(buffers), SUM64_BUFFERS):
+            chunk = buffers[first:first + SUM64_BUFFERS]
+            most = 0
+            for i in range(SUM64_BUFFERS):
+                p, n = chunk[i] if i < len(chunk) else (0, 0)
+                args[2 * i], args[2 * i + 1] = p, n
+                most = max(most, n)
+            args[8] = dst + 8 * first
+            # About four words per thread, at most two blocks per multiprocessor and buffer.
+            blocks = min(self._sum_grid_cap, max(1, -(-most // (4 * SUM64_THREADS))))
+            self._check(self._launch(self._sum_fn, blocks, len(chunk), 1, SUM64_THREADS, 1, 1,
+                                     0, stream, self._sum_argv, None),
+                        "cuLaunchKernel(mlafuzz_sum64)")
+        return True
 
 
 class PhaseTimer:
@@ -535,6 +600,11 @@ _DEVICE_INPUTS = ("q_raw", "kv_cache", "indices_raw", "topk_length", "sink", "ex
 
 
 _NO_TIMER = _NoTimer()
+
+# The checksums' device tensor (Server._sums_buffer): slots 0.. the cached inputs' sums after the
+# kernel, slots _SUM_BEFORE.. the sums of the entries a call put, before the kernel.
+_SUM_BEFORE, _SUM_SLOTS = 8, 16
+_SUM_PENDING = "pending"  # a new entry's checksum until the call reads it back (_check_sums)
 
 
 class Server:
@@ -790,6 +860,7 @@ class Server:
         out: Dict[str, Any] = {}
         keys = []
         misses = []  # (name, host bytes, device tensor, key or None)
+        puts = []  # (name, words) of the entries put by this call, summed by the driver
         for name in _DEVICE_INPUTS:
             x = call_inputs.get(name)
             if x is None:
@@ -821,6 +892,8 @@ class Server:
                 t = self._kept_view(name, n, buf, lambda u: u[:n])
             out[name] = t
             misses.append((name, host, t, key, words))
+        if not misses:
+            return out, keys
         direct = [self._registered_ptr(m[1]) or self._registered_bytes(m[1]) for m in misses]
         total = sum((m[1].nbytes + 63) // 64 * 64 for m, d in zip(misses, direct) if d is None)
         staging = self._stage(total) if total else None
@@ -845,10 +918,35 @@ class Server:
                     warnings.simplefilter("ignore", UserWarning)
                     t.copy_(torch.from_numpy(host))
             if key is not None:
-                checksum = torch.sum(words)  # queued after the copy; wraps modulo 2^64
+                # The checksum before the kernel: on the device, queued after the copy (wraps
+                # modulo 2^64); read back with the outputs (_queue_sums, _check_sums).
+                on_device = self._sum_kernel()
+                checksum = _SUM_PENDING if on_device else torch.sum(words)
                 if cache.put(key, (t, words), n, checksum):
                     keys.append((name, key, checksum, words))
+                    if on_device:
+                        puts.append((name, words))
+        if puts:  # one launch for the new entries, into the "before" slots
+            dst = self._sums_buffer(dev)
+            self.cu.sum64(self._word_spans(puts), self._data_ptr("sums", dst) + 8 * _SUM_BEFORE,
+                          self.stream)
         return out, keys
+
+    def _sum_kernel(self) -> bool:
+        """Whether the checksums run as the driver's kernel (CudaDriver.sum64), else torch.sum."""
+        return self.cu is not None and self.cu.sum64_ready()
+
+    def _word_spans(self, named_words: list) -> list:
+        """(device address, word count) of each (name, int64 words tensor), the addresses kept."""
+        return [(self._data_ptr(("words", name), w), w.numel()) for name, w in named_words]
+
+    def _sums_buffer(self, dev: Any) -> Any:
+        """The kept int64 device tensor the checksums are summed into (_SUM_SLOTS of them)."""
+        dst = self.device_buffers.get("sums")
+        if dst is None:
+            dst = self.torch.empty(_SUM_SLOTS, dtype=self.torch.int64, device=dev)
+            self.device_buffers["sums"] = dst
+        return dst
 
     def _kept_view(self, name: str, geometry: Hashable, base: Any,
                    make: Callable[[Any], Any]) -> Any:
@@ -958,23 +1056,27 @@ class Server:
         return None if kept is None else kept[:n]
 
     def _queue_sums(self, keys: list) -> Any:
-        """One device tensor: each lent input's checksum now, then the not yet known "before"
-        sums (entries put by this call). Queued after the kernel, read back with the outputs."""
+        """The kept int64 device tensor, its first len(keys) slots each lent input's checksum
+        now, slots _SUM_BEFORE... the "before" sums not yet read back (entries put by this call,
+        in keys' order). Queued after the kernel, read back with the outputs (_check_sums)."""
+        if len(keys) > _SUM_BEFORE:
+            raise ValueError(f"{len(keys)} cached inputs: the checksums hold {_SUM_BEFORE}")
         torch = self.torch
+        dst = self._sums_buffer(keys[0][3].device)
         before = [c for _, _, c, _ in keys if not isinstance(c, int)]
-        n = len(keys) + len(before)
-        dst = self.device_buffers.get("sums")
-        if dst is None or dst.numel() < n:
-            dst = torch.empty(max(n, 16), dtype=torch.int64, device=keys[0][3].device)
-            self.device_buffers["sums"] = dst
-        # Each sum written in place (no stack: one launch fewer per call), into one-element
-        # views of dst kept while dst is the same tensor.
-        slots = self._kept_view("sums:slots", dst.numel(), dst,
-                                lambda d: [d[i:i + 1] for i in range(d.numel())])
-        for slot, (_, _, _, words) in zip(slots, keys):
-            torch.sum(words, dim=0, keepdim=True, out=slot)
-        for j, c in enumerate(before, start=len(keys)):
-            slots[j].copy_(c.reshape(1))
+        n = _SUM_BEFORE + len(before) if before else len(keys)
+        if self._sum_kernel():  # one memset and one launch for all of them
+            self.cu.sum64(self._word_spans([(name, w) for name, _, _, w in keys]),
+                          self._data_ptr("sums", dst), self.stream)
+        else:
+            # Each sum written in place (no stack: one launch fewer per call), into one-element
+            # views of dst kept while dst is the same tensor.
+            slots = self._kept_view("sums:slots", dst.numel(), dst,
+                                    lambda d: [d[i:i + 1] for i in range(d.numel())])
+            for slot, (_, _, _, words) in zip(slots, keys):
+                torch.sum(words, dim=0, keepdim=True, out=slot)
+            for j, c in enumerate(before, start=_SUM_BEFORE):
+                slots[j].copy_(c.reshape(1))
         return self._kept_view("sums:head", n, dst, lambda d: d[:n])
 
     def _check_sums(self, keys: list, sums: np.ndarray) -> str:
@@ -983,7 +1085,7 @@ class Server:
         cache = self.device_cache
         assert cache is not None
         values = [int(v) for v in sums]
-        now, before = values[: len(keys)], iter(values[len(keys):])
+        now, before = values[: len(keys)], iter(values[_SUM_BEFORE:])
         bad = []
         for (name, key, was, _), is_now in zip(keys, now):
             was = was if isinstance(was, int) else next(before)

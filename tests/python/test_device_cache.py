@@ -76,6 +76,7 @@ class FakeTorch(types.SimpleNamespace):
         self.pin_fails = pin_fails
         self.pinned_allocations = 0
         self.syncs = 0
+        self.sum_calls = 0
         self.cuda = types.SimpleNamespace(synchronize=self._synchronize)
 
     def _synchronize(self, dev: Any) -> None:
@@ -103,6 +104,7 @@ class FakeTorch(types.SimpleNamespace):
             out: Optional[FakeTensor] = None) -> FakeTensor:
         # torch sums integers into int64, wrapping around like the device does; out= writes in
         # place (the worker's kept checksum tensor).
+        self.sum_calls += 1
         with np.errstate(over="ignore"):
             total = np.array(t.a.astype(np.int64).sum(dtype=np.int64))
         if out is None:
@@ -473,8 +475,23 @@ class FakeDriver:
     """CudaDriver's calls on host memory (the fake device tensors are numpy arrays): the copies
     and fills really move bytes, so a wrong address or size shows in the buffers."""
 
-    def __init__(self) -> None:
+    def __init__(self, sums: bool = True) -> None:
         self.calls: list = []
+        self.sums = sums  # False: the driver refused the checksum kernel (torch sums)
+
+    def sum64_ready(self) -> bool:
+        return self.sums
+
+    def sum64(self, buffers: list, dst: int, stream: int) -> bool:
+        """What mlafuzz_sum64 computes: int64 dst[i] = the words at p_i summed modulo 2^64."""
+        assert self.sums
+        self.calls.append(("sum64", [n for _, n in buffers], stream))
+        out = (ctypes.c_int64 * len(buffers)).from_address(dst)
+        for i, (p, n) in enumerate(buffers):
+            words = np.ctypeslib.as_array((ctypes.c_uint64 * n).from_address(p))
+            with np.errstate(over="ignore"):
+                out[i] = int(np.array(words.sum(dtype=np.uint64)).view(np.int64))
+        return True
 
     def htod(self, dst: int, src: int, n: int, stream: int) -> None:
         self.calls.append(("htod", n, stream))
@@ -505,17 +522,20 @@ def test_the_driver_path_moves_the_same_bytes_as_torch_would() -> None:
     shm, in_shm, a, dev = lend_indices_in_fd3(s, region, 5)
     # Only the fd 3 input went through the driver, on torch's current stream; the arena inputs
     # (pageable) through the staging and torch.
-    assert s.cu.calls == [("htod", a["indices_raw"].nbytes, 7)]
+    # The two new cache entries' checksums: one launch after the copies (64-bit words).
+    words = [a["q_raw"].nbytes // 8, (a["kv_cache"].nbytes + 7) // 8]
+    assert s.cu.calls == [("htod", a["indices_raw"].nbytes, 7), ("sum64", words, 7)]
+    s.cu.calls.clear()
     host = {"out_raw": shm[1024:1104].view(np.uint16), "lse_raw": shm[1152:1180].view(np.float32)}
     out, lse = s._outputs(host, {"out_canary": 0x7FA5, "lse_canary": 0x7FA5A5A5}, "cuda")
     assert (out.a == 0x7FA5).all() and (lse.a.view(np.uint32) == 0x7FA5A5A5).all()
-    assert s.cu.calls[1:] == [("fill16", 40, 7), ("fill32", 7, 7)]
+    assert s.cu.calls == [("fill16", 40, 7), ("fill32", 7, 7)]
     out.a[5] = 0x1234
     # The kept buffer beyond the call's size is not the call's: never filled, never copied.
     s.device_buffers["out_raw"].a[80:] = 0x33
     s._download([(host["out_raw"], s.device_buffers["out_raw"]),
                  (host["lse_raw"], s.device_buffers["lse_raw"])], "cuda")
-    assert s.cu.calls[3:] == [("dtoh", 80, 7), ("dtoh", 28, 7), ("sync",)]
+    assert s.cu.calls[2:] == [("dtoh", 80, 7), ("dtoh", 28, 7), ("sync",)]
     assert host["out_raw"][5] == 0x1234 and (np.delete(host["out_raw"], 5) == 0x7FA5).all()
     assert (host["lse_raw"].view(np.uint32) == 0x7FA5A5A5).all()
     assert (shm[1104:1152] == 0).all() and (shm[1180:1200] == 0).all(), "nothing outside them"
@@ -542,3 +562,140 @@ def test_the_driver_is_off_when_asked_and_errors_name_the_call() -> None:
         cu.synchronize()
     with pytest.raises(RuntimeError, match="cuMemcpyDtoHAsync"):
         cu.dtoh(0, 0, 1, 0)
+
+
+@pytest.mark.parametrize("kv_bytes", [4096, 4100])  # whole int64 words, and a tail
+def test_the_driver_sums_the_cached_inputs_in_one_launch_and_catches_a_write(
+        kv_bytes: int) -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    s.cu, s.stream = FakeDriver(), 9
+    a = inputs(4, kv_bytes)
+    req = {"ids": {"q_raw": 21, "kv_cache": 22}}
+    dev, keys = s._to_device(a, req, "cuda")
+    words = [a["q_raw"].nbytes // 8, (kv_bytes + 7) // 8]
+    # The new entries: one launch into the "before" slots, their checksums pending until read.
+    assert s.cu.calls == [("sum64", words, 9)]
+    assert [c for _, _, c, _ in keys] == [_worker._SUM_PENDING] * 2
+    queued = s._queue_sums(keys)
+    assert s.cu.calls[1:] == [("sum64", words, 9)] and len(queued.a) == _worker._SUM_BEFORE + 2
+    assert written(s, keys) == ""
+    # Warm: the checksums are ints now; one launch for both, read back as two sums.
+    s.cu.calls.clear()
+    dev, keys = s._to_device(a, req, "cuda")
+    assert s.cu.calls == [] and all(isinstance(c, int) for _, _, c, _ in keys)
+    with np.errstate(over="ignore"):
+        expect = int(np.array(a["q_raw"].view(np.uint64).sum(dtype=np.uint64)).view(np.int64))
+    assert keys[0][2] == expect, "the driver's sum is torch.sum's of the int64 words"
+    assert len(s._queue_sums(keys).a) == 2 and s.cu.calls == [("sum64", words, 9)]
+    assert written(s, keys) == ""
+    dev["kv_cache"].a[kv_bytes - 1] ^= 0x01  # the kernel stores into its cache input
+    assert written(s, keys) == "kv_cache"
+    assert fake.sum_calls == 0, "torch summed nothing"
+
+
+def test_without_the_checksum_kernel_torch_sums_as_before() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    s.cu = FakeDriver(sums=False)
+    a = inputs(6)
+    req = {"ids": {"q_raw": 31, "kv_cache": 32}}
+    dev, keys = s._to_device(a, req, "cuda")
+    assert not any(c[0] == "sum64" for c in s.cu.calls)
+    assert written(s, keys) == ""
+    dev, keys = s._to_device(a, req, "cuda")
+    dev["q_raw"].a[0] ^= 1
+    assert written(s, keys) == "q_raw"
+    assert fake.sum_calls == 2 + 2 + 2  # two entries put, then "now" twice
+
+
+class SumLib:
+    """A libcuda for CudaDriver.sum64: records the module, the memsets and each launch's grid,
+    block and the nine parameters cuLaunchKernel reads through its pointer array."""
+
+    def __init__(self, load_rc: int = 0) -> None:
+        self.load_rc = load_rc
+        self.ptx = b""
+        self.memsets: list = []
+        self.launches: list = []
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(name)
+
+    def cuModuleLoadData(self, module: Any, image: Any) -> int:  # noqa: N802
+        self.ptx = image.value
+        return self.load_rc
+
+    def cuModuleGetFunction(self, func: Any, module: Any, name: Any) -> int:  # noqa: N802
+        assert name.value == b"mlafuzz_sum64"
+        func._obj.value = 0xF00
+        return 0
+
+    def cuCtxGetDevice(self, dev: Any) -> int:  # noqa: N802
+        return 0
+
+    def cuDeviceGetAttribute(self, value: Any, attr: int, dev: Any) -> int:  # noqa: N802
+        assert attr == 16  # CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+        value._obj.value = 132
+        return 0
+
+    def cuMemsetD32Async(self, dst: int, value: int, count: int, stream: int) -> int:  # noqa: N802
+        self.memsets.append((dst, value, count, stream))
+        return 0
+
+    def cuGetErrorName(self, rc: int, name: Any) -> int:  # noqa: N802
+        name._obj.value = b"CUDA_ERROR_INVALID_PTX"
+        return 0
+
+    @property
+    def cuLaunchKernel(self) -> Any:  # noqa: N802 - CudaDriver sets argtypes on it
+        lib = self
+
+        def launch(f: Any, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, smem: int,
+                   stream: int, argv: Any, extra: Any) -> int:
+            params = [ctypes.c_uint64.from_address(argv[i]).value for i in range(9)]
+            lib.launches.append(((gx, gy, gz), (bx, by, bz), smem, stream, params))
+            return 0
+
+        launch.argtypes = None
+        return _Settable(launch)
+
+
+class _Settable:
+    """A callable that accepts argtypes and restype as ctypes functions do."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+
+    def __call__(self, *args: Any) -> Any:
+        return self.f(*args)
+
+
+def test_the_driver_launch_packs_the_buffers_grid_and_parameters() -> None:
+    lib = SumLib()
+    cu = object.__new__(_worker.CudaDriver)
+    cu._lib, cu._ctypes = lib, ctypes
+    cu._sum_fn, cu.sum_error = None, ""
+    cu._d32 = lib.cuMemsetD32Async
+    cu._name = lib.cuGetErrorName
+    bufs = [(0x1000, 2_600_000), (0x9000, 300), (0xA000, 1), (0xB000, 8), (0xC000, 5000)]
+    assert cu.sum64(bufs, 0x5000, 3)
+    assert lib.ptx.startswith(b".version") and b"mlafuzz_sum64" in lib.ptx
+    assert lib.memsets == [(0x5000, 0, 10, 3)], "the five sums zeroed first"
+    (g1, b1, m1, s1, p1), (g2, b2, m2, s2, p2) = lib.launches
+    # Four buffers a launch; blocks: ~4 words a thread, at most two per multiprocessor.
+    assert g1 == (264, 4, 1) and b1 == (256, 1, 1) and m1 == 0 and s1 == 3
+    assert p1 == [0x1000, 2_600_000, 0x9000, 300, 0xA000, 1, 0xB000, 8, 0x5000]
+    assert g2 == (5, 1, 1) and p2 == [0xC000, 5000, 0, 0, 0, 0, 0, 0, 0x5000 + 32]
+
+
+def test_a_refused_checksum_kernel_leaves_torch_the_sums_and_says_why() -> None:
+    lib = SumLib(load_rc=218)
+    cu = object.__new__(_worker.CudaDriver)
+    cu._lib, cu._ctypes = lib, ctypes
+    cu._sum_fn, cu.sum_error = None, ""
+    cu._name = lib.cuGetErrorName
+    assert cu.sum64([(0x1000, 8)], 0x5000, 0) is False and not lib.launches
+    assert cu.sum_error == ("cuModuleLoadData(mlafuzz_sum64): CUDA driver error 218 "
+                            "(CUDA_ERROR_INVALID_PTX)")
+    assert cu.sum64_ready() is False and lib.ptx, "tried once, not again"

@@ -54,3 +54,22 @@ def test_a_kernel_writing_nothing_but_outputs_passes() -> None:
 
 def test_the_torch_example_passes_every_property() -> None:
     mlafuzz.testing.fuzz(EXAMPLE, time="60s", cases=60, seed=31, jobs=4)
+
+
+@pytest.mark.parametrize("sizes", [[1], [7, 1000], [2_600_003, 300_000, 5], [3, 1, 4, 1, 5]])
+def test_the_driver_checksum_kernel_sums_as_torch_does(sizes) -> None:
+    from mlafuzz._worker import CudaDriver  # noqa: PLC0415
+
+    cu = CudaDriver.load()
+    if cu is None:
+        pytest.skip("no libcuda.so.1 or MLAFUZZ_CUDA_DRIVER=0")
+    gen = torch.Generator(device="cuda").manual_seed(len(sizes))
+    words = [torch.randint(-(1 << 62), 1 << 62, (n,), generator=gen, device="cuda",
+                           dtype=torch.int64) * 3 for n in sizes]  # * 3: sums that wrap
+    dst = torch.full((len(sizes) + 1,), 0x5A5A, dtype=torch.int64, device="cuda")
+    stream = int(torch.cuda.current_stream().cuda_stream)
+    assert cu.sum64([(w.data_ptr(), w.numel()) for w in words], dst.data_ptr(), stream), \
+        cu.sum_error
+    torch.cuda.synchronize()
+    assert dst[:-1].tolist() == [int(torch.sum(w)) for w in words]
+    assert int(dst[-1]) == 0x5A5A, "nothing past the sums written"
