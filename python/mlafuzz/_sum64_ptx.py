@@ -18,6 +18,15 @@ assembles it with ptxas for sm_90 and sm_120 where the CUDA toolkit is installed
 # caller zeroes dst[0..gridDim.y). Each thread sums a grid-stride slice, the warp reduces it with
 # shuffles (a 64-bit value as two 32-bit halves), lane 0 adds it into the block's shared sum and
 # thread 0 adds that into dst[y] (red.global: no return value needed).
+
+# One step of the warp's reduction: each lane adds the sum of the lane `lanes` above it.
+_SHUFFLE_STEP = """\tmov.b64 {{%r6, %r7}}, %rd6;
+\tshfl.sync.down.b32 %r8, %r6, {lanes}, 31, -1;
+\tshfl.sync.down.b32 %r9, %r7, {lanes}, 31, -1;
+\tmov.b64 %rd9, {{%r8, %r9}};
+\tadd.u64 %rd6, %rd6, %rd9;
+"""
+
 SUM64_PTX = """.version 7.0
 .target sm_70
 .address_size 64
@@ -75,32 +84,7 @@ SUM_LOOP:
 
 SUM_DONE:
 	// The warp's 32 sums into lane 0 (each 64-bit value as two 32-bit shuffles).
-	mov.b64 {%r6, %r7}, %rd6;
-	shfl.sync.down.b32 %r8, %r6, 16, 31, -1;
-	shfl.sync.down.b32 %r9, %r7, 16, 31, -1;
-	mov.b64 %rd9, {%r8, %r9};
-	add.u64 %rd6, %rd6, %rd9;
-	mov.b64 {%r6, %r7}, %rd6;
-	shfl.sync.down.b32 %r8, %r6, 8, 31, -1;
-	shfl.sync.down.b32 %r9, %r7, 8, 31, -1;
-	mov.b64 %rd9, {%r8, %r9};
-	add.u64 %rd6, %rd6, %rd9;
-	mov.b64 {%r6, %r7}, %rd6;
-	shfl.sync.down.b32 %r8, %r6, 4, 31, -1;
-	shfl.sync.down.b32 %r9, %r7, 4, 31, -1;
-	mov.b64 %rd9, {%r8, %r9};
-	add.u64 %rd6, %rd6, %rd9;
-	mov.b64 {%r6, %r7}, %rd6;
-	shfl.sync.down.b32 %r8, %r6, 2, 31, -1;
-	shfl.sync.down.b32 %r9, %r7, 2, 31, -1;
-	mov.b64 %rd9, {%r8, %r9};
-	add.u64 %rd6, %rd6, %rd9;
-	mov.b64 {%r6, %r7}, %rd6;
-	shfl.sync.down.b32 %r8, %r6, 1, 31, -1;
-	shfl.sync.down.b32 %r9, %r7, 1, 31, -1;
-	mov.b64 %rd9, {%r8, %r9};
-	add.u64 %rd6, %rd6, %rd9;
-
+""" + "".join(_SHUFFLE_STEP.format(lanes=lanes) for lanes in (16, 8, 4, 2, 1)) + """
 	// Lane 0 of each warp into the block's sum, thread 0 into dst[y].
 	and.b32 %r10, %r2, 31;
 	setp.eq.u32 %p2, %r10, 0;

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 import numpy as np
 
 import mlafuzz
+from mlafuzz._sum64_ptx import SUM64_BUFFERS, SUM64_ENTRY, SUM64_PTX, SUM64_THREADS
 
 FRAME_MAGIC = 0x57414C4D  # "MLAW", as the C++ worker protocol
 HEADER = struct.Struct("<IIQ")
@@ -431,6 +432,7 @@ class CudaDriver:
         self._sum_grid_cap = 0  # blocks per buffer: twice the multiprocessors
         self._sum_args: Any = None  # the launch's parameter values, kept (9 x u64)
         self._sum_argv: Any = None  # and the pointers to them that cuLaunchKernel reads
+        self._launch: Any = None  # cuLaunchKernel, its argument types set
 
     @classmethod
     def load(cls, env: Optional[Dict[str, str]] = None) -> Optional["CudaDriver"]:
@@ -471,8 +473,6 @@ class CudaDriver:
         """Loads the checksum kernel into the current context (torch's) once; False when the
         driver refuses it (sum_error says why): the worker then sums with torch."""
         if self._sum_fn is None:
-            from mlafuzz._sum64_ptx import SUM64_ENTRY, SUM64_PTX  # noqa: PLC0415
-
             c = self._ctypes
             lib = self._lib
             module, func, dev, sms = c.c_void_p(), c.c_void_p(), c.c_int(), c.c_int()
@@ -507,8 +507,6 @@ class CudaDriver:
         buffers. False (nothing queued) when the kernel is not available."""
         if not self.sum64_ready():
             return False
-        from mlafuzz._sum64_ptx import SUM64_BUFFERS, SUM64_THREADS  # noqa: PLC0415
-
         self.fill32(dst, 0, 2 * len(buffers), stream)
         args = self._sum_args
         for first in range(0, len(buffers), SUM64_BUFFERS):

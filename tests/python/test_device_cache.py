@@ -671,13 +671,18 @@ class _Settable:
         return self.f(*args)
 
 
-def test_the_driver_launch_packs_the_buffers_grid_and_parameters() -> None:
-    lib = SumLib()
+def sum_driver(lib: SumLib) -> _worker.CudaDriver:
+    """A CudaDriver over lib with only what sum64 reaches: the memset, the error names."""
     cu = object.__new__(_worker.CudaDriver)
     cu._lib, cu._ctypes = lib, ctypes
     cu._sum_fn, cu.sum_error = None, ""
-    cu._d32 = lib.cuMemsetD32Async
-    cu._name = lib.cuGetErrorName
+    cu._d32, cu._name = lib.cuMemsetD32Async, lib.cuGetErrorName
+    return cu
+
+
+def test_the_driver_launch_packs_the_buffers_grid_and_parameters() -> None:
+    lib = SumLib()
+    cu = sum_driver(lib)
     bufs = [(0x1000, 2_600_000), (0x9000, 300), (0xA000, 1), (0xB000, 8), (0xC000, 5000)]
     assert cu.sum64(bufs, 0x5000, 3)
     assert lib.ptx.startswith(b".version") and b"mlafuzz_sum64" in lib.ptx
@@ -691,10 +696,7 @@ def test_the_driver_launch_packs_the_buffers_grid_and_parameters() -> None:
 
 def test_a_refused_checksum_kernel_leaves_torch_the_sums_and_says_why() -> None:
     lib = SumLib(load_rc=218)
-    cu = object.__new__(_worker.CudaDriver)
-    cu._lib, cu._ctypes = lib, ctypes
-    cu._sum_fn, cu.sum_error = None, ""
-    cu._name = lib.cuGetErrorName
+    cu = sum_driver(lib)
     assert cu.sum64([(0x1000, 8)], 0x5000, 0) is False and not lib.launches
     assert cu.sum_error == ("cuModuleLoadData(mlafuzz_sum64): CUDA driver error 218 "
                             "(CUDA_ERROR_INVALID_PTX)")
