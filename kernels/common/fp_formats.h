@@ -104,10 +104,13 @@ MLA_HD uint8_t float_to_e4m3_sat(float f) {
 
 // ---- ue8m0 scale byte: 2^(e - 127); 0xff is NaN (OCP MX convention) ----
 
+// Selects, not branches: the MMA kernel decodes four tokens' scales at once (their loads in
+// flight together), which a branch per scale would serialize.
 MLA_HD float ue8m0_to_float(uint8_t e) {
-  if (e == 0xffu) return bits_to_float(0x7fc00000u);
-  if (e == 0) return bits_to_float(0x00400000u);  // 2^-127, an fp32 subnormal (exact)
-  return bits_to_float(static_cast<uint32_t>(e) << 23);
+  uint32_t bits = static_cast<uint32_t>(e) << 23;
+  bits = e == 0 ? 0x00400000u : bits;      // 2^-127, an fp32 subnormal (exact)
+  bits = e == 0xffu ? 0x7fc00000u : bits;  // NaN
+  return bits_to_float(bits);
 }
 
 }  // namespace mla

@@ -72,11 +72,20 @@ constexpr int mma_default_wg(int bh) { return bh == 32 ? 8 : 4; }
 // Dynamic shared memory of the (BH, WG, T) configuration (the kernel has no static shared
 // memory): raw staging T*656, Ks T*584*2, Qs BH*584*2, Ps BH*(T+8)*2, partial maxima BH*WG*4,
 // chunk sums BH*(T/8)*4, validity 2*T*4.
+// Whether the S phase runs as warp pairs (64-token tiles): each warp of a pair folds one parity
+// of the k-steps for the pair's 2 TOK tokens, and the pair swaps NS = TOK / 8 n8 tiles of
+// partial logits through shared memory (NS * 128 floats per warp). See the S phase. Not for the
+// 32-token tiles: the sm_120 configuration has no shared memory to spare.
+__host__ __device__ constexpr bool mma_pair_s(int wg, int t) { return t == 64 && wg >= 2; }
+__host__ __device__ constexpr int mma_pair_floats(int wg, int t) {
+  return mma_pair_s(wg, t) ? t / wg / 8 * 128 : 0;  // per warp
+}
 constexpr size_t mma_smem_bytes(int bh, int wg, int t = kMmaTokenTile) {
   return static_cast<size_t>(t) * kMaxRawStride + static_cast<size_t>(t) * kMmaKStride * 2 +
          static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * mma_p_stride(t) * 2 +
          static_cast<size_t>(bh) * wg * 4 + static_cast<size_t>(bh) * mma_chunks(t) * 4 +
-         static_cast<size_t>(2) * t * 4;
+         static_cast<size_t>(2) * t * 4 +
+         static_cast<size_t>(bh) / 16 * wg * mma_pair_floats(wg, t) * 4;
 }
 constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
 
@@ -150,6 +159,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
   static_assert(!kSplit || T == kMmaTokenTile, "split-KV runs 64-token tiles only");
   static_assert(NS * WG == CH, "S-phase chunks must tile the token tile");
   static_assert(CH % 4 == 0, "the chunk sums are read as float4");
+  static_assert(!mma_pair_s(WG, T) || (WG % 2 == 0 && G + NW / 2 <= 15),
+                "the S phase's warp pairs need named barriers G + 1 .. G + NW / 2 (at most 15)");
 
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* raw = smem;                                                   // [T][raw_stride]
@@ -159,6 +170,10 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
   float* s_pmax = reinterpret_cast<float*>(Ps + BH * PS);                // [BH][WG]
   float* s_psum = s_pmax + BH * WG;                                      // [BH][CH]
   int* s_valid = reinterpret_cast<int*>(s_psum + BH * CH);               // [2][T]
+  // Both S paths give the same bits, so the choice is per instantiation: the split kernel of
+  // BLOCK_H 64 with the extra cache keeps the one-warp path (ptxas spills 20 bytes with pairs).
+  constexpr bool kPairS = mma_pair_s(WG, T) && !(kSplit && EX && T / WG == 16);
+  float* s_xch = reinterpret_cast<float*>(s_valid + 2 * T);  // [NW][NS * 128] (kPairS)
 
 #ifndef NDEBUG
   if (blockDim.x != NT) __trap();
@@ -232,7 +247,14 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
     cp_async_commit();
   };
 
+  // The first tile's indices are requested before anything else: the chain index -> token bytes
+  // is the longest latency of a block that folds one tile (a split), and Q's copies below
+  // overlap it instead of preceding it.
+  int32_t next_idx = tile_begin < tile_end ? load_idx(tile_begin) : -1;
+
   // ---- Q [BH][np + rope] bf16 into smem: nope columns, zeros for padding, rope after ----
+  // Aligned rows (q_vec16) travel by cp.async, in flight together with the first tile's gather
+  // (the loop's first wait covers both); others by 2-byte loads.
   const int upr = pl.dkp / 8;  // 16-byte units per row
   for (int u = tid; u < BH * upr; u += NT) {
     const int r = u / upr, col = (u - r * upr) * 8, head = h0 + r;
@@ -251,7 +273,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
       }
       if (src >= 0) {
         if (pl.q_vec16) {
-          val = *reinterpret_cast<const uint4*>(qrow + src);
+          cp_async16(smem_u32(Qs + r * KS + col), qrow + src);
+          continue;
         } else {
           uint32_t w[4];
 #pragma unroll
@@ -307,7 +330,6 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
   }
 
   // Tile t stages into buffer t & 1 (s_valid), whatever the range starts at.
-  int32_t next_idx = tile_begin < tile_end ? load_idx(tile_begin) : -1;
   if (tile_begin < tile_end) stage(tile_begin, tile_begin & 1, next_idx);
 
   SoftmaxState st0, st1;  // rows g and g + 8 of this warp's head group
@@ -345,16 +367,24 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
           const int src = plan[rr] & 0xfffu, sc = (plan[rr] >> 12) & 0xfffu;
           uint16_t* kcol = Ks + warp * KS + (lane + 32 * rr) * 8;
           if (kind == UnitKind::kFp8) {
+            // Every row's bytes and scale are loaded before any is converted (the scale decode
+            // has no branch), so that the TPW rows' shared-memory loads are in flight together.
+            uint2 r8s[TPW];
+            float ss[TPW];
 #pragma unroll
             for (int jj = 0; jj < TPW; ++jj) {
               const uint8_t* tok = raw + (warp + NW * jj) * pl.raw_stride;
-              const uint2 r8 = *reinterpret_cast<const uint2*>(tok + src);
-              float s;
+              r8s[jj] = *reinterpret_cast<const uint2*>(tok + src);
               if constexpr (kModel1) {
-                s = ue8m0_to_float(tok[sc]);
+                ss[jj] = ue8m0_to_float(tok[sc]);
               } else {
-                s = *reinterpret_cast<const float*>(tok + sc);
+                ss[jj] = *reinterpret_cast<const float*>(tok + sc);
               }
+            }
+#pragma unroll
+            for (int jj = 0; jj < TPW; ++jj) {
+              const uint2 r8 = r8s[jj];
+              const float s = ss[jj];
               const float2 f0 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x & 0xffffu));
               const float2 f1 = e4m3x2_to_float2(static_cast<uint16_t>(r8.x >> 16));
               const float2 f2 = e4m3x2_to_float2(static_cast<uint16_t>(r8.y & 0xffffu));
@@ -408,7 +438,54 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
       const uint32_t qa = smem_u32(Qs + (hg * 16 + (lane & 15)) * KS + (lane >> 4) * 8);
       const int ksteps = pl.dkp / 16;
       int kk = 0;
-      if constexpr (NS == 2) {
+      if constexpr (kPairS) {
+        // Warp pairs (quarter 2c, 2c + 1) cover tokens [2 TOK c, +2 TOK): the even warp folds
+        // the even k-steps, the odd warp the odd ones, each for all 2 NS n8 tiles of the pair
+        // (one A load per k-step for 2 TOK tokens: 512 shared-memory bytes per MMA instead of
+        // 768 for NS = 1, 384 instead of 512 for NS = 2; the phase is bound by shared-memory
+        // bandwidth). Then each warp hands the partner the NS tiles the partner keeps: warp
+        // 2c + par keeps tokens [2 TOK c + TOK par, +TOK) = [TOK quarter, +TOK), as the one-warp
+        // paths below. The two chains it adds (even k-steps ascending, odd k-steps ascending)
+        // are those paths' acc and acc_odd (here acc holds the warp's own chain and acc_odd the
+        // partner's; the sum commutes): the same bits.
+        constexpr int PT = 2 * NS;
+        const int par = quarter & 1, pair = quarter >> 1;
+        float pacc[PT][4] = {};
+        const uint32_t ka = smem_u32(Ks + (pair * 2 * TOK + (lane >> 4) * 8 + (lane & 7)) * KS +
+                                     ((lane >> 3) & 1) * 8);
+        // Unrolled twice for 16 tokens per warp; not for 32 (BLOCK_H 64 with the extra cache
+        // would spill).
+#pragma unroll(NS == 1 ? 2 : 1)
+        for (int k = par; k < ksteps; k += 2) {
+          uint32_t a[4];
+          ldsm_x4(a, qa + k * 32);
+#pragma unroll
+          for (int j = 0; j < NS; ++j) {  // x4: tokens (16 j + 0-7 | 8-15) x (cols k | k+8)
+            uint32_t kb[4];
+            ldsm_x4(kb, ka + j * 16 * KS * 2 + k * 32);
+            mma_bf16_16816(pacc[2 * j], a, kb[0], kb[1]);
+            mma_bf16_16816(pacc[2 * j + 1], a, kb[2], kb[3]);
+          }
+        }
+        float4* mine = reinterpret_cast<float4*>(s_xch + warp * NS * 128) + lane;
+        const float4* theirs =
+            reinterpret_cast<const float4*>(s_xch + (hg + G * (quarter ^ 1)) * NS * 128) + lane;
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+          float give[4];  // element selects: no pointer into the register array
+#pragma unroll
+          for (int i = 0; i < 4; ++i) give[i] = par ? pacc[j][i] : pacc[NS + j][i];
+          mine[32 * j] = make_float4(give[0], give[1], give[2], give[3]);
+        }
+        group_barrier(1 + G + hg + G * pair, 64);  // the pair's two warps (ids G + 1 .. G + NW / 2)
+#pragma unroll
+        for (int j = 0; j < NS; ++j) {
+          const float4 r = theirs[32 * j];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[j][i] = par ? pacc[NS + j][i] : pacc[j][i];
+          acc_odd[j][0] = r.x, acc_odd[j][1] = r.y, acc_odd[j][2] = r.z, acc_odd[j][3] = r.w;
+        }
+      } else if constexpr (NS == 2) {
         // x4: (tokens 0-7 | 8-15) x (cols k | k+8) -> B of two n8 tiles for one k-step.
         const uint32_t ka = smem_u32(Ks + (quarter * TOK + (lane >> 4) * 8 + (lane & 7)) * KS +
                                      ((lane >> 3) & 1) * 8);
@@ -582,6 +659,7 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
       }
     }
   }
+  cp_async_wait_all();  // nothing left in flight at exit (a row without tiles never waited for Q)
 
   if constexpr (kSplit) {
     // ---- split epilogue: the fp32 partial (m, l, O) of this split, merged by the combine ----
