@@ -214,7 +214,7 @@ void release(DeviceProblem& d) {
   for (void* b : d.bufs) CK(cudaFree(b));  // cudaFree(nullptr) is a no-op
 }
 
-enum class Kernel { kSimt, kMma32, kMma64, kMma32w4, kMmaSmall, kSplit1, kSplitAuto, kSplitMax };
+enum class Kernel { kSimt, kMma32, kMma64, kMma32w8, kMmaSmall, kSplit1, kSplitAuto, kSplitMax };
 const char* kernel_name(Kernel k) {
   switch (k) {
     case Kernel::kSimt:
@@ -223,8 +223,8 @@ const char* kernel_name(Kernel k) {
       return "mma";
     case Kernel::kMma64:
       return "mma-h64";
-    case Kernel::kMma32w4:
-      return "mma-w4";
+    case Kernel::kMma32w8:
+      return "mma-w8";
     case Kernel::kMmaSmall:
       return "mma-small";
     case Kernel::kSplit1:
@@ -268,8 +268,8 @@ void launch(Kernel k, const mla::DecodeParams& p, cudaStream_t s) {
     case Kernel::kMma64:
       rc = mla::cuda::launch_mma_head_tiled(p, 64, s);
       break;
-    case Kernel::kMma32w4:
-      rc = mla::cuda::launch_mma_head_tiled_warps(p, 32, 4, s);
+    case Kernel::kMma32w8:
+      rc = mla::cuda::launch_mma_head_tiled_warps(p, 32, 8, s);
       break;
     case Kernel::kMmaSmall:
       rc = mla::cuda::launch_mma_head_tiled_small(p, s);
@@ -404,6 +404,9 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
   CK(cudaMemcpyAsync(o_mma.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
   launch(Kernel::kMma64, p, s);
   CK(cudaMemcpyAsync(o_h64.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  std::vector<uint16_t> o_w8(n_out);  // the 16-warp BLOCK_H 32 configuration: the same bits
+  launch(Kernel::kMma32w8, p, s);
+  CK(cudaMemcpyAsync(o_w8.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
   CK(cudaStreamSynchronize(s));
   double max_d = 0, max_ref = 0;
   bool finite = true;
@@ -413,11 +416,12 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
     max_d = std::max(max_d, std::abs(a - r));
     max_ref = std::max(max_ref, std::abs(r));
   }
-  const bool same64 = o_mma == o_h64;
-  if (!finite || max_d > 0.02 * std::max(max_ref, 1e-3) || !same64) {
+  const bool same64 = o_mma == o_h64, same_w8 = o_mma == o_w8;
+  if (!finite || max_d > 0.02 * std::max(max_ref, 1e-3) || !same64 || !same_w8) {
     std::printf(
-        "VALIDATION FAILED %s B=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d h64==h32 %d\n",
-        sh.md_label.c_str(), B, max_d, max_ref, finite, same64);
+        "VALIDATION FAILED %s B=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d h64==h32 %d "
+        "16 warps==8 warps %d\n",
+        sh.md_label.c_str(), B, max_d, max_ref, finite, same64, same_w8);
     if (!same64) {
       size_t n_diff = 0, first = 0;
       for (size_t i = 0; i < n_out; ++i) {
@@ -443,7 +447,7 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
   const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick || !sh.flashmla);
   const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
   const Timing th = time_kernel(Kernel::kMma64, p, s, flush, flush_bytes, quick);
-  const Timing tw4 = time_kernel(Kernel::kMma32w4, p, s, flush, flush_bytes, true);
+  const Timing tw8 = time_kernel(Kernel::kMma32w8, p, s, flush, flush_bytes, true);
   // Every query token reads its own lists of both caches.
   const double entries = static_cast<double>(B) * sh.s_q * (sh.topk + sh.extra_topk);
   const double flops = 2.0 * entries * H * (512 + 512);
@@ -454,11 +458,11 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
   char line[512];
   std::snprintf(line, sizeof line,
                 "%s %4d | %9.1f %9.1f %9.1f | %6.1fx | %8.1f %8.0f | %8.0f %9.0f | "
-                "%8.1f %8.1f %8.1f | %s   [max|mma-simt|=%.2e] [mma 8 warps: %.1f]\n",
+                "%8.1f %8.1f %8.1f | %s   [max|mma-simt|=%.2e] [mma 16 warps: %.1f]\n",
                 sh.label.c_str(), B, ts.events_us, tm.events_us, th.events_us, speedup,
                 flops / best * 1e-6, kv / best * 1e-3, kv / ts.graph_us * 1e-3,
                 H * kv / ts.graph_us * 1e-3, tm.graph_us, ts.graph_us, best_cold, fl_text.c_str(),
-                max_d, tw4.graph_us);
+                max_d, tw8.graph_us);
   std::fputs(line, stdout);
   std::fflush(stdout);
   std::snprintf(line, sizeof line,

@@ -1,8 +1,8 @@
 // The tensor-core head-tiled kernel (the "new" kernel, SPEC.md section 4, MMA pipeline).
 //
 // One thread block per (batch row, query token, block of BH heads) (grid x: head blocks of the
-// token-major (token, head block) pairs; grid y: batch rows); 4*BH/16 warps (16 for BH = 32 and
-// 64). H up to any size: ceil(H / BH) head blocks per query token, rows past H masked (H = 128:
+// token-major (token, head block) pairs; grid y: batch rows); 4*BH/16 warps (8 for BH = 32, 16
+// for BH = 64; 8*BH/16 is selectable, same bits). H up to any size: ceil(H / BH) head blocks per query token, rows past H masked (H = 128:
 // four blocks of 32 or two of 64, per the launcher's BH). Warp w works for head group hg = w % G
 // (16 heads: the MMA M dimension) and position q = w / G inside it.
 // Tiles: one loop over a virtual tile range [0, n_main + n_extra): the main list's tiles of the
@@ -21,7 +21,11 @@
 //   gather: the next tile's raw bytes are requested (cp.async), overlapping the MMAs below
 //   S:  warp (hg, q) computes S = Q K^T for its 16 heads and tokens [TOK*q, +TOK) with mma.sync
 //       m16n8k16 bf16 (ldmatrix fragments), scales by sm_scale in fp32 AFTER the product (-inf
-//       for masked tokens), and publishes its per-row partial maxima.
+//       for masked tokens), and publishes its per-row partial maxima. With 64-token tiles the
+//       warps q = 2c, 2c + 1 work as a pair over tokens [2 TOK c, +2 TOK): one folds the even
+//       k-steps, the other the odd ones, and they swap half of their partial logits through
+//       shared memory (fewer Q fragment loads: the phase is bound by shared-memory bandwidth).
+//       Either way a logit is (even k-steps' chain) + (odd k-steps' chain): the same bits.
 //   B3  (the head group's warps only: named barrier 1 + hg)
 //   softmax, once per logit: the tile max from the partial maxima, softmax_advance, p =
 //       exp(x - m) in fp32 from the S accumulators still in registers, bf16(p) to Ps for P*V and
@@ -43,8 +47,8 @@
 // kernel exactly as before (tile range [0, n_tiles), the bf16 epilogue).
 //
 // Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ps BH*72*2, partial
-// maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4: 157.5 KiB for BH = 32, 199.5 KiB for
-// BH = 64. Rows of Ks and Qs are padded by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows
+// maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4, the S pairs' exchange (warps)*TOK/8*512:
+// 165 KiB for BH = 32 (8 warps), 215.5 KiB for BH = 64 (16 warps). Rows of Ks and Qs are padded by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows
 // of Ps by 16 bytes (9 units) so that ldmatrix rows hit distinct bank groups.
 #pragma once
 
@@ -64,10 +68,11 @@ __host__ __device__ constexpr int mma_p_stride(int t) { return t + 8; }
 // 8-token chunks of a T-token tile (the row sums).
 __host__ __device__ constexpr int mma_chunks(int t) { return t / 8; }
 
-// Warps per head group: 8 for BH = 32, 4 for BH = 64 (16 warps either way). With one block per
-// SM (the tiles take 157-200 KiB of shared memory) the kernel is latency-bound; 16 warps hide
-// more of it than 8 (measured on the H200: see README, "Kernel speed on the H200").
-constexpr int mma_default_wg(int bh) { return bh == 32 ? 8 : 4; }
+// Warps per head group: 4 (8 warps for BH = 32, 16 for BH = 64). 16 warps for BH = 32 were
+// faster while the S phase reloaded Q in every warp; with the S phase's warp pairs 8 warps are
+// (H200, same call: 47.5 against 50.0 us at B=1 topk=512, 96.8 against 101.6 at B=128; README,
+// "Kernel speed on the H200"). The configurations give the same bits.
+constexpr int mma_default_wg(int /*bh*/) { return 4; }
 
 // Dynamic shared memory of the (BH, WG, T) configuration (the kernel has no static shared
 // memory): raw staging T*656, Ks T*584*2, Qs BH*584*2, Ps BH*(T+8)*2, partial maxima BH*WG*4,
@@ -88,6 +93,8 @@ constexpr size_t mma_smem_bytes(int bh, int wg, int t = kMmaTokenTile) {
          static_cast<size_t>(bh) / 16 * wg * mma_pair_floats(wg, t) * 4;
 }
 constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_wg(bh)); }
+static_assert(mma_smem_bytes(32) == 168960 && mma_smem_bytes(64) == 220672,
+              "the sizes in the header comment");
 
 // The sm_120-sized configuration (issue 17; `cuda-mma-small`): BLOCK_H 32, 4 warps per head
 // group (8 warps, 256 threads) and 32-token tiles (mla::kMmaSmallTokenTile). Its shared memory:
@@ -122,8 +129,9 @@ struct SplitArgs {
   int32_t ostride = 0;
 };
 
-// What one lane does with one 8-column unit of every K row it dequantizes.
-enum class UnitKind : int { kSkip, kZero, kFp8, kRope };
+// What one lane does with one 8-column unit of every K row it dequantizes (padded columns are
+// zeroed once per launch and then skipped, as are units past the row).
+enum class UnitKind : int { kSkip, kFp8, kRope };
 
 // Barrier over the WG warps of one head group (ids 1..G; 0 is __syncthreads).
 __device__ __forceinline__ void group_barrier(int id, int threads) {
@@ -321,7 +329,12 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
         kind = UnitKind::kRope;
         src = pl.rope_off + 2 * (col - pl.np);
       } else {
-        kind = UnitKind::kZero;
+        // A padded column [nope, np): zeros in every row this warp converts, written once here
+        // (nothing else writes them), then skipped by every tile's dequantization.
+#pragma unroll
+        for (int jj = 0; jj < TPW; ++jj) {
+          *reinterpret_cast<uint4*>(Ks + (warp + NW * jj) * KS + col) = make_uint4(0, 0, 0, 0);
+        }
       }
     }
     static_assert(kMaxRawStride <= 4096, "staged offsets must fit 12 bits");
@@ -410,11 +423,6 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
               }
               if (!row_valid[jj]) val = make_uint4(0, 0, 0, 0);
               *reinterpret_cast<uint4*>(kcol + NW * jj * KS) = val;
-            }
-          } else if (kind == UnitKind::kZero) {
-#pragma unroll
-            for (int jj = 0; jj < TPW; ++jj) {
-              *reinterpret_cast<uint4*>(kcol + NW * jj * KS) = make_uint4(0, 0, 0, 0);
             }
           }
         }
