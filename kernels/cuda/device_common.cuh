@@ -45,6 +45,7 @@ struct LayoutPlan {
   int32_t q_vec16 = 0;                  // q rows 16-byte aligned (uint4 loads)
   int32_t out_vec4 = 0;                 // out rows 4-byte aligned (bf16x2 stores)
   int32_t out_vec8 = 0;                 // out rows 8-byte aligned (bf16x4 stores)
+  int32_t out_vec16 = 0;                // out rows 16-byte aligned (bf16x8 stores)
   int32_t page_pow2 = 0;   // next power of two of page_size (kPageSizePow2 mutant only)
   int64_t min_stride = 0;  // P * token_bytes (kPageStrideIgnored mutant only)
   // The extra cache's copy units (SPEC.md section 8: the main layout and dims, so every other
@@ -113,6 +114,8 @@ inline LayoutPlan make_plan(const DecodeParams& p) {
                 (!multi || p.out_token_stride % 2 == 0);
   pl.out_vec8 = ob % 8 == 0 && p.out_head_stride % 4 == 0 && p.out_batch_stride % 4 == 0 &&
                 (!multi || p.out_token_stride % 4 == 0);
+  pl.out_vec16 = ob % 16 == 0 && p.out_head_stride % 8 == 0 && p.out_batch_stride % 8 == 0 &&
+                 (!multi || p.out_token_stride % 8 == 0);
   int p2 = 1;
   while (p2 < g.page_size) p2 *= 2;
   pl.page_pow2 = p2;
