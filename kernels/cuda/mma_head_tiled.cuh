@@ -2,8 +2,9 @@
 //
 // One thread block per (batch row, query token, block of BH heads) (grid x: head blocks of the
 // token-major (token, head block) pairs; grid y: batch rows); 4*BH/16 warps (8 for BH = 32, 16
-// for BH = 64; 8*BH/16 is selectable, same bits). H up to any size: ceil(H / BH) head blocks per query token, rows past H masked (H = 128:
-// four blocks of 32 or two of 64, per the launcher's BH). Warp w works for head group hg = w % G
+// for BH = 64; 8*BH/16 is selectable, same bits). H up to any size: ceil(H / BH) head blocks per
+// query token, rows past H masked (H = 128: four blocks of 32 or two of 64, per the launcher's
+// BH). Warp w works for head group hg = w % G
 // (16 heads: the MMA M dimension) and position q = w / G inside it.
 // Tiles: one loop over a virtual tile range [0, n_main + n_extra): the main list's tiles of the
 // token, then its extra list's (SPEC.md section 8), through ONE online softmax. The extra list
@@ -48,8 +49,9 @@
 //
 // Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ps BH*72*2, partial
 // maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4, the S pairs' exchange (warps)*TOK/8*512:
-// 165 KiB for BH = 32 (8 warps), 215.5 KiB for BH = 64 (16 warps). Rows of Ks and Qs are padded by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows
-// of Ps by 16 bytes (9 units) so that ldmatrix rows hit distinct bank groups.
+// 165 KiB for BH = 32 (8 warps), 215.5 KiB for BH = 64 (16 warps). Rows of Ks and Qs are padded
+// by 16 bytes (584 bf16 = 73 16-byte units, odd) and rows of Ps by 16 bytes (9 units) so that
+// ldmatrix rows hit distinct bank groups.
 #pragma once
 
 #include <atomic>
@@ -74,9 +76,6 @@ __host__ __device__ constexpr int mma_chunks(int t) { return t / 8; }
 // "Kernel speed on the H200"). The configurations give the same bits.
 constexpr int mma_default_wg(int /*bh*/) { return 4; }
 
-// Dynamic shared memory of the (BH, WG, T) configuration (the kernel has no static shared
-// memory): raw staging T*656, Ks T*584*2, Qs BH*584*2, Ps BH*(T+8)*2, partial maxima BH*WG*4,
-// chunk sums BH*(T/8)*4, validity 2*T*4.
 // Whether the S phase runs as warp pairs (64-token tiles): each warp of a pair folds one parity
 // of the k-steps for the pair's 2 TOK tokens, and the pair swaps NS = TOK / 8 n8 tiles of
 // partial logits through shared memory (NS * 128 floats per warp). See the S phase. Not for the
@@ -85,6 +84,9 @@ __host__ __device__ constexpr bool mma_pair_s(int wg, int t) { return t == 64 &&
 __host__ __device__ constexpr int mma_pair_floats(int wg, int t) {
   return mma_pair_s(wg, t) ? t / wg / 8 * 128 : 0;  // per warp
 }
+// Dynamic shared memory of the (BH, WG, T) configuration (the kernel has no static shared
+// memory): raw staging T*656, Ks T*584*2, Qs BH*584*2, Ps BH*(T+8)*2, partial maxima BH*WG*4,
+// chunk sums BH*(T/8)*4, validity 2*T*4, the S pairs' exchange (warps)*mma_pair_floats*4.
 constexpr size_t mma_smem_bytes(int bh, int wg, int t = kMmaTokenTile) {
   return static_cast<size_t>(t) * kMaxRawStride + static_cast<size_t>(t) * kMmaKStride * 2 +
          static_cast<size_t>(bh) * kMmaKStride * 2 + static_cast<size_t>(bh) * mma_p_stride(t) * 2 +
@@ -697,8 +699,8 @@ __global__ void __launch_bounds__(BH / 16 * WG * 32, T == kMmaTokenTile ? 1 : 2)
   // The bf16 rows are staged in shared memory (the K tile's space, free once every warp is past
   // its last P*V) in the padded column layout, then copied out by all threads in 16-byte units
   // where the rows allow: a short loop instead of 2 x NTILE unrolled stores with their column
-  // branches (ncu: the unrolled epilogue's instruction-cache misses took ~11 % of the samples
-  // at B=32 topk=512).
+  // branches (ncu at B=32 topk=512: the unrolled epilogue took 17 % of the stall samples, mostly
+  // instruction-cache misses).
   const float* sink = M == Mutant::kSinkIgnored ? nullptr : p.sink;
   uint16_t* stage_o = Ks;  // [BH][KS] bf16 (BH <= T rows of the K tile)
   static_assert(BH <= T, "the staged output rows must fit the K tile");
