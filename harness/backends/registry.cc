@@ -131,7 +131,7 @@ std::vector<BackendSpec> make_table() {
                },
                /*isolates_itself=*/true});
   t.push_back({"triton-mma",
-               "Triton head-tiled kernel (tl.dot bf16, BLOCK_H 32; kernels/triton/triton_mma.py)",
+               "Triton head-tiled kernel (tl.dot bf16, BLOCK_H 64; kernels/triton/triton_mma.py)",
                false,
                [] {
                  return make_shipped_python_backend("triton-mma", "triton_mma.py", "decode",

@@ -33,6 +33,8 @@ _JIT: Any = None
 _IMPORT_ERROR: Optional[str] = None
 # (kernel, constexpr values) of every launch configuration used in this process.
 _CONFIGS: Dict[str, set] = {}
+#: The compiled kernel of the last launch, by kernel name (bench: registers, spills, shared).
+LAST_COMPILED: Dict[str, Any] = {}
 
 
 def next_pow2(n: int) -> int:
@@ -217,7 +219,7 @@ def split_plan(topk: int, split_tokens: Optional[int], block_n: int) -> Tuple[in
 
 def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check: bool = True,
             split_tokens: Optional[int] = SPLIT_TOKENS, fast: Optional[bool] = None,
-            fp8cvt: bool = False, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
+            fp8cvt: bool = True, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
             num_stages: Optional[int] = None, prefetch: bool = False) -> None:
     """Runs mma2_kernel (and combine_kernel when the row is split) on a device call.
 
@@ -278,7 +280,7 @@ def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check:
     if num_stages is not None:
         tune["num_stages"] = num_stages
     grid = (triton_cdiv(call.heads, block_h), call.batch, n_splits)
-    j.mma2_kernel[grid](*args, **consts, **tune)
+    LAST_COMPILED["mma2_kernel"] = j.mma2_kernel[grid](*args, **consts, **tune)
     _record("mma2_kernel", tuple(sorted(consts.items())) + tuple(sorted(tune.items())))
     if split:
         cconsts = dict(NOPE_PAD=nope_pad, ROPE_PAD=rope_pad, V_ROPE=v_rope,

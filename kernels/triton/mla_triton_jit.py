@@ -67,7 +67,9 @@ def _e4m3_to_f32(b):
     sub = m.to(tl.float32) * 0.001953125  # m * 2^-9
     mag = tl.where(e == 0, sub, normal)
     mag = tl.where((b & 127) == 127, float("nan"), mag)
-    return tl.where((b & 128) != 0, -mag, mag)
+    # The sign as a bit: -mag would give +0.0 for 0x80 (0 - 0), where e4m3fn has -0.0 (the
+    # H200's hardware decode, FP8CVT, returns 0x80000000 there: the only byte that differed).
+    return (mag.to(tl.int32, bitcast=True) | ((b & 128) << 24)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -171,9 +173,10 @@ def _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
     else:
         tcols = tt < n_tiles
     tmask = load_ok[:, None] & tcols[None, :]  # [N, NT_PAD]
-    nmask = tmask[:, :, None] & (te < STILE)[None, None, :]  # [N, NT_PAD, STILE]
     col = (tt * STILE)[None, :, None] + te[None, None, :]
-    nb = tl.load(cache_ptr + row[:, None, None] + col, mask=nmask, other=0)
+    # The mask is one value per (token, scale tile), broadcast over the tile's STILE bytes: the
+    # compiler sees it constant along each 16-byte vector (one predicate per load).
+    nb = tl.load(cache_ptr + row[:, None, None] + col, mask=tmask[:, :, None], other=0)
     group = tt
     if MUTANT == M_WRONG_SCALE_GROUP:
         group = tl.where((tt == n_tiles - 1) & (n_tiles > 1), tt - 1, tt)
@@ -196,7 +199,11 @@ def _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_stride,
 @triton.jit
 def _decode_fast(nb, sraw, tmask, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
                  NOPE_PAD: tl.constexpr, FP8CVT: tl.constexpr):
-    """K nope in bf16 [N, NOPE_PAD] from _gather_fast's bytes: e4m3 * scale in fp32, masked."""
+    """K nope in bf16 [N, NOPE_PAD] from _gather_fast's bytes: e4m3 * scale in fp32.
+
+    What the loads masked is 0 already: its bytes load as 0 and its scale as a finite value
+    (ue8m0 127 = 1.0, V32 0.0), so 0 * scale = 0 without a select per element (tmask unused).
+    """
     if FP8CVT:
         code = nb.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32)
     else:
@@ -205,7 +212,7 @@ def _decode_fast(nb, sraw, tmask, BLOCK_N: tl.constexpr, LAYOUT: tl.constexpr,
         scale = _ue8m0_to_f32(sraw.to(tl.int32))
     else:
         scale = sraw
-    k3 = tl.where(tmask[:, :, None], code * scale[:, :, None], 0.0)
+    k3 = code * scale[:, :, None]
     return tl.reshape(k3, [BLOCK_N, NOPE_PAD]).to(tl.bfloat16)
 
 
