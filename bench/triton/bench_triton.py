@@ -94,9 +94,38 @@ VARIANTS = {
     "mma2-s64-h64": ("launch2", dict(split_tokens=64, block_h=64)),
     "mma2-s256-h64": ("launch2", dict(split_tokens=256, block_h=64)),
     "mma2": ("launch2", dict(block_h=64)),  # what triton-mma runs (triton_mma.py, PATH mma2)
+    "mma2-h32-fp8": ("launch2", dict(block_h=32, fp8cvt=True)),
+    "mma2-h64-w4": ("launch2", dict(block_h=64, num_warps=4)),
+    "mma2-h64-n64": ("launch2", dict(block_h=64, block_n=64)),
+    "mma2-h64-st2": ("launch2", dict(block_h=64, num_stages=2)),
+    "mma2-int": ("launch2", dict(block_h=64, fp8cvt=False)),
+    "mma2-fp8": ("launch2", dict(block_h=64, fp8cvt=True)),
+    "mma2-w16": ("launch2", dict(block_h=64, fp8cvt=False, num_warps=16)),
+    "mma2-fp8-w16": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16)),
+    "mma2-fp8-w16-s64": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16,
+                                         split_tokens=64)),
+    "mma2-fp8-w16-s256": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16,
+                                          split_tokens=256)),
+    "mma2-fp8-w16-n64": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=64)),
+    "mma2-fp8-w16-n16": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=16)),
+    "mma2-fp8-w16-st1": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, num_stages=1)),
 }
 DEFAULT = "simt,old-h32,mma2"
 GRAPH = False
+ONCE = False
+
+
+def resources(launcher: str) -> str:
+    """Registers per thread, spilled bytes and shared memory of the variant's main kernel."""
+    k = mla_triton.LAST_COMPILED.get("mma2_kernel") if launcher == "launch2" else None
+    if k is None:
+        return ""
+    try:
+        md = k.metadata
+        return (f" [regs {k.n_regs}, spills {k.n_spills}, shared {md.shared} B, "
+                f"warps {md.num_warps}, stages {md.num_stages}]")
+    except Exception as e:  # noqa: BLE001 - introspection differs between Triton versions
+        return f" [resources unknown: {type(e).__name__}]"
 
 
 def time_variant(call: mlafuzz.DecodeCall, name: str):
@@ -104,6 +133,11 @@ def time_variant(call: mlafuzz.DecodeCall, name: str):
     fn = lambda: getattr(mla_triton, launcher)(call, check=False, **kw)  # noqa: E731
     fn()
     torch.cuda.synchronize()
+    print(f"{name}: compiled{resources(launcher)}", flush=True)
+    if ONCE:
+        fn()
+        torch.cuda.synchronize()
+        return 0.0, 0.0, None, call.out.float().clone(), call.lse.clone()
     out, lse = call.out.float().clone(), call.lse.clone()
     ms = triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,9 +165,11 @@ def main() -> int:
                     help=f"comma-separated, of: {', '.join(VARIANTS)} (default {DEFAULT})")
     ap.add_argument("--graph", action="store_true",
                     help="also time each variant in a CUDA graph (do_bench_cudagraph median)")
+    ap.add_argument("--once", action="store_true",
+                    help="run each variant twice and time nothing (for ncu: --launch-skip 1)")
     a = ap.parse_args()
-    global GRAPH
-    GRAPH = a.graph
+    global GRAPH, ONCE
+    GRAPH, ONCE = a.graph, a.once
     names = a.variants.split(",")
     for n in names:
         if n not in VARIANTS:
