@@ -40,9 +40,9 @@ DEFAULT_BLOCK_H = 64 if PATH == "mma2" else 32
 
 #: mma2 options, on the aligned fast gather only. FP8CVT, the hardware e4m3 decode, is on unless
 #: MLAFUZZ_TRITON_MMA_FP8CVT=0: it gives the integer decode's bits for all 256 bytes (a GPU test
-#: checks it) and was 13-16 % faster on the H200 (README, "H200 run of 2026-12-03"). PREFETCH
-#: (MLAFUZZ_TRITON_MMA_PREFETCH=1: the next tile's loads issued before this tile's math) is off:
-#: it was slower.
+#: checks it) and was 12-14 % faster on the H200 (README, "H200 run of 2026-12-03, second
+#: session"). PREFETCH (MLAFUZZ_TRITON_MMA_PREFETCH=1: the next tile's loads issued before this
+#: tile's math) is off: it was slower.
 FP8CVT = os.environ.get("MLAFUZZ_TRITON_MMA_FP8CVT", "1") == "1"
 PREFETCH = os.environ.get("MLAFUZZ_TRITON_MMA_PREFETCH", "0") == "1"
 
