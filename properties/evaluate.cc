@@ -1,6 +1,8 @@
 // evaluate_case: every selected property on every backend, the oracle run once per case.
 #include "properties/evaluate.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -69,7 +71,9 @@ struct CaseContext {
     const BoundsKey key = bounds_key(be, tile_topk == m.topk ? 0 : tile_topk);
     auto it = bounds.find(key);
     if (it == bounds.end()) {
+      const auto t0 = Clock::now();
       it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<3>(key))).first;
+      bounds_seconds += since(t0);
     }
     return it->second;
   }
@@ -119,7 +123,9 @@ struct CaseContext {
       keys.push_back(key_of(*b));
       req.push_back({pipeline_of(*b), 0});
     }
+    const auto t0 = Clock::now();
     std::vector<Bounds> got = compute_bounds_set(v, ref, req);
+    bounds_seconds += since(t0);
     for (size_t i = 0; i < keys.size(); ++i) {
       variant_bounds_.emplace(std::make_pair(&v, keys[i]), std::move(got[i]));
     }
@@ -127,6 +133,9 @@ struct CaseContext {
   }
   // The backends whose clean run succeeded (set by prefetch_bounds).
   std::vector<const Backend*> ran_backends;
+  // Seconds spent computing bounds on demand (pipeline_bounds, variant_bounds), for the
+  // evaluation's steps: the checks' time less this is the checks' own.
+  double bounds_seconds = 0;
 
   // The bound of a backend against the exact result (custom: its declared tolerances).
   Bounds backend_bounds(const Backend& be) {
@@ -297,18 +306,24 @@ class Evaluator {
       if (selected(props_, prop.name)) wanted.emplace_back(id, off_by_design(prop, *st.be));
     }
     std::vector<const MaterializedCase*> plan;
+    const auto t_plan = Clock::now();
     for (const auto& [id, off] : wanted) {
       if (!off) plan_variants(id, st, plan);
     }
+    ev_.steps[CaseStep::kVariants] += since(t_plan);
     batch_.clear();
     if (!plan.empty()) {
       // Raw results: the bitwise properties compare the raw buffers, run_variant widens the
       // ones a property reads values from (a production case's output is 2^25 elements).
+      const auto t_runs = Clock::now();
       std::vector<CheckedRun> runs = st.be->check_and_run_raw(plan);
+      ev_.steps[CaseStep::kVariantRuns] += since(t_runs);
       for (size_t i = 0; i < plan.size() && i < runs.size(); ++i) {
         batch_.emplace(plan[i], std::move(runs[i]));
       }
     }
+    const auto t_checks = Clock::now();
+    const double bounds_before = ctx_.bounds_seconds;
     for (const auto& [id, off] : wanted) {
       if (off) {
         PropertyOutcome o = make(property_info(id).name, name);
@@ -356,11 +371,24 @@ class Evaluator {
       }
     }
     batch_.clear();
+    const double bounds_s = ctx_.bounds_seconds - bounds_before;
+    ev_.steps[CaseStep::kBounds] += bounds_s;
+    ev_.steps[CaseStep::kChecks] += since(t_checks) - bounds_s;
   }
 
   void mma_vs_simt(std::vector<BackendState>& states) {
     const PropertyInfo& prop = property_info(PropertyId::kMmaVsSimt);
     if (!selected(props_, prop.name)) return;
+    const auto t0 = Clock::now();
+    const double bounds_before = ctx_.bounds_seconds;
+    mma_vs_simt_pairs(states, prop);
+    const double bounds_s = ctx_.bounds_seconds - bounds_before;
+    ev_.steps[CaseStep::kBounds] += bounds_s;
+    ev_.steps[CaseStep::kChecks] += since(t0) - bounds_s;
+  }
+
+ private:
+  void mma_vs_simt_pairs(std::vector<BackendState>& states, const PropertyInfo& prop) {
     for (auto& a : states) {
       if (!a.ran || a.be->precision() != Precision::kMmaBf16) continue;
       const std::string partner = a.be->simt_partner();
@@ -379,7 +407,6 @@ class Evaluator {
     }
   }
 
- private:
   PropertyOutcome make(const std::string& prop, const std::string& backend) {
     PropertyOutcome o;
     o.property = prop;
@@ -885,23 +912,29 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
                              const std::vector<std::string>& properties,
                              const EvalOptions& options) {
   const auto t0 = Clock::now();
+  const double cpu0 = thread_cpu_seconds();
   check_property_names(properties);
   CaseEvaluation ev;
   CaseContext ctx;
   ctx.m = materialize(c);
+  ev.steps[CaseStep::kMaterialize] = since(t0);
   for (const Backend* be : backends) ctx.env = intersect(ctx.env, be->envelope());
   Evaluator e(ctx, properties, options, ev);
   // Clean runs before the oracle allocates its result (FlashMLA's order: reused memory cannot
   // fake a pass); the oracle's time is measured on its own.
   std::vector<BackendState> states(backends.size());
+  const auto t_clean = Clock::now();
   for (size_t i = 0; i < backends.size(); ++i) {
     states[i].be = backends[i];
     e.start(states[i]);
   }
+  ev.steps[CaseStep::kCleanRuns] = since(t_clean);
   const auto to = Clock::now();
   ctx.ref = run_oracle_eigen(ctx.m, 1);
   ev.oracle_seconds = since(to);
+  ev.steps[CaseStep::kOracle] = ev.oracle_seconds;
   {
+    const auto t_bounds = Clock::now();
     // The bounds the clean runs' properties need, in one pass (insert-invalid's longer list
     // when that property runs).
     const auto wants = [&](PropertyId id) { return selected(properties, property_info(id).name); };
@@ -918,11 +951,44 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
     if (!bounded) ran.clear();
     const bool insert = wants(PropertyId::kInsertInvalid);
     ctx.prefetch_bounds(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1);
+    ev.steps[CaseStep::kBounds] += since(t_bounds);
   }
   for (auto& st : states) e.properties(st);
   e.mma_vs_simt(states);
   ev.seconds = since(t0);
+  ev.steps.wall = ev.seconds;
+  ev.steps.thread_cpu = thread_cpu_seconds() - cpu0;
   return ev;
+}
+
+const char* case_step_name(CaseStep s) {
+  switch (s) {
+    case CaseStep::kGenerate:
+      return "generate";
+    case CaseStep::kMaterialize:
+      return "materialize";
+    case CaseStep::kCleanRuns:
+      return "clean_runs";
+    case CaseStep::kOracle:
+      return "oracle";
+    case CaseStep::kBounds:
+      return "bounds";
+    case CaseStep::kVariants:
+      return "variants";
+    case CaseStep::kVariantRuns:
+      return "variant_runs";
+    case CaseStep::kChecks:
+      return "checks";
+    case CaseStep::kCount:
+      break;
+  }
+  return "?";
+}
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::vector<PropertyOutcome> judge_runs(

@@ -8,6 +8,7 @@
 // same Case gives the same outcomes for deterministic backends.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -121,10 +122,47 @@ struct PropertyOutcome {
   double seconds = 0;  // backend time spent on this property
 };
 
+// Where one case's evaluation spent its (wall) time, step by step (issue 13: the campaign side
+// of a case; the report's "campaign.case_breakdown" sums them over cases). The steps follow
+// each other on the case's thread, so they add up to about `wall`; `thread_cpu` is that
+// thread's CPU time over the same span: wall minus thread_cpu is time spent waiting (for a
+// worker's reply, for the device: a CUDA synchronization may also spin, which counts as CPU).
+enum class CaseStep : int {
+  kGenerate,     // the recipe (generate_case; the campaign times it)
+  kMaterialize,  // recipe -> buffers (values drawn, the cache written)
+  kCleanRuns,    // every backend's clean run, widening included
+  kOracle,       // the float64 oracle
+  kBounds,       // tolerance bounds: the clean case's pipelines and the transformed cases'
+  kVariants,     // building the transformed cases (poison, relocation, rows alone, ...)
+  kVariantRuns,  // the backends' runs of the transformed cases (one batch each)
+  kChecks,       // the property checks: comparisons, bound checks, widening of variants
+  kCount,
+};
+inline constexpr int kCaseStepCount = static_cast<int>(CaseStep::kCount);
+const char* case_step_name(CaseStep s);
+
+struct CaseSteps {
+  std::array<double, kCaseStepCount> seconds{};
+  double wall = 0;        // the whole span timed (generation, when timed, included)
+  double thread_cpu = 0;  // CPU time of the evaluating thread over that span
+  double& operator[](CaseStep s) { return seconds[static_cast<int>(s)]; }
+  double operator[](CaseStep s) const { return seconds[static_cast<int>(s)]; }
+  CaseSteps& operator+=(const CaseSteps& o) {
+    for (int i = 0; i < kCaseStepCount; ++i) seconds[i] += o.seconds[i];
+    wall += o.wall;
+    thread_cpu += o.thread_cpu;
+    return *this;
+  }
+};
+
+// CPU time of the calling thread (CLOCK_THREAD_CPUTIME_ID), in seconds.
+double thread_cpu_seconds();
+
 struct CaseEvaluation {
   std::vector<PropertyOutcome> outcomes;
   double seconds = 0;         // wall time of the whole evaluation
   double oracle_seconds = 0;  // of which the oracle (run once per case and reused)
+  CaseSteps steps;            // where `seconds` went (kGenerate: 0 here; the campaign adds it)
   bool failed() const;        // any applicable outcome that did not pass
   // The failed outcomes, worst first (failure_worse).
   std::vector<const PropertyOutcome*> failures() const;

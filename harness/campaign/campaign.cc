@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -139,8 +140,15 @@ void Campaign::evaluate_next(uint64_t n, ThreadBackends& tb) {
   CaseEvaluation ev;
   tb.take_faults();
   try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = thread_cpu_seconds();
     c = generate_case(opts_.seed, index, gen_, &tags);
+    const double generate_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ev = evaluate_case(c, tb.ptrs, properties_);
+    ev.steps[CaseStep::kGenerate] = generate_s;
+    ev.steps.wall += generate_s;
+    ev.steps.thread_cpu = thread_cpu_seconds() - cpu0;
   } catch (const std::exception& e) {
     // A generator or evaluation bug, not a backend failure: say so, keep going.
     stats_.record_error(n);

@@ -134,6 +134,7 @@ struct Report {
   double cases_per_s = 0;
   double eval_seconds = 0, oracle_seconds = 0;  // summed over cases (CPU time of evaluation)
   TimeBreakdown time_breakdown;  // worker calls per backend and where their time went
+  CaseBreakdown case_breakdown;  // the cases' evaluation steps and where their time went
   std::vector<ShardRun> shards;
   std::vector<DeviceCount> devices;
   std::map<std::string, int64_t> tags;

@@ -320,6 +320,23 @@ Field<Report> gpu_field() {
           }};
 }
 
+// An optional object of the campaign (the time breakdowns: absent in older reports) written
+// and read by its own functions, whose errors name the field.
+template <typename V>
+Field<Report> breakdown_field(const char* key, V Report::*member, Json (*to)(const V&),
+                              V (*from)(const Json&, const std::string&)) {
+  return {key, fields::kAllViews,
+          [member, to](const Report& r, const WriteStyle&) { return to(r.*member); },
+          [member, from](Report& r, const Json& v, const std::string& path) {
+            try {
+              r.*member = from(v, path);
+            } catch (const std::runtime_error& e) {
+              throw FieldError(path, e.what());
+            }
+          },
+          /*optional=*/true};
+}
+
 // The "campaign" object: what ran, where and how long.
 const Table<Report>& campaign_fields() {
   using fields::field;
@@ -339,16 +356,10 @@ const Table<Report>& campaign_fields() {
       field("cases_per_s", &Report::cases_per_s),
       field("eval_seconds", &Report::eval_seconds),
       field("oracle_seconds", &Report::oracle_seconds),
-      {"time_breakdown", fields::kAllViews,
-       [](const Report& r, const WriteStyle&) { return time_breakdown_to_json(r.time_breakdown); },
-       [](Report& r, const Json& v, const std::string& path) {
-         try {
-           r.time_breakdown = time_breakdown_from_json(v, path);
-         } catch (const std::runtime_error& e) {
-           throw FieldError(path, e.what());
-         }
-       },
-       /*optional=*/true},
+      breakdown_field("time_breakdown", &Report::time_breakdown, time_breakdown_to_json,
+                      time_breakdown_from_json),
+      breakdown_field("case_breakdown", &Report::case_breakdown, case_breakdown_to_json,
+                      case_breakdown_from_json),
       shards_field(),
       fields::array_of("devices", &Report::devices, device_fields),
   };

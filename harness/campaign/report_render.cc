@@ -573,6 +573,7 @@ std::string render_summary(const Report& r) {
     for (const auto& d : r.devices) os << " " << d.label << "=" << d.cases;
     os << "\n";
   }
+  os << render_case_breakdown(r.case_breakdown);
   os << render_time_breakdown(r.time_breakdown);
   if (!r.tags.empty()) {
     // The distribution of generated cases: one line per tag family, its top values first.

@@ -26,6 +26,8 @@ void CampaignStats::record(uint64_t case_number, uint64_t index, const Case& c,
   ++device_cases_[device];
   eval_seconds_ += ev.seconds;
   oracle_seconds_ += ev.oracle_seconds;
+  ++case_breakdown_.cases;
+  case_breakdown_.steps += ev.steps;
   for (const auto& tag : tags) ++acc_.tags[tag];
   std::string shape;  // computed once, only if a worst list takes it
   for (const auto& o : ev.outcomes) add_outcome(o, index, c, faults, shape);
@@ -105,6 +107,7 @@ void CampaignStats::fill(Report& r, ShardRun& shard) const {
   r.cases = done_;
   r.eval_seconds = eval_seconds_;
   r.oracle_seconds = oracle_seconds_;
+  r.case_breakdown = case_breakdown_;
   shard.cases = done_;
   shard.case_ranges.clear();
   if (done_prefix_ > 0) shard.case_ranges.emplace_back(0, done_prefix_);

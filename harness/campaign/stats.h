@@ -51,6 +51,7 @@ class CampaignStats {
   std::set<uint64_t> done_rest_;  // and these
   int64_t done_ = 0;
   double eval_seconds_ = 0, oracle_seconds_ = 0;
+  CaseBreakdown case_breakdown_;
   int64_t failing_outcomes_ = 0, case_errors_ = 0;
 };
 

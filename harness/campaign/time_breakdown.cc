@@ -74,4 +74,48 @@ std::string render_time_breakdown(const TimeBreakdown& t) {
   return s;
 }
 
+Json case_breakdown_to_json(const CaseBreakdown& c) {
+  Json j;
+  j["cases"] = c.cases;
+  for (int i = 0; i < kCaseStepCount; ++i) {
+    j[case_step_name(static_cast<CaseStep>(i))] = c.steps.seconds[i];
+  }
+  j["wall"] = c.steps.wall;
+  j["thread_cpu"] = c.steps.thread_cpu;
+  return j;
+}
+
+CaseBreakdown case_breakdown_from_json(const Json& j, const std::string& path) {
+  if (!j.is_object()) throw std::runtime_error(path + ": expected an object");
+  if (!j.contains("cases") || !j["cases"].is_number_integer()) {
+    throw std::runtime_error(path + ".cases: expected an integer");
+  }
+  CaseBreakdown c;
+  c.cases = j["cases"].get<int64_t>();
+  const auto number = [&](const char* name, double& into) {
+    if (!j.contains(name)) return;  // a step added later: absent in older reports
+    if (!j[name].is_number()) throw std::runtime_error(path + "." + name + ": expected a number");
+    into = j[name].get<double>();
+  };
+  for (int i = 0; i < kCaseStepCount; ++i) {
+    number(case_step_name(static_cast<CaseStep>(i)), c.steps.seconds[i]);
+  }
+  number("wall", c.steps.wall);
+  number("thread_cpu", c.steps.thread_cpu);
+  return c;
+}
+
+std::string render_case_breakdown(const CaseBreakdown& c) {
+  if (c.cases <= 0) return "";
+  const double n = static_cast<double>(c.cases);
+  std::string s = "time per case (ms, on the case's evaluation thread):";
+  for (int i = 0; i < kCaseStepCount; ++i) {
+    s += fmt::format(" {} {:.2f}", case_step_name(static_cast<CaseStep>(i)),
+                     1e3 * c.steps.seconds[i] / n);
+  }
+  s += fmt::format("; wall {:.2f}, thread CPU {:.2f}\n", 1e3 * c.steps.wall / n,
+                   1e3 * c.steps.thread_cpu / n);
+  return s;
+}
+
 }  // namespace mlafuzz::campaign

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "harness/core/backend.h"
+#include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {
 
@@ -27,5 +28,19 @@ TimeBreakdown time_breakdown_from_json(const nlohmann::ordered_json& j, const st
 void merge_time_breakdown(TimeBreakdown& a, const TimeBreakdown& b);
 // A table: per backend, calls and microseconds per call of each measured phase.
 std::string render_time_breakdown(const TimeBreakdown& t);
+
+// The campaign side of the cases (issue 13): every evaluated case's CaseSteps, summed, and how
+// many cases they cover. The report's "campaign.case_breakdown" and the summary's "time per
+// case" line come from here.
+struct CaseBreakdown {
+  int64_t cases = 0;
+  CaseSteps steps;
+};
+// {"cases": 123, "generate": 0.1, "materialize": 1.2, ..., "wall": 9.8, "thread_cpu": 7.7}
+nlohmann::ordered_json case_breakdown_to_json(const CaseBreakdown& c);
+// Reads what case_breakdown_to_json wrote; throws std::runtime_error naming `path` and the key.
+CaseBreakdown case_breakdown_from_json(const nlohmann::ordered_json& j, const std::string& path);
+// One line: milliseconds per case of each step, of the wall time and of the thread's CPU time.
+std::string render_case_breakdown(const CaseBreakdown& c);
 
 }  // namespace mlafuzz::campaign

@@ -327,6 +327,67 @@ TEST(ReportMerge, ShardsMergeToTheSingleRun) {
   EXPECT_EQ(statistics_difference(single, reloaded), "");
 }
 
+// The campaign side of the cases (issue 13): a campaign fills case_breakdown for every case
+// it evaluated, with steps that fit inside the cases' wall time; the field survives JSON,
+// shards add up, the summary shows it, and reports written before it existed still load.
+TEST(ReportCaseBreakdown, FilledByTheCampaignRoundTripsAndMerges) {
+  CampaignOptions o;
+  o.backends = {"cpu-simt", "cpu-mma"};
+  o.seed = 12;
+  o.max_cases = 6;
+  o.jobs = 2;
+  o.shrink_time_s = 0;
+  o.corpus_dir = test::fresh_dir("corpus-breakdown");
+  std::ostringstream log;
+  o.log = &log;
+  Report r;
+  run_campaign(o, &r);
+  const CaseBreakdown& c = r.case_breakdown;
+  EXPECT_EQ(c.cases, r.cases);
+  double steps = 0;
+  for (int i = 0; i < kCaseStepCount; ++i) {
+    EXPECT_GE(c.steps.seconds[i], 0) << case_step_name(static_cast<CaseStep>(i));
+    steps += c.steps.seconds[i];
+  }
+  for (CaseStep s :
+       {CaseStep::kMaterialize, CaseStep::kCleanRuns, CaseStep::kOracle, CaseStep::kBounds,
+        CaseStep::kVariants, CaseStep::kVariantRuns, CaseStep::kChecks}) {
+    EXPECT_GT(c.steps[s], 0) << case_step_name(s) << " was never timed";
+  }
+  EXPECT_LE(steps, c.steps.wall * 1.001 + 1e-6) << "the steps are parts of the wall time";
+  EXPECT_GT(steps, 0.5 * c.steps.wall) << "most of the wall time is in a step";
+  EXPECT_GT(c.steps.thread_cpu, 0);
+  // The host models compute on the evaluating thread: nearly all of its wall time is CPU.
+  EXPECT_LE(c.steps.thread_cpu, c.steps.wall * 1.05 + 1e-3);
+
+  const Report back = report_from_json(Json::parse(report_to_json(r).dump()), "mem");
+  EXPECT_EQ(back.case_breakdown.cases, c.cases);
+  EXPECT_DOUBLE_EQ(back.case_breakdown.steps[CaseStep::kOracle], c.steps[CaseStep::kOracle]);
+  EXPECT_DOUBLE_EQ(back.case_breakdown.steps.thread_cpu, c.steps.thread_cpu);
+  EXPECT_NE(render_summary(back).find("time per case (ms"), std::string::npos);
+
+  Report a = some_report(0.5, false), b = some_report(0.5, false);
+  b.shards[0].index = 1;
+  a.shards[0].count = b.shards[0].count = 2;
+  a.case_breakdown = c;
+  b.case_breakdown = c;
+  const Report m = merge_reports({a, b});
+  EXPECT_EQ(m.case_breakdown.cases, 2 * c.cases);
+  EXPECT_DOUBLE_EQ(m.case_breakdown.steps.wall, 2 * c.steps.wall);
+
+  Json old = report_to_json(some_report(0.5, false));
+  old["campaign"].erase("case_breakdown");
+  EXPECT_EQ(report_from_json(old, "old.json").case_breakdown.cases, 0);
+  Json bad = report_to_json(r);
+  bad["campaign"]["case_breakdown"]["oracle"] = "slow";
+  try {
+    report_from_json(bad, "night.json");
+    ADD_FAILURE() << "accepted a non-numeric step";
+  } catch (const ReportError& e) {
+    EXPECT_NE(std::string(e.what()).find("case_breakdown.oracle"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ReportCompare, IdenticalNewFindingAndTightness) {
   const Report old_r = some_report(0.5, false);
   Comparison c = compare_reports(old_r, old_r, {});
