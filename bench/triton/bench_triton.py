@@ -109,6 +109,13 @@ VARIANTS = {
     "mma2-fp8-w16-n64": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=64)),
     "mma2-fp8-w16-n16": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=16)),
     "mma2-fp8-w16-st1": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, num_stages=1)),
+    # 2026-12-04: the split length against the tile length (topk 128 rows are one split at 128)
+    "mma2-s32": ("launch2", dict(block_h=64, split_tokens=32)),
+    "mma2-s64b": ("launch2", dict(block_h=64, split_tokens=64)),
+    "mma2-n64-s64": ("launch2", dict(block_h=64, block_n=64, split_tokens=64)),
+    "mma2-n64-s256": ("launch2", dict(block_h=64, block_n=64, split_tokens=256)),
+    "mma2-n64-q4": ("launch2", dict(block_h=64, block_n=64, split_tokens="quarter")),
+    "mma2-q4": ("launch2", dict(block_h=64, split_tokens="quarter")),
 }
 DEFAULT = "simt,old-h32,mma2"
 GRAPH = False
@@ -130,6 +137,8 @@ def resources(launcher: str) -> str:
 
 def time_variant(call: mlafuzz.DecodeCall, name: str):
     launcher, kw = VARIANTS[name]
+    if kw.get("split_tokens") == "quarter":  # four splits per row (at least one tile each)
+        kw = dict(kw, split_tokens=max(kw.get("block_n", 32), call.topk // 4))
     fn = lambda: getattr(mla_triton, launcher)(call, check=False, **kw)  # noqa: E731
     fn()
     torch.cuda.synchronize()
