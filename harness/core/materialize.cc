@@ -4,6 +4,7 @@
 #include "harness/core/materialize.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <unordered_set>
@@ -13,8 +14,36 @@
 namespace mlafuzz {
 namespace {
 
-// Tags that keep the special-value decisions of q, nope and rope apart inside Stream::kSpecial.
-enum SpecialTag : uint64_t { kTagQ = 0, kTagNope = 1, kTagRope = 2 };
+// The special value an element takes when CounterRng(seed, kSpecial, element * 4 + tag) says
+// so (its first draw below special_fraction): its second draw picks one.
+double special_value(const ValueSpec& s, CounterRng& sp) {
+  // Values that stress sign handling, saturation and subnormals; never NaN or inf.
+  switch (sp.uniform_int(0, 4)) {
+    case 0:
+      return 0.0;
+    case 1:
+      return -0.0;
+    case 2:
+      return 4 * s.magnitude;
+    case 3:
+      return -4 * s.magnitude;
+    default:
+      return 0x1p-133;  // smallest bf16 subnormal
+  }
+}
+
+// uniform() of 53 random bits, through 26- and 27-bit halves each converted exactly by the
+// 2^52 trick: the same double as CounterRng::to_uniform, in operations that vectorize
+// (a 64-bit integer to double conversion does not, without AVX-512).
+inline double uniform_exact(uint64_t v) {
+  const uint64_t y = v >> 11;  // < 2^53
+  const double hi = std::bit_cast<double>((y >> 26) | 0x4330000000000000ull) - 0x1p52;
+  const double lo =
+      std::bit_cast<double>((y & ((1ull << 26) - 1)) | 0x4330000000000000ull) - 0x1p52;
+  return (hi * 0x1p26 + lo) * 0x1.0p-53;  // exact: an integer below 2^53, then a power of two
+}
+
+}  // namespace
 
 // One element drawn per ValueSpec. Element n of a buffer uses its own counter stream
 // CounterRng(seed, stream, n) (random access; a normal draw consumes 12 values of it).
@@ -22,21 +51,7 @@ double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t ele
                   SpecialTag tag) {
   if (s.special_fraction > 0) {
     CounterRng sp(seed, Stream::kSpecial, element * 4 + tag);
-    if (sp.bernoulli(s.special_fraction)) {
-      // Values that stress sign handling, saturation and subnormals; never NaN or inf.
-      switch (sp.uniform_int(0, 4)) {
-        case 0:
-          return 0.0;
-        case 1:
-          return -0.0;
-        case 2:
-          return 4 * s.magnitude;
-        case 3:
-          return -4 * s.magnitude;
-        default:
-          return 0x1p-133;  // smallest bf16 subnormal
-      }
-    }
+    if (sp.bernoulli(s.special_fraction)) return special_value(s, sp);
   }
   CounterRng r(seed, stream, element);
   switch (s.dist) {
@@ -53,6 +68,49 @@ double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t ele
   }
   return 0.0;
 }
+
+void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
+                 SpecialTag tag, float* out) {
+  constexpr int kLanes = 8;
+  int32_t i = 0;
+  if (s.dist == ValueDist::kNormal) {
+    // Eight elements' normal draws side by side: per lane the same twelve uniforms added in
+    // the same order as CounterRng::normal, so the same bits.
+    for (; i + kLanes <= count; i += kLanes) {
+      uint64_t key[kLanes];
+      double sum[kLanes];
+      for (int j = 0; j < kLanes; ++j) {
+        key[j] = CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j));
+        sum[j] = 0;
+      }
+      for (uint64_t n = 0; n < 12; ++n) {
+        const uint64_t mixed = splitmix64(n);
+        for (int j = 0; j < kLanes; ++j) sum[j] += uniform_exact(splitmix64(key[j] ^ mixed));
+      }
+      for (int j = 0; j < kLanes; ++j) {
+        out[i + j] = static_cast<float>((sum[j] - 6.0) * s.magnitude);
+      }
+    }
+  }
+  for (; i < count; ++i) {  // the other distributions, and the last lanes
+    out[i] = static_cast<float>(draw_value(ValueSpec{s.dist, s.magnitude, 0.0}, seed, stream,
+                                           first + static_cast<uint64_t>(i), tag));
+  }
+  if (s.special_fraction > 0) {
+    const uint64_t mixed0 = splitmix64(0);
+    for (int32_t j = 0; j < count; ++j) {
+      const uint64_t e = first + static_cast<uint64_t>(j);
+      const uint64_t k = CounterRng::key_of(seed, Stream::kSpecial, e * 4 + tag);
+      if (uniform_exact(splitmix64(k ^ mixed0)) < s.special_fraction) {
+        CounterRng sp(seed, Stream::kSpecial, e * 4 + tag);
+        sp.uniform();  // the decision above
+        out[j] = static_cast<float>(special_value(s, sp));
+      }
+    }
+  }
+}
+
+namespace {
 
 // floor(fraction * n + 0.5): an exact count, so fraction 1 marks every entry.
 int64_t fraction_count(double fraction, int64_t n) {
@@ -219,10 +277,15 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
                   const KvStreams& st = {}) {
   const int64_t n = mla::num_slots(g);
   const int32_t tiles = mla::num_scale_tiles(g);
-  std::vector<float> v(static_cast<size_t>(g.nope_dim));
+  std::vector<float> v(static_cast<size_t>(g.nope_dim)), rv(static_cast<size_t>(g.rope_dim));
   for (int64_t t = 0; t < n; ++t) {
     const mla::TokenAddress a = mla::token_address(g, physical_slot(c, t));
-    for (int32_t d = 0; d < g.nope_dim; ++d) v[static_cast<size_t>(d)] = kv_value(c, st, t, d);
+    // kv_value(c, st, t, d) for every d, in one batch each for the nope and the rope part.
+    const auto tu = static_cast<uint64_t>(t);
+    draw_values(c.kv_values, c.data_seed, st.nope, tu * static_cast<uint64_t>(g.nope_dim),
+                g.nope_dim, kTagNope, v.data());
+    draw_values(c.rope_values, c.data_seed, st.rope, tu * static_cast<uint64_t>(g.rope_dim),
+                g.rope_dim, kTagRope, rv.data());
     for (int32_t tile = 0; tile < tiles; ++tile) {
       const float* tv = v.data() + static_cast<size_t>(tile) * g.scale_tile;
       float amax = 0;
@@ -252,7 +315,7 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
     }
     for (int32_t r = 0; r < g.rope_dim; ++r) {
       put_u16(&cache[static_cast<size_t>(a.rope + 2 * r)],
-              mla::float_to_bf16(kv_value(c, st, t, g.nope_dim + r)));
+              mla::float_to_bf16(rv[static_cast<size_t>(r)]));
     }
   }
 }

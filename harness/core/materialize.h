@@ -9,10 +9,22 @@
 #include <vector>
 
 #include "harness/core/case.h"
+#include "harness/core/rng.h"
 #include "harness/core/shared_arena.h"
 #include "kernels/common/mla_params.h"
 
 namespace mlafuzz {
+
+// The special-value decisions of q, nope and rope are kept apart inside Stream::kSpecial.
+enum SpecialTag : uint64_t { kTagQ = 0, kTagNope = 1, kTagRope = 2 };
+// Element `element` of a buffer drawn per `s` (its own counter stream: random access), and
+// elements [first, first + count) of it as floats: the same bits as draw_value one by one,
+// computed eight streams side by side (the normal draws vectorize; issue 13: drawing the
+// values was the largest step of a case's materialization). Exposed for the tests.
+double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t element,
+                  SpecialTag tag);
+void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
+                 SpecialTag tag, float* out);
 
 // Worker-side names for the bytes of a case's input vectors (harness/campaign/worker.cc): a
 // nonzero tag i names the bytes of input i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink,

@@ -42,15 +42,23 @@ enum class Stream : uint64_t {
 class CounterRng {
  public:
   CounterRng(uint64_t seed, Stream stream, uint64_t substream = 0)
-      : key_(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(stream) * 0x100000001b3ull +
-                                          splitmix64(substream)))) {}
+      : key_(key_of(seed, stream, substream)) {}
+
+  // The key of stream (seed, stream, substream): value n of it is splitmix64(key ^
+  // splitmix64(n)). For batched draws (materialize.cc) that compute many streams side by side.
+  static uint64_t key_of(uint64_t seed, Stream stream, uint64_t substream) {
+    return splitmix64(seed ^ splitmix64(static_cast<uint64_t>(stream) * 0x100000001b3ull +
+                                        splitmix64(substream)));
+  }
+  // uniform() of a value of a stream: 53 random bits as a double in [0, 1).
+  static double to_uniform(uint64_t v) { return static_cast<double>(v >> 11) * 0x1.0p-53; }
 
   // The n-th 64-bit value of this stream (random access).
   uint64_t at(uint64_t n) const { return splitmix64(key_ ^ splitmix64(n)); }
   uint64_t next() { return at(counter_++); }
 
   // Uniform double in [0, 1) with 53 random bits.
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+  double uniform() { return to_uniform(next()); }
   // Uniform integer in [lo, hi] (inclusive), by 128-bit multiply (Lemire), bias < 2^-32.
   int64_t uniform_int(int64_t lo, int64_t hi) {
     const uint64_t span = static_cast<uint64_t>(hi - lo) + 1;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -77,6 +78,34 @@ TEST(Materialize, GoldenHashes) {
       << std::hex << content_hash(materialize(golden_v32()));
   EXPECT_EQ(content_hash(materialize(golden_options())), kGoldenOptions)
       << std::hex << content_hash(materialize(golden_options()));
+}
+
+// draw_values (eight streams side by side) gives draw_value's bits for every distribution,
+// special fraction, tag and count, the last partial group of lanes included.
+TEST(Materialize, BatchedDrawsEqualOneByOne) {
+  const ValueDist dists[] = {ValueDist::kNormal, ValueDist::kUniform, ValueDist::kSmallInt,
+                             ValueDist::kZeros, ValueDist::kTies};
+  for (const ValueDist dist : dists) {
+    for (const double special : {0.0, 0.03, 0.5, 1.0}) {
+      for (const SpecialTag tag : {kTagQ, kTagNope, kTagRope}) {
+        const ValueSpec spec{dist, 0.75, special};
+        for (const int32_t count : {1, 7, 8, 9, 64, 77}) {
+          const uint64_t seed = 0x1234567ull * static_cast<uint64_t>(count) + tag;
+          const uint64_t first = 1000003ull * static_cast<uint64_t>(count);
+          std::vector<float> got(static_cast<size_t>(count));
+          draw_values(spec, seed, Stream::kKvNope, first, count, tag, got.data());
+          for (int32_t i = 0; i < count; ++i) {
+            const float want = static_cast<float>(
+                draw_value(spec, seed, Stream::kKvNope, first + static_cast<uint64_t>(i), tag));
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[static_cast<size_t>(i)]),
+                      std::bit_cast<uint32_t>(want))
+                << "dist " << static_cast<int>(dist) << " special " << special << " tag " << tag
+                << " count " << count << " element " << i;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Materialize, DeterministicAndSeedSensitive) {
