@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -240,27 +241,96 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   return e_max;
 }
 
+// sum_k c_i[k] |v[k] - o| for N weight vectors c_i at once, in one pass over v: per vector the
+// order of Eigen's (c.array() * t).sum() with 4-double packets (two accumulators over blocks
+// of 8, then a last block of 4, (a0 + a2) + (a1 + a3), then the rest one by one), so the bits
+// of the per-vector reductions this replaced on an AVX build; fixed whatever the build, so
+// that one pipeline's bound and a set's are the same bits. The products are never negative
+// (c >= 0, |v - o| >= 0): starting the sums at +0 changes nothing.
+// Four doubles (GCC/Clang vector extensions: AVX registers on x86-64-v3, pairs of SSE ones
+// otherwise); lane-wise IEEE operations, so the same bits on every build.
+typedef double Lanes4 __attribute__((vector_size(32)));
+typedef uint64_t Bits4 __attribute__((vector_size(32)));
+
+inline Lanes4 load4(const double* p) {
+  Lanes4 r;
+  std::memcpy(&r, p, sizeof r);
+  return r;
+}
+
+inline Lanes4 abs4(Lanes4 x) {
+  const Bits4 mask = {~(uint64_t{1} << 63), ~(uint64_t{1} << 63), ~(uint64_t{1} << 63),
+                      ~(uint64_t{1} << 63)};
+  return reinterpret_cast<Lanes4>(reinterpret_cast<Bits4>(x) & mask);
+}
+
+template <int N>
+void weighted_l1(const double* v, double o, Eigen::Index n, const double* const* c, double* out) {
+  Lanes4 a0[N] = {}, a1[N] = {};
+  const Lanes4 o4 = {o, o, o, o};
+  const Eigen::Index n8 = n / 8 * 8, n4 = n / 4 * 4;
+  for (Eigen::Index k = 0; k < n8; k += 8) {
+    const Lanes4 t0 = abs4(load4(v + k) - o4), t1 = abs4(load4(v + k + 4) - o4);
+    for (int i = 0; i < N; ++i) {
+      a0[i] += load4(c[i] + k) * t0;
+      a1[i] += load4(c[i] + k + 4) * t1;
+    }
+  }
+  if (n8 > 0) {
+    for (int i = 0; i < N; ++i) a0[i] += a1[i];
+  }
+  if (n4 > n8) {
+    const Lanes4 t = abs4(load4(v + n8) - o4);
+    for (int i = 0; i < N; ++i) a0[i] += load4(c[i] + n8) * t;
+  }
+  for (int i = 0; i < N; ++i) {
+    double r = (a0[i][0] + a0[i][2]) + (a0[i][1] + a0[i][3]);
+    for (Eigen::Index k = n4; k < n; ++k) r += c[i][k] * std::fabs(v[k] - o);
+    out[i] = r;
+  }
+}
+
+void weighted_l1_any(const double* v, double o, Eigen::Index n, const double* const* c,
+                     size_t count, double* out) {
+  for (size_t i = 0; i < count; i += 4) {
+    switch (std::min<size_t>(count - i, 4)) {
+      case 1:
+        weighted_l1<1>(v, o, n, c + i, out + i);
+        break;
+      case 2:
+        weighted_l1<2>(v, o, n, c + i, out + i);
+        break;
+      case 3:
+        weighted_l1<3>(v, o, n, c + i, out + i);
+        break;
+      default:
+        weighted_l1<4>(v, o, n, c + i, out + i);
+        break;
+    }
+  }
+}
+
 // The pass over V of one head for every pipeline in tails (each after its head_prepare): per
-// element, sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact in |V - O|; |V - O|
-// computed once for all pipelines), with the shared sum_k w_k |V_kd| and, when a token may
+// element, sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact in |V - O|; one pass
+// over V_d for all pipelines), with the shared sum_k w_k |V_kd| and, when a token may
 // underflow, sum_k under_k |V_kd|. V = K.leftCols(dv), column-major: column d is contiguous over
 // the tokens. The same expressions per pipeline as one pipeline alone: the same bits.
 void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
-                 HeadTail* const* tails, size_t count, Eigen::ArrayXd& t) {
+                 HeadTail* const* tails, size_t count, std::vector<double>& wt) {
   if (count == 0) return;
   const Eigen::Index n = hs.n;
   const double* O = hs.O;
-  t.resize(n);
+  std::vector<const double*> c(count);
+  for (size_t i = 0; i < count; ++i) c[i] = tails[i]->c.data();
+  wt.resize(count);
   for (int32_t d = 0; d < rt.dv; ++d) {
-    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
     const double od = std::fabs(O[d]);
-    t = (v - O[d]).abs();
+    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, c.data(), count, wt.data());
     const double wvd = sh.wvd[static_cast<size_t>(d)];
     const double uvd = sh.uvd[static_cast<size_t>(d)];
     for (size_t i = 0; i < count; ++i) {
       const HeadTail& tl = *tails[i];
-      const double wt = (tl.c.array() * t).sum();
-      double first = tl.grow * (wt + tl.sink_term * od);
+      double first = tl.grow * (wt[i] + tl.sink_term * od);
       first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
       if (tl.bf16_p) first += tl.grow * kU16 * wvd;
       double abs_terms = tl.abs_base + uvd;
@@ -278,8 +348,8 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   const double e_max = head_prepare(rt, h, hs, sh, ob, lb, &tail, &needs_tail);
   if (needs_tail) {
     HeadTail* tails[1] = {&tail};
-    Eigen::ArrayXd t;
-    head_finish(rt, hs, sh, tails, 1, t);
+    std::vector<double> wt;
+    head_finish(rt, hs, sh, tails, 1, wt);
   }
   return e_max;
 }
@@ -444,7 +514,7 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
   std::vector<HeadSubset> subsets(plans.size());
   std::vector<HeadTail*> tail_ptrs(plans.size());
   size_t n_tails = 0;
-  Eigen::ArrayXd t_buf;
+  std::vector<double> wt_buf;
   for (int32_t b = 0; b < B; ++b) {
     const OracleRow row = gather_row(m, b);
     const auto n = static_cast<Eigen::Index>(row.k.size());
@@ -482,7 +552,7 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
       // Every joint pipeline's subset has the same entries, O and sink: one pass over V.
       if (joint != nullptr) {
         const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
-        head_finish(rt, *joint, sh, tail_ptrs.data(), n_tails, t_buf);
+        head_finish(rt, *joint, sh, tail_ptrs.data(), n_tails, wt_buf);
       }
     }
   }
