@@ -221,6 +221,7 @@ class PythonBackend final : public Backend {
   Envelope envelope() const override { return desc_.envelope; }
   uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
   ExtraPipeline extra_pipeline() const override { return desc_.extra_pipeline; }
+  int token_tile() const override { return desc_.token_tile; }
   // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
   // the host or on the device.
   bool needs_worker() const override { return true; }
@@ -503,6 +504,13 @@ class PythonBackend final : public Backend {
       if (j.contains("inexact")) {
         d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
       }
+      if (j.contains("token_tile")) {
+        const auto& t = j.at("token_tile");
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > (1 << 20)) {
+          throw std::runtime_error("token_tile " + t.dump() + " (a number of tokens, 0: default)");
+        }
+        d.token_tile = t.get<int>();
+      }
       desc_ = d;
     } catch (const std::exception& e) {
       child_.stop(0);
@@ -561,6 +569,7 @@ class ShippedPythonBackend final : public Backend {
   ExtraPipeline extra_pipeline() const override {
     return inner_ ? inner_->extra_pipeline() : ExtraPipeline::kJoint;
   }
+  int token_tile() const override { return inner_ ? inner_->token_tile() : 0; }
   double abs_tol() const override { return inner_ ? inner_->abs_tol() : 0; }
   double rel_tol() const override { return inner_ ? inner_->rel_tol() : 0; }
   bool on_device() const override { return true; }

@@ -51,6 +51,7 @@ struct PythonDescription {
   Envelope envelope;
   uint32_t inexact_invariants = 0;
   ExtraPipeline extra_pipeline = ExtraPipeline::kJoint;  // mlafuzz.kernel(extra_pipeline=...)
+  int token_tile = 0;  // mlafuzz.kernel(token_tile=...): tokens per tile, 0: the precision's
   // The module's planted bugs (its MUTANTS dict, in declaration order): name -> description.
   // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (README, "Mutation
   // score"; docs/WORKER_PROTOCOL.md).

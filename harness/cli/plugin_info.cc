@@ -51,7 +51,11 @@ int python_info(const std::string& name) {
                                           : "all but " + describe_invariants(d.inexact_invariants) +
                                                 " (checked within the tolerance bound)")
             << '\n'
-            << "  extra cache: " << extra_pipeline_text(d.extra_pipeline) << '\n';
+            << "  extra cache: " << extra_pipeline_text(d.extra_pipeline) << '\n'
+            << "  token tile:  "
+            << (d.token_tile > 0 ? std::to_string(d.token_tile) + " tokens (declared)"
+                                 : std::string("the precision's default"))
+            << " (the tolerance bound counts one softmax rescale per tile)\n";
   print_envelope(d.has_envelope ? "declared" : "", d.envelope);
   std::cout << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
             << d.numpy_version << ")\n"

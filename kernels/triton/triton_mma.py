@@ -21,7 +21,8 @@ import os
 from typing import Callable, Dict, Optional
 
 import mlafuzz
-from mla_triton import ENVELOPE, compilations, launch, launch2, unavailable  # noqa: F401
+from mla_triton import (ENVELOPE, MMA_BLOCK_N, compilations, launch, launch2,  # noqa: F401
+                        unavailable)
 from mla_triton import supports as _supports
 
 #: The kernel that triton-mma (and its mutants, h16, h64) runs: "mma2" (mma2_kernel: the token
@@ -83,28 +84,28 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
 
 
 @mlafuzz.kernel(name="triton-mma", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE)
+                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel (tl.dot bf16, fp32 accumulation, BLOCK_H DEFAULT_BLOCK_H)."""
     _run(call, DEFAULT_BLOCK_H)
 
 
 @mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE)
+                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
 def decode_h16(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 16."""
     _run(call, 16)
 
 
 @mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE)
+                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
 def decode_h64(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 64."""
     _run(call, 64)
 
 
 @mlafuzz.kernel(name="triton-mma-v1", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE)
+                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
 def decode_v1(call: mlafuzz.DecodeCall) -> None:
     """mma_kernel as first shipped (no split, byte-wise gather), BLOCK_H 32, whatever PATH."""
     launch(call, "mma_kernel", block_h=32)
@@ -119,7 +120,7 @@ def _make_mutant(name: str) -> Callable[[mlafuzz.DecodeCall], None]:
     run.__name__ = "mutant_" + name.replace("-", "_")
     return mlafuzz.kernel(name=f"triton-mma.{name}", precision="bf16_mma", device="cuda",
                           description=f"planted bug '{name}' in triton-mma: {MUTANTS[name]}",
-                          envelope=ENVELOPE)(run)
+                          envelope=ENVELOPE, token_tile=MMA_BLOCK_N)(run)
 
 
 # mutant_unmasked_pad_columns, mutant_wrong_scale_group, ...: python:triton_mma.py:mutant_<name>

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlafuzz
-from mla_triton import ENVELOPE, compilations, launch, unavailable  # noqa: F401
+from mla_triton import ENVELOPE, SIMT_BLOCK_N, compilations, launch, unavailable  # noqa: F401
 from mla_triton import supports as _supports
 
 
@@ -26,7 +26,7 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
 
 
 @mlafuzz.kernel(name="triton-simt", precision="fp32_simt", device="cuda",
-                envelope=ENVELOPE)
+                envelope=ENVELOPE, token_tile=SIMT_BLOCK_N)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton SIMT per-head kernel (fp32; one program per row and head)."""
     launch(call, "simt_kernel")

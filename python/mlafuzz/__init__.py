@@ -235,6 +235,7 @@ class KernelInfo:
     envelope: Optional[Dict[str, Any]] = None  # Envelope.to_json(); None: accepts anything
     inexact: tuple = ()  # invariants not promised bit for bit ("batch", "head", ...)
     extra_pipeline: str = "joint"  # "joint" or "lse_merged" (how the extra cache is folded in)
+    token_tile: int = 0  # tokens per online-softmax tile (BLOCK_N); 0: the precision's default
 
 
 def _valid_name(name: str) -> bool:
@@ -250,6 +251,7 @@ def kernel(
     envelope: Optional[Envelope] = None,
     inexact: Sequence[str] = (),
     extra_pipeline: str = "joint",
+    token_tile: int = 0,
 ) -> Callable[[Callable[["DecodeCall"], None]], Callable[["DecodeCall"], None]]:
     """Declares a function as an mlafuzz kernel; returns the function unchanged.
 
@@ -269,6 +271,10 @@ def kernel(
             (one online softmax over both lists, FlashMLA) or "lse_merged" (each list alone,
             stored in bf16 with its LSE, then merged and rounded again, SGLang's Triton path).
             It selects the extra-cache tolerance bound.
+        token_tile: the tokens of one online-softmax tile of the kernel (its BLOCK_N): the
+            tolerance bound counts one rescale of O and l per tile, so a kernel with shorter
+            tiles than the precision's default (64 for "bf16_mma", 32 for "fp32_simt") declares
+            its own. 0 keeps the default; ignored for a Tolerance.
     """
     if not _valid_name(name):
         raise ValueError(
@@ -292,6 +298,11 @@ def kernel(
         raise ValueError(
             f"mlafuzz.kernel(extra_pipeline={extra_pipeline!r}): use 'joint' or 'lse_merged'"
         )
+    if isinstance(token_tile, bool) or not isinstance(token_tile, int) or token_tile < 0:
+        raise ValueError(
+            f"mlafuzz.kernel(token_tile={token_tile!r}): use a positive number of tokens, or 0 "
+            "for the precision's default"
+        )
     if isinstance(inexact, str):
         inexact = [inexact]
     for inv in inexact:
@@ -309,7 +320,8 @@ def kernel(
             lines = (func.__doc__ or "").strip().splitlines()
             doc = lines[0].strip() if lines else ""
         func.__mlafuzz_kernel__ = KernelInfo(  # type: ignore[attr-defined]
-            name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact), extra_pipeline
+            name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact), extra_pipeline,
+            token_tile,
         )
         return func
 

@@ -682,6 +682,7 @@ class Server:
             "envelope": i.envelope,
             "inexact": list(i.inexact),
             "extra_pipeline": i.extra_pipeline,
+            "token_tile": i.token_tile,
             # The module's planted bugs (MUTANTS): backend <spec>~<name> runs mutant_<name>.
             "mutants": declared_mutants(sys.modules.get(getattr(self.func, "__module__", ""))),
         }

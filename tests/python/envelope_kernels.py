@@ -47,3 +47,10 @@ def decode(call: mlafuzz.DecodeCall) -> None:
 def decode_lse_merged(call: mlafuzz.DecodeCall) -> None:
     """The same kernel, declaring the LSE-merged extra-cache pipeline (plugin-info shows it)."""
     numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="numpy-tile8-declared", precision="fp32_simt", envelope=FLASHMLA_LIKE,
+                inexact=["batch"], token_tile=8)
+def decode_tile8(call: mlafuzz.DecodeCall) -> None:
+    """The same kernel as decode, declaring 8-token softmax tiles: a larger tolerance bound."""
+    numpy_decode.attend(call)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -65,6 +66,29 @@ def test_plugin_info_shows_a_declared_lse_merged_pipeline() -> None:
     proc = mlafuzz_cmd("plugin-info", "python:tests/python/envelope_kernels.py:decode_lse_merged")
     assert proc.returncode == 0, describe(proc)
     assert "extra cache: lse_merged (each list alone" in proc.stdout, describe(proc)
+
+
+def test_plugin_info_shows_the_token_tile() -> None:
+    proc = mlafuzz_cmd("plugin-info", "python:tests/python/envelope_kernels.py:decode_tile8")
+    assert proc.returncode == 0, describe(proc)
+    assert "token tile:  8 tokens (declared)" in proc.stdout, describe(proc)
+    proc = mlafuzz_cmd("plugin-info", ENVELOPE_KERNEL)
+    assert "token tile:  the precision's default" in proc.stdout, describe(proc)
+
+
+def test_a_declared_token_tile_enters_the_tolerance_bound(tmp_path) -> None:
+    # The same outputs under two declarations: 8-token tiles count more softmax rescales than
+    # fp32_simt's default 32, so every bound is at least as large and the tightness lower.
+    tiled = "python:tests/python/envelope_kernels.py:decode_tile8"
+    proc = mlafuzz_cmd("fuzz", "--backends", f"{ENVELOPE_KERNEL},{tiled}", "--cases", "6",
+                       "--jobs", "1", "--seed", "3", "--properties", "run,tolerance",
+                       "--progress", "plain", "--corpus", str(tmp_path / "c"),
+                       "--report", str(tmp_path / "r"))
+    assert proc.returncode == 0, describe(proc)
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    tight = {r["backend"]: r["tightness"]["max"] for r in report["results"]
+             if r["property"] == "tolerance"}
+    assert 0 < tight[tiled] < tight[ENVELOPE_KERNEL], tight
 
 
 def test_fuzz_generates_inside_a_python_kernels_envelope(tmp_path) -> None:

@@ -96,6 +96,15 @@ def test_extra_pipeline_defaults_to_joint_and_is_checked() -> None:
         mlafuzz.kernel(name="k", extra_pipeline="merged")
 
 
+def test_token_tile_defaults_to_the_precisions_and_is_checked() -> None:
+    default = mlafuzz.kernel(name="k")(lambda call: None).__mlafuzz_kernel__
+    tiled = mlafuzz.kernel(name="k", token_tile=16)(lambda call: None).__mlafuzz_kernel__
+    assert default.token_tile == 0 and tiled.token_tile == 16
+    for bad in (-1, 1.5, True, "32"):
+        with pytest.raises(ValueError, match="token_tile"):
+            mlafuzz.kernel(name="k", token_tile=bad)
+
+
 def test_unknown_inexact_invariant_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown invariant"):
         mlafuzz.kernel(name="k", inexact=["batches"])
