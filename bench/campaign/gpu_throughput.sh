@@ -43,6 +43,11 @@ except (OSError, ValueError) as e:
     sys.exit(0)
 line = (f"{name:>16}: {c['cases']:>6} cases in {c['duration_s']:6.1f} s = "
         f"{c['cases_per_s']:7.1f} cases/s (exit {rc})")
+cb = c.get("case_breakdown", {})
+if cb.get("cases"):  # the campaign side of a case (reports from 2026-12-04 on)
+    n = cb["cases"]
+    steps = " ".join(f"{k}={1e3 * v / n:.1f}" for k, v in cb.items() if k != "cases")
+    line += f"\n{'':>18}per case (ms): {steps}"
 tb = c.get("time_breakdown", {})
 for backend, t in tb.items():
     n = max(t["calls"], 1)
