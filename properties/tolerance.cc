@@ -241,14 +241,14 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   return e_max;
 }
 
-// sum_k c_i[k] |v[k] - o| for N weight vectors c_i at once, in one pass over v: per vector the
-// order of Eigen's (c.array() * t).sum() with 4-double packets (two accumulators over blocks
-// of 8, then a last block of 4, (a0 + a2) + (a1 + a3), then the rest one by one), so the bits
-// of the per-vector reductions this replaced on an AVX build; fixed whatever the build, so
-// that one pipeline's bound and a set's are the same bits. The products are never negative
-// (c >= 0, |v - o| >= 0): starting the sums at +0 changes nothing.
-// Four doubles (GCC/Clang vector extensions: AVX registers on x86-64-v3, pairs of SSE ones
-// otherwise); lane-wise IEEE operations, so the same bits on every build.
+// sum_k c_i[k] |v[k] - o| for the weights c_i of N tails at once, in one pass over v: per vector
+// the order of Eigen's (c.array() * t).sum() with 4-double packets (two accumulators over blocks of
+// 8, then a last block of 4, (a0 + a2) + (a1 + a3), then the rest one by one), so the bits of the
+// per-vector reductions this replaced on an AVX build; fixed whatever the build, so that one
+// pipeline's bound and a set's are the same bits. The products are never negative (c >= 0, |v - o|
+// >= 0): starting the sums at +0 changes nothing. Four doubles (GCC/Clang vector extensions: AVX
+// registers on x86-64-v3, pairs of SSE ones otherwise); lane-wise IEEE operations, so the same bits
+// on every build.
 typedef double Lanes4 __attribute__((vector_size(32)));
 typedef uint64_t Bits4 __attribute__((vector_size(32)));
 
@@ -265,7 +265,9 @@ inline Lanes4 abs4(Lanes4 x) {
 }
 
 template <int N>
-void weighted_l1(const double* v, double o, Eigen::Index n, const double* const* c, double* out) {
+void weighted_l1(const double* v, double o, Eigen::Index n, HeadTail* const* tails, double* out) {
+  const double* c[N];
+  for (int i = 0; i < N; ++i) c[i] = tails[i]->c.data();
   Lanes4 a0[N] = {}, a1[N] = {};
   const Lanes4 o4 = {o, o, o, o};
   const Eigen::Index n8 = n / 8 * 8, n4 = n / 4 * 4;
@@ -290,21 +292,21 @@ void weighted_l1(const double* v, double o, Eigen::Index n, const double* const*
   }
 }
 
-void weighted_l1_any(const double* v, double o, Eigen::Index n, const double* const* c,
+void weighted_l1_any(const double* v, double o, Eigen::Index n, HeadTail* const* tails,
                      size_t count, double* out) {
   for (size_t i = 0; i < count; i += 4) {
     switch (std::min<size_t>(count - i, 4)) {
       case 1:
-        weighted_l1<1>(v, o, n, c + i, out + i);
+        weighted_l1<1>(v, o, n, tails + i, out + i);
         break;
       case 2:
-        weighted_l1<2>(v, o, n, c + i, out + i);
+        weighted_l1<2>(v, o, n, tails + i, out + i);
         break;
       case 3:
-        weighted_l1<3>(v, o, n, c + i, out + i);
+        weighted_l1<3>(v, o, n, tails + i, out + i);
         break;
       default:
-        weighted_l1<4>(v, o, n, c + i, out + i);
+        weighted_l1<4>(v, o, n, tails + i, out + i);
         break;
     }
   }
@@ -320,12 +322,10 @@ void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
   if (count == 0) return;
   const Eigen::Index n = hs.n;
   const double* O = hs.O;
-  std::vector<const double*> c(count);
-  for (size_t i = 0; i < count; ++i) c[i] = tails[i]->c.data();
   wt.resize(count);
   for (int32_t d = 0; d < rt.dv; ++d) {
     const double od = std::fabs(O[d]);
-    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, c.data(), count, wt.data());
+    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, tails, count, wt.data());
     const double wvd = sh.wvd[static_cast<size_t>(d)];
     const double uvd = sh.uvd[static_cast<size_t>(d)];
     for (size_t i = 0; i < count; ++i) {
@@ -717,16 +717,15 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
       }
       const double va = (*a.lse)[rh], vb = (*b.lse)[rh];
       if (!finite_pair(va, vb, bb, hh, -1)) continue;
-      const double excess = std::max({vb - va, va - vb, 0.0});
-      const double err = std::fabs(va - vb);
-      const double t = ratio(excess, bound.lse[rh]);
+      const double err = std::fabs(va - vb);  // the excess too: lse values are exact
+      const double t = ratio(err, bound.lse[rh]);
       lse_tightness = std::max(lse_tightness, t);
       lse_max_abs = std::max(lse_max_abs, err);
-      if (t > worst || !any) record(t, va, vb, err, excess, bound.lse[rh], bb, hh, -1);
+      if (t > worst || !any) record(t, va, vb, err, err, bound.lse[rh], bb, hh, -1);
       if (t > 1) passed = false;
     }
   }
-  r.passed = passed && r.passed;
+  r.passed = passed;
   r.tightness = worst;
   r.max_abs = max_abs;
   r.out_max_ref = out_max_ref;

@@ -14,26 +14,33 @@
 namespace mlafuzz {
 namespace {
 
-// The special value an element takes when CounterRng(seed, kSpecial, element * 4 + tag) says
-// so (its first draw below special_fraction): its second draw picks one.
-double special_value(const ValueSpec& s, CounterRng& sp) {
-  // Values that stress sign handling, saturation and subnormals; never NaN or inf.
+// Whether element `element` takes a special value (its stream CounterRng(seed, kSpecial,
+// element * 4 + tag) draws below special_fraction first), and which (its second draw).
+// Values that stress sign handling, saturation and subnormals; never NaN or inf.
+bool special_value(const ValueSpec& s, uint64_t seed, uint64_t element, SpecialTag tag, double* v) {
+  CounterRng sp(seed, Stream::kSpecial, element * 4 + tag);
+  if (!sp.bernoulli(s.special_fraction)) return false;
   switch (sp.uniform_int(0, 4)) {
     case 0:
-      return 0.0;
+      *v = 0.0;
+      break;
     case 1:
-      return -0.0;
+      *v = -0.0;
+      break;
     case 2:
-      return 4 * s.magnitude;
+      *v = 4 * s.magnitude;
+      break;
     case 3:
-      return -4 * s.magnitude;
+      *v = -4 * s.magnitude;
+      break;
     default:
-      return 0x1p-133;  // smallest bf16 subnormal
+      *v = 0x1p-133;  // smallest bf16 subnormal
   }
+  return true;
 }
 
 // uniform() of 53 random bits, through 26- and 27-bit halves each converted exactly by the
-// 2^52 trick: the same double as CounterRng::to_uniform, in operations that vectorize
+// 2^52 trick: the same double as CounterRng::uniform, in operations that vectorize
 // (a 64-bit integer to double conversion does not, without AVX-512).
 inline double uniform_exact(uint64_t v) {
   const uint64_t y = v >> 11;  // < 2^53
@@ -49,10 +56,8 @@ inline double uniform_exact(uint64_t v) {
 // CounterRng(seed, stream, n) (random access; a normal draw consumes 12 values of it).
 double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t element,
                   SpecialTag tag) {
-  if (s.special_fraction > 0) {
-    CounterRng sp(seed, Stream::kSpecial, element * 4 + tag);
-    if (sp.bernoulli(s.special_fraction)) return special_value(s, sp);
-  }
+  double special = 0;
+  if (s.special_fraction > 0 && special_value(s, seed, element, tag, &special)) return special;
   CounterRng r(seed, stream, element);
   switch (s.dist) {
     case ValueDist::kNormal:
@@ -97,14 +102,10 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
                                            first + static_cast<uint64_t>(i), tag));
   }
   if (s.special_fraction > 0) {
-    const uint64_t mixed0 = splitmix64(0);
     for (int32_t j = 0; j < count; ++j) {
-      const uint64_t e = first + static_cast<uint64_t>(j);
-      const uint64_t k = CounterRng::key_of(seed, Stream::kSpecial, e * 4 + tag);
-      if (uniform_exact(splitmix64(k ^ mixed0)) < s.special_fraction) {
-        CounterRng sp(seed, Stream::kSpecial, e * 4 + tag);
-        sp.uniform();  // the decision above
-        out[j] = static_cast<float>(special_value(s, sp));
+      double special = 0;
+      if (special_value(s, seed, first + static_cast<uint64_t>(j), tag, &special)) {
+        out[j] = static_cast<float>(special);
       }
     }
   }

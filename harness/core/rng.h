@@ -50,15 +50,13 @@ class CounterRng {
     return splitmix64(seed ^ splitmix64(static_cast<uint64_t>(stream) * 0x100000001b3ull +
                                         splitmix64(substream)));
   }
-  // uniform() of a value of a stream: 53 random bits as a double in [0, 1).
-  static double to_uniform(uint64_t v) { return static_cast<double>(v >> 11) * 0x1.0p-53; }
 
   // The n-th 64-bit value of this stream (random access).
   uint64_t at(uint64_t n) const { return splitmix64(key_ ^ splitmix64(n)); }
   uint64_t next() { return at(counter_++); }
 
   // Uniform double in [0, 1) with 53 random bits.
-  double uniform() { return to_uniform(next()); }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   // Uniform integer in [lo, hi] (inclusive), by 128-bit multiply (Lemire), bias < 2^-32.
   int64_t uniform_int(int64_t lo, int64_t hi) {
     const uint64_t span = static_cast<uint64_t>(hi - lo) + 1;

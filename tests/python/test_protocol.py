@@ -142,19 +142,39 @@ def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> N
     assert seen[-1]["indices_raw"] is not moved
 
 
+def copied_package(tmp_path, monkeypatch):
+    """A copy of the mlafuzz package under tmp_path, which the workers then import."""
+    old = tmp_path / "mlafuzz"
+    shutil.copytree(os.path.join(ROOT, "python", "mlafuzz"), old,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setenv("MLAFUZZ_PYTHON_PACKAGE_DIR", str(tmp_path))
+    return old
+
+
 def test_a_package_of_the_previous_protocol_is_refused_naming_the_fix(tmp_path, monkeypatch
                                                                        ) -> None:
     """An installed package older than the executable (protocol 2) is a clear error, exit 2:
     the layout line would otherwise be read as a one-line request without its call line."""
-    old = tmp_path / "mlafuzz"
-    shutil.copytree(os.path.join(ROOT, "python", "mlafuzz"), old,
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    old = copied_package(tmp_path, monkeypatch)
     init = old / "__init__.py"
     text = init.read_text()
     assert "PROTOCOL_VERSION = 3" in text
     init.write_text(text.replace("PROTOCOL_VERSION = 3", "PROTOCOL_VERSION = 2"))
-    monkeypatch.setenv("MLAFUZZ_PYTHON_PACKAGE_DIR", str(tmp_path))
     proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
     assert proc.returncode == 2, describe(proc)
     assert "mlafuzz speaks worker protocol 3" in proc.stdout, describe(proc)
     assert "speaks 2" in proc.stdout and "pip install ./python" in proc.stdout, describe(proc)
+
+
+def test_an_info_reply_without_token_tile_means_the_precisions_tile(tmp_path, monkeypatch
+                                                                    ) -> None:
+    """A package of the same protocol that predates token_tile (its INFO has no such field)
+    still loads, and its kernels get the precision's default tile."""
+    old = copied_package(tmp_path, monkeypatch)
+    worker = old / "_worker.py"
+    text = worker.read_text()
+    assert '"token_tile": i.token_tile,' in text
+    worker.write_text(text.replace('"token_tile": i.token_tile,', ""))
+    proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 0, describe(proc)
+    assert "token tile:  the precision's default" in proc.stdout, describe(proc)
