@@ -94,6 +94,7 @@ VARIANTS = {
     "mma2-s64-h64": ("launch2", dict(split_tokens=64, block_h=64)),
     "mma2-s256-h64": ("launch2", dict(split_tokens=256, block_h=64)),
     "mma2": ("launch2", dict(block_h=64)),  # what triton-mma runs (triton_mma.py, PATH mma2)
+    "mma2-n32": ("launch2", dict(block_h=64, block_n=32)),  # triton-mma until 2026-12-04
     "mma2-h32-fp8": ("launch2", dict(block_h=32, fp8cvt=True)),
     "mma2-h64-w4": ("launch2", dict(block_h=64, num_warps=4)),
     "mma2-h64-n64": ("launch2", dict(block_h=64, block_n=64)),
@@ -120,6 +121,25 @@ VARIANTS = {
 DEFAULT = "simt,old-h32,mma2"
 GRAPH = False
 ONCE = False
+PROFILE = False
+
+
+def kernel_times(fn, reps: int = 20) -> str:
+    """Device time per call of each kernel a launcher runs (torch.profiler, mean of reps)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    parts = []
+    for ev in prof.key_averages():
+        us = getattr(ev, "device_time_total", None)
+        if us is None:
+            us = ev.cuda_time_total
+        if us > 0 and ev.count >= reps:
+            parts.append(f"{ev.key.split('(')[0][:40]} {us / reps:.1f} us x{ev.count // reps}")
+    return "; ".join(parts) or "no CUDA kernels recorded"
 
 
 def resources(launcher: str) -> str:
@@ -161,6 +181,8 @@ def time_variant(call: mlafuzz.DecodeCall, name: str):
             graph = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
         except Exception as e:  # noqa: BLE001 - a variant that cannot be captured still times
             print(f"{name}: no CUDA graph timing ({type(e).__name__}: {e})", flush=True)
+    if PROFILE:
+        print(f"{name}: kernels per call: {kernel_times(fn)}", flush=True)
     return ms, start.elapsed_time(end) / 200, graph, out, lse
 
 
@@ -176,9 +198,11 @@ def main() -> int:
                     help="also time each variant in a CUDA graph (do_bench_cudagraph median)")
     ap.add_argument("--once", action="store_true",
                     help="run each variant twice and time nothing (for ncu: --launch-skip 1)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print each kernel's device time per call (torch.profiler)")
     a = ap.parse_args()
-    global GRAPH, ONCE
-    GRAPH, ONCE = a.graph, a.once
+    global GRAPH, ONCE, PROFILE
+    GRAPH, ONCE, PROFILE = a.graph, a.once, a.profile
     names = a.variants.split(",")
     for n in names:
         if n not in VARIANTS:

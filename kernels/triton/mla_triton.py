@@ -14,13 +14,20 @@ from typing import Any, Dict, Optional, Tuple
 import mlafuzz
 
 SIMT_BLOCK_N = 16  # tokens per tile, triton-simt
-MMA_BLOCK_N = 32  # tokens per tile, triton-mma
+MMA_BLOCK_N = 32  # tokens per tile, mma_kernel (triton-mma-v1)
+#: Tokens per tile of mma2_kernel (what triton-mma runs): 64 was faster than 32 at every batch of
+#: the H200 bench (topk 512, B = 1..128: 44.1-211.7 us against 52.6-246.5; README, "H200 run of
+#: 2026-12-04"); its 180.7 KiB of shared memory fit the H200's 227.
+MMA2_BLOCK_N = 64
 MMA_BLOCK_H = (16, 32, 64)
 #: Tokens per split of mma2_kernel (flash-decoding): a function of the row's topk only, never of
 #: the batch, so that a row computed alone gives the same bits (batch-alone).
 SPLIT_TOKENS = 128
-#: Heads per program of the split combine.
+#: Heads per program of the split combine, the most columns per program and the splits whose
+#: loads it issues together.
 COMBINE_BLOCK_H = 16
+COMBINE_CW = 64
+COMBINE_SB = 4
 MAX_NOPE = 512
 MAX_ROPE = 64
 
@@ -217,9 +224,15 @@ def split_plan(topk: int, split_tokens: Optional[int], block_n: int) -> Tuple[in
     return split_len, triton_cdiv(topk, split_len)
 
 
+def combine_columns(nope_pad: int, rope_pad: int, v_rope: bool) -> int:
+    """Columns per combine program: a power of two dividing NOPE_PAD (and ROPE_PAD where the
+    rope is part of V), so that no chunk holds both nope and rope columns."""
+    return min(COMBINE_CW, nope_pad, rope_pad if v_rope else COMBINE_CW)
+
+
 def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check: bool = True,
             split_tokens: Optional[int] = SPLIT_TOKENS, fast: Optional[bool] = None,
-            fp8cvt: bool = True, block_n: int = MMA_BLOCK_N, num_warps: Optional[int] = None,
+            fp8cvt: bool = True, block_n: int = MMA2_BLOCK_N, num_warps: Optional[int] = None,
             num_stages: Optional[int] = None, prefetch: bool = False) -> None:
     """Runs mma2_kernel (and combine_kernel when the row is split) on a device call.
 
@@ -283,9 +296,11 @@ def launch2(call: mlafuzz.DecodeCall, block_h: int = 32, mutant: int = 0, check:
     LAST_COMPILED["mma2_kernel"] = j.mma2_kernel[grid](*args, **consts, **tune)
     _record("mma2_kernel", tuple(sorted(consts.items())) + tuple(sorted(tune.items())))
     if split:
+        cw = combine_columns(nope_pad, rope_pad, v_rope)
         cconsts = dict(NOPE_PAD=nope_pad, ROPE_PAD=rope_pad, V_ROPE=v_rope,
-                       BLOCK_H=COMBINE_BLOCK_H, MUTANT=mutant)
-        cgrid = (triton_cdiv(call.heads, COMBINE_BLOCK_H), call.batch)
+                       BLOCK_H=COMBINE_BLOCK_H, CW=cw, SB=COMBINE_SB, MUTANT=mutant)
+        chunks = nope_pad // cw + (rope_pad // cw if v_rope else 0)
+        cgrid = (triton_cdiv(call.heads, COMBINE_BLOCK_H), call.batch, chunks)
         j.combine_kernel[cgrid](ws, wml, sink_arg, out, lse, call.heads, out.stride(0),
                                 out.stride(1), lse.stride(0), nope, rope, n_splits,
                                 int(has_sink), int(call.sink_in_lse),

@@ -21,8 +21,8 @@ import os
 from typing import Callable, Dict, Optional
 
 import mlafuzz
-from mla_triton import (ENVELOPE, MMA_BLOCK_N, compilations, launch, launch2,  # noqa: F401
-                        unavailable)
+from mla_triton import (ENVELOPE, MMA2_BLOCK_N, MMA_BLOCK_N, compilations, launch,  # noqa: F401
+                        launch2, unavailable)
 from mla_triton import supports as _supports
 
 #: The kernel that triton-mma (and its mutants, h16, h64) runs: "mma2" (mma2_kernel: the token
@@ -37,6 +37,9 @@ if PATH not in ("mma2", "v1"):
 #: BLOCK_H of triton-mma and its mutants: 64 on mma2 (every K tile dequantized once for all 64
 #: heads of a production row: 71.6 vs 85.2 us at B=32 H=64 topk=512 on the H200), 32 on v1.
 DEFAULT_BLOCK_H = 64 if PATH == "mma2" else 32
+#: Tokens per online-softmax tile of what triton-mma runs (declared as its token_tile, so that
+#: the tolerance bound counts its rescales): 64 on mma2, 32 on v1.
+TOKEN_TILE = MMA2_BLOCK_N if PATH == "mma2" else MMA_BLOCK_N
 
 
 #: mma2 options, on the aligned fast gather only. FP8CVT, the hardware e4m3 decode, is on unless
@@ -84,21 +87,21 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
 
 
 @mlafuzz.kernel(name="triton-mma", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
+                envelope=ENVELOPE, token_tile=TOKEN_TILE)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel (tl.dot bf16, fp32 accumulation, BLOCK_H DEFAULT_BLOCK_H)."""
     _run(call, DEFAULT_BLOCK_H)
 
 
 @mlafuzz.kernel(name="triton-mma-h16", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
+                envelope=ENVELOPE, token_tile=TOKEN_TILE)
 def decode_h16(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 16."""
     _run(call, 16)
 
 
 @mlafuzz.kernel(name="triton-mma-h64", precision="bf16_mma", device="cuda",
-                envelope=ENVELOPE, token_tile=MMA_BLOCK_N)
+                envelope=ENVELOPE, token_tile=TOKEN_TILE)
 def decode_h64(call: mlafuzz.DecodeCall) -> None:
     """Triton head-tiled kernel, BLOCK_H 64."""
     _run(call, 64)
@@ -120,7 +123,7 @@ def _make_mutant(name: str) -> Callable[[mlafuzz.DecodeCall], None]:
     run.__name__ = "mutant_" + name.replace("-", "_")
     return mlafuzz.kernel(name=f"triton-mma.{name}", precision="bf16_mma", device="cuda",
                           description=f"planted bug '{name}' in triton-mma: {MUTANTS[name]}",
-                          envelope=ENVELOPE, token_tile=MMA_BLOCK_N)(run)
+                          envelope=ENVELOPE, token_tile=TOKEN_TILE)(run)
 
 
 # mutant_unmasked_pad_columns, mutant_wrong_scale_group, ...: python:triton_mma.py:mutant_<name>

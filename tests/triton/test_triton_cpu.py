@@ -57,6 +57,19 @@ def test_modules_import_without_triton_and_declare_kernels():
     assert mma.decode.__mlafuzz_kernel__.name == "triton-mma"
 
 
+def test_each_kernel_declares_the_token_tile_it_runs():
+    # The tolerance bound counts one softmax rescale per declared tile: triton-mma (mma2_kernel)
+    # and its mutants 64 tokens, triton-mma-v1 (mma_kernel) 32, triton-simt 16.
+    simt, mma, common = _load("triton_simt"), _load("triton_mma"), _load("mla_triton")
+    assert mma.PATH == "mma2" and common.MMA2_BLOCK_N == 64 and common.MMA_BLOCK_N == 32
+    for fn in (mma.decode, mma.decode_h16, mma.decode_h64, mma.mutant_no_rescale):
+        assert fn.__mlafuzz_kernel__.token_tile == 64, fn.__name__
+    assert mma.decode_v1.__mlafuzz_kernel__.token_tile == 32
+    assert simt.decode.__mlafuzz_kernel__.token_tile == common.SIMT_BLOCK_N == 16
+    proc = mlafuzz_cmd("plugin-info", f"python:{KDIR}/triton_mma.py:decode")
+    assert "token tile:  64 tokens (declared)" in proc.stdout, proc.stdout
+
+
 def test_supports_accepts_both_layouts_and_names_what_it_cannot_do():
     mma = _load("triton_mma")
     assert mma.supports(_call()) is None
@@ -231,8 +244,9 @@ def test_split_plan_depends_on_topk_only_and_tiles_the_row():
     assert common.split_plan(512, None, 32) == (512, 1)
     assert common.split_plan(1, 128, 16) == (16, 1)
     for topk in (1, 33, 128, 129, 512, 2048):
-        split_len, n = common.split_plan(topk, common.SPLIT_TOKENS, common.MMA_BLOCK_N)
-        assert split_len % common.MMA_BLOCK_N == 0 and (n - 1) * split_len < topk <= n * split_len
+        for tile in (common.MMA_BLOCK_N, common.MMA2_BLOCK_N):
+            split_len, n = common.split_plan(topk, common.SPLIT_TOKENS, tile)
+            assert split_len % tile == 0 and (n - 1) * split_len < topk <= n * split_len
 
 
 def test_fast_path_needs_16_byte_rows_and_a_power_of_two_scale_tile():

@@ -125,6 +125,7 @@ def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
 
 @pytest.mark.parametrize("page", [64, 61])  # 64: aligned rows (fast gather); 61: byte-wise
 def test_mma2_without_split_matches_mma_kernel(page):
+    # mma2_kernel with mma_kernel's 32-token tiles (triton-mma runs 64-token tiles, tested below).
     # Byte-wise gather: mma_kernel's bits. Fast gather: the same K and q values, but the H200 run
     # of 2026-12-01 saw 183 of 1M outputs 1 bf16 ulp apart at B=32 (LSE 1 fp32 ulp): tl.dot's
     # fp32 accumulation order differs with the operand layout, so at most 1 ulp is asked.
@@ -138,7 +139,7 @@ def test_mma2_without_split_matches_mma_kernel(page):
     mla_triton.launch(call, "mma_kernel", block_h=32)
     torch.cuda.synchronize()
     ref = (call.out.clone(), call.lse.clone())
-    mla_triton.launch2(call, block_h=32, split_tokens=None)
+    mla_triton.launch2(call, block_h=32, split_tokens=None, block_n=mla_triton.MMA_BLOCK_N)
     torch.cuda.synchronize()
     if page == 61:
         assert torch.equal(call.out.view(torch.int16), ref[0].view(torch.int16))
@@ -166,14 +167,50 @@ def test_mma2_split_is_close_to_one_split_and_a_row_alone_gives_the_same_bits():
     assert (split[0].float() - one[0]).abs().max().item() <= 0.02 * scale
     assert (split[1] - one[1]).abs().max().item() <= 1e-3
     # batch-alone: row 2 computed alone (same topk, so the same split) gives the same bits.
-    alone = bench_triton.make_call(4, 64, 512, 64, seed=9)
+    _assert_row_alone_gives_the_same_bits((4, 64, 512, 64, 9), 2, split)
+
+
+def _assert_row_alone_gives_the_same_bits(shape_seed, row, batch_result):
+    """Row `row` of bench_triton.make_call(*shape_seed), run alone by launch2, gives the bits of
+    that row in batch_result (out, lse of the whole batch)."""
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    b, h, topk, page, seed = shape_seed
+    alone = bench_triton.make_call(b, h, topk, page, seed=seed)
     for name in ("q", "indices", "out", "lse"):
-        setattr(alone, name, getattr(alone, name)[2:3].clone())
+        setattr(alone, name, getattr(alone, name)[row:row + 1].clone())
     alone.batch = 1
     mla_triton.launch2(alone)
     torch.cuda.synchronize()
-    assert torch.equal(alone.out.view(torch.int16), split[0][2:3].view(torch.int16))
-    assert torch.equal(alone.lse, split[1][2:3])
+    assert torch.equal(alone.out.view(torch.int16), batch_result[0][row:row + 1].view(torch.int16))
+    assert torch.equal(alone.lse, batch_result[1][row:row + 1])
+
+
+@pytest.mark.parametrize("page", [64, 61])
+def test_mma2_64_token_tiles_are_close_to_32_and_keep_the_row_alone_bits(page):
+    # triton-mma's tile (MMA2_BLOCK_N 64) against mma_kernel's 32: another online-softmax order
+    # (rescales every 64 tokens, p relative to another running max before its bf16 rounding), so
+    # close, not equal; the split plan keeps whole 64-token tiles; a row alone keeps its bits.
+    import torch  # noqa: PLC0415
+
+    import bench_triton  # noqa: PLC0415
+    import mla_triton  # noqa: PLC0415
+
+    assert mla_triton.MMA2_BLOCK_N == 64
+    assert mla_triton.split_plan(300, mla_triton.SPLIT_TOKENS, 64) == (128, 3)
+    call = bench_triton.make_call(4, 64, 300, page, seed=13)
+    mla_triton.launch2(call, block_n=32)
+    torch.cuda.synchronize()
+    ref = (call.out.float().clone(), call.lse.clone())
+    mla_triton.launch2(call)
+    torch.cuda.synchronize()
+    got = (call.out.clone(), call.lse.clone())
+    assert (got[0].float() - ref[0]).abs().max().item() <= 0.02 * ref[0].abs().max().item()
+    assert (got[1] - ref[1]).abs().max().item() <= 1e-3
+    _assert_row_alone_gives_the_same_bits((4, 64, 300, page, 13), 1, got)
 
 
 @pytest.mark.parametrize("layout_page", [("model1", 64), ("v32", 64)])
