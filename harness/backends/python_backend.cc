@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -22,6 +23,8 @@
 
 namespace mlafuzz {
 namespace {
+
+std::atomic<int> g_device_workers{0};  // set_python_device_workers
 
 using json = nlohmann::json;
 
@@ -435,6 +438,10 @@ class PythonBackend final : public Backend {
     }
     spec.label = "python worker for " + backend_;
     spec.env.push_back("PYTHONUNBUFFERED=1");
+    if (const int n = g_device_workers.load();
+        n > 0 && std::getenv("MLAFUZZ_DEVICE_WORKERS") == nullptr) {
+      spec.env.push_back("MLAFUZZ_DEVICE_WORKERS=" + std::to_string(n));
+    }
     if (const std::string dir = package_dir(); !dir.empty()) {
       std::string path = "PYTHONPATH=" + dir;
       if (const char* old = std::getenv("PYTHONPATH"); old != nullptr && *old) {
@@ -645,6 +652,8 @@ double python_call_timeout() {
 std::unique_ptr<Backend> make_python_backend(const std::string& backend_name) {
   return std::make_unique<PythonBackend>(backend_name);
 }
+
+void set_python_device_workers(int n) { g_device_workers.store(n); }
 
 PythonDescription describe_python_backend(const std::string& backend_name) {
   const PythonBackend b(backend_name);

@@ -64,6 +64,13 @@ std::unique_ptr<Backend> make_python_backend(const std::string& backend_name);
 // Starts a worker, asks what the kernel declares, stops it. Throws PythonBackendError.
 PythonDescription describe_python_backend(const std::string& backend_name);
 
+// How many device="cuda" Python workers of this process share one GPU (a campaign runs one per
+// evaluation thread and Python backend, all on the same device). Workers started afterwards get
+// it as MLAFUZZ_DEVICE_WORKERS, unless the environment already sets it, and keep their device
+// caches to their share of the GPU's memory (python/mlafuzz/_worker.py, device_cache_share).
+// 0, the default, sends nothing: a worker then counts itself alone.
+void set_python_device_workers(int n);
+
 // The interpreter python: backends run: MLAFUZZ_PYTHON (set by --python), else python3, looked
 // up on PATH. Throws PythonBackendError when it is not an executable file.
 std::string python_interpreter();

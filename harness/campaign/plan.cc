@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
 #include "harness/core/fileio.h"
@@ -23,6 +24,15 @@ BackendPool::BackendPool(const CampaignOptions& opts) : opts_(opts) {
   worker_exe_ = opts_.worker_exe.empty() ? self_executable() : opts_.worker_exe;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) visible_ = v;
   plan_backends();
+  // The Python device workers (one per thread and backend) share the one GPU torch picks.
+  int python_device_backends = 0;
+  for (const auto& p : plan_) python_device_backends += p.self_isolated && p.on_device ? 1 : 0;
+  if (python_device_backends > 0) {
+    const int jobs = opts_.jobs > 0
+                         ? opts_.jobs
+                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    set_python_device_workers(jobs * python_device_backends);
+  }
   if (!opts_.report_dir.empty()) {
     // The workers' log goes beside the report.
     make_dirs(opts_.report_dir);

@@ -339,6 +339,32 @@ def device_cache_budget(env: Optional[Dict[str, str]] = None) -> Optional[int]:
     return int(digits) * scale
 
 
+def device_cache_share(budget: int, total_bytes: int,
+                       env: Optional[Dict[str, str]] = None) -> int:
+    """The default budget cut to this worker's share of its GPU.
+
+    mlafuzz runs one device="cuda" worker per evaluation thread and Python backend, all on one
+    GPU, and tells each how many they are (``MLAFUZZ_DEVICE_WORKERS``): their caches together
+    keep at most a quarter of the GPU's memory. An H200 campaign of 16 threads and two Triton
+    backends had 32 workers of 4G each and ran out of device memory (2026-12-04). A budget set
+    with ``MLAFUZZ_DEVICE_CACHE_BYTES`` is kept as it is.
+    Raises:
+        ValueError: MLAFUZZ_DEVICE_WORKERS is not a positive integer.
+    """
+    env = os.environ if env is None else env
+    if env.get("MLAFUZZ_DEVICE_CACHE_BYTES", "").strip():
+        return budget
+    text = env.get("MLAFUZZ_DEVICE_WORKERS", "").strip() or "1"
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"MLAFUZZ_DEVICE_WORKERS={text!r}: give the number of workers, e.g. 32")
+    return min(budget, total_bytes // (4 * int(text)))
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.OutOfMemoryError (a RuntimeError subclass), or a CUDA out-of-memory RuntimeError."""
+    return type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e)
+
+
 class DeviceCache:
     """Device copies of input buffers kept across calls, by identity, within a byte budget.
 
@@ -1104,73 +1130,110 @@ class Server:
         dev = self.device
         if dev is None:
             dev = self.device = torch.device("cuda", torch.cuda.current_device())
-        keys: list = []
-        try:
-            stream = torch.cuda.current_stream(dev)
-            self.stream = int(stream.cuda_stream)  # where the driver's copies queue
-            inputs, keys = self._to_device(a, req, dev)
-            self.timer.mark("to_device")
-            # Whole raw buffers (pads and guard bands included), then strided views of them,
-            # so that the device sees the same layout and the canaries come back.
-            out_raw, lse_raw = self._outputs(a, req, dev)
-            self.timer.mark("outputs")
-            view = self._kept_view
-            b, h = call.batch, call.heads
-            # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
-            lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
-                call.lse_batch_stride,)
-            if call.s_q > 1:
-                lead = (b, call.s_q)
-                q_st += (call.q_token_stride,)
-                o_st += (call.out_token_stride,)
-                l_st += (call.lse_token_stride,)
-            # Views of the same tensors with the same geometry are kept (_kept_view): a warm
-            # call builds none of them again.
-            q_shape, q_strides = lead + (h, call.d_qk), q_st + (call.q_head_stride, 1)
-            call.q = view("q", (q_shape, q_strides), inputs["q_raw"], lambda t: t.view(
-                torch.bfloat16).as_strided(q_shape, q_strides))
-            o_shape, o_strides = lead + (h, call.d_v), o_st + (call.out_head_stride, 1)
-            o_off, l_off = int(req["out_guard"]), int(req["lse_guard"])
-            call.out = view("out", (o_shape, o_strides, o_off), out_raw, lambda t: t.view(
-                torch.bfloat16).as_strided(o_shape, o_strides, o_off))
-            l_shape, l_strides = lead + (h,), l_st + (1,)
-            call.lse = view("lse", (l_shape, l_strides, l_off), lse_raw, lambda t: t.view(
-                torch.float32).as_strided(l_shape, l_strides, l_off))
-
-            def shaped(name: str, dtype: Any, shape: Tuple[int, ...]) -> Any:
-                t = inputs.get(name)
-                if t is None:
-                    return None
-                return view(name + ":view", (dtype, shape), t, lambda u: u.view(dtype).view(shape))
-
-            call.kv_cache = shaped("kv_cache", torch.uint8, tuple(a["kv_cache"].shape))
-            # The index rows keep their gaps on the device too (indices_batch_stride).
-            i_st = (call.indices_batch_stride,)
-            if call.s_q > 1:
-                i_st += (call.indices_token_stride,)
-            i_shape, i_strides = lead + (call.topk,), i_st + (1,)
-            call.indices = view("indices", (i_shape, i_strides), inputs["indices_raw"],
-                                lambda t: t.view(torch.int32).as_strided(i_shape, i_strides))
-            call.topk_length = shaped("topk_length", torch.int32, (b,))
-            if "extra_kv_cache" in inputs:
-                call.extra_kv_cache = shaped("extra_kv_cache", torch.uint8,
-                                             tuple(a["extra_kv_cache"].shape))
-                # Compacted (contiguous) on the device, as before the cache.
-                call.extra_indices = shaped("extra_indices", torch.int32,
-                                            tuple(a["extra_indices"].shape))
-                call.extra_topk_length = shaped("extra_topk_length", torch.int32, (b,))
-            call.sink = shaped("sink", torch.float32, (h,))
-            call.stream = stream
-            self.timer.mark("views")
-            self._synchronize(dev)
-            self.timer.mark("sync_before")
-        except Exception:  # noqa: BLE001 - the staging itself failed: a device problem
             if self.device_cache is not None:
-                self.device_cache.clear()
-            return {"status": "fault", "message": "CUDA staging failed:\n" + traceback.format_exc(),
-                    "seconds": 0.0}
+                total = torch.cuda.get_device_properties(dev).total_memory
+                self.device_cache.budget = device_cache_share(self.device_cache.budget, total)
+        for attempt in (1, 2):
+            try:
+                keys = self._stage_call(call, a, req, dev)
+                break
+            except Exception as e:  # noqa: BLE001 - the staging itself failed: a device problem
+                if self.device_cache is not None:
+                    self.device_cache.clear()
+                if attempt == 1 and is_out_of_memory(e):
+                    # Out of device memory (other workers' caches, other processes): what this
+                    # worker keeps is dropped and the staging tried once more.
+                    self._release_device_memory()
+                    continue
+                why = ("CUDA staging failed (out of device memory even with this worker's "
+                       "buffers released: other processes on the GPU hold it)" if
+                       is_out_of_memory(e) else "CUDA staging failed")
+                return {"status": "fault", "message": why + ":\n" + traceback.format_exc(),
+                        "seconds": 0.0}
         err, seconds = self._call_kernel(call)
+        if err is not None and "OutOfMemoryError" in err:
+            self._release_device_memory()  # so that the next call finds room
         self.timer.mark("kernel")
+        return self._finish_cuda(a, dev, keys, err, seconds)
+
+    def _release_device_memory(self) -> None:
+        """Drops every device buffer this worker keeps (cache, outputs, views) and returns the
+        memory torch holds unused to the driver."""
+        if self.device_cache is not None:
+            self.device_cache.clear()
+        self.device_buffers.clear()
+        self.views.clear()
+        self.torch.cuda.empty_cache()
+
+    def _stage_call(self, call: mlafuzz.DecodeCall, a: Dict[str, np.ndarray],
+                    req: Dict[str, Any], dev: Any) -> list:
+        """Inputs and outputs on the device and call's tensors set; returns the cached inputs'
+        keys (_to_device)."""
+        torch = self.torch
+        stream = torch.cuda.current_stream(dev)
+        self.stream = int(stream.cuda_stream)  # where the driver's copies queue
+        inputs, keys = self._to_device(a, req, dev)
+        self.timer.mark("to_device")
+        # Whole raw buffers (pads and guard bands included), then strided views of them,
+        # so that the device sees the same layout and the canaries come back.
+        out_raw, lse_raw = self._outputs(a, req, dev)
+        self.timer.mark("outputs")
+        view = self._kept_view
+        b, h = call.batch, call.heads
+        # [B, (s_q,) ...]: the s_q axis when s_q > 1, as on the host.
+        lead, q_st, o_st, l_st = (b,), (call.q_batch_stride,), (call.out_batch_stride,), (
+            call.lse_batch_stride,)
+        if call.s_q > 1:
+            lead = (b, call.s_q)
+            q_st += (call.q_token_stride,)
+            o_st += (call.out_token_stride,)
+            l_st += (call.lse_token_stride,)
+        # Views of the same tensors with the same geometry are kept (_kept_view): a warm
+        # call builds none of them again.
+        q_shape, q_strides = lead + (h, call.d_qk), q_st + (call.q_head_stride, 1)
+        call.q = view("q", (q_shape, q_strides), inputs["q_raw"], lambda t: t.view(
+            torch.bfloat16).as_strided(q_shape, q_strides))
+        o_shape, o_strides = lead + (h, call.d_v), o_st + (call.out_head_stride, 1)
+        o_off, l_off = int(req["out_guard"]), int(req["lse_guard"])
+        call.out = view("out", (o_shape, o_strides, o_off), out_raw, lambda t: t.view(
+            torch.bfloat16).as_strided(o_shape, o_strides, o_off))
+        l_shape, l_strides = lead + (h,), l_st + (1,)
+        call.lse = view("lse", (l_shape, l_strides, l_off), lse_raw, lambda t: t.view(
+            torch.float32).as_strided(l_shape, l_strides, l_off))
+
+        def shaped(name: str, dtype: Any, shape: Tuple[int, ...]) -> Any:
+            t = inputs.get(name)
+            if t is None:
+                return None
+            return view(name + ":view", (dtype, shape), t, lambda u: u.view(dtype).view(shape))
+
+        call.kv_cache = shaped("kv_cache", torch.uint8, tuple(a["kv_cache"].shape))
+        # The index rows keep their gaps on the device too (indices_batch_stride).
+        i_st = (call.indices_batch_stride,)
+        if call.s_q > 1:
+            i_st += (call.indices_token_stride,)
+        i_shape, i_strides = lead + (call.topk,), i_st + (1,)
+        call.indices = view("indices", (i_shape, i_strides), inputs["indices_raw"],
+                            lambda t: t.view(torch.int32).as_strided(i_shape, i_strides))
+        call.topk_length = shaped("topk_length", torch.int32, (b,))
+        if "extra_kv_cache" in inputs:
+            call.extra_kv_cache = shaped("extra_kv_cache", torch.uint8,
+                                         tuple(a["extra_kv_cache"].shape))
+            # Compacted (contiguous) on the device, as before the cache.
+            call.extra_indices = shaped("extra_indices", torch.int32,
+                                        tuple(a["extra_indices"].shape))
+            call.extra_topk_length = shaped("extra_topk_length", torch.int32, (b,))
+        call.sink = shaped("sink", torch.float32, (h,))
+        call.stream = stream
+        self.timer.mark("views")
+        self._synchronize(dev)
+        self.timer.mark("sync_before")
+        return keys
+
+    def _finish_cuda(self, a: Dict[str, np.ndarray], dev: Any, keys: list,
+                     err: Optional[str], seconds: float) -> Dict[str, Any]:
+        """After the kernel: synchronize, download the outputs, check the kept inputs."""
+        torch = self.torch
         try:
             # The whole device first: a kernel may have used streams of its own.
             self._synchronize(dev)

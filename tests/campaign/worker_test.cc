@@ -11,6 +11,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
 #include "harness/campaign/worker_protocol.h"
@@ -670,6 +671,47 @@ TEST(Worker, DeviceInfoAnswers) {
   const auto text = ipc::run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
   ASSERT_TRUE(text.has_value());
   EXPECT_NE(text->find("\"count\""), std::string::npos) << *text;
+}
+
+// A campaign tells the Python device workers it starts how many of them share the GPU
+// (MLAFUZZ_DEVICE_WORKERS), so that their device caches together keep a bounded part of its
+// memory: 32 workers of 4 GiB each ran an H200 out of memory on 2026-12-04. The kernel below
+// reports the variable it sees through its exception (a kError result carries the traceback).
+TEST(PythonWorkers, WorkersStartedAfterTheCountIsSetAreToldIt) {
+  const char* python = std::getenv("MLAFUZZ_PYTHON");
+  const std::string interpreter = python != nullptr && *python ? python : "python3";
+  if (std::system((interpreter + " -c 'import numpy' 2>/dev/null").c_str()) != 0) {
+    GTEST_SKIP() << interpreter << " cannot import numpy (set MLAFUZZ_PYTHON)";
+  }
+  unsetenv("MLAFUZZ_DEVICE_WORKERS");
+  const std::string dir = ::testing::TempDir() + "mlafuzz_device_workers";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  const std::string file = dir + "/env_kernel.py";
+  {
+    FILE* f = std::fopen(file.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(
+        "import os\nimport mlafuzz\n\n\n@mlafuzz.kernel(name=\"env\", precision=\"fp32_simt\")\n"
+        "def decode(call):\n    raise RuntimeError(\"workers=\" + "
+        "os.environ.get(\"MLAFUZZ_DEVICE_WORKERS\", \"unset\"))\n",
+        f);
+    std::fclose(f);
+  }
+  const MaterializedCase m = small_case(2);
+  const auto message_of = [&] {
+    const auto b = make_python_backend("python:" + file + ":decode");
+    const RunResult r = b->run(m);
+    EXPECT_EQ(r.status, RunStatus::kError);
+    return r.message;
+  };
+  EXPECT_NE(message_of().find("workers=unset"), std::string::npos);
+  set_python_device_workers(7);
+  EXPECT_NE(message_of().find("workers=7"), std::string::npos);
+  setenv("MLAFUZZ_DEVICE_WORKERS", "3", 1);  // the user's value is kept
+  EXPECT_NE(message_of().find("workers=3"), std::string::npos);
+  unsetenv("MLAFUZZ_DEVICE_WORKERS");
+  set_python_device_workers(0);
+  EXPECT_NE(message_of().find("workers=unset"), std::string::npos);
 }
 
 }  // namespace

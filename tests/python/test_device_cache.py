@@ -701,3 +701,75 @@ def test_a_refused_checksum_kernel_leaves_torch_the_sums_and_says_why() -> None:
     assert cu.sum_error == ("cuModuleLoadData(mlafuzz_sum64): CUDA driver error 218 "
                             "(CUDA_ERROR_INVALID_PTX)")
     assert cu.sum64_ready() is False and lib.ptx, "tried once, not again"
+
+
+@pytest.mark.parametrize("env, share", [
+    ({}, 4 << 30),  # one worker: the default budget
+    ({"MLAFUZZ_DEVICE_WORKERS": "32"}, (140 << 30) // 128),  # a quarter of the GPU, split
+    ({"MLAFUZZ_DEVICE_WORKERS": "2"}, 4 << 30),  # the share is above the default
+    ({"MLAFUZZ_DEVICE_WORKERS": "32", "MLAFUZZ_DEVICE_CACHE_BYTES": "4G"}, 4 << 30),  # as set
+])
+def test_the_workers_on_one_gpu_share_a_quarter_of_its_memory(env: Dict[str, str],
+                                                               share: int) -> None:
+    assert _worker.device_cache_share(4 << 30, 140 << 30, env) == share
+
+
+def test_a_bad_worker_count_is_an_error_naming_the_variable() -> None:
+    with pytest.raises(ValueError, match="MLAFUZZ_DEVICE_WORKERS"):
+        _worker.device_cache_share(4 << 30, 140 << 30, {"MLAFUZZ_DEVICE_WORKERS": "0"})
+
+
+class OutOfMemoryError(RuntimeError):  # the name torch gives its error
+    pass
+
+
+@pytest.mark.parametrize("failures, status", [(1, "ok"), (2, "fault")])
+def test_out_of_memory_in_the_staging_releases_what_the_worker_keeps_and_retries_once(
+        failures: int, status: str) -> None:
+    # The H200 campaign of 2026-12-04 (64 workers on one GPU) ran out of device memory while
+    # staging cases: each became a fault finding of the kernel. Now the worker drops its cache,
+    # its kept buffers and torch's unused memory, and stages again; only a second failure is a
+    # fault, and its message says that other processes hold the memory.
+    fake = FakeTorch()
+    emptied: list = []
+    fake.cuda.empty_cache = lambda: emptied.append(1)
+    s = make_server(fake)
+    s.device = "cuda"
+    s.timer = _worker._NO_TIMER
+    s.device_buffers["out_raw"] = "kept"
+    s.device_cache.put(("id", 8), "tensor", 8)
+    calls: list = []
+
+    def stage(call: Any, a: Any, req: Any, dev: Any) -> list:
+        calls.append(dict(s.device_buffers))
+        if len(calls) <= failures:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB.")
+        return []
+
+    s._stage_call = stage
+    s._call_kernel = lambda call: (None, 0.001)
+    s._finish_cuda = lambda a, dev, keys, err, seconds: {"status": "ok", "message": ""}
+    r = s._run_cuda(types.SimpleNamespace(), {}, {})
+    assert r["status"] == status
+    assert len(calls) == 2 and calls[1] == {} and emptied == [1]
+    assert s.device_cache.bytes == 0
+    if status == "fault":
+        assert "out of device memory even with this worker's buffers released" in r["message"]
+        assert "OutOfMemoryError" in r["message"]
+
+
+def test_another_staging_error_is_a_fault_at_once() -> None:
+    fake = FakeTorch()
+    s = make_server(fake)
+    s.device = "cuda"
+    s.timer = _worker._NO_TIMER
+    calls: list = []
+
+    def stage(call: Any, a: Any, req: Any, dev: Any) -> list:
+        calls.append(1)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    s._stage_call = stage
+    r = s._run_cuda(types.SimpleNamespace(), {}, {})
+    assert r["status"] == "fault" and calls == [1]
+    assert r["message"].startswith("CUDA staging failed:\n")
