@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <string>
 
 #include "harness/cli/commands.h"
 #include "harness/core/case.h"
@@ -29,6 +30,25 @@ int main(int argc, char** argv) {
   register_plugin_info(app, table);
 #if MLAFUZZ_HAVE_MUTATION
   register_mutants(app, table);
+#else
+  // Listed, and answered before parsing (its options would otherwise be reported as unexpected
+  // arguments): the H200 runs of 2026-12-04 met "A subcommand is required" in a
+  // -DMLAFUZZ_MUTANTS=OFF build.
+  app.add_subcommand("mutants",
+                     "Mutation score: not in this build (configured with -DMLAFUZZ_MUTANTS=OFF)");
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--python") {
+      ++i;  // its value
+    } else if (arg == "mutants") {
+      std::cerr << "mlafuzz: mutants is not in this build: it was configured with "
+                   "-DMLAFUZZ_MUTANTS=OFF; reconfigure with -DMLAFUZZ_MUTANTS=ON (the default) "
+                   "to score planted bugs\n";
+      return kExitBadInput;
+    } else if (arg.empty() || arg[0] != '-') {
+      break;  // another subcommand
+    }
+  }
 #endif
 
   try {
