@@ -34,6 +34,21 @@ uint8_t poison_byte(int variant, const CounterRng& rng, size_t i) {
   }
 }
 
+// bytes[i] = poison_byte(variant, rng, i) for begin <= i < end, except where used[i] (used null:
+// every i); variant 1's random bytes drawn a word (eight bytes) at a time, not once per byte.
+void fill_poison(int variant, const CounterRng& rng, uint8_t* bytes, size_t begin, size_t end,
+                 const std::vector<uint8_t>* used) {
+  for (size_t i = begin; i < end;) {
+    const size_t word_end = std::min(end, (i / 8 + 1) * 8);
+    const uint64_t word = variant == 1 ? rng.at(i / 8) : 0;
+    for (; i < word_end; ++i) {
+      if (used != nullptr && (*used)[i]) continue;
+      bytes[i] =
+          variant == 1 ? static_cast<uint8_t>(word >> (8 * (i % 8))) : poison_byte(variant, rng, i);
+    }
+  }
+}
+
 uint16_t poison_bf16(int variant, const CounterRng& rng, size_t i) {
   switch (variant) {
     case 0:
@@ -180,9 +195,7 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
     const CounterRng rng(seed, Stream::kPoison, c == 0 ? 0 : 7);
     const std::vector<uint8_t> used = c == 0 ? used_cache_bytes(m) : used_extra_cache_bytes(m);
     SharedVector<uint8_t>& bytes = *views[c].cache;
-    for (size_t i = 0; i < bytes.size(); ++i) {
-      if (!used[i]) bytes[i] = poison_byte(variant, rng, i);
-    }
+    fill_poison(variant, rng, bytes.data(), 0, bytes.size(), &used);
   }
   const int32_t dqk = m.d_qk();
   const CounterRng qrng(seed, Stream::kPoison, 1);
@@ -280,7 +293,7 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
   }
   v.cache->assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
   const CounterRng fill(seed, Stream::kPoison, fill_stream);
-  for (size_t i = 0; i < v.cache->size(); ++i) (*v.cache)[i] = poison_byte(1, fill, i);
+  fill_poison(1, fill, v.cache->data(), 0, v.cache->size(), nullptr);
   for (int32_t p = 0; p < g.num_pages; ++p) {
     std::memcpy(
         v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
@@ -487,9 +500,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
   r.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
   {
     const CounterRng fill(seed, Stream::kPoison, 11);
-    for (size_t i = m.extra_cache.size(); i < r.extra_cache.size(); ++i) {
-      r.extra_cache[i] = poison_byte(1, fill, i);
-    }
+    fill_poison(1, fill, r.extra_cache.data(), m.extra_cache.size(), r.extra_cache.size(), nullptr);
   }
   int64_t next_slot = base_slot;
   const int64_t row_pad = m.indices_batch_stride - int64_t{m.s_q} * m.indices_token_stride;

@@ -26,6 +26,12 @@ double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t ele
 void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
                  SpecialTag tag, float* out);
 
+// out[i] = mla::float_to_e4m3_sat(v[i] / mla::ue8m0_to_float(code_e)) for i < n, the same bytes
+// (tested for every code_e class and float boundary), without a branch per element: the
+// multiplication by the exact reciprocal of the power of two rounds as the division does, and
+// the rounding to 3 mantissa bits is integer arithmetic on the float's bits.
+void encode_e4m3(const float* v, int32_t n, uint8_t code_e, uint8_t* out);
+
 // Worker-side names for the bytes of a case's input vectors (harness/campaign/worker.cc): a
 // nonzero tag i names the bytes of input i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink,
 // 5 extra cache, 6 extra indices, 7 extra topk_length) as they were decoded, and two cases of

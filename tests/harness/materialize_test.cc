@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <vector>
 
 #include "tests/harness/test_util.h"
 
@@ -78,6 +79,48 @@ TEST(Materialize, GoldenHashes) {
       << std::hex << content_hash(materialize(golden_v32()));
   EXPECT_EQ(content_hash(materialize(golden_options())), kGoldenOptions)
       << std::hex << content_hash(materialize(golden_options()));
+}
+
+// encode_e4m3 (no branch per element) gives float_to_e4m3_sat(v / scale)'s byte: every float
+// whose low 16 bits are one of a few patterns (all exponents, signs, NaN and infinities), each
+// e4m3 value and each midpoint between neighbours with their float neighbours, under scales of
+// each path (0, 254 and 255 take the division; 1..253 the reciprocal).
+TEST(Materialize, BatchedE4m3EncodingEqualsTheScalarOne) {
+  std::vector<float> v;
+  for (uint32_t hi = 0; hi < 0x10000u; ++hi) {
+    for (const uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      v.push_back(std::bit_cast<float>(hi << 16 | lo));
+    }
+  }
+  for (int code = 0; code < 256; ++code) {
+    const float x = mla::e4m3_to_float(static_cast<uint8_t>(code));
+    const float next = mla::e4m3_to_float(static_cast<uint8_t>(code + 1));
+    for (const float y : {x, std::isfinite(next) ? (x + next) / 2 : x}) {
+      for (const float z : {y, std::nextafter(y, 0.0f), std::nextafter(y, 1e30f)}) {
+        v.push_back(z);
+        v.push_back(-z);
+      }
+    }
+  }
+  std::vector<uint8_t> got(v.size());
+  int64_t checked = 0;
+  for (const int e : {0, 1, 2, 60, 119, 120, 127, 130, 134, 200, 253, 254, 255}) {
+    const float scale = mla::ue8m0_to_float(static_cast<uint8_t>(e));
+    // The same values seen through the scale: v * scale encodes as v under this scale.
+    std::vector<float> scaled(v.size());
+    for (size_t i = 0; i < v.size(); ++i) scaled[i] = v[i] * scale;
+    for (const auto* in : {&v, &scaled}) {
+      encode_e4m3(in->data(), static_cast<int32_t>(in->size()), static_cast<uint8_t>(e),
+                  got.data());
+      for (size_t i = 0; i < in->size(); ++i) {
+        const uint8_t want = mla::float_to_e4m3_sat((*in)[i] / scale);
+        ASSERT_EQ(got[i], want) << "scale exponent " << e << ", value " << (*in)[i] << " (bits 0x"
+                                << std::hex << std::bit_cast<uint32_t>((*in)[i]) << ")";
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 10'000'000);
 }
 
 // draw_values (eight streams side by side) gives draw_value's bits for every distribution,
