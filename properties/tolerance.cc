@@ -109,8 +109,26 @@ struct HeadShared {
   Eigen::VectorXd wl;
   double sink_wl = 0;
   bool lse_ready = false;
-  void reset() { ready = lse_ready = false; }
+  // exp(x_k - ex_shift) of the head's tokens (exp_of): the LSE weights' and the output
+  // weights' exponentials, the same values unless a finite sink above every logit shifts only
+  // the latter; each was computed twice (for the sum, then the weights).
+  Eigen::VectorXd ex;
+  double ex_shift = 0;
+  bool ex_ready = false;
+  void reset() { ready = lse_ready = ex_ready = false; }
 };
+
+// exp(x_k - shift) for the tokens of hs in head h, kept in sh for the last shift asked.
+const Eigen::VectorXd& exp_of(const RowTerms& rt, int h, const HeadSubset& hs, double shift,
+                              HeadShared& sh) {
+  if (sh.ex_ready && sh.ex_shift == shift) return sh.ex;
+  const auto x_row = rt.X.row(h).segment(hs.k0, hs.n);
+  sh.ex.resize(hs.n);
+  for (Eigen::Index k = 0; k < hs.n; ++k) sh.ex(k) = std::exp(x_row(k) - shift);
+  sh.ex_shift = shift;
+  sh.ex_ready = true;
+  return sh.ex;
+}
 
 void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
   const Eigen::Index n = hs.n;
@@ -121,12 +139,13 @@ void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh)
   sh.x_min = x_row.minCoeff();
   sh.M = sink_finite ? std::max(sh.x_max, sink) : sh.x_max;
   sh.Z = sink_finite ? std::exp(sink - sh.M) : 0.0;
-  for (Eigen::Index k = 0; k < n; ++k) sh.Z += std::exp(x_row(k) - sh.M);
+  const Eigen::VectorXd& ex = exp_of(rt, h, hs, sh.M, sh);
+  for (Eigen::Index k = 0; k < n; ++k) sh.Z += ex(k);
   sh.w_s = sink_finite ? std::exp(sink - sh.M) / sh.Z : 0.0;
   sh.w.resize(n);
   sh.under.resize(n);
   for (Eigen::Index k = 0; k < n; ++k) {
-    sh.w(k) = std::exp(x_row(k) - sh.M) / sh.Z;
+    sh.w(k) = ex(k) / sh.Z;
     sh.under(k) = x_row(k) - sh.x_max < kUnderflowArg ? 0x1p-126 : 0.0;
   }
   sh.any_under = (sh.under.array() != 0.0).any();
@@ -200,10 +219,11 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
     if (!sh.lse_ready) {  // no pipeline changes them: once per head
       const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
       double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-      for (Eigen::Index k = 0; k < n; ++k) zl += std::exp(x_row(k) - Ml);
+      const Eigen::VectorXd& ex = exp_of(rt, h, hs, Ml, sh);
+      for (Eigen::Index k = 0; k < n; ++k) zl += ex(k);
       sh.sink_wl = lse_sink ? std::exp(sink - Ml) / zl : 0.0;
       sh.wl.resize(n);
-      for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = std::exp(x_row(k) - Ml) / zl;
+      for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = ex(k) / zl;
       sh.lse_ready = true;
     }
     double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
