@@ -72,6 +72,7 @@ const fields::Table<Finding>& finding_fields() {
       field("tightness", &Finding::tightness, kReport),
       field("nonfinite_mismatch", &Finding::nonfinite_mismatch, kReport),
       field("shrunk", &Finding::shrunk, kReport),
+      fields::optional_field("shrink_note", &Finding::shrink_note, kReport),
       field("detail", &Finding::summary, kReport),
       field("corpus", &Finding::corpus_path, kReport),
       field("corpus_entries", &Finding::corpus_entries, kReport),
@@ -92,6 +93,7 @@ const fields::Table<Finding>& finding_fields() {
       field("seed", &Finding::seed, kCorpus),
       field("case_index", &Finding::case_index, kCorpus),
       field("count", &Finding::count, kCorpus),
+      fields::optional_field("shrink_note", &Finding::shrink_note, kCorpus),
   };
   return table;
 }

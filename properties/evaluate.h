@@ -223,8 +223,9 @@ enum class ShrinkStop {
   kFixedPoint,   // no step simplifies the case any further: the result is minimal
   kEvaluations,  // ShrinkLimits::max_evaluations spent (deterministic)
   kSeconds,      // ShrinkLimits::max_seconds spent (depends on the machine's speed)
+  kStopped,      // ShrinkHooks::stop said so
 };
-// "fixed point", "evaluations" or "seconds".
+// "fixed point", "evaluations", "seconds" or "stopped".
 const char* shrink_stop_name(ShrinkStop s);
 
 struct ShrinkResult {
@@ -243,13 +244,25 @@ struct ShrinkResult {
 // candidate that throws CaseError is rejected without an evaluation.
 // Candidates outside `envelope` (the one the case was generated in, GenConfig::envelope) are
 // never tried: the shrink never leaves it.
+struct ShrinkHooks {
+  // Each accepted simplification, as it is accepted: a caller keeps the case so far, whatever
+  // cuts the shrink short.
+  std::function<void(const Case&)> on_step;
+  // Asked before each evaluation: true ends the shrink with the case so far
+  // (ShrinkStop::kStopped): a campaign that stops, a failure whose every step hangs.
+  std::function<bool()> stop;
+};
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         const ShrinkLimits& limits, const Envelope& envelope = {});
+                         const ShrinkLimits& limits, const Envelope& envelope = {},
+                         const ShrinkHooks& hooks = {});
 
 // The predicate the campaign usually wants: evaluates only `property` on the named backend (and
 // its SIMT partner for mma-vs-simt, found in `backends`) and says whether it still fails.
+// `last_failure` (when given, it must outlive the predicate) receives the failed outcome of
+// each case the predicate says still fails.
 std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& failure,
-                                                        const std::vector<Backend*>& backends);
+                                                        const std::vector<Backend*>& backends,
+                                                        PropertyOutcome* last_failure = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Corpus
@@ -281,6 +294,10 @@ struct Finding {
   // The report (filled by the campaign).
   std::string shape_class;
   bool shrunk = false;
+  // Both documents, left out when empty: why the case is not shrunk to the end (the campaign
+  // stopped while shrinking it, its shrink steps kept hanging, a shrink limit, shrinking off).
+  // Empty when the shrink reached a fixed point.
+  std::string shrink_note;
   std::string summary;  // format_outcome of the minimal case ("detail" in report.json)
   std::string corpus_path, repro;
   std::vector<std::string> corpus_entries;  // every shard's entry for this signature

@@ -502,12 +502,15 @@ const char* shrink_stop_name(ShrinkStop s) {
       return "evaluations";
     case ShrinkStop::kSeconds:
       return "seconds";
+    case ShrinkStop::kStopped:
+      return "stopped";
   }
   return "?";
 }
 
 ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         const ShrinkLimits& limits, const Envelope& envelope) {
+                         const ShrinkLimits& limits, const Envelope& envelope,
+                         const ShrinkHooks& hooks) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -517,6 +520,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
   auto limit_reached = [&]() -> std::optional<ShrinkStop> {
     if (res.evaluations >= limits.max_evaluations) return ShrinkStop::kEvaluations;
     if (elapsed() > limits.max_seconds) return ShrinkStop::kSeconds;
+    if (hooks.stop && hooks.stop()) return ShrinkStop::kStopped;
     return std::nullopt;
   };
   Case cur = with_explicit_indices(failing);
@@ -558,6 +562,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           cur_json = std::move(js);
           ++res.steps;
           progress = true;
+          if (hooks.on_step) hooks.on_step(cur);
           break;
         }
       }
@@ -570,7 +575,8 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
 }
 
 std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& failure,
-                                                        const std::vector<Backend*>& backends) {
+                                                        const std::vector<Backend*>& backends,
+                                                        PropertyOutcome* last_failure) {
   // The backends named by the failure ("a" or "a|b" for pairs), found in `backends`.
   std::vector<Backend*> use;
   std::string names = failure.backend;
@@ -586,11 +592,14 @@ std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& f
     start = bar + 1;
   }
   const std::string prop = failure.property, backend = failure.backend;
-  return [use, prop, backend](const Case& c) {
+  return [use, prop, backend, last_failure](const Case& c) {
     const CaseEvaluation ev = evaluate_case(c, use, {prop});
-    return std::any_of(ev.outcomes.begin(), ev.outcomes.end(), [&](const PropertyOutcome& o) {
+    const auto it = std::find_if(ev.outcomes.begin(), ev.outcomes.end(), [&](const auto& o) {
       return o.applicable && !o.passed && o.backend == backend && o.property == prop;
     });
+    if (it == ev.outcomes.end()) return false;
+    if (last_failure) *last_failure = *it;
+    return true;
   };
 }
 

@@ -139,15 +139,30 @@ Field<T> field(std::string key, V T::*member, unsigned views = kAllViews) {
       [member](T& t, const Json& v, const std::string& path) { read_value(t.*member, v, path); }};
 }
 
+// A plain member absent from documents written before it existed, and left out of those written
+// while it holds its default value (V{}): a document reads the same with or without it.
+template <class T, class V>
+Field<T> optional_field(std::string key, V T::*member, unsigned views = kAllViews) {
+  Field<T> f = field(std::move(key), member, views);
+  f.write = [member](const T& t, const WriteStyle& s) {
+    return t.*member == V{} ? Json(Json::value_t::discarded) : write_value(t.*member, s);
+  };
+  f.optional = true;
+  return f;
+}
+
 // ---- Objects ----
 
-// The object of the table's fields that belong to `view`, in table order.
+// The object of the table's fields that belong to `view`, in table order (a field whose write
+// gives a discarded value is left out).
 template <class T>
 Json write(const T& t, const Table<T>& table, unsigned view = kAllViews,
            const WriteStyle& style = {}) {
   Json j = Json::object();
   for (const auto& f : table) {
-    if (f.views & view) j[f.key] = f.write(t, style);
+    if (!(f.views & view)) continue;
+    Json v = f.write(t, style);
+    if (!v.is_discarded()) j[f.key] = std::move(v);
   }
   return j;
 }

@@ -342,6 +342,33 @@ TEST(Shrink, ASpentWallClockCapIsReported) {
   EXPECT_EQ(to_json(r.minimal), to_json(c));
 }
 
+// A caller sees every accepted step as it is accepted (the case it keeps if the shrink is cut
+// short), and its stop hook ends the shrink with the case so far.
+TEST(Shrink, HooksSeeEachStepAndStopTheShrink) {
+  const Case c = with_explicit_indices(small_case());  // B = 2, H = 3
+  const auto two_rows = [](const Case& x) { return x.batch >= 2; };
+  std::vector<std::string> seen;
+  ShrinkHooks watch;
+  watch.on_step = [&](const Case& k) { seen.push_back(to_json(k)); };
+  const ShrinkResult full = shrink_case(c, two_rows, ShrinkLimits{}, {}, watch);
+  ASSERT_EQ(full.stopped_by, ShrinkStop::kFixedPoint);
+  ASSERT_EQ(static_cast<int>(seen.size()), full.steps);
+  ASSERT_GE(full.steps, 2);
+  EXPECT_EQ(seen.back(), to_json(full.minimal));
+
+  // Stopped before the evaluation that would have given the second step: the first step's case.
+  ShrinkHooks stop_early;
+  int steps_seen = 0;
+  stop_early.on_step = [&](const Case&) { ++steps_seen; };
+  stop_early.stop = [&] { return steps_seen >= 1; };
+  const ShrinkResult cut = shrink_case(c, two_rows, ShrinkLimits{}, {}, stop_early);
+  EXPECT_EQ(cut.stopped_by, ShrinkStop::kStopped);
+  EXPECT_STREQ(shrink_stop_name(cut.stopped_by), "stopped");
+  EXPECT_TRUE(cut.budget_exhausted());
+  EXPECT_EQ(cut.steps, 1);
+  EXPECT_EQ(to_json(cut.minimal), seen.front());
+}
+
 TEST(Generators, SameSeedAndIndexGiveTheSameCase) {
   GenConfig cfg;
   for (uint64_t i = 0; i < 50; ++i) {
@@ -479,6 +506,22 @@ TEST(Corpus, NonfiniteMismatchIsAFlagAndOldEntriesLoad) {
   const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
                                           "/corpus/regression/sink-in-lse-overflow.json");
   EXPECT_TRUE(e.f.nonfinite_mismatch) << "an entry saved with tightness 1e300";
+}
+
+// The shrink note is left out of an entry while empty, so that an entry without it (every entry
+// written before it existed) means a shrink that ran to its end; a note round-trips.
+TEST(Corpus, ShrinkNoteIsLeftOutWhenEmpty) {
+  Finding f;
+  f.property = "fault";
+  EXPECT_FALSE(finding_to_json(f).contains("shrink_note"));
+  EXPECT_EQ(finding_from_json(finding_to_json(f)).shrink_note, "");
+  f.shrink_note = "the time budget ended while shrinking";
+  const nlohmann::ordered_json j = finding_to_json(f);
+  ASSERT_TRUE(j.contains("shrink_note"));
+  EXPECT_EQ(finding_from_json(j).shrink_note, f.shrink_note);
+  const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
+                                          "/corpus/regression/sink-in-lse-overflow.json");
+  EXPECT_EQ(e.f.shrink_note, "") << "an entry written before the note existed";
 }
 
 TEST(PropertyTable, NamesKindsAndFigures) {
