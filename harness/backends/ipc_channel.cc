@@ -289,7 +289,7 @@ std::string Child::kill_and_describe(const std::string& why) {
     ::waitpid(pid_, &st, 0);
   }
   if (why == "timeout") {
-    desc += ": no reply within the case timeout (hang); killed";
+    desc.append(": ").append(kHangFault).append("; killed");
   } else {
     desc.append(" ").append(describe_status(st)).append(" (").append(why).append(")");
   }

@@ -28,6 +28,11 @@ inline constexpr int kChildShmFd = 3;
 // The file descriptor number the shared arena (harness/core/shared_arena.h) has in the child.
 inline constexpr int kChildArenaFd = 4;
 
+// What a fault's description says when the child did not answer in time (Child::kill_and_describe).
+inline constexpr std::string_view kHangFault = "no reply within the case timeout (hang)";
+// Whether a fault's description is that of a hang (a call that ran past its deadline).
+inline bool is_hang(std::string_view fault) { return fault.find(kHangFault) != fault.npos; }
+
 // An anonymous shared-memory file (memfd_create), mapped read-write. The child maps the same
 // file through its inherited descriptor; growing it (ftruncate) keeps the descriptor, so the
 // child remaps when a request says the file is larger than its mapping.

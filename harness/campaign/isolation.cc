@@ -31,6 +31,7 @@ std::vector<FaultRecord> SelfIsolatedBackend::take_faults() {
 
 std::unique_ptr<Backend> make_isolated_backend(const std::string& name, const IsolationOptions& o) {
   const BackendSpec spec = resolve_backend(name);
+  if (spec.isolates_itself) return std::make_unique<SelfIsolatedBackend>(spec.make());
   if (!spec.foreign || o.in_process) return spec.make();
   WorkerSpec w;
   w.exe = o.worker_exe.empty() ? self_executable() : o.worker_exe;

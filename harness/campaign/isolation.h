@@ -36,7 +36,9 @@ struct IsolationOptions {
   std::string worker_exe;  // the mlafuzz executable (default: this one)
 };
 
-// The backend `name` as `run`, `repro` and `mutants` use it (see the top of this file). Throws
+// The backend `name` as `run`, `repro` and `mutants` use it (see the top of this file): an
+// IsolatedBackend when its code runs in a child process (a python: kernel behind a
+// SelfIsolatedBackend, a plugin behind a ProxyBackend), so that its faults can be asked. Throws
 // std::runtime_error for an unknown name, or a worker that cannot serve it (the message says
 // why).
 std::unique_ptr<Backend> make_isolated_backend(const std::string& name, const IsolationOptions& o);

@@ -1,7 +1,9 @@
 // `mlafuzz repro FILE`: replays one corpus entry (or a plain case file) through the properties.
 //
 // A finding (expect "fail") is evaluated for its own property on its own backend(s); the exit
-// status is 1 while the failure persists and 0 once it is fixed. A regression entry or plain case
+// status is 1 while the failure persists and 0 once it is fixed. A fault finding (a worker that
+// crashed, exited or hung in any run of the case) is evaluated for every property, in workers
+// started for it, and persists while a worker faults. A regression entry or plain case
 // (expect "pass") is evaluated for every property on every listed backend (default: every
 // available one) and exits 0 only when all pass. --backends and --properties override both.
 #include <algorithm>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "harness/backends/registry.h"
+#include "harness/campaign/isolation.h"
 #include "harness/cli/commands.h"
 #include "harness/core/backend.h"
 #include "properties/evaluate.h"
@@ -60,11 +63,13 @@ int run_repro(const ReproOptions& opt) {
   std::vector<std::string> props;
   if (!opt.properties.empty()) {
     props = split_list(opt.properties, ',');
-  } else if (finding && !e.f.property.empty()) {
-    // A fault (crash, exit, hang) is the failure of the "run" property: backends run isolated,
-    // so replaying one gives a fault outcome instead of ending mlafuzz.
-    props = {e.f.property == "fault" ? std::string("run") : e.f.property};
+  } else if (finding && !e.f.property.empty() && e.f.property != "fault") {
+    props = {e.f.property};
   }
+  // A fault (crash, exit, hang) may come from any run of the case (a kernel may fault on the
+  // fifth call, or on poisoned padding only): every property runs, as in the campaign. Backends
+  // run isolated, so a fault is an outcome instead of the end of mlafuzz.
+  const bool fault_finding = finding && e.f.property == "fault" && opt.properties.empty();
   const campaign::IsolationOptions iso = isolation_options(opt.isolation);
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> backends;
@@ -99,7 +104,27 @@ int run_repro(const ReproOptions& opt) {
     if (o.applicable && !o.passed) ++failed;
     std::cout << "  " << format_outcome(o) << "\n";
   }
-  const std::string cmd = repro_command(opt.file, join(names));
+  std::string cmd = repro_command(opt.file, join(names));
+  if (!opt.isolation.case_timeout.empty()) cmd += " --case-timeout " + opt.isolation.case_timeout;
+  if (fault_finding) {
+    int faults = 0;
+    for (const auto& b : owned) {
+      auto* iso = dynamic_cast<campaign::IsolatedBackend*>(b.get());
+      if (!iso) continue;
+      for (const auto& f : iso->take_faults()) {
+        std::cout << "  fault: " << f.message << "\n";
+        ++faults;
+      }
+    }
+    if (faults > 0) {
+      std::cout << faults << " fault(s) (the finding persists)\nreproduce: " << cmd << "\n";
+      return kExitFailed;
+    }
+    std::cout << "fixed: no worker faulted (" << ev.outcomes.size() << " outcomes, " << ev.seconds
+              << " s" << (failed ? ", " + std::to_string(failed) + " other failure(s) above" : "")
+              << ")\n";
+    return kExitOk;
+  }
   if (failed > 0) {
     std::cout << failed << " propert" << (failed == 1 ? "y" : "ies") << " failed"
               << (finding ? " (the finding persists)" : "") << "\nreproduce: " << cmd << "\n";
