@@ -73,7 +73,7 @@ class Campaign {
         pool_(opts_),
         stats_(opts_.seed, opts_.profile),
         scheduler_(opts_, console_),
-        findings_(opts_, pool_, properties_, console_, [this] { return scheduler_.stopping(); }) {
+        findings_(opts_, pool_, properties_, console_, [this] { return scheduler_.stop_cause(); }) {
     gen_.envelope = pool_.envelope();
   }
 
@@ -158,7 +158,11 @@ void Campaign::evaluate_next(uint64_t n, ThreadBackends& tb) {
   }
   const Faults faults = tb.take_faults();
   stats_.record(n, index, c, tags, ev, faults, tb.device);
-  for (const PropertyOutcome* o : ev.failures()) findings_.add(*o, c, index, faults, tb);
+  std::set<std::string> faulted;  // a worker fault is one failure of its backend per case
+  for (const PropertyOutcome* o : ev.failures()) {
+    if (o->run_failed && faults.count(o->backend) && !faulted.insert(o->backend).second) continue;
+    findings_.add(*o, c, index, faults, tb);
+  }
 }
 
 void Campaign::fill_devices(Report& r) const {
@@ -212,6 +216,13 @@ Report Campaign::snapshot(bool complete) {
   r.shards = {sr};
   fill_devices(r);
   r.findings = findings_.records();
+  if (complete && r.stop_reason == "time" && r.cases <= jobs_) {
+    // The time budget ended with each thread through at most one case: the backends set the
+    // pace.
+    r.warnings.push_back(std::to_string(r.cases) + " case(s) completed in " +
+                         fmt_g(r.duration_s, 3) + " s: the backends were too slow or hung" +
+                         (stats_.totals().failing_outcomes > 0 ? "; see the failures above" : ""));
+  }
   return r;
 }
 
@@ -304,8 +315,10 @@ int Campaign::run(Report* out) {
 }
 
 // The final progress line, corpus counts, report and summary; leaves the process at once when
-// cases were left in flight.
+// cases were left in flight. Every failure seen is a finding by then, its shrink finished or not.
 int Campaign::finish(bool abandoned, Report* out) {
+  const std::string cause = scheduler_.stop_cause();
+  findings_.settle_in_flight(cause.empty() ? "the campaign ended" : cause);
   progress_line(true);
   findings_.save_final_counts();  // final counts into the corpus entries
   write_report(true);
@@ -317,7 +330,8 @@ int Campaign::finish(bool abandoned, Report* out) {
   if (!opts_.report_dir.empty()) {
     log << "report: " << opts_.report_dir << "/report.json, junit.xml, report.html\n";
   }
-  const int code = r.findings.empty() && case_errors == 0 ? 0 : 1;
+  const bool failed = !r.findings.empty() || stats_.totals().failing_outcomes > 0;
+  const int code = !failed && case_errors == 0 ? 0 : 1;
   if (abandoned) {
     // Threads still inside a case: leave without waiting for them (workers notice and exit).
     log << std::flush;

@@ -310,6 +310,7 @@ void merge_campaign(Report& m, MergeSets& sets, const Report& r, bool many_hosts
   merge_time_breakdown(m.time_breakdown, r.time_breakdown);
   m.case_breakdown.cases += r.case_breakdown.cases;
   m.case_breakdown.steps += r.case_breakdown.steps;
+  m.warnings.insert(m.warnings.end(), r.warnings.begin(), r.warnings.end());
   for (const auto& s : r.shards) m.shards.push_back(s);
   for (const auto& d : r.devices) {
     const std::string key = many_hosts ? r.host + "/" + d.label : d.label;

@@ -140,6 +140,9 @@ struct Report {
   std::map<std::string, int64_t> tags;
   std::vector<PropertyStats> results;  // sorted by (backend, property)
   std::vector<Finding> findings;       // deduplicated, sorted by signature
+  // What the reader must know about how the run went ("0 case(s) completed in 20 s: the
+  // backends were too slow or hung"); merged: every shard's.
+  std::vector<std::string> warnings;
 
   PropertyStats& stats(const std::string& backend, const std::string& property);
   const PropertyStats* find_stats(const std::string& backend, const std::string& property) const;

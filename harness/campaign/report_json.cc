@@ -352,6 +352,7 @@ const Table<Report>& campaign_fields() {
       field("end", &Report::end),
       field("duration_s", &Report::duration_s),
       field("stop_reason", &Report::stop_reason),
+      fields::optional_field("warnings", &Report::warnings),
       field("cases", &Report::cases),
       field("cases_per_s", &Report::cases_per_s),
       field("eval_seconds", &Report::eval_seconds),

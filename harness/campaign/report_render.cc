@@ -172,8 +172,10 @@ std::string render_junit(const Report& r) {
       if (s->failures > 0) {
         std::ostringstream body;
         for (const auto& f : r.findings) {
-          if (f.backend == s->backend && f.property == s->property) {
-            body << "finding " << f.signature << " seen " << f.count << "x\n"
+          // A worker fault fails whichever run of the backend met it.
+          if (f.backend == s->backend && (f.property == s->property || f.property == "fault")) {
+            body << "finding " << f.signature << " seen " << f.count << "x"
+                 << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n"
                  << f.summary << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
                  << "\n\n";
           }
@@ -411,6 +413,10 @@ void html_campaign(std::ostream& h, const Report& r) {
     << fmt_g(r.duration_s, 4) << " s (" << fmt_g(r.cases_per_s, 4) << " cases/s), stopped by "
     << esc(r.stop_reason) << (r.complete ? "" : " (snapshot of a running campaign)")
     << "</td></tr>";
+  for (const auto& w : r.warnings) {
+    h << "<tr class=\"fail\"><th class=\"l\">warning</th><td class=\"l\">" << esc(w)
+      << "</td></tr>";
+  }
   h << "<tr><th class=\"l\">devices</th><td class=\"l\">";
   for (const auto& d : r.devices) {
     h << esc(d.label) << (d.name.empty() ? "" : " (" + esc(d.name) + ")") << ": " << d.cases
@@ -432,8 +438,10 @@ void html_findings(std::ostream& h, const Report& r) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
         << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
         << "</td><td>" << tightness_text(f.tightness, f.nonfinite_mismatch)
-        << "</td><td class=\"l\">" << esc(f.summary) << "</td><td class=\"l\"><code>"
-        << esc(f.corpus_path) << "</code><br><code>" << esc(f.repro) << "</code></td></tr>\n";
+        << "</td><td class=\"l\">" << esc(f.summary)
+        << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
+        << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
+        << esc(f.repro) << "</code></td></tr>\n";
     }
     h << "</table>\n";
   }
@@ -589,9 +597,11 @@ std::string render_summary(const Report& r) {
   }
   os << r.findings.size() << " finding signature(s)\n";
   for (const auto& f : r.findings) {
-    os << "  [" << f.count << "x] " << f.signature << "\n      " << f.summary
+    os << "  [" << f.count << "x] " << f.signature
+       << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n      " << f.summary
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
+  for (const auto& w : r.warnings) os << "warning: " << w << "\n";
   return os.str();
 }
 

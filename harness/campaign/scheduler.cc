@@ -31,6 +31,11 @@ bool Scheduler::run(int jobs, const std::function<void(int)>& work, const Ticks&
   while (!threads_done()) {
     const int sig = opts_.signals ? opts_.signals->load() : 0;
     if (sig > 0 && !stop_seen_) notice_signal(sig);
+    if (opts_.time_s && !time_up_ && elapsed() >= *opts_.time_s) {
+      // No new case; cases in flight finish, shrinks stop at their current step.
+      time_up_ = true;
+      stop_ = true;
+    }
     if (must_abandon(sig)) return false;
     const auto now = Clock::now();
     if (now >= next_progress) {
@@ -73,11 +78,18 @@ bool Scheduler::must_abandon(int sig) {
       running = threads_running_;
     }
     console_.message("mlafuzz: time budget spent; leaving " + std::to_string(running) +
-                     " case(s) in flight unfinished\n");
+                     " case(s) in flight unfinished (the failures seen are kept)\n");
     stop_ = true;
     return true;
   }
   return false;
+}
+
+std::string Scheduler::stop_cause() const {
+  if (opts_.signals && opts_.signals->load() > 0) return "a signal stopped the campaign";
+  if (time_up_) return "the time budget ended";
+  if (stop_) return "the campaign stopped";
+  return "";
 }
 
 void Scheduler::join() {

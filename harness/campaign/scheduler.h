@@ -1,7 +1,8 @@
 // The campaign's clock: runs the evaluation threads and, while they run, calls the progress and
 // report ticks at their intervals, answers SIGINT/SIGTERM (finish the cases in flight; a second
-// signal stops at once) and gives up on cases still in flight when the time budget's overrun
-// grace is spent.
+// signal stops at once), stops when the time budget is spent (the cases in flight finish, shrinks
+// stop at their current step) and gives up on cases still in flight when the time budget's
+// overrun grace is spent.
 #pragma once
 
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,6 +32,8 @@ class Scheduler {
   bool stopping() const { return stop_.load() || (opts_.signals && opts_.signals->load() > 0); }
   void stop() { stop_ = true; }
   bool signalled() const { return stop_seen_.has_value(); }
+  // Why the campaign is stopping ("the time budget ended"); empty while it runs.
+  std::string stop_cause() const;
 
   struct Ticks {
     double progress_interval_s = 10;
@@ -50,6 +54,7 @@ class Scheduler {
   Console& console_;
   Clock::time_point t0_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> time_up_{false};
   std::optional<Clock::time_point> stop_seen_;
   std::function<void(int)> work_;  // kept here: abandoned threads may still run it
   std::vector<std::thread> threads_;

@@ -236,6 +236,49 @@ TEST(ReportJson, NonfiniteMismatchFlagAndOldReports) {
   EXPECT_EQ(legacy.findings[0].tightness, 0);
 }
 
+// A campaign's warnings and a finding's shrink note: in report.json only when there is one (a
+// report without them, every report written before they existed, loads with none), merged from
+// every shard, and shown by the summary, the HTML report and JUnit.
+TEST(ReportJson, WarningsAndShrinkNotes) {
+  Report r = some_report(5.0, true);  // a failing property: JUnit lists the finding
+  const Json plain = report_to_json(r);
+  EXPECT_FALSE(plain.at("campaign").contains("warnings"));
+  EXPECT_FALSE(plain.at("findings")[0].contains("shrink_note"));
+  EXPECT_TRUE(report_from_json(plain, "old.json").warnings.empty());
+
+  const std::string warning = "1 case(s) completed in 20 s: the backends were too slow or hung";
+  const std::string note = "the time budget ended while shrinking";
+  r.warnings = {warning};
+  r.findings[0].shrink_note = note;
+  const Report back = report_from_json(Json::parse(report_to_json(r).dump()), "mem");
+  EXPECT_EQ(back.warnings, std::vector<std::string>{warning});
+  EXPECT_EQ(back.findings[0].shrink_note, note);
+  for (const std::string& text : {render_summary(back), render_html(back), render_junit(back)}) {
+    EXPECT_NE(text.find(note), std::string::npos) << text;
+  }
+  EXPECT_NE(render_summary(back).find("warning: " + warning), std::string::npos);
+  EXPECT_NE(render_html(back).find(warning), std::string::npos);
+
+  Report other = some_report(0.5, false);
+  other.shards[0].index = 1;
+  other.shards[0].count = 2;
+  r.shards[0].count = 2;
+  other.warnings = {"0 case(s) completed in 5 s: the backends were too slow or hung"};
+  EXPECT_EQ(merge_reports({r, other}).warnings.size(), 2u);
+}
+
+// A fault finding is listed in JUnit under the failing test cases of its backend, whichever
+// property's run met the fault.
+TEST(ReportJunit, FaultFindingsUnderTheirBackendsFailures) {
+  Report r = some_report(5.0, true);
+  Finding& f = r.findings[0];
+  f.property = "fault";
+  f.signature = "fault|cpu-mma|model1 B1 H1 T1-2";
+  const std::string junit = render_junit(r);
+  EXPECT_NE(junit.find("finding fault|cpu-mma|model1 B1 H1 T1-2 seen 4x"), std::string::npos)
+      << junit;
+}
+
 TEST(ReportJson, StrictLoadingNamesTheField) {
   Json j = report_to_json(some_report(0.5, false));
   auto expect_error = [](const Json& bad, const std::string& needle) {
