@@ -84,6 +84,7 @@ class Campaign {
   void thread_main(int t);
   void evaluate_next(uint64_t n, ThreadBackends& tb);
   void print_banner();
+  void resume();
   std::string stop_reason() const;
   Report snapshot(bool complete);
   void fill_devices(Report& r) const;
@@ -103,6 +104,9 @@ class Campaign {
   FindingStore findings_;
   std::vector<std::string> backend_names_;  // as the backends call themselves
   std::string start_iso_;
+  bool resumed_ = false;
+  double resumed_s_ = 0;                  // the earlier runs' duration (--resume)
+  TimeBreakdown resumed_time_breakdown_;  // and their worker calls
   std::atomic<uint64_t> next_case_{0};
 };
 
@@ -128,6 +132,7 @@ void Campaign::thread_main(int t) {
     const uint64_t n = next_case_.fetch_add(1);
     if (opts_.max_cases && n >= *opts_.max_cases) break;
     if (opts_.time_s && scheduler_.elapsed() >= *opts_.time_s) break;
+    if (resumed_ && stats_.done(n)) continue;  // an earlier run of the shard did it
     evaluate_next(n, tb);
   }
 }
@@ -157,12 +162,14 @@ void Campaign::evaluate_next(uint64_t n, ThreadBackends& tb) {
     return;
   }
   const Faults faults = tb.take_faults();
-  stats_.record(n, index, c, tags, ev, faults, tb.device);
   std::set<std::string> faulted;  // a worker fault is one failure of its backend per case
   for (const PropertyOutcome* o : ev.failures()) {
     if (o->run_failed && faults.count(o->backend) && !faulted.insert(o->backend).second) continue;
     findings_.add(*o, c, index, faults, tb);
   }
+  // Done once its failures have records: a report never holds a case done whose finding it
+  // lacks, so that --resume, which does not run done cases again, loses no finding.
+  stats_.record(n, index, c, tags, ev, faults, tb.device);
 }
 
 void Campaign::fill_devices(Report& r) const {
@@ -193,6 +200,7 @@ Report Campaign::snapshot(bool complete) {
   ShardRun sr;
   stats_.fill(r, sr);
   r.time_breakdown = pool_.time_breakdown();
+  merge_time_breakdown(r.time_breakdown, resumed_time_breakdown_);
   r.complete = complete;
   r.seed = opts_.seed;
   r.profile = opts_.profile;
@@ -202,7 +210,7 @@ Report Campaign::snapshot(bool complete) {
   r.host = host_name();
   r.start = start_iso_;
   r.end = utc_now_iso8601();
-  r.duration_s = scheduler_.elapsed();
+  r.duration_s = resumed_s_ + scheduler_.elapsed();
   r.stop_reason = complete ? stop_reason() : "running";
   r.cases_per_s = r.duration_s > 0 ? r.cases / r.duration_s : 0;
   sr.index = opts_.shard.index;
@@ -295,6 +303,61 @@ void Campaign::print_banner() {
   }
 }
 
+void Campaign::resume() {
+  namespace fs = std::filesystem;
+  std::ostream& log = console_.out();
+  const std::string path = (fs::path(opts_.report_dir) / "report.json").string();
+  if (opts_.report_dir.empty() || !fs::exists(path)) {
+    log << "  resume: no report in " << opts_.report_dir << " yet: the shard starts at case 0\n";
+    return;
+  }
+  const Report r = load_report(path);
+  auto same = [&](const std::string& what, const std::string& was, const std::string& now) {
+    if (was == now) return;
+    throw std::invalid_argument("--resume: " + path + " is a campaign with " + what + " " + was +
+                                ", this one has " + now +
+                                " (resume with the same options, or report into another folder)");
+  };
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& x : v) out += (out.empty() ? "" : ",") + x;
+    return out;
+  };
+  same("seed", std::to_string(r.seed), std::to_string(opts_.seed));
+  same("profile", r.profile, opts_.profile);
+  same("backends", joined(r.backends), joined(backend_names_));
+  same("properties", joined(r.properties), joined(properties_));
+  same("shard count", std::to_string(r.shards.size()), "1");
+  const ShardRun& shard = r.shards.front();
+  same("shard", std::to_string(shard.index) + "/" + std::to_string(shard.count),
+       std::to_string(opts_.shard.index) + "/" + std::to_string(opts_.shard.count));
+  try {
+    stats_.restore(r, shard);
+  } catch (const ReportError& e) {
+    throw std::invalid_argument("--resume: " + path + ": " + e.what());
+  }
+  // A finding first seen in a case that is not done (in flight when the report was written) is
+  // found again when the case runs.
+  std::vector<Finding> kept;
+  for (const Finding& f : r.findings) {
+    if (stats_.done(f.case_index / static_cast<uint64_t>(shard.count))) kept.push_back(f);
+  }
+  findings_.restore(
+      kept, [this](uint64_t index) { return generate_case(opts_.seed, index, gen_, nullptr); });
+  resumed_ = true;
+  start_iso_ = r.start;
+  resumed_s_ = r.duration_s;
+  resumed_time_breakdown_ = r.time_breakdown;
+  if (opts_.time_s) opts_.time_s = std::max(0.0, *opts_.time_s - resumed_s_);
+  log << "  resuming " << path << ": " << r.cases << " case(s) done in " << fmt_duration(resumed_s_)
+      << ", " << kept.size() << " finding(s) kept";
+  if (kept.size() < r.findings.size()) {
+    log << ", " << r.findings.size() - kept.size() << " to be found again (cases in flight)";
+  }
+  if (opts_.time_s) log << "; " << fmt_duration(*opts_.time_s) << " of the time budget left";
+  log << "\n";
+}
+
 int Campaign::run(Report* out) {
   scheduler_.start_clock();
   start_iso_ = utc_now_iso8601();
@@ -304,6 +367,7 @@ int Campaign::run(Report* out) {
     for (auto* b : probe.ptrs) backend_names_.push_back(b->name());
   }
   print_banner();
+  if (opts_.resume) resume();
   write_report(false);
   Scheduler::Ticks ticks;
   ticks.progress_interval_s = console_.live() ? 0.5 : opts_.plain_progress_interval_s;

@@ -39,7 +39,12 @@ struct CampaignOptions {
   // default (kDefaultWorkersPerDevice), never more than threads per GPU.
   int workers_per_device = 0;
   std::string corpus_dir = "corpus/findings";
-  std::string report_dir;           // "" : no report files (tests, replay)
+  std::string report_dir;  // "" : no report files (tests, replay)
+  // Continue the campaign whose report is in report_dir (an earlier run of this shard with the
+  // same seed, profile, backends and properties, stopped or killed): its cases are not run
+  // again, its statistics and findings carry on, and its time counts against time_s (max_cases
+  // counts its cases). Without such a report, the shard starts at case 0.
+  bool resume = false;
   int shrink_evals = 1000;          // per new finding: evaluations, where shrinking stops
   double shrink_time_s = 30;        // per new finding: wall-clock cap (a safety net); 0 for
                                     // either: no shrinking

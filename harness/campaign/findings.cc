@@ -35,6 +35,11 @@ Finding refreshed(const Finding& first, const PropertyOutcome& o, const Case& c,
   return f;
 }
 
+// The failure class of a failure before shrinking: property | backend | shape class of the case.
+std::string class_key(const std::string& property, const std::string& backend, const Case& c) {
+  return property + "|" + backend + "|" + shape_class(c);
+}
+
 }  // namespace
 
 // What a shrink learns as it goes: the failure of the case so far, the hangs met, and for a
@@ -52,7 +57,7 @@ void FindingStore::add(const PropertyOutcome& o, const Case& c, uint64_t index,
     failure.property = "fault";
     failure.detail = faults.at(o.backend);
   }
-  const std::string pre_key = failure.property + "|" + o.backend + "|" + shape_class(c);
+  const std::string pre_key = class_key(failure.property, o.backend, c);
   Finding first = make_finding(failure, c, opts_.seed, index);
   first.backend_source = pool_.backend_source(o.backend, tb);
   pool_.fill_gpu(first, o.backend, tb);
@@ -286,6 +291,25 @@ void FindingStore::save_final_counts() {
     } catch (const std::exception& ex) {
       console_.message("mlafuzz: cannot update " + e.finding.corpus_path + ": " + ex.what() + "\n");
     }
+  }
+}
+
+void FindingStore::restore(const std::vector<Finding>& earlier,
+                           const std::function<Case(uint64_t index)>& first_case) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Finding& f : earlier) {
+    Entry e{f, Case{}, f.count};
+    try {
+      e.minimal = load_corpus_entry(f.corpus_path).c;
+    } catch (const std::exception& ex) {
+      // Kept in the report; its entry is not rewritten from a case it does not hold.
+      console_.message("mlafuzz: resumed finding " + f.signature + ": " + ex.what() + "\n");
+      e.finding.corpus_path.clear();
+    }
+    PreClass& pc = pre_[class_key(f.property, f.backend, first_case(f.case_index))];
+    pc.shrinking = false;
+    pc.signature = f.signature;
+    findings_.emplace(f.signature, std::move(e));
   }
 }
 

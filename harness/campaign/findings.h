@@ -41,6 +41,11 @@ class FindingStore {
   void settle_in_flight(const std::string& cause);
   // Rewrites the corpus entries whose count grew since they were saved.
   void save_final_counts();
+  // The findings of an earlier run of this campaign (--resume): findings again, each with the
+  // case of its corpus entry; later failures of the class it was first seen in count under it.
+  // `first_case` regenerates a finding's first case (Finding::case_index) to name that class.
+  void restore(const std::vector<Finding>& earlier,
+               const std::function<Case(uint64_t index)>& first_case);
 
   // The findings and the records of the shrinks still running, merged by signature; sorted by
   // signature.

@@ -89,6 +89,38 @@ void CampaignStats::record_error(uint64_t case_number) {
   ++case_errors_;
 }
 
+void CampaignStats::restore(const Report& r, const ShardRun& shard) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t in_ranges = 0;
+  for (const auto& [lo, hi] : shard.case_ranges) {
+    in_ranges += static_cast<int64_t>(hi - lo);
+    for (uint64_t n = lo; n < hi; ++n) mark_done(n);
+  }
+  if (in_ranges != r.cases || done_ != r.cases) {
+    throw ReportError("its case ranges hold " + std::to_string(in_ranges) +
+                      " case(s) but it counts " + std::to_string(r.cases));
+  }
+  acc_.results = r.results;
+  acc_.tags = r.tags;
+  eval_seconds_ = r.eval_seconds;
+  oracle_seconds_ = r.oracle_seconds;
+  case_breakdown_ = r.case_breakdown;
+  failing_outcomes_ = r.total_failures();
+  case_errors_ = std::max<int64_t>(0, r.cases - r.case_breakdown.cases);
+  for (const auto& d : r.devices) {
+    if (d.label == "cpu") {
+      device_cases_[-1] += d.cases;
+    } else if (d.label.rfind("cuda:", 0) == 0) {
+      device_cases_[std::stoi(d.label.substr(5))] += d.cases;
+    }
+  }
+}
+
+bool CampaignStats::done(uint64_t case_number) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return case_number < done_prefix_ || done_rest_.count(case_number) > 0;
+}
+
 CampaignStats::Totals CampaignStats::totals() const {
   std::lock_guard<std::mutex> lock(mu_);
   Totals t{.cases = done_, .failing_outcomes = failing_outcomes_, .case_errors = case_errors_};

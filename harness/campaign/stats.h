@@ -25,6 +25,12 @@ class CampaignStats {
               int device);
   // Case number `case_number` could not be evaluated (a generator or evaluation bug).
   void record_error(uint64_t case_number);
+  // Starts from the statistics of an earlier run of this shard (--resume): `r` is its report,
+  // `shard` its ShardRun, whose case ranges are done. Throws ReportError when they disagree
+  // with its case count.
+  void restore(const Report& r, const ShardRun& shard);
+  // Whether case number `case_number` is done (recorded, or restored).
+  bool done(uint64_t case_number) const;
 
   struct Totals {
     int64_t cases = 0, failing_outcomes = 0, case_errors = 0;

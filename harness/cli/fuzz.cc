@@ -45,6 +45,7 @@ struct FuzzOptions {
   std::string progress = "auto";
   std::optional<uint64_t> replay_index;
   std::string save_case;
+  bool resume = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -122,6 +123,11 @@ int fuzz_command(const FuzzOptions& f) {
   }
   if (f.replay_index) return campaign::replay_case(o, *f.replay_index, f.save_case);
   o.report_dir = f.report.empty() ? default_report_dir(o.shard) : f.report;
+  if (f.resume && f.report.empty()) {
+    std::cerr << "mlafuzz fuzz: --resume needs --report (the folder of the run to continue)\n";
+    return kExitBadInput;
+  }
+  o.resume = f.resume;
 
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
@@ -192,6 +198,11 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
                   "regenerate global case K of --seed/--profile, evaluate it and print every "
                   "outcome (exit 1 if a property fails)");
   sub->add_option("--save-case", f->save_case, "with --replay-index: save the recipe here");
+  sub->add_flag("--resume", f->resume,
+                "continue the campaign whose report is in --report (stopped, killed or requeued; "
+                "same seed, shard, profile, backends and properties): its cases are not run "
+                "again, its statistics and findings carry on, its time counts against --time and "
+                "its cases against --cases; without a report there, start at case 0");
   table.push_back({sub, [f] { return fuzz_command(*f); }});
 }
 

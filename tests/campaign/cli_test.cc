@@ -165,6 +165,91 @@ TEST(FuzzCli, SigkillLeavesThePreviousReportLoadable) {
   }
 }
 
+// A shard killed mid-run and resumed (--resume, as a requeued Slurm task does) ends with the
+// statistics and findings of the same shard run in one go: done cases are not run again, cases
+// in flight are, and no finding is lost.
+TEST(FuzzCli, ResumeAfterSigkillLosesNothing) {
+  const std::string dir = test::fresh_dir("resume");
+  const std::vector<std::string> campaign = {
+      "--backends",     "cpu-simt,cpu-mma~unmasked-pad-columns",
+      "--properties",   "run,tolerance",
+      "--cases",        "24",
+      "--jobs",         "1",
+      "--shrink-evals", "100",
+      "--shard",        "1/2"};
+  auto with = [&](const std::string& report, std::vector<std::string> extra,
+                  const std::string& seed = "3") {
+    std::vector<std::string> a = {"fuzz",   "--report", report,       "--corpus", dir + "/corpus",
+                                  "--seed", seed,       "--progress", "plain"};
+    a.insert(a.end(), campaign.begin(), campaign.end());
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto r = run_cli(with(dir + "/whole", {}));
+  ASSERT_EQ(r.exit_code, 1) << r.output;
+  const Report whole = load_report(dir + "/whole/report.json");
+  ASSERT_FALSE(whole.findings.empty()) << r.output;
+
+  const std::string log = dir + "/killed.txt";
+  const pid_t pid = test::start_cli(with(dir + "/run", {"--report-interval", "0.2s"}), {}, log);
+  int64_t before = 0;
+  size_t found_before = 0;
+  EXPECT_TRUE(test::wait_for(
+      [&] {
+        return snapshot_shows(dir + "/run/report.json", [&](const Report& s) {
+          before = s.cases;
+          found_before = s.findings.size();
+          return s.cases >= 4 && !s.findings.empty();
+        });
+      },
+      240))
+      << "no snapshot with a finding";
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  test::wait_cli(pid, log, 60);
+  const Report killed = load_report(dir + "/run/report.json");
+  ASSERT_LT(killed.cases, 24) << "the campaign ended before it was killed";
+
+  r = run_cli(with(dir + "/run", {"--resume"}));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("resuming " + dir + "/run/report.json: " + std::to_string(killed.cases) +
+                          " case(s) done"),
+            std::string::npos)
+      << r.output;
+  const Report resumed = load_report(dir + "/run/report.json");
+  EXPECT_EQ(resumed.cases, 24);
+  EXPECT_EQ(statistics_difference(whole, resumed), "")
+      << "killed after " << killed.cases << " cases (" << before << " seen, " << found_before
+      << " findings)\n"
+      << r.output;
+  for (const auto& f : killed.findings) {
+    // A record still being shrunk is found again, shrunk to its end (compared above).
+    if (f.shrink_note.rfind("being shrunk", 0) == 0) continue;
+    const bool kept = std::any_of(resumed.findings.begin(), resumed.findings.end(),
+                                  [&](const Finding& g) { return g.signature == f.signature; });
+    EXPECT_TRUE(kept) << "lost on resume: " << f.signature;
+  }
+  EXPECT_EQ(resumed.start, killed.start);
+  EXPECT_GE(resumed.duration_s, killed.duration_s);
+  expect_corpus_loads(dir + "/corpus", whole.findings.size());
+
+  // Nothing left to run: the report stays, no case runs twice.
+  r = run_cli(with(dir + "/run", {"--resume"}));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(statistics_difference(whole, load_report(dir + "/run/report.json")), "");
+  // Another campaign's report is refused, naming what differs.
+  r = run_cli(with(dir + "/run", {"--resume"}, "4"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is a campaign with seed 3, this one has 4"), std::string::npos)
+      << r.output;
+  // No report yet: the shard starts at case 0.
+  r = run_cli({"fuzz", "--report", dir + "/fresh", "--corpus", dir + "/corpus-fresh", "--resume",
+               "--backends", "cpu-simt", "--properties", "run", "--cases", "2"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(load_report(dir + "/fresh/report.json").cases, 2);
+  EXPECT_NE(r.output.find("resume: no report in " + dir + "/fresh yet"), std::string::npos)
+      << r.output;
+}
+
 TEST(FuzzCli, MutantGivesOneFindingPerSignature) {
   const std::string dir = test::fresh_dir("mutant");
   const auto r = run_cli(fuzz_args(
