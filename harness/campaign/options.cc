@@ -128,6 +128,21 @@ ShardSpec resolve_shard(const std::optional<std::string>& flag,
                         "SLURM_ARRAY_*")) {
     return *s;
   }
+  // A Kubernetes Indexed Job gives each pod its index; the count is the Job's completions, which
+  // the manifest passes on.
+  const char* k8s = getenv_fn("JOB_COMPLETION_INDEX");
+  if (k8s && *k8s) {
+    const char* n = getenv_fn("MLAFUZZ_SHARD_COUNT");
+    if (!n || !*n) {
+      throw std::invalid_argument(std::string("JOB_COMPLETION_INDEX=") + k8s +
+                                  " needs MLAFUZZ_SHARD_COUNT (the Job's completions) in the "
+                                  "environment, or --shard I/N");
+    }
+    if (auto s = env_pair("JOB_COMPLETION_INDEX", "MLAFUZZ_SHARD_COUNT", nullptr,
+                          "JOB_COMPLETION_INDEX")) {
+      return *s;
+    }
+  }
   return ShardSpec{};
 }
 

@@ -18,7 +18,8 @@ double parse_duration(const std::string& text);
 struct ShardSpec {
   int32_t index = 0;
   int32_t count = 1;
-  std::string source = "default";  // "--shard", "GTEST_*", "SLURM_ARRAY_*" or "default"
+  std::string source = "default";  // "--shard", "GTEST_*", "SLURM_ARRAY_*",
+                                   // "JOB_COMPLETION_INDEX" or "default"
   uint64_t global_index(uint64_t case_number) const {
     return case_number * static_cast<uint64_t>(count) + static_cast<uint64_t>(index);
   }
@@ -29,7 +30,9 @@ ShardSpec parse_shard(const std::string& text);
 
 // The shard from --shard when given, else GTEST_SHARD_INDEX/GTEST_TOTAL_SHARDS, else
 // SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (task ids relative to SLURM_ARRAY_TASK_MIN when
-// set), else 0/1. `getenv` is injectable for tests.
+// set), else JOB_COMPLETION_INDEX/MLAFUZZ_SHARD_COUNT (a Kubernetes Indexed Job: the index is
+// Kubernetes', the count the manifest's; an index without a count is an error), else 0/1.
+// `getenv` is injectable for tests.
 ShardSpec resolve_shard(const std::optional<std::string>& flag,
                         const std::function<const char*(const char*)>& getenv_fn);
 

@@ -26,7 +26,8 @@ pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::str
   const pid_t pid = ::fork();
   if (pid == 0) {
     for (const char* v : {"GTEST_SHARD_INDEX", "GTEST_TOTAL_SHARDS", "SLURM_ARRAY_TASK_ID",
-                          "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "MLAFUZZ_TEST_FAULT"}) {
+                          "SLURM_ARRAY_TASK_COUNT", "SLURM_ARRAY_TASK_MIN", "JOB_COMPLETION_INDEX",
+                          "MLAFUZZ_SHARD_COUNT", "MLAFUZZ_TEST_FAULT"}) {
       ::unsetenv(v);
     }
     for (const auto& e : env) ::putenv(const_cast<char*>(e.c_str()));

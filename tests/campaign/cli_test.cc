@@ -297,6 +297,14 @@ TEST(FuzzCli, EnvironmentSharding) {
   rep = load_report(dir + "/s/report/report.json");
   EXPECT_EQ(rep.shards[0].index, 3);
   EXPECT_EQ(rep.shards[0].count, 4);
+  r = run_cli(
+      fuzz_args(dir + "/k", {"--backends", "cpu-simt", "--cases", "2", "--properties", "run"}),
+      {"JOB_COMPLETION_INDEX=2", "MLAFUZZ_SHARD_COUNT=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("shard 2/5 (JOB_COMPLETION_INDEX)"), std::string::npos) << r.output;
+  rep = load_report(dir + "/k/report/report.json");
+  EXPECT_EQ(rep.shards[0].index, 2);
+  EXPECT_EQ(rep.shards[0].count, 5);
 }
 
 TEST(ReportCli, MergeCompareHtml) {

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <regex>
 #include <set>
 #include <stdexcept>
 
 #include "harness/campaign/campaign.h"
 #include "harness/core/case.h"
+#include "harness/core/fileio.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {
@@ -78,6 +80,62 @@ TEST(Shard, EnvironmentVariables) {
   EXPECT_THROW(resolve_shard(std::nullopt,
                              env({{"SLURM_ARRAY_TASK_ID", "x"}, {"SLURM_ARRAY_TASK_COUNT", "3"}})),
                std::invalid_argument);
+}
+
+TEST(Shard, KubernetesIndexedJob) {
+  ShardSpec s = resolve_shard(std::nullopt,
+                              env({{"JOB_COMPLETION_INDEX", "3"}, {"MLAFUZZ_SHARD_COUNT", "8"}}));
+  EXPECT_EQ(s.index, 3);
+  EXPECT_EQ(s.count, 8);
+  EXPECT_EQ(s.source, "JOB_COMPLETION_INDEX");
+  // An index without the count would make every pod shard 0 of 1: the same cases everywhere.
+  try {
+    resolve_shard(std::nullopt, env({{"JOB_COMPLETION_INDEX", "3"}}));
+    ADD_FAILURE() << "an index without a count was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs MLAFUZZ_SHARD_COUNT"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(resolve_shard(std::nullopt,
+                             env({{"JOB_COMPLETION_INDEX", "8"}, {"MLAFUZZ_SHARD_COUNT", "8"}})),
+               std::invalid_argument);
+  // --shard wins over the environment.
+  s = resolve_shard(std::string("1/2"),
+                    env({{"JOB_COMPLETION_INDEX", "3"}, {"MLAFUZZ_SHARD_COUNT", "8"}}));
+  EXPECT_EQ(s.count, 2);
+}
+
+// The example manifest's numbers agree: completions = parallelism = the shard count mlafuzz
+// reads = the shards the merge waits for; each pod resumes its shard.
+TEST(Shard, KubernetesManifestVariablesAgree) {
+  const std::string text = read_file(MLAFUZZ_K8S_MANIFEST);
+  auto number = [&](const std::string& pattern) {
+    std::smatch m;
+    const std::regex re(pattern);
+    if (!std::regex_search(text, m, re)) {
+      ADD_FAILURE() << "no match for " << pattern << " in " << MLAFUZZ_K8S_MANIFEST;
+      return -1;
+    }
+    return std::stoi(m[1].str());
+  };
+  const int completions = number(R"(\n  completions: (\d+))");
+  EXPECT_GT(completions, 1);
+  EXPECT_EQ(number(R"(\n  parallelism: (\d+))"), completions);
+  EXPECT_EQ(number(R"re(name: MLAFUZZ_SHARD_COUNT\s+value: "(\d+)")re"), completions);
+  EXPECT_EQ(number(R"re(name: SHARDS\s+value: "(\d+)")re"), completions);
+  EXPECT_NE(text.find("completionMode: Indexed"), std::string::npos);
+  EXPECT_NE(text.find("mlafuzz fuzz --resume"), std::string::npos);
+  EXPECT_NE(text.find("shard-$JOB_COMPLETION_INDEX"), std::string::npos);
+  std::set<uint64_t> seen;
+  for (int i = 0; i < completions; ++i) {
+    const ShardSpec s =
+        resolve_shard(std::nullopt, env({{"JOB_COMPLETION_INDEX", std::to_string(i)},
+                                         {"MLAFUZZ_SHARD_COUNT", std::to_string(completions)}}));
+    EXPECT_EQ(s.index, i);
+    for (uint64_t n = 0; n < 4; ++n) EXPECT_TRUE(seen.insert(s.global_index(n)).second);
+  }
+  EXPECT_EQ(seen.size(), 4u * completions);
+  EXPECT_EQ(*seen.rbegin(), 4u * completions - 1);  // every global index below, none twice
 }
 
 TEST(Shard, StreamsAreDisjointAndCoverEveryIndex) {
