@@ -9,6 +9,9 @@ shift $(($# > 0))
 
 packages=(cmake ninja-build g++ git librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev
           nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy python3-pytest)
+# More packages for the caller's tests, e.g. .ci/run's "slurm-wlm munge" (the Slurm test).
+read -r -a extra <<<"${MLAFUZZ_EXTRA_PACKAGES:-}"
+packages+=("${extra[@]}")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
