@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -83,6 +85,7 @@ class Campaign {
  private:
   void thread_main(int t);
   void evaluate_next(uint64_t n, ThreadBackends& tb);
+  void record_evaluated(uint64_t n);
   void print_banner();
   void resume();
   std::string stop_reason() const;
@@ -108,6 +111,20 @@ class Campaign {
   double resumed_s_ = 0;                  // the earlier runs' duration (--resume)
   TimeBreakdown resumed_time_breakdown_;  // and their worker calls
   std::atomic<uint64_t> next_case_{0};
+  // Failing cases evaluated whose failures are being recorded (shrunk): a case is recorded once
+  // its findings are, or by finish() when the campaign leaves it in flight. A report written
+  // meanwhile never holds a case done whose finding it lacks, so that --resume, which does not
+  // run done cases again, loses no finding.
+  struct Evaluated {
+    uint64_t index = 0;
+    Case c;
+    std::vector<std::string> tags;
+    CaseEvaluation ev;
+    Faults faults;
+    int device = -1;
+  };
+  std::mutex evaluated_mu_;
+  std::map<uint64_t, Evaluated> evaluated_;  // by case number
 };
 
 std::string Campaign::replay_all_command(uint64_t index) const {
@@ -162,14 +179,36 @@ void Campaign::evaluate_next(uint64_t n, ThreadBackends& tb) {
     return;
   }
   const Faults faults = tb.take_faults();
+  const auto failures = ev.failures();
+  if (failures.empty()) {
+    stats_.record(n, index, c, tags, ev, faults, tb.device);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(evaluated_mu_);
+    evaluated_[n] = Evaluated{index, c, tags, ev, faults, tb.device};
+  }
   std::set<std::string> faulted;  // a worker fault is one failure of its backend per case
-  for (const PropertyOutcome* o : ev.failures()) {
+  for (const PropertyOutcome* o : failures) {
     if (o->run_failed && faults.count(o->backend) && !faulted.insert(o->backend).second) continue;
     findings_.add(*o, c, index, faults, tb);
   }
-  // Done once its failures have records: a report never holds a case done whose finding it
-  // lacks, so that --resume, which does not run done cases again, loses no finding.
-  stats_.record(n, index, c, tags, ev, faults, tb.device);
+  record_evaluated(n);
+}
+
+// Records case number n if it is still waiting (finish() may have recorded it); all waiting
+// cases for n = UINT64_MAX.
+void Campaign::record_evaluated(uint64_t n) {
+  std::map<uint64_t, Evaluated> take;
+  {
+    std::lock_guard<std::mutex> lock(evaluated_mu_);
+    if (n == UINT64_MAX) {
+      take.swap(evaluated_);
+    } else if (auto it = evaluated_.find(n); it != evaluated_.end()) {
+      take.insert(evaluated_.extract(it));
+    }
+  }
+  for (const auto& [k, e] : take) stats_.record(k, e.index, e.c, e.tags, e.ev, e.faults, e.device);
 }
 
 void Campaign::fill_devices(Report& r) const {
@@ -383,6 +422,7 @@ int Campaign::run(Report* out) {
 int Campaign::finish(bool abandoned, Report* out) {
   const std::string cause = scheduler_.stop_cause();
   findings_.settle_in_flight(cause.empty() ? "the campaign ended" : cause);
+  record_evaluated(UINT64_MAX);  // cases left in flight while their failures were shrunk
   progress_line(true);
   findings_.save_final_counts();  // final counts into the corpus entries
   write_report(true);
