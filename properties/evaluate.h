@@ -334,7 +334,8 @@ CorpusEntry load_corpus_entry(const std::string& path);
 // Sorted *.json files of a corpus folder (empty if the folder does not exist).
 std::vector<std::string> list_corpus(const std::string& dir);
 
-// "mlafuzz repro PATH --backends NAME" (backends omitted when empty).
+// "<this mlafuzz> repro /absolute/PATH --backends NAME" (backends omitted when empty), which
+// runs as pasted (command_to_run_again, harness/core/command.h).
 std::string repro_command(const std::string& path, const std::string& backends);
 
 // Build commit taken at every build (cmake/build_commit.cmake): 12 hex digits, "-dirty" when

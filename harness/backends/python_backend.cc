@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +20,7 @@
 
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
+#include "harness/core/command.h"
 #include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
@@ -45,19 +47,23 @@ bool regular_file(const std::string& path) {
 
 // The folder of the running executable (so an installed or copied tree finds its own files).
 std::string executable_dir() {
-  std::string buf(4096, '\0');
-  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) return "";
-  buf.resize(static_cast<size_t>(n));
-  const size_t slash = buf.rfind('/');
-  return slash == std::string::npos ? "" : buf.substr(0, slash);
+  const std::string exe = executable_path();
+  const size_t slash = exe.rfind('/');
+  return slash == std::string::npos ? "" : exe.substr(0, slash);
 }
 
-// The folder holding the mlafuzz Python package: MLAFUZZ_PYTHON_PACKAGE_DIR, else the installed
-// tree's share/mlafuzz/python beside the executable, else this source tree's python/.
+// The folder holding the mlafuzz Python package: MLAFUZZ_PYTHON_PACKAGE_DIR, else the Python
+// package this executable was installed in by `pip install .` (<package>/_native/bin/mlafuzz:
+// the folder above <package>), else the installed tree's share/mlafuzz/python beside the
+// executable, else this source tree's python/.
 std::string package_dir() {
   if (const char* e = std::getenv("MLAFUZZ_PYTHON_PACKAGE_DIR"); e != nullptr && *e) return e;
   if (const std::string exe = executable_dir(); !exe.empty()) {
+    if (regular_file(exe + "/../../_worker.py")) {
+      std::error_code ec;
+      const auto dir = std::filesystem::weakly_canonical(exe + "/../../..", ec);
+      if (!ec) return dir.string();
+    }
     const std::string dir = exe + "/../share/mlafuzz/python";
     if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
   }

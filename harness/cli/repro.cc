@@ -104,7 +104,9 @@ int run_repro(const ReproOptions& opt) {
     if (o.applicable && !o.passed) ++failed;
     std::cout << "  " << format_outcome(o) << "\n";
   }
-  std::string cmd = repro_command(opt.file, join(names));
+  std::vector<std::string> absolute_names;  // the command works from any directory
+  for (const auto& n : names) absolute_names.push_back(absolute_backend_name(n));
+  std::string cmd = repro_command(opt.file, join(absolute_names));
   if (!opt.isolation.case_timeout.empty()) cmd += " --case-timeout " + opt.isolation.case_timeout;
   if (fault_finding) {
     int faults = 0;

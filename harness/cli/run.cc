@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "harness/cli/commands.h"
 #include "harness/core/backend.h"
 #include "harness/core/case.h"
+#include "harness/core/command.h"
 #include "harness/core/compare.h"
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
@@ -345,8 +347,15 @@ int run_command(const RunOptions& o) {
               << " (check: python3 scripts/check_dump.py " << o.dump_dir << ")\n";
   }
   if (failed) {
-    std::cout << "FAILED; reproduce with: mlafuzz run --case " << o.case_path << " --backends "
-              << o.backends << "\n";
+    std::error_code ec;
+    const std::filesystem::path case_path = std::filesystem::absolute(o.case_path, ec);
+    std::string backends;
+    for (const std::string& name : parse_backend_list(o.backends)) {
+      backends += (backends.empty() ? "" : ",") + absolute_backend_name(name);
+    }
+    std::cout << "FAILED; reproduce with: " << command_to_run_again() << " run --case "
+              << shell_word(ec ? o.case_path : case_path.string()) << " --backends "
+              << shell_word(backends) << "\n";
   }
   return failed ? kExitFailed : kExitOk;
 }

@@ -24,7 +24,7 @@ def test_planted_bug_is_found_and_shrunk_to_one_row_and_head(tmp_path) -> None:
     message = str(failure.value)
     assert "tolerance on python:examples/python/numpy_decode.py:decode_planted_bug" in message
     assert "shrunk to B=1 H=1" in message, message
-    assert "reproduce: mlafuzz repro " in message, message
+    assert "/mlafuzz repro /" in message, message
 
     # Every saved entry replays as still failing, and passes on the correct kernel.
     entries = [p.values[0] for p in mlafuzz.testing.corpus(str(tmp_path / "corpus"))]
