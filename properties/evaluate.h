@@ -21,6 +21,8 @@
 
 namespace mlafuzz {
 
+struct OracleResult;  // oracle/oracle.h
+
 // ---------------------------------------------------------------------------------------------
 // Generation
 // ---------------------------------------------------------------------------------------------
@@ -199,6 +201,18 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
 std::vector<PropertyOutcome> judge_runs(
     const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
     const EvalOptions& options = {});
+
+// The per-element bound the `tolerance` property applies to backend `be` on case m, against
+// ref = run_oracle_eigen(m): the backend's own (its pipeline's, or its declared abs/rel
+// tolerances) plus the float64 oracle's; absolute, out [B * s_q, H, d_v] and lse [B * s_q, H].
+// An lse element passes when |lse - ref| <= bound; a bf16 out element when the distance from
+// the reference to its rounding interval is <= bound (tolerance.h). `mlafuzz run --dump` writes
+// it, so that a kernel replayed elsewhere (mlafuzz.replay) is judged by the same numbers.
+struct ElementBounds {
+  std::vector<double> out, lse;
+};
+ElementBounds tolerance_bounds(const MaterializedCase& m, const OracleResult& ref,
+                               const Backend& be);
 
 // One-paragraph human-readable form of an outcome: property, backend, worst element with its
 // coordinates and error/bound (no repro command: the caller knows the path).

@@ -18,22 +18,14 @@ import numpy as np
 import mlafuzz
 
 
-def _e4m3_table() -> np.ndarray:
-    """float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)."""
-    b = np.arange(256)
-    sign = np.where(b >> 7, -1.0, 1.0)
-    exp, man = (b >> 3) & 0xF, b & 0x7
-    value = np.where(exp == 0, man * 2.0**-9, (8 + man) * np.exp2(exp - 10.0))
-    value = np.where((exp == 15) & (man == 7), np.nan, value)
-    return (sign * value).astype(np.float32)
-
-
 _LUT: dict = {}
 
 
 def _lut(torch: Any, device: Any) -> Any:
     if device not in _LUT:
-        _LUT[device] = torch.from_numpy(_e4m3_table()).to(device)
+        # float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)
+        table = mlafuzz.e4m3_to_float32(np.arange(256, dtype=np.uint8))
+        _LUT[device] = torch.from_numpy(table).to(device)
     return _LUT[device]
 
 

@@ -402,13 +402,29 @@ class PythonBackend final : public Backend {
     if (status != "ok") {
       RunResult r;
       r.status = RunStatus::kError;
-      r.message = backend_ + ": the kernel raised an exception:\n" + message;
+      r.message = backend_ + ": the kernel raised an exception:\n" + message + undeclared_hint(m);
       r.seconds = seconds;
       return r;
     }
     RunResult r = collect_outputs(m, OutputBuffers(m, out_raw, lse_raw));
     r.seconds = seconds;  // the kernel's own time, measured in the worker
     return r;
+  }
+
+  // For a kernel that raised on a case of the production decode without declaring whether it
+  // takes one: what to declare if it does not (else "").
+  std::string undeclared_hint(const MaterializedCase& m) const {
+    const Envelope& e = desc_.envelope;
+    if (m.has_extra && !e.refuses_feature(kFeatureExtraCache) && !desc_.declares_extra_cache) {
+      return "\nthis case has an extra cache; declare mlafuzz.Envelope(extra_cache=False) if "
+             "your kernel does not take one";
+    }
+    if (m.s_q > 1 && !e.s_q.constrained()) {
+      return "\nthis case has s_q = " + std::to_string(m.s_q) +
+             " query tokens per batch row; declare mlafuzz.Envelope(s_q=1) if your kernel takes "
+             "one";
+    }
+    return "";
   }
 
   RunResult fault(const std::string& message) const {
@@ -524,6 +540,9 @@ class PythonBackend final : public Backend {
         }
         d.token_tile = t.get<int>();
       }
+      // Envelope(extra_cache=True): the kernel says it takes an extra cache.
+      d.declares_extra_cache =
+          j.value("extra_cache", nlohmann::json()).is_boolean() && j.at("extra_cache").get<bool>();
       desc_ = d;
     } catch (const std::exception& e) {
       child_.stop(0);
@@ -654,6 +673,8 @@ double python_call_timeout() {
   }
   return 60;
 }
+
+std::string python_call_fields(const MaterializedCase& m) { return scalars(m).dump(); }
 
 std::unique_ptr<Backend> make_python_backend(const std::string& backend_name) {
   return std::make_unique<PythonBackend>(backend_name);
