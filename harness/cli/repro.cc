@@ -132,6 +132,14 @@ int run_repro(const ReproOptions& opt) {
               << (finding ? " (the finding persists)" : "") << "\nreproduce: " << cmd << "\n";
     return kExitFailed;
   }
+  const auto applicable = std::find_if(ev.outcomes.begin(), ev.outcomes.end(),
+                                       [](const PropertyOutcome& o) { return o.applicable; });
+  if (!ev.outcomes.empty() && applicable == ev.outcomes.end()) {
+    // Nothing ran: not a pass, not a failure. Say so rather than "fixed".
+    std::cout << "not tested: no property applies to this case on these backends ("
+              << ev.outcomes.front().detail << ")\n";
+    return kExitOk;
+  }
   std::cout << (finding ? "fixed: the recorded failure no longer occurs" : "all properties pass")
             << " (" << ev.outcomes.size() << " outcomes, " << ev.seconds << " s)\n";
   return kExitOk;

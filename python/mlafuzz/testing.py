@@ -587,9 +587,9 @@ class CorpusEntry:
                                  + f"\nreproduce: {shown}")
         if proc.returncode != 0:
             raise RuntimeError(f"{shown} exited with {proc.returncode}:\n{proc.stdout}")
-        outcomes = [m for m in (_OUTCOME.match(x) for x in lines) if m]
-        if outcomes and all(m.group(3).startswith("not applicable") for m in outcomes):
-            reason = outcomes[0].group(4)
+        untested = [x for x in lines if x.startswith("not tested: ")]
+        if untested:  # every outcome not applicable: `mlafuzz repro` says so on its last line
+            reason = re.sub(r"^not tested: [^(]*\(", "", untested[-1]).rstrip(")")
             try:
                 import pytest  # noqa: PLC0415 - optional
             except ImportError:
