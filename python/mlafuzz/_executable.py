@@ -3,7 +3,7 @@
 Lookup order (:func:`find_mlafuzz`): ``MLAFUZZ_BIN``; an ``mlafuzz`` executable on PATH (this
 package's own launcher script excepted); the executable shipped inside this package by
 ``pip install --no-build-isolation .`` at the repository root (``mlafuzz/_native/bin/mlafuzz``);
-the build folder of the source tree this package sits in (``build/mlafuzz``).
+the build folder of the source tree this package sits in (``build/mlafuzz``), if it sits in one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from typing import Dict, List, Optional
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: The executable ``pip install .`` at the repository root puts inside the package.
 PACKAGED = os.path.join(PACKAGE_DIR, "_native", "bin", "mlafuzz")
-#: The executable of the source tree's default build folder (scripts/build.sh).
-SOURCE_BUILD = os.path.join(os.path.dirname(os.path.dirname(PACKAGE_DIR)), "build", "mlafuzz")
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
+#: The executable of the source tree's default build folder (scripts/build.sh), when this
+#: package is the one of a source tree (<root>/python/mlafuzz); else "".
+SOURCE_BUILD = (os.path.join(_SOURCE_ROOT, "build", "mlafuzz")
+                if os.path.isfile(os.path.join(_SOURCE_ROOT, "CMakeLists.txt")) else "")
 
 _LAUNCHER_MARK = b"mlafuzz.__main__"  # in the console script pip writes for this package
 
@@ -60,15 +63,16 @@ def find_mlafuzz() -> str:
     if found:
         return found
     for candidate in (PACKAGED, SOURCE_BUILD):
-        if _executable(candidate):
+        if candidate and _executable(candidate):
             return candidate
+    source = f"  {SOURCE_BUILD}: absent (the source tree is not built)\n" if SOURCE_BUILD else ""
     raise FileNotFoundError(
         "cannot find the mlafuzz executable; looked at:\n"
         "  MLAFUZZ_BIN: not set\n"
         "  PATH: no mlafuzz executable (this package's launcher script does not count)\n"
         f"  {PACKAGED}: absent (this package was installed without the executable, as "
         "`pip install ./python` does)\n"
-        f"  {SOURCE_BUILD}: absent (no source-tree build)\n"
+        f"{source}"
         "Install the package with the executable from the repository root: "
         "pip install --no-build-isolation . (docs/python.md, \"Install\"), build it "
         "(scripts/build.sh), or set MLAFUZZ_BIN=/path/to/mlafuzz"

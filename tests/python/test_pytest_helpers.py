@@ -56,7 +56,9 @@ def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monke
     # and the call that replays it in this process.
     assert re.search(r"counterexample: B=1 H=1 topk=\d+; (model1|v32) nope=", message), message
     assert re.search(r"\n    out\[b=0,h=0,d=\d+\] value .* error/bound", message), message
-    repro = re.search(r"\n    reproduce: (.*)\n", message).group(1)
+    found = re.search(r"\n    reproduce: (.*)\n", message)
+    assert found, message
+    repro = found.group(1)
     assert "mlafuzz.replay('" in message and "decode_planted_bug)" in message, message
     proc = subprocess.run(repro, shell=True, cwd="/", text=True, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"}, check=False)

@@ -83,7 +83,7 @@ def test_a_dump_folder_replays_and_the_correct_kernel_passes(tmp_path) -> None:
 def test_an_exception_in_the_kernel_reaches_the_test(tmp_path) -> None:
     with pytest.raises(ValueError, match="planted exception at heads=3") as failure:
         mlafuzz.replay(SMALL_CASE, faulty_kernels.decode_raises)
-    assert failure.traceback[-1].path.name == "faulty_kernels.py"  # pdb would stop there
+    assert str(failure.traceback[-1].path).endswith("faulty_kernels.py")  # pdb stops there
 
 
 def test_writes_outside_the_outputs_are_reported() -> None:
