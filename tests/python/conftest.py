@@ -35,7 +35,8 @@ def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}; output:\n{proc.stdout}\ncommand: {' '.join(proc.args)}"
+    args = proc.args if isinstance(proc.args, str) else " ".join(proc.args)
+    return f"exit {proc.returncode}; output:\n{proc.stdout}\ncommand: {args}"
 
 
 def lines_with(text: str, word: str) -> List[str]:
