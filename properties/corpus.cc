@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "harness/core/command.h"
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
 #include "kernels/common/tiling.h"
@@ -253,8 +254,10 @@ std::vector<std::string> list_corpus(const std::string& dir) {
 }
 
 std::string repro_command(const std::string& path, const std::string& backends) {
-  std::string cmd = "mlafuzz repro " + path;
-  if (!backends.empty()) cmd += " --backends " + backends;
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  std::string cmd = command_to_run_again() + " repro " + shell_word(ec ? path : abs.string());
+  if (!backends.empty()) cmd += " --backends " + shell_word(backends);
   return cmd;
 }
 

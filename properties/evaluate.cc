@@ -142,6 +142,8 @@ struct CaseContext {
     if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
     return pipeline_bounds(be);
   }
+  // The tolerance property's bound: the backend's own plus the oracle's.
+  Bounds tolerance_bound(const Backend& be) { return add_bounds(backend_bounds(be), b64); }
 
   // What every backend of the evaluation accepts (the intersection of their envelopes): the
   // shared variants stay inside it (relocation's new stride, insert-invalid's longer lists).
@@ -522,7 +524,7 @@ class Evaluator {
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("tolerance", be.name());
-    const Bounds bound = add_bounds(ctx_.backend_bounds(be), ctx_.b64);
+    const Bounds bound = ctx_.tolerance_bound(be);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
     const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound,
                                        ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
@@ -1013,6 +1015,16 @@ std::vector<PropertyOutcome> judge_runs(
   ctx.b64 = compute_bounds(ctx.m, ctx.ref, pipeline_for(Precision::kFloat64));
   for (auto& st : states) e.properties(st);
   return ev.outcomes;
+}
+
+ElementBounds tolerance_bounds(const MaterializedCase& m, const OracleResult& ref,
+                               const Backend& be) {
+  CaseContext ctx;
+  ctx.m = m;
+  ctx.ref = ref;
+  ctx.b64 = compute_bounds(ctx.m, ctx.ref, pipeline_for(Precision::kFloat64));
+  Bounds b = ctx.tolerance_bound(be);
+  return {std::move(b.out), std::move(b.lse)};
 }
 
 std::string format_outcome(const PropertyOutcome& o) {

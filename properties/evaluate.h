@@ -21,6 +21,8 @@
 
 namespace mlafuzz {
 
+struct OracleResult;  // oracle/oracle.h
+
 // ---------------------------------------------------------------------------------------------
 // Generation
 // ---------------------------------------------------------------------------------------------
@@ -200,6 +202,18 @@ std::vector<PropertyOutcome> judge_runs(
     const MaterializedCase& m, const std::vector<std::pair<Backend*, const RunResult*>>& runs,
     const EvalOptions& options = {});
 
+// The per-element bound the `tolerance` property applies to backend `be` on case m, against
+// ref = run_oracle_eigen(m): the backend's own (its pipeline's, or its declared abs/rel
+// tolerances) plus the float64 oracle's; absolute, out [B * s_q, H, d_v] and lse [B * s_q, H].
+// An lse element passes when |lse - ref| <= bound; a bf16 out element when the distance from
+// the reference to its rounding interval is <= bound (tolerance.h). `mlafuzz run --dump` writes
+// it, so that a kernel replayed elsewhere (mlafuzz.replay) is judged by the same numbers.
+struct ElementBounds {
+  std::vector<double> out, lse;
+};
+ElementBounds tolerance_bounds(const MaterializedCase& m, const OracleResult& ref,
+                               const Backend& be);
+
 // One-paragraph human-readable form of an outcome: property, backend, worst element with its
 // coordinates and error/bound (no repro command: the caller knows the path).
 std::string format_outcome(const PropertyOutcome& o);
@@ -334,7 +348,8 @@ CorpusEntry load_corpus_entry(const std::string& path);
 // Sorted *.json files of a corpus folder (empty if the folder does not exist).
 std::vector<std::string> list_corpus(const std::string& dir);
 
-// "mlafuzz repro PATH --backends NAME" (backends omitted when empty).
+// "<this mlafuzz> repro /absolute/PATH --backends NAME" (backends omitted when empty), which
+// runs as pasted (command_to_run_again, harness/core/command.h).
 std::string repro_command(const std::string& path, const std::string& backends);
 
 // Build commit taken at every build (cmake/build_commit.cmake): 12 hex digits, "-dirty" when

@@ -22,19 +22,6 @@ import numpy as np
 import mlafuzz
 
 
-def _e4m3_table() -> np.ndarray:
-    """float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)."""
-    b = np.arange(256)
-    sign = np.where(b >> 7, -1.0, 1.0)
-    exp, man = (b >> 3) & 0xF, b & 0x7
-    value = np.where(exp == 0, man * 2.0**-9, (8 + man) * np.exp2(exp - 10.0))
-    value = np.where((exp == 15) & (man == 7), np.nan, value)
-    return (sign * value).astype(np.float32)
-
-
-E4M3 = _e4m3_table()
-
-
 def dequantize(call: mlafuzz.DecodeCall, slots: np.ndarray, bug: bool = False) -> np.ndarray:
     """K for the given global slots.
 
@@ -45,31 +32,11 @@ def dequantize(call: mlafuzz.DecodeCall, slots: np.ndarray, bug: bool = False) -
     Returns:
         float32 ``[n, d_qk]``: nope dims dequantized (e4m3 * scale), then the bf16 rope dims.
     """
-    cache = call.kv_cache
-    page = (slots // call.page_size)[:, None]
-    j = (slots % call.page_size)[:, None]
-    nope, rope, tile = call.nope_dim, call.rope_dim, call.scale_tile
-    tiles = nope // tile
-    if call.layout == "model1":
-        data_bytes = nope + 2 * rope
-        base = j * data_bytes
-        nope_bytes = cache[page, base + np.arange(nope)]
-        rope_bytes = cache[page, base + nope + np.arange(2 * rope)]
-        scale_row = (tiles + 7) // 8 * 8
-        exps = cache[page, call.page_size * data_bytes + j * scale_row + np.arange(tiles)]
-        scales = np.ldexp(np.float32(1), exps.astype(np.int32) - 127).astype(np.float32)
-    else:  # v32: [nope e4m3][tiles x float32 scale][rope bf16] per token
-        base = j * call.token_bytes
-        nope_bytes = cache[page, base + np.arange(nope)]
-        scale_bytes = np.ascontiguousarray(cache[page, base + nope + np.arange(4 * tiles)])
-        scales = scale_bytes.view("<f4").astype(np.float32)
-        rope_bytes = cache[page, base + nope + 4 * tiles + np.arange(2 * rope)]
-    if bug and tiles > 1:
-        scales = scales.copy()
+    codes, scales, rope = mlafuzz.token_parts(call, slots)  # the stored bytes, decoded
+    if bug and scales.shape[1] > 1:
         scales[:, -1] = scales[:, -2]
-    k_nope = E4M3[nope_bytes] * np.repeat(scales, tile, axis=1)
-    rope_bits = rope_bytes[:, 0::2].astype(np.uint16) | (rope_bytes[:, 1::2].astype(np.uint16) << 8)
-    return np.concatenate([k_nope, mlafuzz.bf16_to_float32(rope_bits)], axis=1)
+    k_nope = mlafuzz.e4m3_to_float32(codes) * np.repeat(scales, call.scale_tile, axis=1)
+    return np.concatenate([k_nope, rope], axis=1)
 
 
 #: The planted bugs of this kernel (``mlafuzz mutants --backends python:...:decode`` scores
@@ -123,18 +90,18 @@ def attend(call: mlafuzz.DecodeCall, bug: bool = False, mutant: str = "") -> Non
             if mutant == "no-max-subtraction":
                 m = np.zeros_like(m)
             p = np.exp(x - m[:, None])
-            l = p.sum(axis=1, dtype=np.float32)
+            total = p.sum(axis=1, dtype=np.float32)
             values = np.ascontiguousarray(keys[:, : call.d_v])
             acc = np.stack([p[h] @ values for h in range(call.heads)])  # [H, d_v]
-            denom = l
+            denom = total
             if call.sink is not None and mutant != "sink-ignored":
-                denom = l + np.exp(call.sink - m)
+                denom = total + np.exp(call.sink - m)
             call.out[b] = mlafuzz.float32_to_bf16(acc / denom[:, None])
-            lse = m + np.log(l)
+            lse = m + np.log(total)
             if call.sink is not None and call.sink_in_lse:
                 s = call.sink
                 big = np.maximum(s, m)
-                folded = big + np.log(l * np.exp(m - big) + np.exp(s - big))
+                folded = big + np.log(total * np.exp(m - big) + np.exp(s - big))
                 lse = np.where(s == np.inf, np.float32(np.inf), folded)
             call.lse[b] = lse
 

@@ -5,8 +5,8 @@
 Gather the selected tokens, dequantize them to bf16 (exact with power-of-two scales), then two
 products with bf16 inputs and fp32 accumulation, one matrix-vector product per row and head (so
 that a row or head computed alone gives the same bits): logits = q K^T (scaled in fp32
-afterwards), and P V with p rounded to bf16 while the row sum uses the fp32 p. Run on the GPU machine
-(scripts/gpu_python.sh); it needs torch with CUDA.
+afterwards), and P V with p rounded to bf16 while the row sum uses the fp32 p. Run on the GPU
+machine (scripts/gpu_python.sh); it needs torch with CUDA.
 """
 
 from __future__ import annotations
@@ -18,22 +18,14 @@ import numpy as np
 import mlafuzz
 
 
-def _e4m3_table() -> np.ndarray:
-    """float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)."""
-    b = np.arange(256)
-    sign = np.where(b >> 7, -1.0, 1.0)
-    exp, man = (b >> 3) & 0xF, b & 0x7
-    value = np.where(exp == 0, man * 2.0**-9, (8 + man) * np.exp2(exp - 10.0))
-    value = np.where((exp == 15) & (man == 7), np.nan, value)
-    return (sign * value).astype(np.float32)
-
-
 _LUT: dict = {}
 
 
 def _lut(torch: Any, device: Any) -> Any:
     if device not in _LUT:
-        _LUT[device] = torch.from_numpy(_e4m3_table()).to(device)
+        # float32 [256]: the value of each e4m3fn byte (0x7f and 0xff are NaN)
+        table = mlafuzz.e4m3_to_float32(np.arange(256, dtype=np.uint8))
+        _LUT[device] = torch.from_numpy(table).to(device)
     return _LUT[device]
 
 
@@ -110,22 +102,23 @@ def decode(call: mlafuzz.DecodeCall) -> None:
     p = torch.exp(x - m_safe.unsqueeze(-1))
     # Row sums one (row, head) at a time, each on a fresh (aligned) copy: torch's reduction picks
     # its summation order by the shape and alignment of the whole tensor (head-alone found it).
-    l = torch.stack([torch.stack([p[b, h].clone().sum() for h in range(call.heads)])
-                     for b in range(call.batch)])  # [B, H] fp32
+    total = torch.stack([torch.stack([p[b, h].clone().sum() for h in range(call.heads)])
+                         for b in range(call.batch)])  # [B, H] fp32
     pb = p.to(torch.bfloat16).float()  # bf16 p for P*V, fp32 accumulation
-    pv = torch.stack([torch.stack([torch.mv(vf[b].t(), pb[b, h].clone()) for h in range(call.heads)])
+    pv = torch.stack([torch.stack([torch.mv(vf[b].t(), pb[b, h].clone())
+                                   for h in range(call.heads)])
                       for b in range(call.batch)])  # [B, H, d_v]
-    denom = l
+    denom = total
     if call.sink is not None:
-        denom = l + torch.exp(call.sink.unsqueeze(0) - m_safe)
+        denom = total + torch.exp(call.sink.unsqueeze(0) - m_safe)
     out = pv / denom.unsqueeze(-1)
     empty = ~valid.any(dim=-1)  # [B]
     out = torch.where(empty.view(-1, 1, 1), torch.zeros_like(out), out)
-    lse = m_safe + torch.log(l)
+    lse = m_safe + torch.log(total)
     if call.sink is not None and call.sink_in_lse:
         s = call.sink.unsqueeze(0).expand_as(m_safe)
         big = torch.maximum(s, m_safe)
-        folded = big + torch.log(l * torch.exp(m_safe - big) + torch.exp(s - big))
+        folded = big + torch.log(total * torch.exp(m_safe - big) + torch.exp(s - big))
         lse = torch.where(s == float("inf"), s, folded)
     empty_lse = float("inf") if call.empty_row_lse == "+inf" else float("-inf")
     lse = torch.where(empty.view(-1, 1), torch.full_like(lse, empty_lse), lse)

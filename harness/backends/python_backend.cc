@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,6 +20,7 @@
 
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
+#include "harness/core/command.h"
 #include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
@@ -45,19 +47,23 @@ bool regular_file(const std::string& path) {
 
 // The folder of the running executable (so an installed or copied tree finds its own files).
 std::string executable_dir() {
-  std::string buf(4096, '\0');
-  const ssize_t n = readlink("/proc/self/exe", buf.data(), buf.size() - 1);
-  if (n <= 0) return "";
-  buf.resize(static_cast<size_t>(n));
-  const size_t slash = buf.rfind('/');
-  return slash == std::string::npos ? "" : buf.substr(0, slash);
+  const std::string exe = executable_path();
+  const size_t slash = exe.rfind('/');
+  return slash == std::string::npos ? "" : exe.substr(0, slash);
 }
 
-// The folder holding the mlafuzz Python package: MLAFUZZ_PYTHON_PACKAGE_DIR, else the installed
-// tree's share/mlafuzz/python beside the executable, else this source tree's python/.
+// The folder holding the mlafuzz Python package: MLAFUZZ_PYTHON_PACKAGE_DIR, else the Python
+// package this executable was installed in by `pip install .` (<package>/_native/bin/mlafuzz:
+// the folder above <package>), else the installed tree's share/mlafuzz/python beside the
+// executable, else this source tree's python/.
 std::string package_dir() {
   if (const char* e = std::getenv("MLAFUZZ_PYTHON_PACKAGE_DIR"); e != nullptr && *e) return e;
   if (const std::string exe = executable_dir(); !exe.empty()) {
+    if (regular_file(exe + "/../../_worker.py")) {
+      std::error_code ec;
+      const auto dir = std::filesystem::weakly_canonical(exe + "/../../..", ec);
+      if (!ec) return dir.string();
+    }
     const std::string dir = exe + "/../share/mlafuzz/python";
     if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
   }
@@ -396,13 +402,29 @@ class PythonBackend final : public Backend {
     if (status != "ok") {
       RunResult r;
       r.status = RunStatus::kError;
-      r.message = backend_ + ": the kernel raised an exception:\n" + message;
+      r.message = backend_ + ": the kernel raised an exception:\n" + message + undeclared_hint(m);
       r.seconds = seconds;
       return r;
     }
     RunResult r = collect_outputs(m, OutputBuffers(m, out_raw, lse_raw));
     r.seconds = seconds;  // the kernel's own time, measured in the worker
     return r;
+  }
+
+  // For a kernel that raised on a case of the production decode without declaring whether it
+  // takes one: what to declare if it does not (else "").
+  std::string undeclared_hint(const MaterializedCase& m) const {
+    const Envelope& e = desc_.envelope;
+    if (m.has_extra && !e.refuses_feature(kFeatureExtraCache) && !desc_.declares_extra_cache) {
+      return "\nthis case has an extra cache; declare mlafuzz.Envelope(extra_cache=False) if "
+             "your kernel does not take one";
+    }
+    if (m.s_q > 1 && !e.s_q.constrained()) {
+      return "\nthis case has s_q = " + std::to_string(m.s_q) +
+             " query tokens per batch row; declare mlafuzz.Envelope(s_q=1) if your kernel takes "
+             "one";
+    }
+    return "";
   }
 
   RunResult fault(const std::string& message) const {
@@ -518,6 +540,9 @@ class PythonBackend final : public Backend {
         }
         d.token_tile = t.get<int>();
       }
+      // Envelope(extra_cache=True): the kernel says it takes an extra cache.
+      d.declares_extra_cache =
+          j.value("extra_cache", nlohmann::json()).is_boolean() && j.at("extra_cache").get<bool>();
       desc_ = d;
     } catch (const std::exception& e) {
       child_.stop(0);
@@ -648,6 +673,8 @@ double python_call_timeout() {
   }
   return 60;
 }
+
+std::string python_call_fields(const MaterializedCase& m) { return scalars(m).dump(); }
 
 std::unique_ptr<Backend> make_python_backend(const std::string& backend_name) {
   return std::make_unique<PythonBackend>(backend_name);

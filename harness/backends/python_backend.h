@@ -52,11 +52,19 @@ struct PythonDescription {
   uint32_t inexact_invariants = 0;
   ExtraPipeline extra_pipeline = ExtraPipeline::kJoint;  // mlafuzz.kernel(extra_pipeline=...)
   int token_tile = 0;  // mlafuzz.kernel(token_tile=...): tokens per tile, 0: the precision's
+  // mlafuzz.Envelope(extra_cache=True): the kernel takes an extra cache (nothing changes in
+  // what is generated; a kernel that raised on one is not told to declare extra_cache=False).
+  bool declares_extra_cache = false;
   // The module's planted bugs (its MUTANTS dict, in declaration order): name -> description.
   // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (README, "Mutation
   // score"; docs/WORKER_PROTOCOL.md).
   std::vector<std::pair<std::string, std::string>> mutants;
 };
+
+// The scalar fields of the call a python: kernel gets for case m (the RUN request's scalars,
+// docs/WORKER_PROTOCOL.md) as a JSON object's text: `mlafuzz run --dump` writes them into
+// params.json ("call") so that mlafuzz.replay builds the same call in another process.
+std::string python_call_fields(const MaterializedCase& m);
 
 // "python:..." -> a backend backed by a fresh worker. Throws PythonBackendError.
 std::unique_ptr<Backend> make_python_backend(const std::string& backend_name);

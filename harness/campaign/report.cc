@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "harness/core/case.h"
+#include "harness/core/command.h"
 #include "harness/core/fileio.h"
 #include "harness/core/rng.h"
 
@@ -175,12 +176,12 @@ int64_t Report::total_failures() const {
 std::string replay_command(uint64_t seed, uint64_t case_index, const std::string& profile,
                            const std::string& backend, const std::string& property) {
   std::ostringstream os;
-  os << "mlafuzz fuzz --seed " << seed << " --replay-index " << case_index;
+  os << command_to_run_again() << " fuzz --seed " << seed << " --replay-index " << case_index;
   if (profile != "default") os << " --profile " << profile;
   // A pair "cuda-mma|cuda-simt" runs both backends.
   std::string b = backend;
   std::replace(b.begin(), b.end(), '|', ',');
-  os << " --backends " << b << " --properties " << property;
+  os << " --backends " << shell_word(b) << " --properties " << property;
   return os.str();
 }
 

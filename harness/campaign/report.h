@@ -150,7 +150,8 @@ struct Report {
 };
 
 // Command that regenerates one case of a campaign and reruns it:
-// "mlafuzz fuzz --seed S --replay-index K [--profile P] --backends B --properties P".
+// "<this mlafuzz> fuzz --seed S --replay-index K [--profile P] --backends B --properties P"
+// (command_to_run_again, harness/core/command.h).
 std::string replay_command(uint64_t seed, uint64_t case_index, const std::string& profile,
                            const std::string& backend, const std::string& property);
 

@@ -19,6 +19,7 @@
 #include "harness/backends/device_query.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
+#include "harness/core/command.h"
 #include "harness/core/shared_arena.h"
 
 extern char** environ;
@@ -393,10 +394,9 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
 
 std::string self_executable() {
   if (const char* e = std::getenv("MLAFUZZ_WORKER_EXE"); e && *e) return e;
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) throw std::runtime_error("cannot find the mlafuzz executable (/proc/self/exe)");
-  return std::string(buf, static_cast<size_t>(n));
+  std::string exe = executable_path();
+  if (exe.empty()) throw std::runtime_error("cannot find the mlafuzz executable (/proc/self/exe)");
+  return exe;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -104,7 +104,9 @@ int run_repro(const ReproOptions& opt) {
     if (o.applicable && !o.passed) ++failed;
     std::cout << "  " << format_outcome(o) << "\n";
   }
-  std::string cmd = repro_command(opt.file, join(names));
+  std::vector<std::string> absolute_names;  // the command works from any directory
+  for (const auto& n : names) absolute_names.push_back(absolute_backend_name(n));
+  std::string cmd = repro_command(opt.file, join(absolute_names));
   if (!opt.isolation.case_timeout.empty()) cmd += " --case-timeout " + opt.isolation.case_timeout;
   if (fault_finding) {
     int faults = 0;
@@ -129,6 +131,14 @@ int run_repro(const ReproOptions& opt) {
     std::cout << failed << " propert" << (failed == 1 ? "y" : "ies") << " failed"
               << (finding ? " (the finding persists)" : "") << "\nreproduce: " << cmd << "\n";
     return kExitFailed;
+  }
+  const auto applicable = std::find_if(ev.outcomes.begin(), ev.outcomes.end(),
+                                       [](const PropertyOutcome& o) { return o.applicable; });
+  if (!ev.outcomes.empty() && applicable == ev.outcomes.end()) {
+    // Nothing ran: not a pass, not a failure. Say so rather than "fixed".
+    std::cout << "not tested: no property applies to this case on these backends ("
+              << ev.outcomes.front().detail << ")\n";
+    return kExitOk;
   }
   std::cout << (finding ? "fixed: the recorded failure no longer occurs" : "all properties pass")
             << " (" << ev.outcomes.size() << " outcomes, " << ev.seconds << " s)\n";

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -22,10 +23,12 @@
 #include "harness/cli/commands.h"
 #include "harness/core/backend.h"
 #include "harness/core/case.h"
+#include "harness/core/command.h"
 #include "harness/core/compare.h"
 #include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
 #include "harness/core/npy.h"
+#include "oracle/oracle.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::cli {
@@ -50,7 +53,10 @@ struct Ran {
 
 std::string shape(const std::vector<int64_t>& dims) {
   std::string s = "[";
-  for (int64_t d : dims) s += (s.size() > 1 ? "," : "") + std::to_string(d);
+  for (int64_t d : dims) {
+    if (s.size() > 1) s += ',';
+    s += std::to_string(d);
+  }
   return s + "]";
 }
 
@@ -176,6 +182,10 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
     }
   }
   write_npy(path("q.npy"), q, with_tokens(m, {m.heads, m.q_head_stride}));
+  // The whole buffers as the kernels get them, row gaps included (params.json's "call" gives
+  // their strides): mlafuzz.replay builds its call from these.
+  write_npy(path("q_raw.npy"), m.q, {static_cast<int64_t>(m.q.size())});
+  write_npy(path("indices_raw.npy"), m.indices, {static_cast<int64_t>(m.indices.size())});
   write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
   write_npy(path("indices.npy"), idx, with_tokens(m, {m.topk}));
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
@@ -184,6 +194,8 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
     write_npy(path("extra_kv_cache.npy"), m.extra_cache,
               {m.extra_geom.num_pages, m.extra_geom.page_stride});
     write_npy(path("extra_indices.npy"), xidx, with_tokens(m, {m.extra_topk}));
+    write_npy(path("extra_indices_raw.npy"), m.extra_indices,
+              {static_cast<int64_t>(m.extra_indices.size())});
     if (!m.extra_topk_length.empty()) {
       write_npy(path("extra_topk_length.npy"), m.extra_topk_length, {m.batch});
     }
@@ -199,6 +211,20 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
     if (r.name == kReference) {
       write_npy(path("out64.npy"), r.result.out, out_shape);
       write_npy(path("lse64.npy"), r.result.lse, lse_shape);
+    }
+  }
+  // Every listed backend's tolerance bound (whether its run succeeded or not: the bound depends
+  // on the case and the backend's declarations only), as the tolerance property applies it.
+  const Ran& ref = runs.front();
+  if (ref.result.ok()) {
+    const OracleResult oracle{ref.result.out, ref.result.lse};
+    for (const Ran& r : runs) {
+      if (r.name == kReference) continue;
+      const ElementBounds b = tolerance_bounds(m, oracle, *r.backend);
+      std::string suffix = "_" + r.name;
+      std::replace(suffix.begin(), suffix.end(), '/', '_');
+      write_npy(path("bound_out" + suffix + ".npy"), b.out, with_tokens(m, {m.heads, m.d_v()}));
+      write_npy(path("bound_lse" + suffix + ".npy"), b.lse, with_tokens(m, {m.heads}));
     }
   }
   write_file_atomic(path("case.json"), to_json(c));
@@ -232,6 +258,8 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   }
   p["sm_scale"] = m.sm_scale64;  // the fp32 value the kernels get, exactly
   p["conventions"] = case_to_json_value(c)["conventions"];
+  // The scalar fields of the call a python: kernel gets (docs/WORKER_PROTOCOL.md).
+  p["call"] = nlohmann::ordered_json::parse(python_call_fields(m));
   p["content_hash"] = fmt::format("{:016x}", content_hash(m));
   write_file_atomic(path("params.json"), json_to_text(p));
 }
@@ -345,8 +373,15 @@ int run_command(const RunOptions& o) {
               << " (check: python3 scripts/check_dump.py " << o.dump_dir << ")\n";
   }
   if (failed) {
-    std::cout << "FAILED; reproduce with: mlafuzz run --case " << o.case_path << " --backends "
-              << o.backends << "\n";
+    std::error_code ec;
+    const std::filesystem::path case_path = std::filesystem::absolute(o.case_path, ec);
+    std::string backends;
+    for (const std::string& name : parse_backend_list(o.backends)) {
+      backends += (backends.empty() ? "" : ",") + absolute_backend_name(name);
+    }
+    std::cout << "FAILED; reproduce with: " << command_to_run_again() << " run --case "
+              << shell_word(ec ? o.case_path : case_path.string()) << " --backends "
+              << shell_word(backends) << "\n";
   }
   return failed ? kExitFailed : kExitOk;
 }
@@ -405,7 +440,8 @@ void register_run(CLI::App& app, CommandTable& table) {
       ->capture_default_str();
   sub->add_option("--dump", opts->dump_dir,
                   "write inputs (q, kv_cache, indices, topk_length, sink), outputs (out, lse; "
-                  "float32 and float64) as .npy, plus case.json and params.json, into DIR");
+                  "float32 and float64), each backend's tolerance bound (bound_out_*, "
+                  "bound_lse_*) as .npy, plus case.json and params.json, into DIR");
   add_isolation_flags(sub, opts->isolation);
   table.push_back({sub, [opts] { return run_command(*opts); }});
 }

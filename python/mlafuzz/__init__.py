@@ -37,11 +37,21 @@ __all__ = [
     "KernelInfo",
     "Multiple",
     "PROTOCOL_VERSION",
+    "Replay",
+    "ReplayFailure",
     "Tolerance",
     "bf16_to_float32",
+    "dequantize",
+    "e4m3_to_float32",
     "float32_to_bf16",
     "kernel",
+    "load_call",
     "load_dump",
+    "reference_decode",
+    "replay",
+    "token_parts",
+    "ue8m0_to_float32",
+    "valid_entries",
 ]
 
 
@@ -166,6 +176,11 @@ class Envelope:
     ``refuses`` lists features the kernel cannot take: "sink", "infinite_sink", "topk_length",
     "extra_cache", "extra_topk_length", "q_head_pad", "out_head_pad", "row_pad". A kernel's
     ``supports()`` stays the final word.
+
+    ``extra_cache=False`` is ``refuses=["extra_cache"]``; ``extra_cache=True`` says that the
+    kernel takes one (nothing changes in what is generated, but ``mlafuzz.testing.fuzz`` then
+    reports failures that need an extra cache as bugs, not as a missing declaration). ``s_q=1``
+    declares a kernel that takes one query token per batch row.
     """
 
     layouts: Optional[Sequence[str]] = None
@@ -184,6 +199,7 @@ class Envelope:
     empty_row_lses: Optional[Sequence[str]] = None
     sink_in_lse: Optional[Sequence[bool]] = None
     refuses: Optional[Sequence[str]] = None
+    extra_cache: Optional[bool] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The envelope JSON (the format of ``mlafuzz fuzz --envelope``); validates the fields."""
@@ -212,8 +228,17 @@ class Envelope:
                     f"mlafuzz.Envelope(sink_in_lse={self.sink_in_lse!r}): a list of booleans"
                 )
             j["sink_in_lse"] = vals
-        if self.refuses is not None:
-            j["refuses"] = _names("refuses", self.refuses, _FEATURES)
+        refuses = None if self.refuses is None else _names("refuses", self.refuses, _FEATURES)
+        if self.extra_cache is not None and not isinstance(self.extra_cache, bool):
+            raise ValueError(f"mlafuzz.Envelope(extra_cache={self.extra_cache!r}): True or False")
+        if self.extra_cache is False:
+            refuses = (refuses or []) + ([] if "extra_cache" in (refuses or [])
+                                         else ["extra_cache"])
+        elif self.extra_cache and refuses and "extra_cache" in refuses:
+            raise ValueError("mlafuzz.Envelope(extra_cache=True, refuses=['extra_cache']) "
+                             "contradicts itself")
+        if refuses is not None:
+            j["refuses"] = refuses
         return j
 
 
@@ -236,6 +261,7 @@ class KernelInfo:
     inexact: tuple = ()  # invariants not promised bit for bit ("batch", "head", ...)
     extra_pipeline: str = "joint"  # "joint" or "lse_merged" (how the extra cache is folded in)
     token_tile: int = 0  # tokens per online-softmax tile (BLOCK_N); 0: the precision's default
+    extra_cache: Optional[bool] = None  # Envelope(extra_cache=...): declared either way, or None
 
 
 def _valid_name(name: str) -> bool:
@@ -321,7 +347,7 @@ def kernel(
             doc = lines[0].strip() if lines else ""
         func.__mlafuzz_kernel__ = KernelInfo(  # type: ignore[attr-defined]
             name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact), extra_pipeline,
-            token_tile,
+            token_tile, envelope.extra_cache if envelope is not None else None,
         )
         return func
 
@@ -451,13 +477,18 @@ class Dump:
             bits), ``kv_cache`` uint8 ``[num_pages, page_stride]``, ``indices`` int32
             ``[B, topk]``, optional ``topk_length`` int32 ``[B]`` and ``sink`` float32 ``[H]``,
             ``out``/``lse`` float32 (the oracle, ``out64``/``lse64`` float64) and
-            ``out_<backend>``/``lse_<backend>`` for every backend that ran. With an extra cache
+            ``out_<backend>``/``lse_<backend>`` for every backend that ran, and
+            ``bound_out_<backend>``/``bound_lse_<backend>`` float64, the tolerance property's
+            bound of every listed backend ('/' in a name written '_'). With an extra cache
             also ``extra_kv_cache`` uint8 ``[pages, page_stride]``, ``extra_indices`` and
-            optional ``extra_topk_length``. When s_q > 1, q, indices, extra_indices, out and
+            optional ``extra_topk_length``. ``q_raw``, ``indices_raw`` (and
+            ``extra_indices_raw``) are the whole buffers with their row gaps, as a kernel gets
+            them (strides in params["call"]). When s_q > 1, q, indices, extra_indices, out and
             lse carry the token axis ``[B, s_q, ...]``; :meth:`tokens` gives it always.
         params: params.json (geometry with page_stride resolved, batch, s_q, heads, topk,
             d_qk, d_v, q_head_stride, sm_scale, conventions, content_hash; extra_geometry and
-            extra_topk with an extra cache).
+            extra_topk with an extra cache; ``call``: the scalar fields of a python: kernel's
+            call, as the worker gets them).
         case: case.json, the recipe.
     """
 
@@ -484,10 +515,9 @@ class Dump:
 class _TokenNames:
     """Arrays of a dump with the token axis (when s_q > 1), every backend's outputs included."""
 
-
     def __contains__(self, key: object) -> bool:
         k = str(key)
-        return k in ("q", "indices", "extra_indices") or k.startswith(("out", "lse"))
+        return k in ("q", "indices", "extra_indices") or k.startswith(("out", "lse", "bound_"))
 
 
 _TOKEN_ARRAYS = _TokenNames()
@@ -519,6 +549,12 @@ def load_dump(directory: Union[str, "os.PathLike[str]"]) -> Dump:
         if name.endswith(".npy")
     }
     return Dump(arrays, params, case)
+
+
+# Helpers for kernel authors and the in-process replay (docs/python.md).
+from mlafuzz._reference import (  # noqa: E402 - they use the definitions above
+    dequantize, e4m3_to_float32, reference_decode, token_parts, ue8m0_to_float32, valid_entries)
+from mlafuzz._replay import Replay, ReplayFailure, load_call, replay  # noqa: E402
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Hashable, Optional, Tuple
 import numpy as np
 
 import mlafuzz
+from mlafuzz._call import host_out
 from mlafuzz._sum64_ptx import SUM64_BUFFERS, SUM64_ENTRY, SUM64_PTX, SUM64_THREADS
 
 FRAME_MAGIC = 0x57414C4D  # "MLAW", as the C++ worker protocol
@@ -516,8 +517,7 @@ class CudaDriver:
                 self._sum_fn, self.sum_error = False, str(e)
                 return False
             launch = lib.cuLaunchKernel
-            launch.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p, c.c_void_p,
-                                                                c.c_void_p]
+            launch.argtypes = [c.c_void_p] + [c.c_uint] * 7 + [c.c_void_p] * 3
             launch.restype = c.c_int
             self._launch = launch
             self._sum_args = (c.c_uint64 * 9)()
@@ -709,6 +709,7 @@ class Server:
             "inexact": list(i.inexact),
             "extra_pipeline": i.extra_pipeline,
             "token_tile": i.token_tile,
+            "extra_cache": i.extra_cache,  # Envelope(extra_cache=...): True, False or None
             # The module's planted bugs (MUTANTS): backend <spec>~<name> runs mutant_<name>.
             "mutants": declared_mutants(sys.modules.get(getattr(self.func, "__module__", ""))),
         }
@@ -838,7 +839,7 @@ class Server:
     def _run_cpu(self, call: mlafuzz.DecodeCall, a: Dict[str, np.ndarray]) -> Dict[str, Any]:
         call.q, call.kv_cache, call.indices = a["q"], a["kv_cache"], a["indices"]
         call.topk_length, call.sink = a.get("topk_length"), a.get("sink")
-        call.out, call.lse = a["out"], a["lse"]
+        call.out, call.lse = host_out(a["out"]), a["lse"]  # floats written into out raise
         call.extra_kv_cache, call.extra_indices = a.get("extra_kv_cache"), a.get("extra_indices")
         call.extra_topk_length = a.get("extra_topk_length")
         err, seconds = self._call_kernel(call)

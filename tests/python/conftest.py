@@ -21,9 +21,11 @@ SMALL_CASE = os.path.join(ROOT, "tests", "plugins", "data", "small_case.json")  
 
 
 @pytest.fixture(autouse=True)
-def _in_source_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Backend names are relative to the source root."""
+def _in_source_root(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """Backend names are relative to the source root; mlafuzz.testing.fuzz keeps the kernels'
+    corpus folders in the test's temporary folder (not beside the test files)."""
     monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("MLAFUZZ_CORPUS_ROOT", str(tmp_path / "mlafuzz-corpus"))
 
 
 def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
@@ -33,7 +35,8 @@ def mlafuzz_cmd(*args: str) -> subprocess.CompletedProcess:
 
 
 def describe(proc: subprocess.CompletedProcess) -> str:
-    return f"exit {proc.returncode}; output:\n{proc.stdout}\ncommand: {' '.join(proc.args)}"
+    args = proc.args if isinstance(proc.args, str) else " ".join(proc.args)
+    return f"exit {proc.returncode}; output:\n{proc.stdout}\ncommand: {args}"
 
 
 def lines_with(text: str, word: str) -> List[str]:

@@ -72,3 +72,19 @@ def decode_one_hop(call: mlafuzz.DecodeCall) -> None:
     if b"worker" in argv:
         raise RuntimeError(f"two hops: the parent of this worker is {argv}")
     numpy_decode.attend(call)
+
+
+@mlafuzz.kernel(name="writes-floats", precision="fp32_simt")
+def decode_writes_floats(call: mlafuzz.DecodeCall) -> None:
+    """Writes float32 values into the bf16 out (a common slip): an error, not garbage bits."""
+    call.out[...] = np.zeros(call.out.shape, dtype=np.float32)
+    call.lse[...] = 0
+
+
+@mlafuzz.kernel(name="no-production-decode", precision="fp32_simt")
+def decode_without_production_decode(call: mlafuzz.DecodeCall) -> None:
+    """Correct on one query token without an extra cache, raises on the production decode; it
+    declares no envelope, so mlafuzz generates both."""
+    if call.s_q > 1 or call.has_extra:
+        raise NotImplementedError("one query token, no extra cache")
+    numpy_decode.attend(call)

@@ -409,6 +409,7 @@ def test_inputs_in_registered_shared_memory_go_straight_to_the_device() -> None:
     assert len(uploads_) == 3 and all(nb for _, _, _, nb in uploads_), "all asynchronous"
     # The staging holds q and then the cache; where the indices would follow it is untouched
     # (torch.empty's garbage, 0xEE here): they came by DMA from fd 3.
+
     def up64(n: int) -> int:
         return (n + 63) // 64 * 64
 
@@ -710,7 +711,7 @@ def test_a_refused_checksum_kernel_leaves_torch_the_sums_and_says_why() -> None:
     ({"MLAFUZZ_DEVICE_WORKERS": "32", "MLAFUZZ_DEVICE_CACHE_BYTES": "4G"}, 4 << 30),  # as set
 ])
 def test_the_workers_on_one_gpu_share_a_quarter_of_its_memory(env: Dict[str, str],
-                                                               share: int) -> None:
+                                                              share: int) -> None:
     assert _worker.device_cache_share(4 << 30, 140 << 30, env) == share
 
 

@@ -22,9 +22,9 @@ def test_planted_bug_is_found_and_shrunk_to_one_row_and_head(tmp_path) -> None:
         mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode_planted_bug", time="120s", cases=16, seed=3,
                              properties=["tolerance"], jobs=2, corpus=str(tmp_path / "corpus"))
     message = str(failure.value)
-    assert "tolerance on python:examples/python/numpy_decode.py:decode_planted_bug" in message
-    assert "shrunk to B=1 H=1" in message, message
-    assert "reproduce: mlafuzz repro " in message, message
+    assert "[1] tolerance: error beyond the bound" in message, message
+    assert "counterexample: B=1 H=1 " in message, message
+    assert "/mlafuzz repro /" in message, message
 
     # Every saved entry replays as still failing, and passes on the correct kernel.
     entries = [p.values[0] for p in mlafuzz.testing.corpus(str(tmp_path / "corpus"))]

@@ -151,8 +151,8 @@ def copied_package(tmp_path, monkeypatch):
     return old
 
 
-def test_a_package_of_the_previous_protocol_is_refused_naming_the_fix(tmp_path, monkeypatch
-                                                                       ) -> None:
+def test_a_package_of_the_previous_protocol_is_refused_naming_the_fix(
+        tmp_path, monkeypatch) -> None:
     """An installed package older than the executable (protocol 2) is a clear error, exit 2:
     the layout line would otherwise be read as a one-line request without its call line."""
     old = copied_package(tmp_path, monkeypatch)
