@@ -60,8 +60,9 @@ List extra_list(const MaterializedCase& m, int r) {
 // `offset` added.
 void valid_positions(const MaterializedCase& m, const List& l, int32_t offset,
                      std::vector<int32_t>& ks) {
+  const int64_t slots = mla::num_slots(*l.geom);
   for (int32_t k = 0; k < l.topk; ++k) {
-    if (mla::index_valid(l.idx[k], k, l.len, m.conv)) ks.push_back(offset + k);
+    if (mla::index_valid_in(l.idx[k], k, l.len, m.conv, slots)) ks.push_back(offset + k);
   }
 }
 
@@ -306,7 +307,7 @@ void check_list(const MaterializedCase& m, const List& l, const char* name, int 
     const int32_t idx = l.idx[k];
     // Out-of-range positive indices (and negatives other than -1 under FlashMLA's rule) are
     // undefined behaviour in every implementation: reject rather than read out of bounds.
-    if (mla::index_valid(idx, k, l.len, m.conv) && (idx < 0 || idx >= slots)) {
+    if (mla::index_valid_in(idx, k, l.len, m.conv, slots) && (idx < 0 || idx >= slots)) {
       // (A stream: gcc 12 warns falsely about std::string operator+ chains here.)
       std::ostringstream at;
       at << name << "[" << r / m.s_q << "]";
@@ -442,6 +443,7 @@ class OracleBackend final : public Backend {
   // The Eigen oracle is the campaign's reference; oracle-loop is checked against it like any
   // backend.
   bool is_reference() const override { return !loop_; }
+  Envelope envelope() const override { return any_case_envelope(); }
   RunResult run(const MaterializedCase& m) override {
     RunResult r;
     const auto t0 = std::chrono::steady_clock::now();

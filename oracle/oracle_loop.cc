@@ -83,7 +83,8 @@ struct LoopCache {
 };
 
 // SPEC.md 3: entry k of a list is valid when k < its topk_length (if given) and the index is
-// not the invalid marker: exactly -1 (FlashMLA) or any negative (SGLang, vLLM).
+// not invalid: exactly -1 (FlashMLA), any negative (SGLang, vLLM), or any index outside the
+// cache's slots (out_of_range).
 int32_t entry(const LoopCache& c, int64_t b, int64_t s, int64_t k) {
   return (*c.indices)[b * c.bstride + s * c.tstride + k];
 }
@@ -92,6 +93,9 @@ bool entry_valid(const MaterializedCase& m, const LoopCache& c, int64_t b, int64
   if (!c.lengths->empty() && k >= (*c.lengths)[b]) return false;
   const int32_t idx = entry(c, b, s, k);
   if (m.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative) return idx >= 0;
+  if (m.conv.invalid_index == mla::InvalidIndexRule::kOutOfRange) {
+    return idx >= 0 && idx < c.L.P * c.pages;
+  }
   return idx != -1;
 }
 

@@ -100,12 +100,13 @@ IntSet set_from_c(const MlafuzzIntSet& s, const std::string& who, const char* fi
   return r;
 }
 
-// A two-valued convention mask: 0 means both.
-uint32_t mask_from_c(uint32_t m, uint32_t all, const std::string& who, const char* field) {
-  if ((m & ~all) != 0) {
+// A convention mask: bits inside `known`; 0 means `dflt`.
+uint32_t mask_from_c(uint32_t m, uint32_t dflt, const std::string& who, const char* field,
+                     uint32_t known = 0) {
+  if ((m & ~(known != 0 ? known : dflt)) != 0) {
     throw PluginError(who + ": envelope." + field + " has unknown bits " + std::to_string(m));
   }
-  return m == 0 ? all : m;
+  return m == 0 ? dflt : m;
 }
 
 }  // namespace
@@ -127,10 +128,13 @@ Envelope envelope_from_c(const MlafuzzEnvelope& c, const std::string& who) {
   e.s_q = set_from_c(c.s_q, who, "s_q");
   e.extra_topk = set_from_c(c.extra_topk, who, "extra_topk");
   e.extra_page_size = set_from_c(c.extra_page_size, who, "extra_page_size");
-  e.invalid_index_rules =
-      mask_from_c(c.invalid_index_rules, kBothValues, who, "invalid_index_rules");
+  // 0: the two sign rules; out_of_range only when the plugin names it.
+  e.invalid_index_rules = mask_from_c(c.invalid_index_rules, kBothValues, who,
+                                      "invalid_index_rules", kAllInvalidIndexRules);
   e.empty_row_lses = mask_from_c(c.empty_row_lses, kBothValues, who, "empty_row_lses");
   e.sink_in_lse = mask_from_c(c.sink_in_lse, kBothValues, who, "sink_in_lse");
+  // A plugin built before v32_scales leaves it 0 (zeroed by mlafuzz): both conventions.
+  e.v32_scales = mask_from_c(c.v32_scales, kBothValues, who, "v32_scales");
   if ((c.refuses & ~kFeatureAll) != 0) {
     throw PluginError(who + ": envelope.refuses has unknown bits " + std::to_string(c.refuses));
   }
@@ -456,9 +460,10 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.token_bytes = mla::token_bytes(g);
   c.d_qk = mla::d_qk(g);
   c.d_v = mla::d_v(g);
-  c.invalid_index_rule = p.conv.invalid_index == mla::InvalidIndexRule::kMinusOneOnly
-                             ? MLAFUZZ_INVALID_MINUS_ONE_ONLY
-                             : MLAFUZZ_INVALID_ANY_NEGATIVE;
+  c.invalid_index_rule =
+      p.conv.invalid_index == mla::InvalidIndexRule::kMinusOneOnly  ? MLAFUZZ_INVALID_MINUS_ONE_ONLY
+      : p.conv.invalid_index == mla::InvalidIndexRule::kAnyNegative ? MLAFUZZ_INVALID_ANY_NEGATIVE
+                                                                    : MLAFUZZ_INVALID_OUT_OF_RANGE;
   c.empty_row_lse = p.conv.empty_lse == mla::EmptyRowLse::kPosInf ? MLAFUZZ_EMPTY_LSE_POS_INF
                                                                   : MLAFUZZ_EMPTY_LSE_NEG_INF;
   c.sink_in_lse = p.conv.sink_in_lse ? 1 : 0;

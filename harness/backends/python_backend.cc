@@ -100,7 +100,9 @@ json scalars(const MaterializedCase& m) {
       {"d_qk", c.d_qk},
       {"d_v", c.d_v},
       {"invalid_index_rule",
-       c.invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY ? "minus_one_only" : "any_negative"},
+       c.invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY ? "minus_one_only"
+       : c.invalid_index_rule == MLAFUZZ_INVALID_ANY_NEGATIVE ? "any_negative"
+                                                              : "out_of_range"},
       {"empty_row_lse", c.empty_row_lse == MLAFUZZ_EMPTY_LSE_POS_INF ? "+inf" : "-inf"},
       {"sink_in_lse", c.sink_in_lse != 0},
       {"batch", c.batch},

@@ -52,8 +52,9 @@ struct CampaignOptions {
   std::string profile = "default";  // "default" or one generator family (e.g. "production")
   // `--envelope FILE`: narrows generation further than the backends' own envelopes (the
   // campaign draws inside the intersection of all of them; empty: an error). The path goes
-  // into replay commands, since the cases depend on it.
-  Envelope envelope;
+  // into replay commands, since the cases depend on it. By default every case (out_of_range
+  // too, where every backend names it).
+  Envelope envelope = any_case_envelope();
   std::string envelope_path;
   std::string isolate = "device";  // device: GPU backends and plugins in workers; all; none
   std::string worker_exe;          // "" : this executable

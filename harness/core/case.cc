@@ -43,7 +43,8 @@ constexpr EnumName<mla::Layout> kLayouts[] = {{mla::Layout::kModel1, "model1"},
                                               {mla::Layout::kV32, "v32"}};
 constexpr EnumName<mla::InvalidIndexRule> kInvalidRules[] = {
     {mla::InvalidIndexRule::kMinusOneOnly, "minus_one_only"},
-    {mla::InvalidIndexRule::kAnyNegative, "any_negative"}};
+    {mla::InvalidIndexRule::kAnyNegative, "any_negative"},
+    {mla::InvalidIndexRule::kOutOfRange, "out_of_range"}};
 constexpr EnumName<mla::EmptyRowLse> kEmptyLse[] = {{mla::EmptyRowLse::kPosInf, "+inf"},
                                                     {mla::EmptyRowLse::kNegInf, "-inf"}};
 constexpr EnumName<ValueDist> kDists[] = {{ValueDist::kNormal, "normal"},
@@ -53,6 +54,8 @@ constexpr EnumName<ValueDist> kDists[] = {{ValueDist::kNormal, "normal"},
                                           {ValueDist::kTies, "ties"}};
 constexpr EnumName<ScaleMode> kScaleModes[] = {
     {ScaleMode::kWriter, "writer"}, {ScaleMode::kFixed, "fixed"}, {ScaleMode::kRandom, "random"}};
+constexpr EnumName<ScaleConvention> kScaleConventions[] = {
+    {ScaleConvention::kPowerOfTwo, "power_of_two"}, {ScaleConvention::kFp32, "fp32"}};
 constexpr EnumName<Fill> kFills[] = {
     {Fill::kZero, "zero"}, {Fill::kNaN, "nan"}, {Fill::kGarbage, "garbage"}};
 constexpr EnumName<IndexRule> kIndexRules[] = {{IndexRule::kRandom, "random"},
@@ -450,6 +453,11 @@ Case read_case(const json& j, const std::string& prefix) {
     s.optional("exp_hi", [&](const json& x, const std::string& q) {
       c.scales.exp_hi = static_cast<int>(read_i32(x, q));
     });
+    s.optional("convention", [&](const json& x, const std::string& q) {
+      c.scales.convention = read_enum(x, q, kScaleConventions);
+    });
+    s.optional("mantissa",
+               [&](const json& x, const std::string& q) { c.scales.mantissa = read_double(x, q); });
     s.finish();
   });
   r.optional("pad_fill",
@@ -625,6 +633,7 @@ void validate_lists(const Case& c, const std::vector<std::vector<int32_t>>& list
         "has " + std::to_string(lists.size() / static_cast<size_t>(c.s_q)) +
             " rows, expected batch = " + std::to_string(c.batch));
   const bool minus_one_only = c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly;
+  const bool out_of_range = c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange;
   for (size_t r = 0; r < lists.size(); ++r) {
     const auto& row = lists[r];
     const size_t b = r / static_cast<size_t>(c.s_q), s = r % static_cast<size_t>(c.s_q);
@@ -636,10 +645,13 @@ void validate_lists(const Case& c, const std::vector<std::vector<int32_t>>& list
     for (size_t k = 0; k < row.size(); ++k) {
       const int32_t idx = row[k];
       const std::string field = at(list, k);
-      // Positive out-of-range indices are undefined behaviour in every implementation.
-      check(idx < slots, field,
-            std::to_string(idx) + " is out of range: the cache has num_pages * page_size = " +
-                std::to_string(slots) + " slots");
+      // Positive out-of-range indices are undefined behaviour unless the convention makes them
+      // invalid entries.
+      check(out_of_range || idx < slots, field,
+            std::to_string(idx) +
+                " is out of range: the cache has num_pages * page_size = " + std::to_string(slots) +
+                " slots (only conventions.invalid_index \"out_of_range\" makes it an invalid "
+                "entry)");
       // FlashMLA treats only -1 as invalid; other negatives are undefined behaviour there.
       check(!(minus_one_only && idx < -1), field,
             std::to_string(idx) +
@@ -802,6 +814,14 @@ void validate(const Case& c) {
   check(c.scales.exp_hi >= 0 && c.scales.exp_hi <= 254, "scales.exp_hi",
         std::to_string(c.scales.exp_hi) + " is outside the ue8m0 range [0, 254]");
   check(c.scales.exp_lo <= c.scales.exp_hi, "scales.exp_hi", "must be >= scales.exp_lo");
+  const bool fp32 = c.scales.convention == ScaleConvention::kFp32;
+  check(!fp32 || g.layout == mla::Layout::kV32, "scales.convention",
+        "\"fp32\" applies to the v32 layout only (MODEL1 stores ue8m0 bytes)");
+  const double mant = c.scales.mantissa;
+  check(mant == 1.0 || (fp32 && c.scales.mode == ScaleMode::kFixed), "scales.mantissa",
+        "is used by mode \"fixed\" under convention \"fp32\" only (leave it out otherwise)");
+  check(mant >= 1.0 && mant < 2.0 && static_cast<double>(static_cast<float>(mant)) == mant,
+        "scales.mantissa", "must be in [1, 2) and exact in float32");
 }
 
 nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g) {
@@ -862,6 +882,11 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
   j["scales"] = json{{"mode", scale_mode_name(c.scales.mode)},
                      {"exp_lo", c.scales.exp_lo},
                      {"exp_hi", c.scales.exp_hi}};
+  // Written only when set, so that a case without them reads as before in every build.
+  if (c.scales.convention != ScaleConvention::kPowerOfTwo) {
+    j["scales"]["convention"] = enum_name(kScaleConventions, c.scales.convention);
+  }
+  if (c.scales.mantissa != 1.0) j["scales"]["mantissa"] = write_double(c.scales.mantissa);
   j["pad_fill"] = fill_name(c.pad_fill);
   j["data_seed"] = c.data_seed;
   return j;
@@ -923,6 +948,8 @@ void save_case(const Case& c, const std::string& path) {
 const char* layout_name(mla::Layout l) { return enum_name(kLayouts, l); }
 const char* value_dist_name(ValueDist d) { return enum_name(kDists, d); }
 const char* scale_mode_name(ScaleMode m) { return enum_name(kScaleModes, m); }
+const char* scale_convention_name(ScaleConvention c) { return enum_name(kScaleConventions, c); }
+const char* invalid_index_rule_name(mla::InvalidIndexRule r) { return enum_name(kInvalidRules, r); }
 const char* fill_name(Fill f) { return enum_name(kFills, f); }
 const char* index_rule_name(IndexRule r) { return enum_name(kIndexRules, r); }
 

@@ -20,6 +20,12 @@ namespace mlafuzz {
 // tokens per batch row and the `extra` cache, and the batch-row pads (q_batch_pad,
 // out_batch_pad, indices_row_pad, lse_row_pad). Version-1 files load unchanged and mean the same
 // (every version-2 field absent: s_q = 1, no extra cache, pads 0).
+// Within version 2, optional fields whose absence means what every earlier file meant may be
+// added without a bump when no existing field changes its layout or meaning, and they are
+// written only when set: scales.convention and scales.mantissa (absent: power-of-two scales),
+// the invalid_index name "out_of_range". A file without them is written byte for byte as
+// before and loads in every version-2 build; one that uses them fails in an older build with
+// an error naming the field.
 inline constexpr int kCaseFormatVersion = 2;
 inline constexpr int kOldestCaseFormatVersion = 1;
 
@@ -60,10 +66,26 @@ enum class ScaleMode {
   kRandom,  // codes normalized as the writer does, exponent uniform in [exp_lo, exp_hi] per tile
 };
 
+// How a V32 cache stores its fp32 tile scales (docs/SPEC.md section 2). MODEL1 stores ue8m0
+// bytes, always powers of two, whatever this says.
+enum class ScaleConvention {
+  kPowerOfTwo,  // FlashMLA's quantizer: every scale a power of two, 2^(e - 127)
+  kFp32,        // vLLM's writers: any positive finite float32 (amax / 448, not rounded)
+};
+
 struct ScaleSpec {
   ScaleMode mode = ScaleMode::kWriter;
   int exp_lo = 127;  // ue8m0 byte value (2^(e-127)); 127 means scale 1
   int exp_hi = 127;
+  // V32 only (absent from a file: kPowerOfTwo, what every earlier case meant). Under kFp32:
+  //   writer: scale = fp32(amax / 448), at least FLT_MIN (vLLM's concat_and_cache_ds_mla),
+  //           codes e4m3_sat(v / scale);
+  //   fixed:  every tile stores fp32(mantissa * 2^(exp_lo - 127));
+  //   random: per token and tile an exponent in [exp_lo, exp_hi] and a mantissa drawn from the
+  //           edge values that separate readers (v32_fp32_scale in materialize.h), codes
+  //           normalized as the writer does.
+  ScaleConvention convention = ScaleConvention::kPowerOfTwo;
+  double mantissa = 1.0;  // fixed mode under kFp32: in [1, 2), exact in float32
 };
 
 // How bytes that hold no data are filled: page-stride padding, the unused MODEL1 scale byte,
@@ -215,6 +237,8 @@ std::string json_to_text(const nlohmann::ordered_json& j);
 const char* layout_name(mla::Layout l);
 const char* value_dist_name(ValueDist d);
 const char* scale_mode_name(ScaleMode m);
+const char* scale_convention_name(ScaleConvention c);
+const char* invalid_index_rule_name(mla::InvalidIndexRule r);
 const char* fill_name(Fill f);
 const char* index_rule_name(IndexRule r);
 

@@ -45,7 +45,9 @@ std::string mask_names(uint32_t mask, const std::vector<std::string>& names) {
 }
 
 const std::vector<std::string> kLayoutNames = {"model1", "v32"};
-const std::vector<std::string> kInvalidRuleNames = {"minus_one_only", "any_negative"};
+const std::vector<std::string> kInvalidRuleNames = {"minus_one_only", "any_negative",
+                                                    "out_of_range"};
+const std::vector<std::string> kScaleConventionNames = {"power_of_two", "fp32"};
 const std::vector<std::string> kEmptyLseNames = {"+inf", "-inf"};
 
 // ---- JSON reading ----
@@ -326,6 +328,9 @@ std::optional<std::string> Envelope::rejects(const Case& c) const {
     return "invalid_index_rule " +
            kInvalidRuleNames[static_cast<size_t>(c.conventions.invalid_index)] + " not allowed";
   }
+  if (g.layout == mla::Layout::kV32 && !allows(c.scales.convention)) {
+    return std::string("v32 scales ") + scale_convention_name(c.scales.convention) + " not allowed";
+  }
   if (!allows(c.conventions.empty_lse)) {
     return "empty_row_lse " + kEmptyLseNames[static_cast<size_t>(c.conventions.empty_lse)] +
            " not allowed";
@@ -361,7 +366,8 @@ std::optional<std::string> Envelope::empty_reason(int max_batch, int max_heads, 
     const int tile = l == 0 ? 64 : 128;
     IntSet n = nope_dim;
     n.multiple_of = static_cast<int32_t>(lcm_capped(n.multiple_of, tile));
-    if (scale_tile.contains(tile) && n.nearest(tile, tile, 512)) any_layout = true;
+    const bool scales = l == 0 || (v32_scales & kBothValues) != 0;
+    if (scales && scale_tile.contains(tile) && n.nearest(tile, tile, 512)) any_layout = true;
   }
   if (!any_layout) {
     return "no layout with an allowed scale tile (model1: 64, v32: 128) and nope_dim (" +
@@ -386,7 +392,7 @@ std::optional<std::string> Envelope::empty_reason(int max_batch, int max_heads, 
   // The generator draws s_q in [1, 4] (GenConfig::max_s_q, at least 1); the extra cache is
   // optional, so its sets never empty the envelope.
   if (!s_q.nearest(1, 1, 4)) return "s_q: no value in [1, 4] in " + s_q.describe();
-  if ((invalid_index_rules & kBothValues) == 0) return "no invalid-index rule left";
+  if ((invalid_index_rules & kAllInvalidIndexRules) == 0) return "no invalid-index rule left";
   if ((empty_row_lses & kBothValues) == 0) return "no empty-row LSE convention left";
   if ((sink_in_lse & kBothValues) == 0) return "no sink_in_lse value left";
   return std::nullopt;
@@ -418,6 +424,9 @@ std::string Envelope::describe() const {
   if (empty_row_lses != kBothValues) {
     os << "empty_row_lses " << mask_names(empty_row_lses, kEmptyLseNames) << "\n";
   }
+  if (v32_scales != kBothValues) {
+    os << "v32_scales " << mask_names(v32_scales, kScaleConventionNames) << "\n";
+  }
   if (sink_in_lse != kBothValues) {
     os << "sink_in_lse " << mask_names(sink_in_lse, {"false", "true"}) << "\n";
   }
@@ -441,6 +450,7 @@ Envelope intersect(const Envelope& a, const Envelope& b) {
   r.extra_page_size = intersect(a.extra_page_size, b.extra_page_size);
   r.invalid_index_rules = a.invalid_index_rules & b.invalid_index_rules;
   r.empty_row_lses = a.empty_row_lses & b.empty_row_lses;
+  r.v32_scales = a.v32_scales & b.v32_scales;
   r.sink_in_lse = a.sink_in_lse & b.sink_in_lse;
   r.refuses = a.refuses | b.refuses;
   return r;
@@ -455,13 +465,24 @@ Envelope builtin_kernel_envelope() {
   e.rope_dim.multiple_of = 16;
   e.scale_tile.multiple_of = 8;
   e.batch.max = 65535;  // grid y limit
+  e.invalid_index_rules = kAllInvalidIndexRules;
+  return e;
+}
+
+Envelope any_case_envelope() {
+  Envelope e;
+  e.invalid_index_rules = kAllInvalidIndexRules;
   return e;
 }
 
 Envelope cuda_kernel_envelope() {
-  // The kernels run the production decode since issue 15 (s_q > 1, the extra cache, any H):
-  // the launchers' limits are the host models' (common_unsupported in device_common.cuh).
-  return builtin_kernel_envelope();
+  // The kernels run the production decode (s_q > 1, the extra cache, any H): the launchers'
+  // limits are the host models' (common_unsupported in device_common.cuh). Indices past the
+  // cache and fp32 V32 scales wait for a GPU run before the device kernels are offered them.
+  Envelope e = builtin_kernel_envelope();
+  e.invalid_index_rules = kBothValues;
+  e.v32_scales = 1u << static_cast<int>(ScaleConvention::kPowerOfTwo);
+  return e;
 }
 
 // ---- JSON ----
@@ -494,6 +515,8 @@ Json envelope_to_json(const Envelope& e) {
   if (e.empty_row_lses != kBothValues) {
     j["empty_row_lses"] = write_names(e.empty_row_lses, kEmptyLseNames);
   }
+  if (e.v32_scales != kBothValues)
+    j["v32_scales"] = write_names(e.v32_scales, kScaleConventionNames);
   if (e.sink_in_lse != kBothValues) {
     Json s = Json::array();
     if (e.sink_in_lse & kSinkExcluded) s.push_back(false);
@@ -542,6 +565,8 @@ Envelope envelope_from_json(const Json& j, const std::string& path) {
       e.invalid_index_rules = read_names(v, p, kInvalidRuleNames);
     } else if (k == "empty_row_lses") {
       e.empty_row_lses = read_names(v, p, kEmptyLseNames);
+    } else if (k == "v32_scales") {
+      e.v32_scales = read_names(v, p, kScaleConventionNames);
     } else if (k == "sink_in_lse") {
       if (!v.is_array() || v.empty()) bad(p, "expected a non-empty list of booleans");
       e.sink_in_lse = 0;
@@ -555,7 +580,8 @@ Envelope envelope_from_json(const Json& j, const std::string& path) {
       bad(p,
           "unknown key (known: format, version, layouts, nope_dim, rope_dim, scale_tile, "
           "page_size, page_stride_multiple, batch, heads, topk, s_q, extra_topk, "
-          "extra_page_size, invalid_index_rules, empty_row_lses, sink_in_lse, refuses)");
+          "extra_page_size, invalid_index_rules, empty_row_lses, v32_scales, sink_in_lse, "
+          "refuses)");
     }
   }
   return e;

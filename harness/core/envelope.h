@@ -80,8 +80,12 @@ uint32_t parse_invariants(const std::vector<std::string>& names);
 // "batch, head" ("none" for 0).
 std::string describe_invariants(uint32_t bits);
 
-inline constexpr uint32_t kAllLayouts = 0x3;    // 1 << Layout::kModel1 | 1 << Layout::kV32
-inline constexpr uint32_t kBothValues = 0x3;    // both values of a two-valued convention
+inline constexpr uint32_t kAllLayouts = 0x3;  // 1 << Layout::kModel1 | 1 << Layout::kV32
+inline constexpr uint32_t kBothValues = 0x3;  // both values of a two-valued convention
+// Every invalid-index rule, kOutOfRange (bit 2) included. kOutOfRange is opt-in: an envelope
+// that does not name it (the default, a plugin's 0, a JSON envelope without the key) excludes
+// it, so that kernels written before it never receive indices past the cache.
+inline constexpr uint32_t kAllInvalidIndexRules = 0x7;
 inline constexpr uint32_t kSinkExcluded = 0x1;  // sink_in_lse bit 0: sink excluded from the LSE
 inline constexpr uint32_t kSinkIncluded = 0x2;  // bit 1: included
 
@@ -92,7 +96,8 @@ struct Envelope {
   IntSet nope_dim, rope_dim, scale_tile, page_size;
   int64_t page_stride_multiple = 0;  // bytes (0: any)
   IntSet batch, heads, topk, s_q, extra_topk, extra_page_size;
-  uint32_t invalid_index_rules = kBothValues;  // bit 1 << mla::InvalidIndexRule
+  uint32_t invalid_index_rules = kBothValues;  // bit 1 << mla::InvalidIndexRule (opt-in bit 2)
+  uint32_t v32_scales = kBothValues;           // bit 1 << ScaleConvention the V32 reader reads
   uint32_t empty_row_lses = kBothValues;       // bit 1 << mla::EmptyRowLse
   uint32_t sink_in_lse = kBothValues;          // kSinkExcluded | kSinkIncluded
   uint32_t refuses = 0;                        // Feature bits
@@ -102,6 +107,7 @@ struct Envelope {
     return (invalid_index_rules >> static_cast<int>(r)) & 1u;
   }
   bool allows(mla::EmptyRowLse e) const { return (empty_row_lses >> static_cast<int>(e)) & 1u; }
+  bool allows(ScaleConvention s) const { return (v32_scales >> static_cast<int>(s)) & 1u; }
   bool allows_sink_in_lse(bool in) const { return (sink_in_lse >> (in ? 1 : 0)) & 1u; }
   bool refuses_feature(uint32_t f) const { return (refuses & f) != 0; }
   // The stride the generator gives a page: the smallest multiple of page_stride_multiple that
@@ -129,9 +135,14 @@ Envelope intersect(const Envelope& a, const Envelope& b);
 // <= 512 (a multiple of 16), rope <= 64 (a multiple of 16), scale tile a multiple of 8,
 // B <= 65535; both layouts, every convention, sinks (+-inf too), topk_length, padded strides,
 // s_q > 1 and the extra cache (the production decode, issue 15).
+// Every invalid-index rule (out_of_range too) and both V32 scale conventions.
 Envelope builtin_kernel_envelope();
+// Every case, out_of_range included: the float64 oracles, and where a campaign starts before
+// the backends and --envelope narrow it.
+Envelope any_case_envelope();
 // The CUDA kernels' envelope (cuda-simt, cuda-mma): builtin_kernel_envelope() (the production
-// decode included: s_q > 1, the extra cache, H up to 128 and beyond). The MMA mutants
+// decode included: s_q > 1, the extra cache, H up to 128 and beyond), without out_of_range and
+// with power-of-two V32 scales only: what their device code has been run on. The MMA mutants
 // (cuda-mma~<mutant>) refuse the extra cache on top of it.
 Envelope cuda_kernel_envelope();
 

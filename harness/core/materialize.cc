@@ -260,6 +260,14 @@ void put_u32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
+// The guard bytes after a cache whose invalid entries may point past it (cache_guard_bytes):
+// 0xff, NaN in every format a read through such an entry takes them for.
+template <typename Bytes>  // std::vector<uint8_t> or SharedVector<uint8_t>
+void add_cache_guard(Bytes& cache, const mla::CacheGeometry& g, const mla::Conventions& conv) {
+  const int64_t guard = cache_guard_bytes(g, conv);
+  if (guard > 0) cache.resize(cache.size() + static_cast<size_t>(guard), uint8_t{0xff});
+}
+
 // The streams one cache's tokens draw from.
 struct KvStreams {
   Stream nope = Stream::kKvNope, rope = Stream::kKvRope, scales = Stream::kScales;
@@ -312,8 +320,24 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
             CounterRng(c.data_seed, st.scales, static_cast<uint64_t>(t) * tiles + tile)
                 .uniform_int(c.scales.exp_lo, c.scales.exp_hi));
       }
-      encode_e4m3(tv, g.scale_tile, static_cast<uint8_t>(code_e),
-                  &cache[static_cast<size_t>(a.nope + tile * g.scale_tile)]);
+      uint8_t* codes = &cache[static_cast<size_t>(a.nope + tile * g.scale_tile)];
+      if (g.layout == mla::Layout::kV32 && c.scales.convention == ScaleConvention::kFp32) {
+        // Any positive finite float32, as vLLM's writers store it (ScaleSpec).
+        float code_s = v32_writer_scale(amax), stored = code_s;
+        if (c.scales.mode == ScaleMode::kFixed) {
+          code_s = stored =
+              std::ldexp(static_cast<float>(c.scales.mantissa), c.scales.exp_lo - 127);
+        } else if (c.scales.mode == ScaleMode::kRandom) {
+          CounterRng r(c.data_seed, st.scales, static_cast<uint64_t>(t) * tiles + tile);
+          const int e = static_cast<int>(r.uniform_int(c.scales.exp_lo, c.scales.exp_hi));
+          stored = v32_fp32_scale(e, r);
+        }
+        for (int32_t i = 0; i < g.scale_tile; ++i)
+          codes[i] = mla::float_to_e4m3_sat(tv[i] / code_s);
+        put_u32(&cache[static_cast<size_t>(a.scale + 4 * tile)], mla::float_to_bits(stored));
+        continue;
+      }
+      encode_e4m3(tv, g.scale_tile, static_cast<uint8_t>(code_e), codes);
       if (g.layout == mla::Layout::kModel1) {
         cache[static_cast<size_t>(a.scale + tile)] = static_cast<uint8_t>(stored_e);
       } else {
@@ -395,14 +419,54 @@ int writer_exponent(float amax) {
   return std::clamp(127 + k, 1, 254);  // ue8m0 0 is 2^-127 (kept out) and 255 is NaN
 }
 
+float v32_writer_scale(float amax) {
+  return std::max(amax / 448.0f, std::numeric_limits<float>::min());
+}
+
+float v32_fp32_scale(int e, CounterRng& r) {
+  if (e == 0) {  // ue8m0 byte 0: a subnormal float32, any of them
+    return mla::bits_to_float(static_cast<uint32_t>(r.uniform_int(1, 0x7fffff)));
+  }
+  // Mantissas in [1, 2): a power of two (the control), 1.5 (0.75, 3, ...), just below the next
+  // power of two, just above this one, 1.25, one whose bf16 rounding differs (1 + 2^-8 +
+  // 2^-16 rounds up to 1 + 2^-7), one whose fp16 rounding differs and whose bf16 rounding is 1
+  // (1 + 2^-11 + 2^-22), fp32(1.1), and 23 random mantissa bits.
+  static const float kEdges[] = {1.0f,
+                                 1.5f,
+                                 std::nextafter(2.0f, 0.0f),
+                                 std::nextafter(1.0f, 2.0f),
+                                 1.25f,
+                                 1.0f + 0x1p-8f + 0x1p-16f,
+                                 1.0f + 0x1p-11f + 0x1p-22f,
+                                 1.1f};
+  constexpr int kEdgeCount = sizeof(kEdges) / sizeof(kEdges[0]);
+  const auto pick = static_cast<int>(r.uniform_int(0, kEdgeCount));
+  const float m =
+      pick < kEdgeCount
+          ? kEdges[pick]
+          : mla::bits_to_float(0x3f800000u | static_cast<uint32_t>(r.next() & 0x7fffffu));
+  return std::ldexp(m, e - 127);  // e <= 254, m < 2: finite
+}
+
+int64_t cache_guard_bytes(const mla::CacheGeometry& g, const mla::Conventions& conv) {
+  if (conv.invalid_index != mla::InvalidIndexRule::kOutOfRange) return 0;
+  // Entries num_slots .. num_slots + page_size address the two pages after the last one.
+  return 2 * std::max<int64_t>(g.page_stride, mla::min_page_stride(g));
+}
+
 int64_t physical_slot(const Case& c, int64_t logical) {
-  if (logical < 0 || c.page_order.empty()) return logical;
+  // Entries outside the logical cache (out_of_range's invalid entries) stay as they are: they
+  // lie outside the physical cache too, which has as many slots.
+  if (logical < 0 || c.page_order.empty() || logical >= mla::num_slots(c.geom)) return logical;
   const int64_t p = c.geom.page_size;
   return static_cast<int64_t>(c.page_order[static_cast<size_t>(logical / p)]) * p + logical % p;
 }
 
 int64_t extra_physical_slot(const Case& c, int64_t logical) {
-  if (logical < 0 || !c.extra || c.extra->page_order.empty()) return logical;
+  if (logical < 0 || !c.extra || c.extra->page_order.empty() ||
+      logical >= mla::num_slots(c.extra_geom())) {
+    return logical;
+  }
   const int64_t p = c.extra->page_size;
   return static_cast<int64_t>(c.extra->page_order[static_cast<size_t>(logical / p)]) * p +
          logical % p;
@@ -546,6 +610,7 @@ MaterializedCase materialize(const Case& c) {
 
   m.cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
   fill_cache_padding(m.cache, c.pad_fill, c.data_seed);
+  add_cache_guard(m.cache, m.geom, m.conv);
   Case placed = c;
   placed.geom = m.geom;
   write_tokens(placed, m.geom, m.cache);
@@ -579,6 +644,7 @@ MaterializedCase materialize(const Case& c) {
     // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
     // repeats the other's garbage.
     fill_cache_padding(m.extra_cache, c.pad_fill, c.data_seed, 3);
+    add_cache_guard(m.extra_cache, m.extra_geom, m.conv);
     Case view = extra_as_main(c);
     view.geom = m.extra_geom;
     write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));

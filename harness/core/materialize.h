@@ -153,7 +153,7 @@ std::vector<std::vector<int32_t>> generate_indices(const Case& c);
 std::vector<std::vector<int32_t>> generate_extra_indices(const Case& c);
 
 // Physical global slot of logical token position t: page_order[t / P] * P + t % P (identity
-// when page_order is empty). Negative (invalid) entries are returned unchanged.
+// when page_order is empty). Entries outside [0, slots) (invalid ones) are returned unchanged.
 int64_t physical_slot(const Case& c, int64_t logical);
 int64_t extra_physical_slot(const Case& c, int64_t logical);  // through extra.page_order
 
@@ -168,6 +168,20 @@ float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d);
 inline float q_source_value(const Case& c, int32_t b, int32_t h, int32_t d) {
   return q_source_value(c, b, 0, h, d);
 }
+
+// V32 fp32 scales (ScaleSpec::convention kFp32): the writer's scale of a tile whose largest
+// magnitude is amax, max(fp32(amax / 448), FLT_MIN) as vLLM's concat_and_cache_ds_mla stores
+// it; and the random mode's scale of a tile with exponent byte e: a mantissa drawn from r among
+// the edge values that separate readers (a power of two, 1.5, just below and just above a power
+// of two, mantissas whose bf16 or fp16 rounding differs from the fp32 value, random bits) times
+// 2^(e - 127); e = 0 draws a subnormal float32.
+float v32_writer_scale(float amax);
+float v32_fp32_scale(int e, CounterRng& r);
+
+// Bytes of 0xff after a cache (its buffer holds cache_bytes(g) + these) when entries past the
+// cache are invalid entries (InvalidIndexRule::kOutOfRange): two page strides, so that a read
+// through num_slots .. num_slots + page_size meets NaN, and farther ones fault. 0 otherwise.
+int64_t cache_guard_bytes(const mla::CacheGeometry& g, const mla::Conventions& conv);
 
 // The ue8m0 exponent the production writer stores for a tile whose largest magnitude is amax:
 // 127 + ceil(log2(amax / 448)) computed exactly, clamped to [1, 254]; 127 when amax == 0.

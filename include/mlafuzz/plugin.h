@@ -94,14 +94,29 @@ extern "C" {
  * V32 (DeepSeek-V3.2), per token at base = page * page_stride + j * token_bytes:
  *   [nope_dim x e4m3fn][nope_dim / scale_tile x float32 scale][rope_dim x bf16]
  *   d_qk = nope_dim + rope_dim, d_v = nope_dim (V is the dequantized nope part only).
- * K[d] = e4m3(byte[d]) * scale_{d / scale_tile} for d < nope_dim, K[nope_dim + r] = rope[r]. */
+ * K[d] = e4m3(byte[d]) * scale_{d / scale_tile} for d < nope_dim, K[nope_dim + r] = rope[r].
+ * V32 scales are any positive finite float (MlafuzzV32Scales): read them as they are stored. */
 typedef enum MlafuzzLayout { MLAFUZZ_LAYOUT_MODEL1 = 0, MLAFUZZ_LAYOUT_V32 = 1 } MlafuzzLayout;
 
-/* Which negative indices mark an invalid top-k entry. */
+/* Which indices mark an invalid top-k entry. */
 typedef enum MlafuzzInvalidIndexRule {
   MLAFUZZ_INVALID_MINUS_ONE_ONLY = 0, /* FlashMLA: only exactly -1 (other negatives never sent) */
-  MLAFUZZ_INVALID_ANY_NEGATIVE = 1    /* SGLang, vLLM: any negative index */
+  MLAFUZZ_INVALID_ANY_NEGATIVE = 1,   /* SGLang, vLLM: any negative index */
+  /* Any index outside the cache: negative, or >= page_size * num_pages of the list's cache (the
+   * main and the extra list alike), e.g. INT_MIN, -1, num_slots, num_slots + page_size,
+   * INT_MAX. Sent only to a plugin whose envelope names it (invalid_index_rules bit 2). The
+   * bytes just past the cache are NaN (0xff): a read through such an entry shows as NaN, or
+   * faults farther out. */
+  MLAFUZZ_INVALID_OUT_OF_RANGE = 2
 } MlafuzzInvalidIndexRule;
+
+/* How a V32 cache stores its float32 tile scales (MODEL1's ue8m0 bytes are powers of two). A
+ * kernel must read the stored float as it is: dequantized K = e4m3 * scale. */
+typedef enum MlafuzzV32Scales {
+  MLAFUZZ_V32_SCALES_POWER_OF_TWO = 0, /* FlashMLA's quantizer: 2^e */
+  MLAFUZZ_V32_SCALES_FP32 = 1          /* vLLM's writers: any positive finite float (amax/448),
+                                          subnormal ones too */
+} MlafuzzV32Scales;
 
 /* LSE of a row with no valid token. */
 typedef enum MlafuzzEmptyRowLse {
@@ -201,7 +216,8 @@ typedef struct MlafuzzDecodeCall {
   int32_t d_v;            /* output dims: nope_dim + rope_dim (MODEL1) or nope_dim (V32) */
 
   /* Conventions. */
-  int32_t invalid_index_rule; /* MlafuzzInvalidIndexRule */
+  int32_t invalid_index_rule; /* MlafuzzInvalidIndexRule (OUT_OF_RANGE only where the envelope
+                                 names it) */
   int32_t empty_row_lse;      /* MlafuzzEmptyRowLse */
   int32_t sink_in_lse;        /* 1: lse = ln(sum_k exp(x_k) + exp(sink[h])) (SGLang Triton) */
 
@@ -314,11 +330,18 @@ typedef struct MlafuzzEnvelope {
   MlafuzzIntSet extra_topk;
   MlafuzzIntSet extra_page_size;
   /* Conventions: bits 1u << value of the enumeration; 0: all. */
-  uint32_t invalid_index_rules; /* MlafuzzInvalidIndexRule */
+  uint32_t invalid_index_rules; /* MlafuzzInvalidIndexRule; 0: minus_one_only and any_negative:
+                                   MLAFUZZ_INVALID_OUT_OF_RANGE only when its bit is set */
   uint32_t empty_row_lses;      /* MlafuzzEmptyRowLse */
   uint32_t sink_in_lse;         /* bit 0: sink excluded from the LSE, bit 1: included */
   uint32_t refuses;             /* MlafuzzFeature bits the kernel cannot take */
+  /* ---- Appended within version 2 (struct_size > MLAFUZZ_ENVELOPE_BASE_SIZE): write it only
+   * when env->struct_size says the caller knows it ---- */
+  uint32_t v32_scales; /* MlafuzzV32Scales the kernel reads correctly; 0: both */
 } MlafuzzEnvelope;
+
+/* The part of MlafuzzEnvelope every version-2 mlafuzz knows. */
+#define MLAFUZZ_ENVELOPE_BASE_SIZE offsetof(MlafuzzEnvelope, v32_scales)
 
 /* ---- Entry points ----
  * Required:

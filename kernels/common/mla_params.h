@@ -21,6 +21,11 @@ enum class Layout : int32_t {
 enum class InvalidIndexRule : int32_t {
   kMinusOneOnly = 0,  // FlashMLA: only exactly -1 is invalid (other negatives are UB, rejected)
   kAnyNegative = 1,   // SGLang, vLLM: any negative index is invalid
+  // Any index outside the cache's slots: negative, or >= num_slots (FlashMLA masks these to
+  // match its reference). Host code only: the CUDA kernels' envelope excludes it, and
+  // index_valid below (the one device code calls) reads it as kAnyNegative; host code calls
+  // index_valid_in, which knows the slot count.
+  kOutOfRange = 2,
 };
 
 // LSE of a row with no valid token.
@@ -126,6 +131,17 @@ MLA_HD float dequant_k(const CacheGeometry& g, const uint8_t* cache, const Token
 MLA_HD bool index_valid(int32_t idx, int32_t k, int32_t topk_len, const Conventions& c) {
   if (topk_len >= 0 && k >= topk_len) return false;
   return c.invalid_index == InvalidIndexRule::kMinusOneOnly ? idx != -1 : idx >= 0;
+}
+
+// Host-side validity with the cache's slot count (num_slots of the list's cache): under
+// kOutOfRange an index >= slots is invalid too; the other rules as index_valid. Not MLA_HD: the
+// CUDA kernels never receive kOutOfRange and keep calling index_valid.
+inline bool index_valid_in(int32_t idx, int32_t k, int32_t topk_len, const Conventions& c,
+                           int64_t slots) {
+  if (c.invalid_index == InvalidIndexRule::kOutOfRange) {
+    return (topk_len < 0 || k < topk_len) && idx >= 0 && idx < slots;
+  }
+  return index_valid(idx, k, topk_len, c);
 }
 
 // Everything a backend needs for one call. Pointers are host or device pointers depending on

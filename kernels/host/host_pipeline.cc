@@ -126,7 +126,7 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
         for (int32_t k = 0; k < l.topk; ++k) {
           const int32_t idx =
               l.idx[static_cast<size_t>(b * l.batch_stride + t * l.token_stride + k)];
-          if (!mla::index_valid(idx, k, topk_len, m.conv)) continue;
+          if (!mla::index_valid_in(idx, k, topk_len, m.conv, l.slots)) continue;
           if (idx < 0 || idx >= l.slots) {
             why << l.name << "[" << b << "]";
             if (m.s_q > 1) why << "[" << t << "]";

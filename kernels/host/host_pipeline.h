@@ -107,11 +107,12 @@ ColumnLayout identity_layout(const PaddedColumns& cols, int32_t multiple);
 
 // Is top-k entry k of a row valid, and which global slot does it read? kInvalidIndexUnmasked
 // reads an invalid index as slot 0 and keeps it; kTopkLengthIgnored drops the topk_length test.
+// `slots`: the list's cache's slot count (out_of_range makes an index past it invalid).
 template <Mutant M>
 bool entry_valid(int32_t idx, int32_t k, int32_t topk_len, const mla::Conventions& conv,
-                 int64_t* slot) {
+                 int64_t slots, int64_t* slot) {
   if constexpr (M == Mutant::kTopkLengthIgnored) topk_len = -1;
-  bool valid = mla::index_valid(idx, k, topk_len, conv);
+  bool valid = mla::index_valid_in(idx, k, topk_len, conv, slots);
   if constexpr (M == Mutant::kInvalidIndexUnmasked) {
     if (!valid && (topk_len < 0 || k < topk_len)) {
       valid = true;
@@ -225,13 +226,13 @@ void decode_row(const ListSource& src, const mla::Conventions& conv, const Padde
   }
   row->token.resize(cols.dkp);
   const int32_t* idx = src.idx;
+  const int64_t slots = mla::num_slots(src.geom);
   for (int32_t k = 0; k < src.topk; ++k) {
     int64_t slot = 0;
-    if (!entry_valid<M>(idx[k], k, src.topk_len, conv, &slot)) continue;
+    if (!entry_valid<M>(idx[k], k, src.topk_len, conv, slots, &slot)) continue;
     if constexpr (M != Mutant::kNone) {
       // check_inputs vouches for the indices kNone reads; a mutant may read others (slot 0 of
       // an empty cache, an entry past topk_length): keep them inside the cache.
-      const int64_t slots = mla::num_slots(src.geom);
       if (slots <= 0) continue;
       slot = std::clamp<int64_t>(slot, 0, slots - 1);
     }

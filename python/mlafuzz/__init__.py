@@ -91,8 +91,9 @@ class Multiple:
 IntSpec = Union[int, Sequence[int], range, Multiple]
 
 _LAYOUTS = ("model1", "v32")
-_INVALID_RULES = ("minus_one_only", "any_negative")
+_INVALID_RULES = ("minus_one_only", "any_negative", "out_of_range")
 _EMPTY_LSES = ("+inf", "-inf")
+_V32_SCALES = ("power_of_two", "fp32")
 _FEATURES = (
     "sink",
     "infinite_sink",
@@ -173,6 +174,12 @@ class Envelope:
                          invalid_index_rules=["minus_one_only"], empty_row_lses=["+inf"],
                          sink_in_lse=[False])
 
+    ``invalid_index_rules`` left ``None`` means "minus_one_only" and "any_negative":
+    "out_of_range" (any index outside the cache is an invalid entry, negative or >= the cache's
+    slots) is offered only to a kernel that names it. ``v32_scales`` says which V32 scale
+    conventions the kernel reads correctly ("power_of_two", "fp32": any positive finite float32,
+    as vLLM writes amax / 448); ``None`` means both.
+
     ``refuses`` lists features the kernel cannot take: "sink", "infinite_sink", "topk_length",
     "extra_cache", "extra_topk_length", "q_head_pad", "out_head_pad", "row_pad". A kernel's
     ``supports()`` stays the final word.
@@ -200,6 +207,7 @@ class Envelope:
     sink_in_lse: Optional[Sequence[bool]] = None
     refuses: Optional[Sequence[str]] = None
     extra_cache: Optional[bool] = None
+    v32_scales: Optional[Sequence[str]] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The envelope JSON (the format of ``mlafuzz fuzz --envelope``); validates the fields."""
@@ -221,6 +229,8 @@ class Envelope:
             )
         if self.empty_row_lses is not None:
             j["empty_row_lses"] = _names("empty_row_lses", self.empty_row_lses, _EMPTY_LSES)
+        if self.v32_scales is not None:
+            j["v32_scales"] = _names("v32_scales", self.v32_scales, _V32_SCALES)
         if self.sink_in_lse is not None:
             vals = list(self.sink_in_lse)
             if not vals or any(not isinstance(x, bool) for x in vals):
@@ -398,7 +408,9 @@ class DecodeCall:
     token_bytes: int
     d_qk: int
     d_v: int
-    invalid_index_rule: str  # "minus_one_only" or "any_negative"
+    # "minus_one_only", "any_negative", or "out_of_range" (only where the envelope names it:
+    # any index < 0 or >= page_size * num_pages of the list's cache is invalid)
+    invalid_index_rule: str
     empty_row_lse: str  # "+inf" or "-inf"
     sink_in_lse: bool
     batch: int
