@@ -33,6 +33,7 @@ std::vector<int> layouts(const Envelope& e, bool model1, bool v32) {
     if ((l == 0 && !model1) || (l == 1 && !v32)) continue;
     const auto layout = static_cast<mla::Layout>(l);
     if (!e.allows(layout) || !e.scale_tile.contains(tile_of(layout))) continue;
+    if (l == 1 && (e.v32_scales & kBothValues) == 0) continue;  // no V32 scale convention
     if (!nope_set(e, layout).nearest(tile_of(layout), tile_of(layout), kMaxNope)) continue;
     out.push_back(l);
   }
@@ -71,9 +72,20 @@ int64_t page_stride(const Envelope& e, const mla::CacheGeometry& g, int64_t draw
 }
 
 mla::InvalidIndexRule invalid_index(const Envelope& e, mla::InvalidIndexRule drawn) {
+  using R = mla::InvalidIndexRule;
   if (e.allows(drawn)) return drawn;
-  return drawn == mla::InvalidIndexRule::kMinusOneOnly ? mla::InvalidIndexRule::kAnyNegative
-                                                       : mla::InvalidIndexRule::kMinusOneOnly;
+  // The other sign rule first, then the remaining one.
+  const R order[2] = {drawn == R::kMinusOneOnly ? R::kAnyNegative : R::kMinusOneOnly,
+                      drawn == R::kOutOfRange ? R::kAnyNegative : R::kOutOfRange};
+  for (const R r : order) {
+    if (e.allows(r)) return r;
+  }
+  return order[0];  // empty_reason has rejected an envelope without any rule
+}
+
+ScaleConvention v32_scales(const Envelope& e, ScaleConvention drawn) {
+  if (e.allows(drawn)) return drawn;
+  return drawn == ScaleConvention::kFp32 ? ScaleConvention::kPowerOfTwo : ScaleConvention::kFp32;
 }
 
 void conventions(const Envelope& e, mla::Conventions& c) {

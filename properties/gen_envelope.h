@@ -30,6 +30,8 @@ int64_t page_stride(const Envelope& e, const mla::CacheGeometry& g, int64_t draw
 // Conventions the envelope allows: a drawn value that is not allowed becomes the other one.
 mla::InvalidIndexRule invalid_index(const Envelope& e, mla::InvalidIndexRule drawn);
 void conventions(const Envelope& e, mla::Conventions& c);
+// The V32 scale convention the envelope allows: a drawn one that is not becomes the other.
+ScaleConvention v32_scales(const Envelope& e, ScaleConvention drawn);
 // Sink kind drawn (0 none, 1 finite, 2 with +-inf) -> the nearest the envelope takes.
 int sink_kind(const Envelope& e, int drawn);
 // Whether a topk_length list may be generated.

@@ -296,10 +296,43 @@ Gen<Draft> pages_step(Draft d, const GenConfig& cfg) {
   });
 }
 
+// The invalid entries of the out_of_range convention for a cache of geometry g: FlashMLA's test
+// zoo (INT_MIN, -123456, -1, 114514, 1919810, 2147480000, INT_MAX) and the first slots past the
+// cache (num_slots, num_slots + 1, one page past the end), those outside [0, num_slots) only.
+std::vector<int32_t> out_of_range_zoo(const mla::CacheGeometry& g) {
+  const int64_t n = mla::num_slots(g);
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> zoo;
+  for (const int64_t v :
+       {int64_t{std::numeric_limits<int32_t>::min()}, int64_t{-123456}, int64_t{-1}, n, n + 1,
+        n + g.page_size, int64_t{114514}, int64_t{1919810}, int64_t{2147480000}, kMax}) {
+    if ((v < 0 || v >= n) && v <= kMax) zoo.push_back(static_cast<int32_t>(v));
+  }
+  return zoo;
+}
+
+// Entries past topk_length (never valid) of about half the lists get out-of-range values:
+// a kernel that loads an entry before it checks the length reads past the cache. From their
+// own stream (CounterRng(seed, kGenerator, stream)): the other draws stay what they were.
+void past_length_zoo(const mla::CacheGeometry& g, const std::vector<int32_t>& lengths, int32_t s_q,
+                     uint64_t seed, uint64_t stream, std::vector<std::vector<int32_t>>& lists) {
+  const std::vector<int32_t> zoo = out_of_range_zoo(g);
+  CounterRng rng(seed, Stream::kGenerator, stream);
+  for (size_t q = 0; q < lists.size(); ++q) {
+    if (!rng.bernoulli(0.5)) continue;
+    auto& row = lists[q];
+    const int32_t len = lengths[q / static_cast<size_t>(s_q)];
+    for (size_t k = static_cast<size_t>(std::max(0, len)); k < row.size(); ++k) {
+      row[k] = zoo[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(zoo.size()) - 1))];
+    }
+  }
+}
+
 // One explicit index row: a base pattern, then -1 entries. `len` is the row's topk_length or
 // -1; in_prefix invalid patterns apply to the kept prefix.
 std::vector<int32_t> index_row(CounterRng& rng, const Case& c, int pattern, int invalid,
-                               bool any_negative) {
+                               mla::InvalidIndexRule rule) {
+  const bool any_negative = rule == mla::InvalidIndexRule::kAnyNegative;
   const int64_t n = mla::num_slots(c.geom);
   const int64_t P = c.geom.page_size;
   const int32_t topk = c.topk;
@@ -341,7 +374,13 @@ std::vector<int32_t> index_row(CounterRng& rng, const Case& c, int pattern, int 
       break;
     }
   }
+  const std::vector<int32_t> zoo = rule == mla::InvalidIndexRule::kOutOfRange
+                                       ? out_of_range_zoo(c.geom)
+                                       : std::vector<int32_t>{};
   auto invalid_value = [&]() -> int32_t {
+    if (!zoo.empty()) {
+      return zoo[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(zoo.size()) - 1))];
+    }
     if (!any_negative || rng.bernoulli(0.5)) return -1;
     return rng.bernoulli(0.5) ? std::numeric_limits<int32_t>::min()
                               : -static_cast<int32_t>(rng.uniform_int(2, 1000));
@@ -390,7 +429,7 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
         Draft r = d;
         Case& c = r.c;
         const auto [pattern_bias, invalid_kind, has_len, rule, inv_frac, dup_frac] = t;
-        const bool any_neg = c.conventions.invalid_index == mla::InvalidIndexRule::kAnyNegative;
+        const mla::InvalidIndexRule rule_of_lists = c.conventions.invalid_index;
         CounterRng rng(r.bulk_seed, Stream::kGenerator, 2);
         r.explicit_indices = r.family != "production" && int64_t{c.query_rows()} * c.topk <= 4096;
         if (r.explicit_indices) {
@@ -408,7 +447,7 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
               inv = rng.bernoulli(0.5) ? 4 : 0;  // mixed empty rows
             else if (!edge_all_invalid && rng.bernoulli(0.3))
               inv = static_cast<int>(rng.uniform_int(0, 4));
-            c.indices.push_back(index_row(rng, c, pattern, inv, any_neg));
+            c.indices.push_back(index_row(rng, c, pattern, inv, rule_of_lists));
           }
         } else {
           c.indices.clear();
@@ -425,8 +464,35 @@ Gen<Draft> indices_step(Draft d, const GenConfig& cfg) {
           }
           c.topk_length = len;
         }
+        if (rule_of_lists == mla::InvalidIndexRule::kOutOfRange && r.explicit_indices &&
+            c.topk_length) {
+          past_length_zoo(c.geom, *c.topk_length, c.s_q, r.bulk_seed, 6, c.indices);
+        }
         return r;
       });
+}
+
+// V32 scales as vLLM's writers store them (fp32: any positive finite float) in about half the
+// V32 cases the envelope allows them in, drawn from their own stream (CounterRng(bulk_seed,
+// kGenerator, 5)): every other draw stays what it was. Fixed scales take a mantissa among the
+// edges that separate readers; random ones sometimes reach down to subnormal scales (exponent
+// byte 0) and tiny normals.
+void v32_scale_convention(const Envelope& env, Draft& r, int mode) {
+  Case& c = r.c;
+  if (c.geom.layout != mla::Layout::kV32) return;
+  CounterRng rng(r.bulk_seed, Stream::kGenerator, 5);
+  const ScaleConvention drawn =
+      rng.bernoulli(0.5) ? ScaleConvention::kFp32 : ScaleConvention::kPowerOfTwo;
+  c.scales.convention = genv::v32_scales(env, drawn);
+  if (c.scales.convention != ScaleConvention::kFp32) return;
+  if (mode == 1) {
+    static const float kMantissas[] = {
+        1.5f,  std::nextafter(2.0f, 0.0f), std::nextafter(1.0f, 2.0f),
+        1.25f, 1.0f + 0x1p-8f + 0x1p-16f,  1.0f + 0x1p-11f + 0x1p-22f};
+    c.scales.mantissa = kMantissas[rng.uniform_int(0, 5)];
+  } else if (mode == 2 && rng.bernoulli(r.edge == "extreme-scales" ? 0.5 : 0.125)) {
+    c.scales.exp_lo = 0;
+  }
 }
 
 // ---- step 6: scales and values ----
@@ -495,6 +561,7 @@ Gen<Draft> values_step(Draft d, const GenConfig& cfg) {
             c.kv_values.magnitude = kmag;
             break;
         }
+        v32_scale_convention(cfg.envelope, r, mode);
         c.data_seed = seed;
         return r;
       });
@@ -573,13 +640,17 @@ Gen<Draft> extras_step(Draft d, const GenConfig& cfg) {
 
 // Conventions are drawn last but the index step needs them (negative values other than -1 are
 // only generated under kAnyNegative): draw them first, carried in the recipe.
+// out_of_range (indices past the cache) only where the envelope names it: its weight is 0
+// otherwise, and the draws of every other case stay what they were.
 Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
-  return gen::map(gen::weightedElement<int>({{cfg.non_default_conventions ? 15u : 0u, 1}, {85, 0}}),
-                  [d, env = cfg.envelope](int any) {
+  const bool oor =
+      cfg.non_default_conventions && cfg.envelope.allows(mla::InvalidIndexRule::kOutOfRange);
+  return gen::map(gen::weightedElement<int>(
+                      {{cfg.non_default_conventions ? 15u : 0u, 1}, {85, 0}, {oor ? 20u : 0u, 2}}),
+                  [d, env = cfg.envelope](int rule) {
                     Draft r = d;
                     r.c.conventions.invalid_index =
-                        genv::invalid_index(env, any ? mla::InvalidIndexRule::kAnyNegative
-                                                     : mla::InvalidIndexRule::kMinusOneOnly);
+                        genv::invalid_index(env, static_cast<mla::InvalidIndexRule>(rule));
                     return r;
                   });
 }
@@ -629,7 +700,7 @@ Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
                 e.page_order[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1))]);
           }
         }
-        const bool any_neg = c.conventions.invalid_index == mla::InvalidIndexRule::kAnyNegative;
+        const mla::InvalidIndexRule rule_of_lists = c.conventions.invalid_index;
         const bool shared = r.edge == "shared-token";
         e.same_values = shared || (r.family != "production" && rng.bernoulli(0.1));
         Case view = c;  // the extra cache as a main cache, for index_row
@@ -645,7 +716,7 @@ Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
             int inv = empty_extra          ? 4
                       : rng.bernoulli(0.7) ? 0
                                            : static_cast<int>(rng.uniform_int(1, 4));
-            std::vector<int32_t> row = index_row(rng, view, pattern, inv, any_neg);
+            std::vector<int32_t> row = index_row(rng, view, pattern, inv, rule_of_lists);
             if (shared && !c.indices.empty()) {
               // Copy main slots that exist in the extra cache: the same token in both lists.
               const auto& main = c.indices[static_cast<size_t>(q)];
@@ -676,6 +747,9 @@ Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
             l = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(rng.uniform_int(0, e.topk)) : e.topk;
           }
           e.topk_length = len;
+          if (rule_of_lists == mla::InvalidIndexRule::kOutOfRange && !e.indices.empty()) {
+            past_length_zoo(g, len, c.s_q, seed, 7, e.indices);
+          }
         }
         c.extra = std::move(e);
         return r;
@@ -789,8 +863,7 @@ std::vector<std::string> classify_case(const Case& c) {
       bool row_all = true;
       std::vector<int32_t> seen;
       for (int32_t v : row) {
-        const bool invalid =
-            c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly ? v == -1 : v < 0;
+        const bool invalid = !mla::index_valid_in(v, 0, -1, c.conventions, mla::num_slots(g));
         if (invalid) {
           inv = true;
           continue;
@@ -834,6 +907,10 @@ std::vector<std::string> classify_case(const Case& c) {
     if (ninf) t.push_back("sink=-inf");
   }
   t.push_back(std::string("scales=") + scale_mode_name(c.scales.mode));
+  if (c.scales.convention == ScaleConvention::kFp32) t.push_back("scales=fp32");
+  if (c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange) {
+    t.push_back("invalid=out_of_range");
+  }
   if (c.scales.mode != ScaleMode::kWriter && (c.scales.exp_lo < 40 || c.scales.exp_hi > 200)) {
     t.push_back("scales=extreme");
   }

@@ -260,8 +260,24 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
 
 namespace {
 
+// An entry past a cache that grows from `old_slots` to `new_slots` (an invalid entry under
+// out_of_range) moved as far past the new end, so that it stays invalid and keeps its
+// distance from the cache ("num_slots", "num_slots + page_size"); INT_MAX at most.
+int32_t past_the_end(int32_t idx, int64_t old_slots, int64_t new_slots) {
+  return static_cast<int32_t>(
+      std::min<int64_t>(int64_t{idx} - old_slots + new_slots, std::numeric_limits<int32_t>::max()));
+}
+
+// The cache's guard bytes (cache_guard_bytes) after its cache_bytes(g), as materialize writes
+// them.
+void add_guard(SharedVector<uint8_t>& bytes, const mla::CacheGeometry& g,
+               const mla::Conventions& conv) {
+  bytes.resize(static_cast<size_t>(mla::cache_bytes(g)));
+  bytes.resize(bytes.size() + static_cast<size_t>(cache_guard_bytes(g, conv)), uint8_t{0xff});
+}
+
 void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream,
-              int64_t stride_multiple) {
+              int64_t stride_multiple, const mla::Conventions& conv) {
   const mla::CacheGeometry g = *v.geom;
   const std::vector<uint8_t> old(v.cache->begin(), v.cache->end());
   mla::CacheGeometry& ng = *v.geom;
@@ -299,9 +315,13 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
         v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
         old.data() + static_cast<int64_t>(p) * g.page_stride, static_cast<size_t>(min_stride));
   }
-  // Only slots: the row gaps hold no index (they may be out of range).
+  add_guard(*v.cache, ng, conv);
+  // Only slots: the row gaps hold no index (they may be out of range). Entries past the cache
+  // (invalid under out_of_range) stay past the grown one.
   const int64_t slots = mla::num_slots(g);
+  const bool past_invalid = conv.invalid_index == mla::InvalidIndexRule::kOutOfRange;
   for (int32_t& idx : *v.indices) {
+    if (idx >= slots && past_invalid) idx = past_the_end(idx, slots, mla::num_slots(ng));
     if (idx < 0 || idx >= slots) continue;
     idx = perm[static_cast<size_t>(idx / g.page_size)] * g.page_size + idx % g.page_size;
   }
@@ -312,9 +332,9 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
 MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
-  relocate(main_view(r), rng, seed, 4, stride_multiple);
+  relocate(main_view(r), rng, seed, 4, stride_multiple, m.conv);
   // The extra cache moves too, with its own permutation and stride.
-  if (r.has_extra) relocate(extra_view(r), rng, seed, 9, stride_multiple);
+  if (r.has_extra) relocate(extra_view(r), rng, seed, 9, stride_multiple, m.conv);
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
   if (r.recipe.extra) {
@@ -497,11 +517,16 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
   r.extra_geom.num_pages =
       old_extra.num_pages +
       static_cast<int32_t>((moved_max + old_extra.page_size - 1) / old_extra.page_size);
+  const size_t old_bytes = static_cast<size_t>(mla::cache_bytes(old_extra));
+  r.extra_cache.resize(old_bytes);  // without its guard: the new pages come after the old ones
   r.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
   {
     const CounterRng fill(seed, Stream::kPoison, 11);
-    fill_poison(1, fill, r.extra_cache.data(), m.extra_cache.size(), r.extra_cache.size(), nullptr);
+    fill_poison(1, fill, r.extra_cache.data(), old_bytes, r.extra_cache.size(), nullptr);
   }
+  add_guard(r.extra_cache, r.extra_geom, m.conv);
+  const bool past_invalid = m.conv.invalid_index == mla::InvalidIndexRule::kOutOfRange;
+  const int64_t main_slots = mla::num_slots(m.geom);
   int64_t next_slot = base_slot;
   const int64_t row_pad = m.indices_batch_stride - int64_t{m.s_q} * m.indices_token_stride;
   const int32_t old_topk = r.extra_topk;
@@ -516,7 +541,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
       int32_t* mrow = r.indices.data() + b * r.indices_batch_stride + s * r.indices_token_stride;
       std::vector<int32_t> valid;
       for (int32_t k = 0; k < len; ++k) {
-        if (mla::index_valid(mrow[k], k, -1, m.conv)) valid.push_back(k);
+        if (mla::index_valid_in(mrow[k], k, -1, m.conv, main_slots)) valid.push_back(k);
       }
       shuffle(valid, rng);
       std::vector<int32_t> erow;
@@ -524,6 +549,12 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
         const int32_t* from = m.extra_indices.data() + b * m.extra_indices_batch_stride +
                               s * m.extra_indices_token_stride;
         erow.assign(from, from + old_topk);
+        // Entries past the old extra cache stay past the grown one.
+        for (int32_t& e : erow) {
+          if (past_invalid && e >= base_slot) {
+            e = past_the_end(e, base_slot, mla::num_slots(r.extra_geom));
+          }
+        }
       }
       for (int i = 0; i < count; ++i) {
         int32_t entry = -1;

@@ -55,12 +55,14 @@ Pipeline pipeline_for(Precision p) {
       pl.bf16_out = true;
       pl.token_tile = mla::kSimtTokenTile;
       pl.eta = 0x1p-126;  // fp32 flush-to-zero allowed
+      pl.u_k = 0x1p-24;   // e4m3 * scale rounded once in fp32
       break;
     case Precision::kMmaBf16:
       pl.u = 0x1p-24;
       pl.u_acc = 0x1p-23;  // tensor-core accumulation may truncate instead of rounding
       pl.bf16_p = true;
       pl.bf16_out = true;
+      pl.u_k = kU16 + 0x1p-24 + kU16 * 0x1p-24;  // rounded in fp32, then to bf16 for the MMA
       pl.token_tile = mla::kMmaTokenTile;
       pl.eta = 0x1p-126;
       pl.split_kv = true;  // cuda-mma-split*, cpu-mma-split* (and split-KV bf16_mma plugins)
@@ -91,6 +93,11 @@ struct RowTerms {
   const Eigen::MatrixXd& X;  // [H, n_valid] logits
   const Eigen::MatrixXd& A;  // [H, n_valid] s * |q| . |K|
   const Eigen::MatrixXd& K;  // [n_valid, d_qk]
+  // Dequantization rounding of the row's K (tolerance.h, step 1, "Dequantization"): relative
+  // uk and absolute etak per element of K, 0 where every selected scale is exact; qn1[h] the
+  // sum of |q_hd| over the quantized dims.
+  double uk = 0, etak = 0;
+  const double* qn1 = nullptr;
 };
 
 // The model of tolerance.h for one head: writes ob[d_v] (delta_pre) and *lb (0 where the value
@@ -164,6 +171,7 @@ void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh)
 struct HeadTail {
   Eigen::VectorXd c;  // w_k expm1(e_k)
   double grow = 0, sink_term = 0, g_num = 0, g_den = 0, abs_base = 0;
+  double uk = 0, etak = 0;  // dequantization rounding of V (RowTerms)
   bool bf16_p = false, sink_overflow = false;
   double* ob = nullptr;
 };
@@ -198,7 +206,8 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   // Logit errors e_k (model steps 1 and 2).
   for (Eigen::Index k = 0; k < n; ++k) {
     const double x = x_row(k);
-    const double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
+    double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
+    if (rt.uk > 0) dx += rt.uk * a_row(k) + s * rt.etak * rt.qn1[h];
     e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
   }
   const bool sink_pos_inf = sink == kInf;
@@ -254,6 +263,8 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   tail->g_num = g_num;
   tail->g_den = g_den;
   tail->abs_base = p.eta * (T + nt + 4 + 2 * ns);
+  tail->uk = rt.uk;
+  tail->etak = rt.etak;
   tail->bf16_p = p.bf16_p;
   tail->sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
   tail->ob = ob;
@@ -353,6 +364,8 @@ void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
       double first = tl.grow * (wt[i] + tl.sink_term * od);
       first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
       if (tl.bf16_p) first += tl.grow * kU16 * wvd;
+      // V's dequantization rounding (V32: every V dim is quantized): sum_k w_k |dV_kd|.
+      if (tl.uk > 0) first += tl.grow * (tl.uk * wvd + tl.etak);
       double abs_terms = tl.abs_base + uvd;
       if (tl.sink_overflow) abs_terms += od + wvd;
       tl.ob[d] = first * kSecondOrder + abs_terms;
@@ -497,6 +510,31 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
   }
 }
 
+// Whether e4m3 * scale may round for some valid token of query row r (tolerance.h, step 1):
+// a V32 tile scale that is not a power of two, or a power of two 2^p whose products leave the
+// range where every one is exact in fp32 and bf16 (p in [-124, 119]: codes are multiples of
+// 2^-9 below 448, the smallest bf16 subnormal is 2^-133). MODEL1's ue8m0 scales are taken
+// as exact, as the generator keeps them.
+bool dequant_rounds(const MaterializedCase& m, int r, const OracleRow& row) {
+  if (m.geom.layout != mla::Layout::kV32) return false;
+  const int b = r / m.s_q, sq = r % m.s_q;
+  const int32_t tiles = mla::num_scale_tiles(m.geom);
+  for (const int32_t k : row.k) {
+    const bool main = k < m.topk;
+    const mla::CacheGeometry& g = main ? m.geom : m.extra_geom;
+    const uint8_t* cache = main ? m.cache.data() : m.extra_cache.data();
+    const int32_t idx = main ? m.index_at(b, sq, k) : m.extra_index_at(b, sq, k - m.topk);
+    const mla::TokenAddress a = mla::token_address(g, idx);
+    for (int32_t t = 0; t < tiles; ++t) {
+      const uint32_t bits = mla::float_to_bits(mla::tile_scale(g, cache, a, t));
+      const int p = static_cast<int>((bits >> 23) & 0xff) - 127;
+      const bool pow2 = (bits & 0x7fffffu) == 0 && ((bits >> 23) & 0xff) != 0;
+      if (!pow2 || p < -124 || p > 119) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
@@ -535,6 +573,7 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
   std::vector<HeadTail*> tail_ptrs(plans.size());
   size_t n_tails = 0;
   std::vector<double> wt_buf;
+  Eigen::VectorXd qn1;
   for (int32_t b = 0; b < B; ++b) {
     const OracleRow row = gather_row(m, b);
     const auto n = static_cast<Eigen::Index>(row.k.size());
@@ -542,6 +581,8 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
     const Eigen::MatrixXd Q = q_matrix(m, b);
     const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
+    const bool rounds = dequant_rounds(m, b, row);
+    if (rounds) qn1 = Q.leftCols(m.geom.nope_dim).cwiseAbs().rowwise().sum();
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
@@ -551,7 +592,12 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
       const HeadSubset* joint = nullptr;
       for (size_t i = 0; i < plans.size(); ++i) {
         const Plan& pl = plans[i];
-        const RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
+        RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
+        if (rounds && pl.p->u_k > 0) {
+          rt.uk = pl.p->u_k;
+          rt.etak = 2 * pl.p->eta;
+          rt.qn1 = qn1.data();
+        }
         double* ob = out[i].out.data() + rh * dv;
         if (pl.merged) {
           const HeadSubset lists[2] = {

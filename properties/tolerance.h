@@ -14,6 +14,16 @@
 //    for exp2: |dx_k| <= gamma(d_qk + 2; u_acc) * A_k + 2u |x_k| + s (d_qk + 2) eta,
 //    A_k = s sum_d |q_d K_kd|. u_acc = 2u for MMA: tensor cores may truncate when they
 //    accumulate. eta = 2^-126 absolute per operation allows flush-to-zero of subnormals.
+//    Dequantization: K_kd is e4m3 * scale, exact in float64 (the oracle) and, for a power of
+//    two 2^p with p in [-124, 119], exact in fp32 and bf16 too (the codes are multiples of 2^-9
+//    below 448). A V32 scale that is not (vLLM's fp32 amax / 448) makes the kernel's K~ a rounded
+//    product: fp32 rounding gives |K~ - K| <= u |K| + eta (subnormal or flushed results), and a
+//    bf16-dequantized K (MMA) rounds that fp32 value again: |K~ - K| <= (u16 + u + u16 u) |K| +
+//    2 eta. With u_k that relative term (Pipeline::u_k) and eta_k = 2 eta, a row with such a
+//    scale among its valid tokens adds u_k A_k + s eta_k sum_{d < nope} |q_d| to |dx_k| (A_k
+//    counts the exact rope dims too: a slight overestimate), and, V being K's nope part (V32),
+//    grow (u_k sum_k w_k |V_kd| + eta_k) to the output (sum_k w_k <= 1). A reader that rounds
+//    the scale to 2^floor(log2 s) changes K by up to half: far beyond u_k.
 // 2. Softmax weights. Each computed weight is exp(x_k + eps_k - m) with |eps_k| <= e_k,
 //    e_k = |dx_k| + 2u(|x_k - x_max| + R) + (nt + 2) c_exp u: the logit error, the rounding of
 //    the exp argument (twice: a possible log2(e) multiply), the drift of the nt online-softmax
@@ -108,6 +118,10 @@ struct Pipeline {
   double c_exp = 4;         // exp/log error in ulps (libm expf <= 1, CUDA expf <= 2, exp2 + mul)
   bool lse_merged = false;  // the extra cache computed alone and LSE-merged (two bf16 roundings)
   bool split_kv = false;    // the tiles may be cut into splits merged by a combine (MMA)
+  // Relative rounding of a dequantized K element e4m3 * scale where the product is not exact
+  // (V32 scales that are not powers of two): one fp32 rounding (SIMT), an fp32 then a bf16 one
+  // (MMA); 0 for the float64 oracles, whose products are exact.
+  double u_k = 0;
 };
 
 // The pipeline of a precision (kCustom has none: use the backend's abs/rel tolerances).
