@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -32,8 +33,8 @@ int32_t row_len(const Case& c, int q) {
 }
 
 bool entry_valid(const Case& c, int q, int k) {
-  return mla::index_valid(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)], k,
-                          row_len(c, q), c.conventions);
+  return mla::index_valid_in(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)], k,
+                             row_len(c, q), c.conventions, mla::num_slots(c.geom));
 }
 
 std::vector<int32_t> pick_lengths(const std::vector<int32_t>& len, const std::vector<int>& rows) {
@@ -280,10 +281,11 @@ std::vector<Case> no_topk_length(const Case& c) {
 
 std::vector<Case> fewer_pages(const Case& c) {
   const int32_t P = c.geom.page_size;
+  const int64_t slots = mla::num_slots(c.geom);
   std::map<int32_t, int32_t> used;  // logical page -> new logical page
   for (const auto& row : c.indices) {
     for (int32_t v : row) {
-      if (v >= 0) used[v / P] = 0;
+      if (v >= 0 && v < slots) used[v / P] = 0;
     }
   }
   const auto n_used = static_cast<int32_t>(used.size());
@@ -310,9 +312,16 @@ std::vector<Case> fewer_pages(const Case& c) {
       r.page_order[static_cast<size_t>(used[phys[static_cast<size_t>(rank)].second])] = rank;
     }
   }
+  // Entries past the cache (out_of_range's invalid ones) keep their distance past its end.
+  const int64_t new_slots = mla::num_slots(r.geom);
   for (auto& row : r.indices) {
     for (int32_t& v : row) {
-      if (v >= 0) v = used[v / P] * P + v % P;
+      if (v >= slots) {
+        v = static_cast<int32_t>(
+            std::min<int64_t>(int64_t{v} - slots + new_slots, std::numeric_limits<int32_t>::max()));
+      } else if (v >= 0) {
+        v = used[v / P] * P + v % P;
+      }
     }
   }
   return {r};
@@ -352,16 +361,21 @@ std::vector<Case> simpler_values(const Case& c) {
   return out;
 }
 
+// Scale 1 (or, for fp32 V32 scales, 1.5: the simplest scale that is not a power of two), then
+// the writer's; the convention stays (the "power-of-two scales" step resets it).
 std::vector<Case> simpler_scales(const Case& c) {
   std::vector<Case> out;
-  if (!(c.scales.mode == ScaleMode::kFixed && c.scales.exp_lo == 127)) {
+  const ScaleConvention conv = c.scales.convention;
+  const double mant = conv == ScaleConvention::kFp32 ? 1.5 : 1.0;
+  if (!(c.scales.mode == ScaleMode::kFixed && c.scales.exp_lo == 127 &&
+        c.scales.mantissa == mant)) {
     Case r = c;
-    r.scales = {ScaleMode::kFixed, 127, 127};
+    r.scales = {ScaleMode::kFixed, 127, 127, conv, mant};
     out.push_back(r);
   }
   if (c.scales.mode == ScaleMode::kRandom) {
     Case r = c;
-    r.scales = {ScaleMode::kWriter, 127, 127};
+    r.scales = {ScaleMode::kWriter, 127, 127, conv};
     out.push_back(r);
   }
   return out;
@@ -439,6 +453,19 @@ std::vector<ShrinkStep> make_steps() {
                  std::vector<Case> out;
                  Case r = c;
                  r.conventions.invalid_index = mla::InvalidIndexRule::kMinusOneOnly;
+                 if (c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange) {
+                   // Its invalid entries (negatives, entries past the cache) become -1.
+                   for (auto* lists : {&r.indices, r.extra ? &r.extra->indices : nullptr}) {
+                     if (lists == nullptr) continue;
+                     const int64_t slots =
+                         mla::num_slots(lists == &r.indices ? r.geom : r.extra_geom());
+                     for (auto& row : *lists) {
+                       for (int32_t& v : row) {
+                         if (v < 0 || v >= slots) v = -1;
+                       }
+                     }
+                   }
+                 }
                  if (r.conventions.invalid_index != c.conventions.invalid_index) out.push_back(r);
                  r = c;
                  r.conventions.empty_lse = mla::EmptyRowLse::kPosInf;
@@ -484,10 +511,11 @@ CaseSize case_size(const Case& c) {
     for (int32_t q = 0; q < e.query_rows(); ++q) {
       const auto& row = e.extra->indices[static_cast<size_t>(q)];
       for (int32_t k = 0; k < e.extra->topk; ++k) {
-        s.valid_tokens += mla::index_valid(row[static_cast<size_t>(k)], k,
-                                           len ? len[q / e.s_q] : -1, e.conventions)
-                              ? 1
-                              : 0;
+        s.valid_tokens +=
+            mla::index_valid_in(row[static_cast<size_t>(k)], k, len ? len[q / e.s_q] : -1,
+                                e.conventions, mla::num_slots(e.extra_geom()))
+                ? 1
+                : 0;
       }
     }
   }
