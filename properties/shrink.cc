@@ -437,6 +437,12 @@ std::vector<ShrinkStep> make_steps() {
                      r);
                }});
   s.push_back({"scale 1", simpler_scales});
+  s.push_back({"power-of-two scales", [](const Case& c) {
+                 Case r = c;
+                 r.scales.convention = ScaleConvention::kPowerOfTwo;
+                 r.scales.mantissa = 1.0;
+                 return one_if(c.scales.convention != ScaleConvention::kPowerOfTwo, r);
+               }});
   s.push_back({"small-integer values", simpler_values});
   s.push_back({"no sink", [](const Case& c) {
                  Case r = c;

@@ -5,7 +5,8 @@
 //   values), fewer query tokens (halves, then one), fewer heads (halves, then one), fewer
 //   tokens (halve topk, drop halves of every list, then single entries), topk_length removed,
 //   fewer pages (compact the used pages), identity page order, minimum stride, scales fixed at
-//   127 (scale 1) or the writer's, small-integer values, no sink, default sm_scale and
+//   127 (scale 1; 1.5 for fp32 V32 scales) or the writer's, power-of-two V32 scales (the
+//   default convention), small-integer values, no sink, default sm_scale and
 //   conventions, zero pad fill, no q/out head padding, and last fewer valid tokens in place
 //   (valid entries turned into -1, halving chunks then single ones: the others keep their token
 //   tiles).
