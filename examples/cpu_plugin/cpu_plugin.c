@@ -89,6 +89,12 @@ static void dequant_token(const MlafuzzDecodeCall* c, int64_t idx, float* k) {
 static int is_valid(const MlafuzzDecodeCall* c, int b, int k) {
   const int32_t idx = c->indices[b * c->indices_batch_stride + k];
   if (c->topk_length != NULL && k >= c->topk_length[b]) return 0;
+#if MLAFUZZ_PLUGIN_ABI_VERSION >= 2
+  /* Every index outside the cache is an invalid entry (the envelope below names this rule). */
+  if (c->invalid_index_rule == MLAFUZZ_INVALID_OUT_OF_RANGE) {
+    return idx >= 0 && idx < (int64_t)c->num_pages * c->page_size;
+  }
+#endif
   return c->invalid_index_rule == MLAFUZZ_INVALID_MINUS_ONE_ONLY ? idx != -1 : idx >= 0;
 }
 
@@ -119,13 +125,22 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_info(MlafuzzPluginInfo* info) {
 
 #if MLAFUZZ_PLUGIN_ABI_VERSION >= 2
 /* What this kernel accepts: the version-1 decode only (one query token per row, no extra cache:
- * it reads none of the version-2 fields), any dims, conventions and strides. mlafuzz generates
- * cases inside this envelope; supports() below still has the final word. */
+ * it reads none of the version-2 fields), any dims and strides, every invalid-index rule
+ * (out_of_range too: is_valid masks every index outside the cache) and both V32 scale
+ * conventions (it reads the stored float as it is). mlafuzz generates cases inside this
+ * envelope; supports() below still has the final word. */
 MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
   env->abi_version = MLAFUZZ_PLUGIN_ABI_VERSION;
   env->s_q.count = 1;
   env->s_q.values[0] = 1;
   env->refuses = MLAFUZZ_FEATURE_EXTRA_CACHE | MLAFUZZ_FEATURE_EXTRA_TOPK_LENGTH;
+  env->invalid_index_rules = (1u << MLAFUZZ_INVALID_MINUS_ONE_ONLY) |
+                             (1u << MLAFUZZ_INVALID_ANY_NEGATIVE) |
+                             (1u << MLAFUZZ_INVALID_OUT_OF_RANGE);
+  /* Appended within version 2: written only where the caller's struct holds it. */
+  if (env->struct_size > MLAFUZZ_ENVELOPE_BASE_SIZE) {
+    env->v32_scales = (1u << MLAFUZZ_V32_SCALES_POWER_OF_TWO) | (1u << MLAFUZZ_V32_SCALES_FP32);
+  }
   return 0;
 }
 #endif

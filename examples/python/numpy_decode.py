@@ -58,6 +58,8 @@ def valid_positions(call: mlafuzz.DecodeCall, b: int, mutant: str = "") -> np.nd
     k = np.arange(call.topk)
     if mutant == "invalid-index-unmasked":
         ok = idx >= -1  # -1 counts (other negatives stay masked under any_negative)
+    elif call.invalid_index_rule == "out_of_range":  # any index outside the cache
+        ok = (idx >= 0) & (idx < call.page_size * call.num_pages)
     else:
         ok = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
     if call.topk_length is not None:
@@ -115,7 +117,14 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     return None
 
 
-@mlafuzz.kernel(name="numpy-fp32", precision="fp32_simt", device="cpu")
+# Every invalid-index rule (out_of_range is offered only to kernels that name it) and both V32
+# scale conventions (the stored fp32 scale is read as it is).
+ALL_CONVENTIONS = mlafuzz.Envelope(
+    invalid_index_rules=["minus_one_only", "any_negative", "out_of_range"],
+    v32_scales=["power_of_two", "fp32"])
+
+
+@mlafuzz.kernel(name="numpy-fp32", precision="fp32_simt", device="cpu", envelope=ALL_CONVENTIONS)
 def decode(call: mlafuzz.DecodeCall) -> None:
     """numpy fp32 pipeline (SPEC.md), the example Python kernel."""
     attend(call)

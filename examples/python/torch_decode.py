@@ -74,14 +74,20 @@ def supports(call: mlafuzz.DecodeCall) -> Optional[str]:
     return None
 
 
-@mlafuzz.kernel(name="torch-bf16-mma", precision="bf16_mma", device="cuda")
+@mlafuzz.kernel(name="torch-bf16-mma", precision="bf16_mma", device="cuda",
+                envelope=mlafuzz.Envelope(
+                    invalid_index_rules=["minus_one_only", "any_negative", "out_of_range"],
+                    v32_scales=["power_of_two", "fp32"]))
 def decode(call: mlafuzz.DecodeCall) -> None:
     """PyTorch gather + dequantize + bf16 products with fp32 accumulation, per row and head."""
     import torch  # noqa: PLC0415 - device="cuda" kernels only
 
     dev = call.q.device
     idx = call.indices.long()  # [B, topk]
-    valid = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
+    if call.invalid_index_rule == "out_of_range":  # any index outside the cache
+        valid = (idx >= 0) & (idx < call.page_size * call.num_pages)
+    else:
+        valid = idx != -1 if call.invalid_index_rule == "minus_one_only" else idx >= 0
     if call.topk_length is not None:
         k = torch.arange(call.topk, device=dev)
         valid &= k.unsqueeze(0) < call.topk_length.long().unsqueeze(1)
