@@ -77,6 +77,20 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
   EXPECT_EQ(ran, 25);
 }
 
+// Plugins built before out_of_range and v32_scales existed keep their meaning: no index past
+// the cache, both V32 scale conventions (a reader that rounds fp32 scales is tested for it).
+// The example, which names both, gets both.
+TEST(AbiV1, EarlierPluginsNeverGetOutOfRangeAndReadBothScaleConventions) {
+  const Envelope old = load_plugin_backend(kV1Plugin)->envelope();
+  EXPECT_FALSE(old.allows(mla::InvalidIndexRule::kOutOfRange));
+  EXPECT_TRUE(old.allows(mla::InvalidIndexRule::kAnyNegative));
+  EXPECT_TRUE(old.allows(ScaleConvention::kFp32));
+  EXPECT_TRUE(old.allows(ScaleConvention::kPowerOfTwo));
+  const Envelope example = load_plugin_backend(MLAFUZZ_TEST_PLUGIN_CPU)->envelope();
+  EXPECT_TRUE(example.allows(mla::InvalidIndexRule::kOutOfRange));
+  EXPECT_TRUE(example.allows(ScaleConvention::kFp32));
+}
+
 TEST(AbiV1, CallStructsOfEachVersion) {
   GenConfig cfg;
   cfg.max_s_q = 1;  // a case a version-1 plugin can be given
@@ -250,7 +264,13 @@ TEST(Envelope, EmptyIntersectionIsAnError) {
 // the production family (s_q 1-4, extra caches, H 64 and 128) lies inside it.
 TEST(Envelope, CudaKernelsAcceptTheProductionDecode) {
   const Envelope e = cuda_kernel_envelope();
-  EXPECT_EQ(e, builtin_kernel_envelope());
+  // The host models' limits; the conventions the device code has not been run on left out.
+  Envelope sizes = e;
+  sizes.invalid_index_rules = kAllInvalidIndexRules;
+  sizes.v32_scales = kBothValues;
+  EXPECT_EQ(sizes, builtin_kernel_envelope());
+  EXPECT_FALSE(e.allows(mla::InvalidIndexRule::kOutOfRange));
+  EXPECT_FALSE(e.allows(ScaleConvention::kFp32));
   GenConfig cfg;
   cfg.families = {"production"};
   int multi = 0, extra = 0, h128 = 0;
