@@ -174,6 +174,9 @@ def test_a_second_signal_keeps_the_failure_being_shrunk(tmp_path: Any) -> None:
     findings = kept_findings(proc, work)
     assert len(findings) == 1, describe(proc)
     assert findings[0]["property"] == "tolerance", describe(proc)
-    assert findings[0]["shrink_note"] == "a signal stopped the campaign while shrinking", \
+    # The entry is saved when the failure is claimed, just before its shrink starts: on a loaded
+    # machine the signals can fall between the two.
+    assert findings[0]["shrink_note"] in ("a signal stopped the campaign while shrinking",
+                                          "a signal stopped the campaign before shrinking"), \
         describe(proc)
     check_repro(findings[0], False)
