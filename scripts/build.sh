@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 build_dir=${1:-build}
 shift $(($# > 0))
 
+# python3-venv, -setuptools and -wheel: the offline `pip install --no-build-isolation .` of
+# docs/python.md, which the python_install test runs.
 packages=(cmake ninja-build g++ git librapidcheck-dev libgtest-dev libgmock-dev libeigen3-dev
-          nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy python3-pytest)
+          nlohmann-json3-dev libcli11-dev libfmt-dev python3-numpy python3-pytest python3-venv
+          python3-setuptools python3-wheel)
 # More packages for the caller's tests, e.g. .ci/run's "slurm-wlm munge" (the Slurm test).
 read -r -a extra <<<"${MLAFUZZ_EXTRA_PACKAGES:-}"
 packages+=("${extra[@]}")
