@@ -3,7 +3,38 @@
 #include <algorithm>
 #include <memory>
 
+#include "properties/canonical.h"
+#include "properties/property_table.h"
+#include "properties/triage.h"
+
 namespace mlafuzz::campaign {
+namespace {
+
+// The raw class of `raw` in the group's list (added when new).
+RawFailure& raw_class(Finding& f, const RawFailure& raw) {
+  for (RawFailure& r : f.raw) {
+    if (r.property == raw.property && r.shape_class == raw.shape_class) return r;
+  }
+  RawFailure added = raw;
+  added.count = 0;
+  return f.raw.emplace_back(std::move(added));
+}
+
+// Properties in table order, each once.
+void add_properties(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  for (const auto& p : from) {
+    if (std::find(to.begin(), to.end(), p) == to.end()) to.push_back(p);
+  }
+  sort_properties(to);
+}
+
+std::string properties_text(const std::vector<std::string>& props) {
+  std::string s;
+  for (const auto& p : props) s += (s.empty() ? "" : ", ") + p;
+  return s;
+}
+
+}  // namespace
 
 // The fresh worker a fault is shrunk through, and the last fault it reported.
 struct FindingStore::FaultProbe {
@@ -18,23 +49,35 @@ void FindingStore::add(const PropertyOutcome& o, const Case& c, uint64_t index,
     failure.property = "fault";
     failure.detail = faults.at(o.backend);
   }
-  const std::string pre_key = failure.property + "|" + o.backend + "|" + shape_class(c);
+  RawFailure raw;
+  raw.property = failure.property;
+  raw.shape_class = shape_class(c);
+  raw.count = 1;
+  raw.seed = opts_.seed;
+  raw.case_index = index;
+  // A fault is the "run" property's failure.
+  raw.repro = replay_command(opts_.seed, index, opts_.profile, o.backend,
+                             failure.property == "fault" ? "run" : failure.property);
+  const std::string pre_key = failure.property + "|" + o.backend + "|" + raw.shape_class;
   if (!claim(pre_key)) return;
-  const Shrunk s = shrink(failure, c, tb, pre_key);
-  Finding f = make_finding(s.outcome, s.minimal, opts_.seed, index);
-  f.backend_source = pool_.backend_source(o.backend, tb);
-  pool_.fill_gpu(f, o.backend, tb);
-  f.shape_class = shape_class(s.minimal);
-  f.shrunk = s.shrunk;
-  f.summary = format_outcome(s.outcome);
-  store(pre_key, std::move(f), s.minimal, index);
+  Triaged t = failure.property == "fault" ? triage_fault(failure, c, index, tb, pre_key)
+                                          : triage(failure, c, index, tb, pre_key);
+  t.finding.backend_source = pool_.backend_source(o.backend, tb);
+  pool_.fill_gpu(t.finding, o.backend, tb);
+  store(pre_key, std::move(raw), std::move(t), index);
 }
 
 bool FindingStore::claim(const std::string& pre_key) {
   std::lock_guard<std::mutex> lock(mu_);
   PreClass& pc = pre_[pre_key];
   if (pc.state == 2) {
-    ++findings_.at(pc.signature).finding.count;
+    Finding& f = findings_.at(pc.signature).finding;
+    ++f.count;
+    const size_t bar = pre_key.find('|');
+    const std::string shape = pre_key.substr(pre_key.find('|', bar + 1) + 1);
+    for (RawFailure& r : f.raw) {
+      if (r.property == pre_key.substr(0, bar) && r.shape_class == shape) ++r.count;
+    }
     return false;
   }
   if (pc.state == 1) {
@@ -45,42 +88,77 @@ bool FindingStore::claim(const std::string& pre_key) {
   return true;
 }
 
-FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const Case& c,
-                                          ThreadBackends& tb, const std::string& pre_key) {
-  Shrunk r{c, false, failure};
+FindingStore::Triaged FindingStore::triage(const PropertyOutcome& failure, const Case& c,
+                                           uint64_t index, ThreadBackends& tb,
+                                           const std::string& pre_key) {
+  Triaged r{make_finding(failure, c, opts_.seed, index), with_explicit_indices(c)};
+  r.finding.summary = format_outcome(failure);
   if (!(opts_.shrink_time_s > 0) || opts_.shrink_evals <= 0 || stopping_()) return r;
-  const bool fault = failure.property == "fault";
+  try {
+    TriageOptions to;
+    to.properties = properties_;
+    to.limits = {opts_.shrink_evals, opts_.shrink_time_s};
+    to.envelope = pool_.envelope();
+    to.stopping = stopping_;
+    const Triage t = triage_failure(c, failure, tb.ptrs, to);
+    if (t.stopped_by == ShrinkStop::kSeconds) {
+      console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
+                       std::to_string(t.evaluations) +
+                       " evaluations (a result that depends on this machine's speed)\n");
+    }
+    // A triage cut short by the end of the campaign is not a result: keep the case as found.
+    if (stopping_()) return r;
+    Finding f = make_finding(t.primary, t.minimal, opts_.seed, index);
+    f.kind = failure_kind_name(t.kind);
+    f.causes = t.causes;
+    f.signature = t.signature;
+    f.properties.clear();
+    for (const auto& o : t.failures) f.properties.push_back(o.property);
+    f.locus = t.locus.outputs;
+    if (!t.locus.entries.empty()) f.locus += (f.locus.empty() ? "" : "; ") + t.locus.entries;
+    f.inputs = t.locus.inputs;
+    f.shrunk = t.steps > 0;
+    f.summary = format_outcome(t.primary);
+    r = {std::move(f), t.minimal, t.evaluations};
+  } catch (const std::exception& e) {
+    console_.message("\nmlafuzz: shrinking " + pre_key + " stopped: " + e.what() + "\n");
+  }
+  return r;
+}
+
+FindingStore::Triaged FindingStore::triage_fault(const PropertyOutcome& failure, const Case& c,
+                                                 uint64_t index, ThreadBackends& tb,
+                                                 const std::string& pre_key) {
+  Triaged r{make_finding(failure, c, opts_.seed, index), with_explicit_indices(c)};
+  r.finding.properties = {"run"};
+  r.finding.summary = format_outcome(failure);
+  if (!(opts_.shrink_time_s > 0) || opts_.shrink_evals <= 0 || stopping_()) return r;
   try {
     FaultProbe probe;
-    std::function<bool(const Case&)> still_fails;
-    if (fault) {
-      still_fails = fault_predicate(failure, c, tb, probe);
-    } else {
-      auto same = same_failure_predicate(failure, tb.ptrs);
-      still_fails = [this, same](const Case& k) { return !stopping_() && same(k); };
-    }
+    const std::function<bool(const Case&)> still_fails = fault_predicate(failure, c, tb, probe);
     if (!still_fails) return r;  // a fault that does not reproduce alone: keep the case
-    const ShrinkResult sr =
-        shrink_case(c, still_fails, {opts_.shrink_evals, opts_.shrink_time_s}, pool_.envelope());
+    const ShrinkLimits limits{opts_.shrink_evals, opts_.shrink_time_s};
+    const ShrinkResult sr = shrink_canonical(c, still_fails, still_fails, limits, pool_.envelope());
     if (sr.stopped_by == ShrinkStop::kSeconds) {
       console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
                        std::to_string(sr.evaluations) +
                        " evaluations (a result that depends on this machine's speed)\n");
     }
-    r.minimal = sr.minimal;
-    r.shrunk = sr.steps > 0;
-    if (fault) {
-      r.outcome.detail = probe.last_fault;
-      return r;
+    if (stopping_()) return r;
+    PropertyOutcome o = failure;
+    o.detail = probe.last_fault;
+    Finding f = make_finding(o, sr.minimal, opts_.seed, index);
+    f.properties = {"run"};
+    f.shrunk = sr.steps > 0;
+    f.summary = format_outcome(o);
+    int evaluations = sr.evaluations;
+    std::vector<int32_t> tokens;
+    const int left = limits.max_evaluations - evaluations;
+    if (left > 0 && !sr.budget_exhausted()) {
+      f.locus = needed_entries(sr.minimal, still_fails, std::min(left, 16), &evaluations, &tokens);
     }
-    // The finding describes the minimal case.
-    const CaseEvaluation ev = evaluate_case(r.minimal, tb.ptrs, {failure.property});
-    for (const auto& x : ev.outcomes) {
-      if (x.backend == failure.backend && x.property == failure.property && !x.passed) {
-        r.outcome = x;
-        break;
-      }
-    }
+    f.inputs = inline_inputs(sr.minimal, tokens);
+    r = {std::move(f), sr.minimal, evaluations};
   } catch (const std::exception& e) {
     console_.message("\nmlafuzz: shrinking " + pre_key + " stopped: " + e.what() + "\n");
   }
@@ -115,26 +193,36 @@ std::function<bool(const Case&)> FindingStore::fault_predicate(const PropertyOut
   return still_fails;
 }
 
-void FindingStore::store(const std::string& pre_key, Finding f, const Case& minimal,
-                         uint64_t index) {
+void FindingStore::store(const std::string& pre_key, RawFailure raw, Triaged t, uint64_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   PreClass& pc = pre_[pre_key];
   pc.state = 2;
-  pc.signature = f.signature;
+  pc.signature = t.finding.signature;
   const int64_t seen = 1 + pc.pending;
   pc.pending = 0;
-  auto it = findings_.find(f.signature);
+  raw.count = seen;
+  auto it = findings_.find(t.finding.signature);
   if (it != findings_.end()) {
-    it->second.finding.count += seen;
+    Finding& f = it->second.finding;
+    f.count += seen;
+    raw_class(f, raw).count += seen;
+    add_properties(f.properties, t.finding.properties);
     return;
   }
-  f.count = seen;
-  Entry e{std::move(f), minimal, 0};
+  t.finding.count = seen;
+  t.finding.raw = {raw};
+  const int evaluations = t.evaluations;
+  Entry e{std::move(t.finding), std::move(t.minimal), 0};
   save_new(e, index);
   const Finding& n = e.finding;
-  console_.message("mlafuzz: new finding " + n.signature + " (case " + std::to_string(index) +
-                   (n.shrunk ? ", shrunk" : "") + ")\n  " + n.summary +
-                   "\n  saved: " + n.corpus_path + "\n  reproduce: " + n.repro + "\n");
+  std::string msg = "mlafuzz: new finding " + n.signature + " (case " + std::to_string(index) +
+                    (n.shrunk ? ", shrunk" : "") +
+                    (evaluations > 0 ? " in " + std::to_string(evaluations) + " evaluations" : "") +
+                    ")\n  fails " + properties_text(n.properties);
+  if (!n.locus.empty()) msg += "\n  where: " + n.locus;
+  if (!n.inputs.empty()) msg += "\n  " + n.inputs;
+  msg += "\n  saved: " + n.corpus_path + "\n  reproduce: " + n.repro + "\n";
+  console_.message(msg);
   findings_.emplace(n.signature, std::move(e));
 }
 
@@ -159,7 +247,7 @@ void FindingStore::save_final_counts() {
   for (auto& [sig, e] : findings_) {
     if (e.finding.corpus_path.empty() || e.saved_count == e.finding.count) continue;
     try {
-      // Same signature and case: the same file.
+      // Same signature: the same file.
       save_corpus_entry(opts_.corpus_dir, e.minimal, e.finding);
       e.saved_count = e.finding.count;
     } catch (const std::exception& ex) {

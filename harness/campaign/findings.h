@@ -1,6 +1,12 @@
-// The campaign's findings, one per signature (property | backend | shape class of the shrunk
-// case). The first failure of a class is shrunk, saved to the corpus and announced; later
-// failures of the class only count. Thread-safe.
+// The campaign's findings, one per bug: failures are grouped by the signature of their canonical
+// minimal case (backend | failure kind | cause set; properties/triage.h), never by the property
+// or the random shape that found them.
+//
+// A raw failure is first classed by a cheap pre-key (property | backend | shape class of the
+// failing case as generated): the first failure of a class is triaged (shrunk, walked to the
+// canonical case, located) and stored in its group, later failures of the class only count in
+// that group. A group is saved to the corpus once (one entry per group, named by its signature),
+// announced, and lists the raw classes it folds. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -37,32 +43,35 @@ class FindingStore {
   int64_t size() const;
 
  private:
-  // A failure class before shrinking: property | backend | shape class of the failing case.
+  // A raw failure class (the pre-key): property | backend | shape class of the failing case.
   struct PreClass {
-    int state = 0;  // 0 new, 1 shrinking, 2 done
+    int state = 0;  // 0 new, 1 triaging, 2 done
     std::string signature;
-    int64_t pending = 0;  // failures seen while shrinking
+    int64_t pending = 0;  // failures seen while triaging
   };
   struct Entry {
     Finding finding;
     Case minimal;
     int64_t saved_count = 0;  // the count in the corpus entry
   };
-  struct Shrunk {
+  struct Triaged {
+    Finding finding;  // the group's record (no corpus path yet)
     Case minimal;
-    bool shrunk = false;
-    PropertyOutcome outcome;  // of the minimal case (a fault: its last message)
+    int evaluations = 0;  // of the shrink, the walk and the locus
   };
 
   bool claim(const std::string& pre_key);  // false: the class is known, the failure counted
-  Shrunk shrink(const PropertyOutcome& failure, const Case& c, ThreadBackends& tb,
-                const std::string& pre_key);
+  Triaged triage(const PropertyOutcome& failure, const Case& c, uint64_t index, ThreadBackends& tb,
+                 const std::string& pre_key);
+  // A fault's group: shrunk and walked while the backend still faults through a fresh worker.
+  Triaged triage_fault(const PropertyOutcome& failure, const Case& c, uint64_t index,
+                       ThreadBackends& tb, const std::string& pre_key);
   struct FaultProbe;
   // Whether a case still makes `failure.backend` fault, through a fresh worker of it; null when
   // the fault does not reproduce alone.
   std::function<bool(const Case&)> fault_predicate(const PropertyOutcome& failure, const Case& c,
                                                    ThreadBackends& tb, FaultProbe& probe);
-  void store(const std::string& pre_key, Finding f, const Case& minimal, uint64_t index);
+  void store(const std::string& pre_key, RawFailure raw, Triaged t, uint64_t index);
   void save_new(Entry& e, uint64_t index);
 
   const CampaignOptions& opts_;

@@ -61,9 +61,14 @@ int run_repro(const ReproOptions& opt) {
   if (!opt.properties.empty()) {
     props = split_list(opt.properties, ',');
   } else if (finding && !e.f.property.empty()) {
-    // A fault (crash, exit, hang) is the failure of the "run" property: backends run isolated,
+    // Every property the group fails on its minimal case (version-1 entries: their one). A
+    // fault (crash, exit, hang) is the failure of the "run" property: backends run isolated,
     // so replaying one gives a fault outcome instead of ending mlafuzz.
-    props = {e.f.property == "fault" ? std::string("run") : e.f.property};
+    for (const std::string& p :
+         e.f.properties.empty() ? std::vector<std::string>{e.f.property} : e.f.properties) {
+      const std::string name = p == "fault" ? std::string("run") : p;
+      if (std::find(props.begin(), props.end(), name) == props.end()) props.push_back(name);
+    }
   }
   const campaign::IsolationOptions iso = isolation_options(opt.isolation);
   std::vector<std::unique_ptr<Backend>> owned;
@@ -87,8 +92,16 @@ int run_repro(const ReproOptions& opt) {
   std::cout << "entry " << e.path << "\n";
   if (!e.f.property.empty()) {
     std::cout << "finding: " << e.f.property << " on " << e.f.backend << " (expect " << e.f.expect
-              << ", seen " << e.f.count << "x, found " << e.f.found_at << " at commit "
+              << ", " << e.f.count << " raw failure(s), found " << e.f.found_at << " at commit "
               << e.f.commit << (e.f.gpu_name.empty() ? "" : " on " + e.f.gpu_name) << ")\n";
+    if (!e.f.signature.empty() && !e.f.kind.empty()) {
+      std::cout << "  group: " << e.f.signature << "\n";
+      std::string failing;
+      for (const auto& p : e.f.properties) failing += (failing.empty() ? "" : ", ") + p;
+      if (!failing.empty()) std::cout << "  fails: " << failing << "\n";
+      if (!e.f.locus.empty()) std::cout << "  where: " << e.f.locus << "\n";
+      if (!e.f.inputs.empty()) std::cout << "  " << e.f.inputs << "\n";
+    }
     if (!e.f.detail.empty()) std::cout << "  recorded: " << e.f.detail << "\n";
   }
   std::cout << "case: " << shape_class(e.c) << " (B=" << e.c.batch << " H=" << e.c.heads
