@@ -75,6 +75,26 @@ def _shrunk_size(corpus_path: str) -> str:
         return "size unknown"
 
 
+def _finding_line(f: Dict[str, Any]) -> str:
+    """One bug: its signature, where it fails, what fails, its first case and the repro."""
+    props = ", ".join(f.get("properties") or [f.get("property", "?")])
+    first = f"seed {f.get('seed')} case {f.get('case_index')}"
+    if f.get("corpus"):
+        first += f", shrunk to {_shrunk_size(f['corpus'])}"
+    if not f.get("shrunk"):
+        first += " (not shrunk)"
+    text = (f"- {f.get('signature')}\n  fails {props}; {f.get('count', 1)} raw failure(s) "
+            f"folded; first {first}")
+    detail = (f.get("detail") or "").splitlines()
+    if detail:
+        text += f"\n  {detail[0]}"
+    if f.get("locus"):
+        text += f"\n  where: {f['locus']}"
+    if f.get("inputs"):
+        text += f"\n  {f['inputs']}"
+    return text + f"\n  reproduce: {f.get('repro')}"
+
+
 def fuzz(
     backend: Union[str, Sequence[str]],
     time: str = "30s",
@@ -107,8 +127,10 @@ def fuzz(
     Returns:
         FuzzResult when the campaign found nothing.
     Raises:
-        AssertionError: one line per finding: property, backend, shrunk size, and the
-            ``mlafuzz repro`` command that replays it.
+        AssertionError: one entry per bug (finding group): its signature (backend, failure
+            kind, cause set), the properties it fails, how many raw failures it folds, its
+            first case, where it fails, its minimal inputs, and the ``mlafuzz repro`` command
+            that replays it.
         RuntimeError: mlafuzz refused the request (bad backend, kernel not loadable, ...).
     """
     names = [backend] if isinstance(backend, str) else list(backend)
@@ -141,16 +163,10 @@ def fuzz(
     if proc.returncode == 0 and not findings:
         shutil.rmtree(work, ignore_errors=True)
         return FuzzResult(rep, proc.stdout, report_dir)
-    lines = [f"mlafuzz found {len(findings)} failure signature(s) on {', '.join(names)} "
-             f"(seed {seed}; report {report_dir}):"]
-    for f in findings:
-        detail = (f.get("detail") or "").splitlines()
-        lines.append(
-            f"- {f.get('property')} on {f.get('backend')}: shrunk to "
-            f"{_shrunk_size(f.get('corpus', ''))}"
-            f"{' (not shrunk)' if not f.get('shrunk') else ''}: "
-            f"{detail[0] if detail else ''}\n  reproduce: {f.get('repro')}"
-        )
+    raw = sum(int(f.get("count", 1)) for f in findings)
+    lines = [f"mlafuzz found {len(findings)} bug(s) on {', '.join(names)} "
+             f"({raw} raw failure(s) folded; seed {seed}; report {report_dir}):"]
+    lines += [_finding_line(f) for f in findings]
     if not findings:
         lines.append(proc.stdout[-3000:])
     raise AssertionError("\n".join(lines))

@@ -24,19 +24,19 @@ def test_exception_is_a_run_failure_with_the_traceback() -> None:
 
 def test_exception_in_a_campaign_is_a_run_finding() -> None:
     message = _fuzz_failure("decode_raises", cases=4, shrink_time="10m")
-    assert "- run on python:tests/python/faulty_kernels.py:decode_raises" in message, message
+    assert "- python:tests/python/faulty_kernels.py:decode_raises | run error |" in message, message
     assert "shrunk to B=1 H=2" in message, message
 
 
 def test_os_exit_is_a_fault_and_the_campaign_goes_on() -> None:
     message = _fuzz_failure("decode_exits", cases=3, shrink_time="0")
-    assert "- fault on python:tests/python/faulty_kernels.py:decode_exits" in message, message
+    assert "- python:tests/python/faulty_kernels.py:decode_exits | fault |" in message, message
     assert "exited with status 3" in message, message
 
 
 def test_hang_is_a_fault_after_the_case_timeout() -> None:
     message = _fuzz_failure("decode_hangs", cases=2, shrink_time="0", case_timeout="2s")
-    assert "- fault on python:tests/python/faulty_kernels.py:decode_hangs" in message, message
+    assert "- python:tests/python/faulty_kernels.py:decode_hangs | fault |" in message, message
     assert "no reply within the case timeout (hang)" in message, message
 
 
@@ -51,7 +51,7 @@ def test_hang_in_run_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_write_between_heads_trips_the_canaries() -> None:
     message = _fuzz_failure("decode_writes_between_heads", cases=4, shrink_time="10m",
                             properties=["poison"])
-    assert "- poison on python:tests/python/faulty_kernels.py:decode_writes_between_heads" \
+    assert "- python:tests/python/faulty_kernels.py:decode_writes_between_heads | guard write |" \
         in message, message
     assert "guard elements overwritten" in message, message
 

@@ -22,8 +22,13 @@ def test_planted_bug_is_found_and_shrunk_to_one_row_and_head(tmp_path) -> None:
         mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode_planted_bug", time="120s", cases=16, seed=3,
                              properties=["tolerance"], jobs=2, corpus=str(tmp_path / "corpus"))
     message = str(failure.value)
-    assert "tolerance on python:examples/python/numpy_decode.py:decode_planted_bug" in message
+    # One bug, one entry: its group, the property it fails, its size and where it fails.
+    assert "found 1 bug(s)" in message, message
+    assert ("- python:examples/python/numpy_decode.py:decode_planted_bug | bound excess | "
+            "scales differ between tiles") in message, message
+    assert "fails tolerance" in message, message
     assert "shrunk to B=1 H=1" in message, message
+    assert "where: out[b0,h0] wrong only in scale group" in message, message
     assert "reproduce: mlafuzz repro " in message, message
 
     # Every saved entry replays as still failing, and passes on the correct kernel.
