@@ -51,10 +51,23 @@ void fill_from_check(PropertyOutcome& o, const BoundCheck& bc) {
   o.out_max_ref = bc.out_max_ref;
 }
 
+// Buffers a thread's cases hand on to its next case: the bounds' arrays are the size of the
+// output (a production case's tens of MB each), and fresh pages cost the kernel's page faults.
+struct CaseBuffers {
+  BoundTerms terms;
+  std::vector<Bounds> bounds;
+};
+CaseBuffers& case_buffers() {
+  thread_local CaseBuffers buffers;
+  return buffers;
+}
+
 // Per-case state shared by all backends: the case, the oracle, the bounds per pipeline.
 struct CaseContext {
   MaterializedCase m;
   OracleResult ref;
+  // What every joint pipeline's bound shares, computed while the oracle ran (tolerance.h).
+  std::optional<BoundTerms> terms;
   Bounds b64;  // the oracle's own error
   // What a backend's bound depends on besides the case: its pipeline (pipeline_of: precision,
   // the extra cache's pipeline, the token tile) and the token count the bound's rounding terms
@@ -67,47 +80,109 @@ struct CaseContext {
     return {pl.precision, pl.lse_merged, pl.token_tile, tile_topk};
   }
   std::map<BoundsKey, Bounds> bounds;
+  // Whether a pipeline's bound comes from the terms (joint), or needs a pass of its own over the
+  // case (LSE-merged with an extra cache: each list alone).
+  bool from_terms(const Pipeline& p) const { return terms && !(p.lse_merged && m.has_extra); }
   const Bounds& pipeline_bounds(const Backend& be, int tile_topk = 0) {
     const BoundsKey key = bounds_key(be, tile_topk == m.topk ? 0 : tile_topk);
     auto it = bounds.find(key);
     if (it == bounds.end()) {
       const auto t0 = Clock::now();
-      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<3>(key))).first;
+      const Pipeline p = pipeline_of(be);
+      const int topk = std::get<3>(key) > 0 ? std::get<3>(key) : m.topk;
+      it = bounds
+               .emplace(key, from_terms(p) ? joint_bounds(*terms, ref, p, topk,
+                                                          m.has_extra ? m.extra_topk : 0)
+                                           : compute_bounds(m, ref, p, std::get<3>(key)))
+               .first;
       bounds_seconds += since(t0);
     }
     return it->second;
   }
   // The oracle's own bound and every pipeline bound the properties will ask for (each backend's
-  // pipeline; with `insert_topk`, also at insert-invalid's longer list), in one
-  // compute_bounds_set pass over the case: the same values as computing each when first asked.
+  // pipeline; with `insert_topk`, also at insert-invalid's longer list): the joint ones in one
+  // pass over the terms, the others in one compute_bounds_set pass over the case.
   void prefetch_bounds(const std::vector<const Backend*>& bes, int insert_topk) {
     ran_backends = bes;
-    std::vector<BoundsRequest> req{{pipeline_for(Precision::kFloat64), 0}};
-    std::vector<BoundsKey> keys;
+    const int extra = m.has_extra ? m.extra_topk : 0;
+    std::vector<JointRequest> joint{{pipeline_for(Precision::kFloat64), m.topk, extra}};
+    std::vector<BoundsRequest> other;
+    std::vector<BoundsKey> joint_keys, other_keys;
     for (const Backend* be : bes) {
       if (be->precision() == Precision::kCustom) continue;
       for (const int t : {0, insert_topk}) {
         if (t < 0 || (t != 0 && t == m.topk)) continue;
         const BoundsKey key = bounds_key(*be, t);
-        if (bounds.count(key) != 0 || std::find(keys.begin(), keys.end(), key) != keys.end()) {
+        if (bounds.count(key) != 0 ||
+            std::find(joint_keys.begin(), joint_keys.end(), key) != joint_keys.end() ||
+            std::find(other_keys.begin(), other_keys.end(), key) != other_keys.end()) {
           continue;
         }
-        keys.push_back(key);
-        req.push_back({pipeline_of(*be), t});
+        const Pipeline p = pipeline_of(*be);
+        if (from_terms(p)) {
+          joint_keys.push_back(key);
+          joint.push_back({p, t > 0 ? t : m.topk, extra});
+        } else {
+          other_keys.push_back(key);
+          other.push_back({p, t});
+        }
       }
     }
-    std::vector<Bounds> got = compute_bounds_set(m, ref, req);
+    if (!terms) {
+      b64 = compute_bounds(m, ref, joint[0].pipeline);
+      return;
+    }
+    std::vector<Bounds> got = joint_bounds(*terms, ref, joint, &case_buffers().bounds);
     b64 = std::move(got[0]);
-    for (size_t i = 0; i < keys.size(); ++i) bounds.emplace(keys[i], std::move(got[i + 1]));
+    for (size_t i = 0; i < joint_keys.size(); ++i) {
+      bounds.emplace(joint_keys[i], std::move(got[i + 1]));
+    }
+    if (!other.empty()) {
+      std::vector<Bounds> rest = compute_bounds_set(m, ref, other);
+      for (size_t i = 0; i < other_keys.size(); ++i) {
+        bounds.emplace(other_keys[i], std::move(rest[i]));
+      }
+    }
   }
   // The bound of a transformed case v for backend be's pipeline (v's own lists and tiles, the
-  // same exact result): computed at the first request for every backend prefetch_bounds saw, in
-  // one compute_bounds_set pass over v.
+  // same exact result). A joint pipeline's comes from the case's terms with v's list lengths (the
+  // variants asking, move-to-extra's, keep every query row's valid tokens); an LSE-merged one is
+  // computed at the first request for every backend prefetch_bounds saw, in one
+  // compute_bounds_set pass over v.
   std::map<std::pair<const MaterializedCase*, BoundsKey>, Bounds> variant_bounds_;
   const Bounds& variant_bounds(const MaterializedCase& v, const Backend& be) {
     const auto key_of = [](const Backend& b) { return bounds_key(b, 0); };
     if (auto it = variant_bounds_.find({&v, key_of(be)}); it != variant_bounds_.end()) {
       return it->second;
+    }
+    const auto joint_for_v = [&](const Pipeline& p) {
+      return from_terms(p) && !(p.lse_merged && v.has_extra);
+    };
+    if (joint_for_v(pipeline_of(be))) {
+      // This backend's and every other joint one's, in one pass over the terms.
+      std::vector<JointRequest> req;
+      std::vector<BoundsKey> keys;
+      for (const Backend* b : ran_backends) {
+        const BoundsKey k = key_of(*b);
+        if (b->precision() == Precision::kCustom || !joint_for_v(pipeline_of(*b)) ||
+            variant_bounds_.count({&v, k}) != 0 ||
+            std::find(keys.begin(), keys.end(), k) != keys.end()) {
+          continue;
+        }
+        keys.push_back(k);
+        req.push_back({pipeline_of(*b), v.topk, v.has_extra ? v.extra_topk : 0});
+      }
+      if (std::find(keys.begin(), keys.end(), key_of(be)) == keys.end()) {
+        keys.push_back(key_of(be));
+        req.push_back({pipeline_of(be), v.topk, v.has_extra ? v.extra_topk : 0});
+      }
+      const auto t0 = Clock::now();
+      std::vector<Bounds> got = joint_bounds(*terms, ref, req, &case_buffers().bounds);
+      bounds_seconds += since(t0);
+      for (size_t i = 0; i < keys.size(); ++i) {
+        variant_bounds_.emplace(std::make_pair(&v, keys[i]), std::move(got[i]));
+      }
+      return variant_bounds_.at({&v, key_of(be)});
     }
     std::vector<const Backend*> want{&be};
     for (const Backend* b : ran_backends) {
@@ -131,6 +206,17 @@ struct CaseContext {
     }
     return variant_bounds_.at({&v, key_of(be)});
   }
+  // Hands the bounds' buffers on to the thread's next case.
+  void recycle() {
+    CaseBuffers& buf = case_buffers();
+    if (terms) buf.terms = std::move(*terms);
+    const auto keep = [&](Bounds& b) {
+      if (buf.bounds.size() < 16) buf.bounds.push_back(std::move(b));
+    };
+    keep(b64);
+    for (auto& [key, b] : bounds) keep(b);
+    for (auto& [key, b] : variant_bounds_) keep(b);
+  }
   // The backends whose clean run succeeded (set by prefetch_bounds).
   std::vector<const Backend*> ran_backends;
   // Seconds spent computing bounds on demand (pipeline_bounds, variant_bounds), for the
@@ -138,9 +224,14 @@ struct CaseContext {
   double bounds_seconds = 0;
 
   // The bound of a backend against the exact result (custom: its declared tolerances).
-  Bounds backend_bounds(const Backend& be) {
-    if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
-    return pipeline_bounds(be);
+  std::map<const Backend*, Bounds> custom_bounds_;
+  const Bounds& backend_bounds(const Backend& be) {
+    if (be.precision() != Precision::kCustom) return pipeline_bounds(be);
+    auto it = custom_bounds_.find(&be);
+    if (it == custom_bounds_.end()) {
+      it = custom_bounds_.emplace(&be, custom_bounds(ref, be.abs_tol(), be.rel_tol())).first;
+    }
+    return it->second;
   }
 
   // What every backend of the evaluation accepts (the intersection of their envelopes): the
@@ -398,8 +489,8 @@ class Evaluator {
           continue;
         }
         PropertyOutcome o = make(prop.name, a.be->name() + "|" + b.be->name());
-        const Bounds bound = add_bounds(ctx_.backend_bounds(*a.be), ctx_.backend_bounds(*b.be));
-        const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
+        const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true),
+                                           ctx_.backend_bounds(*a.be), &ctx_.backend_bounds(*b.be),
                                            ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
         fill_from_check(o, bc);
         ev_.outcomes.push_back(o);
@@ -522,10 +613,9 @@ class Evaluator {
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("tolerance", be.name());
-    const Bounds bound = add_bounds(ctx_.backend_bounds(be), ctx_.b64);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
-    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound,
-                                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, ctx_.backend_bounds(be),
+                                       &ctx_.b64, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
     fill_from_check(o, bc);
     if (opt_.reference_metrics) {
       const AllcloseResult oc = check_allclose(st.clean.out, ctx_.ref.out, kFlashMlaOutTol);
@@ -746,10 +836,7 @@ class Evaluator {
 
   // The bound of a run of the backend against another run of it: its own bound twice.
   Bounds self_bounds(const Backend& be) {
-    if (be.precision() == Precision::kCustom) {
-      return add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
-    }
-    return add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be));
+    return add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
   }
 
   // An invariant the kernel does not claim exact: the rows `rows` and heads `heads` of the clean
@@ -811,16 +898,15 @@ class Evaluator {
     PropertyOutcome o = make(prop, be.name());
     RunResult r;
     if (run_variant(be, v, r, o)) {
-      Bounds bound;
-      if (be.precision() == Precision::kCustom) {
-        bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
-      } else if (own_bound) {
-        bound = add_bounds(ctx_.pipeline_bounds(be), ctx_.variant_bounds(v, be));
-      } else {
-        bound = add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be, tile_topk));
+      // The clean run's bound plus the variant's (sums formed in the check).
+      const Bounds& clean = ctx_.backend_bounds(be);
+      const Bounds* variant = &clean;
+      if (be.precision() != Precision::kCustom) {
+        variant = own_bound ? &ctx_.variant_bounds(v, be) : &ctx_.pipeline_bounds(be, tile_topk);
       }
-      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
-                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+      const BoundCheck bc =
+          check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)), clean, variant,
+                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
       const double seconds = o.seconds;
       fill_from_check(o, bc);
       o.seconds = seconds;
@@ -837,14 +923,15 @@ class Evaluator {
   void split_agree(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("split-agree", be.name());
-    const Bounds bound = self_bounds(be);
+    const Bounds& bound = ctx_.backend_bounds(be);
     double seconds = 0;
     for (int splits : kSplitAgreeCounts) {
       RunResult r;
       if (!run_variant(be, ctx_.split_variant(splits), r, o)) break;
       seconds = o.seconds;
-      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
-                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+      const BoundCheck bc =
+          check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)), bound, &bound,
+                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
       if (!bc.passed || bc.tightness >= o.tightness) fill_from_check(o, bc);
       o.seconds = seconds;
       if (!bc.passed) {
@@ -930,13 +1017,18 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   }
   ev.steps[CaseStep::kCleanRuns] = since(t_clean);
   const auto to = Clock::now();
-  ctx.ref = run_oracle_eigen(ctx.m, 1);
-  ev.oracle_seconds = since(to);
+  {
+    // The bounds' terms row by row as the oracle computes it (its keys and logits reused): their
+    // time is the bounds', the rest the oracle's.
+    BoundTermsBuilder terms(ctx.m, std::move(case_buffers().terms));
+    ctx.ref = run_oracle_eigen(ctx.m, 1, &terms);
+    ev.oracle_seconds = since(to) - terms.seconds();
+    ev.steps[CaseStep::kBounds] += terms.seconds();
+    ctx.terms = terms.take();
+  }
   ev.steps[CaseStep::kOracle] = ev.oracle_seconds;
   {
     const auto t_bounds = Clock::now();
-    // The bounds the clean runs' properties need, in one pass (insert-invalid's longer list
-    // when that property runs).
     const auto wants = [&](PropertyId id) { return selected(properties, property_info(id).name); };
     // Only the bitwise properties selected, of backends that claim them all exact: the oracle's
     // own bound (as always), no pipeline bounds.
@@ -955,6 +1047,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   }
   for (auto& st : states) e.properties(st);
   e.mma_vs_simt(states);
+  ctx.recycle();
   ev.seconds = since(t0);
   ev.steps.wall = ev.seconds;
   ev.steps.thread_cpu = thread_cpu_seconds() - cpu0;

@@ -1,5 +1,6 @@
-// The tolerance model (derivation in tolerance.h). One function computes every term, so the
-// model can be read top to bottom next to its derivation.
+// The tolerance model (derivation in tolerance.h): the terms every pipeline shares (BoundTerms),
+// then one function (head_bound) that computes each pipeline's bound from them, so the model can
+// be read top to bottom next to its derivation.
 #include "properties/tolerance.h"
 
 #include <fmt/format.h>
@@ -7,14 +8,17 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <stdexcept>
 
 #include "harness/core/value_format.h"
 #include "kernels/common/split_kv.h"
 #include "kernels/common/tiling.h"
+#include "properties/tolerance_pass.h"
 
 namespace mlafuzz {
 namespace {
@@ -35,6 +39,12 @@ constexpr double kSecondOrder = 1.0 + 0x1p-20;
 double gamma(double m, double u) {
   const double mu = m * u;
   return mu < 0.5 ? mu / (1.0 - mu) : kInf;
+}
+
+// 2 (expm1(e) - e) / e^2 = sum_j 2 e^j / (j + 2)!, for e >= 0 (increasing; 1 at 0).
+double phi2(double e) {
+  if (e < 0x1p-10) return 1 + e / 3 + e * e / 12 + e * e * e / 50;  // the tail below e^3 / 50
+  return 2 * (std::expm1(e) - e) / (e * e);
 }
 
 }  // namespace
@@ -71,117 +81,375 @@ Pipeline pipeline_for(Precision p) {
 
 namespace {
 
-// One head of one query row over a contiguous subset of the row's valid entries (all of them for
-// a joint softmax; one list's for an LSE-merged partial), with the list length T and tile count
-// nt its rounding terms count. O and lse_ref are the exact result of that subset (with the sink
-// when `sink` is finite or +inf).
-struct HeadSubset {
-  Eigen::Index k0 = 0, n = 0;  // valid entries [k0, k0 + n) of the row
+using RowMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstRowMap = Eigen::Map<const RowMatrix>;
+using ConstColMap = Eigen::Map<const Eigen::MatrixXd>;
+
+// The list length T and the online-softmax tile count nt that a bound's rounding terms count.
+struct Counts {
   int T = 0, nt = 1;
-  double sink = -kInf;
-  bool sink_in_lse = false;
-  const double* O = nullptr;  // [d_v]
-  double lse_ref = 0;
 };
 
-struct RowTerms {
-  const Pipeline& p;
-  double s;
-  int dqk, dv;
-  const Eigen::MatrixXd& X;  // [H, n_valid] logits
-  const Eigen::MatrixXd& A;  // [H, n_valid] s * |q| . |K|
-  const Eigen::MatrixXd& K;  // [n_valid, d_qk]
-};
+int tiles(const Pipeline& p, int n) {
+  return p.token_tile > 0 ? (n + p.token_tile - 1) / p.token_tile : 1;
+}
 
-// The model of tolerance.h for one head: writes ob[d_v] (delta_pre) and *lb (0 where the value
-// must be exact). Returns the largest logit error e_max (+inf when the model bounds nothing).
-// What head_bound needs that no pipeline changes (the oracle's softmax weights with the sink
-// in the denominator, and the pass over V that reads them), computed once per head for every
-// pipeline compute_bounds_set bounds together. The same expressions as in head_bound: shared or
-// not, the bounds are the same bits.
-struct HeadShared {
-  double x_max = 0, x_min = 0, M = 0, Z = 0, w_s = 0;
-  Eigen::VectorXd w, under;
+// A joint softmax folds the main list's tiles, then the extra list's (tolerance.h).
+Counts joint_counts(const Pipeline& p, int topk, int extra_topk) {
+  return {topk + extra_topk,
+          tiles(p, topk) + (extra_topk > 0 && p.token_tile > 0 ? tiles(p, extra_topk) : 0)};
+}
+
+// One query row's inputs in the layouts the terms read, reused from row to row: the logits and
+// A_k = s sum_d |q_d K_kd| with one head's entries contiguous, and the pass's weights.
+struct RowWork {
+  RowMatrix x, a;   // [H, n]
+  RowMatrix c1, w;  // [H, n] the pass's weights w_k f_k and w_k (tiny ones zeroed)
+  std::vector<double> sum_c1, sum_w;  // per head: the weights' sums
+  // [H, n] 1 for a token with x_k - x_max < -80 (underflow: model step 5), else 0, and the
+  // pass's sum of |V_kd| over them [H, d_v], when some head has one.
+  RowMatrix under;
   bool any_under = false;
-  std::vector<double> wvd, uvd;  // [d_v] sum_k w_k |V_kd|, sum_k under_k |V_kd|
-  bool ready = false;
-  // The LSE weights w'_k (and the sink's, when it is folded into the lse) of head_prepare.
-  Eigen::VectorXd wl;
-  double sink_wl = 0;
-  bool lse_ready = false;
-  // exp(x_k - ex_shift) of the head's tokens (exp_of): the LSE weights' and the output
-  // weights' exponentials, the same values unless a finite sink above every logit shifts only
-  // the latter; each was computed twice (for the sum, then the weights).
-  Eigen::VectorXd ex;
-  double ex_shift = 0;
-  bool ex_ready = false;
-  void reset() { ready = lse_ready = ex_ready = false; }
+  std::vector<double> under_sum;
+  // The float pass's inputs, outputs and the heads' weight scales (float_pass).
+  std::vector<float> vf, of, c1f, wf, uf, g1f, g0f, ww, wu;
+  std::vector<double> scale, tiny, rowmax;
 };
 
-// exp(x_k - shift) for the tokens of hs in head h, kept in sh for the last shift asked.
-const Eigen::VectorXd& exp_of(const RowTerms& rt, int h, const HeadSubset& hs, double shift,
-                              HeadShared& sh) {
-  if (sh.ex_ready && sh.ex_shift == shift) return sh.ex;
-  const auto x_row = rt.X.row(h).segment(hs.k0, hs.n);
-  sh.ex.resize(hs.n);
-  for (Eigen::Index k = 0; k < hs.n; ++k) sh.ex(k) = std::exp(x_row(k) - shift);
-  sh.ex_shift = shift;
-  sh.ex_ready = true;
-  return sh.ex;
+// Weights below this in the float pass's units (2^-120 of the head's largest) are left out of its
+// sums and bounded with max_d |V_kd| (float_pass); in the double pass, non-zero weights below
+// 2^-1000 are raised to it. Either way the pass stays clear of subnormal operands, which cost a
+// hundred cycles each.
+constexpr double kFloatWeightFloor = 0x1p-100, kDoubleWeightFloor = 0x1p-1000;
+
+// Whether every value is finite: x * 0 is 0 for a finite x and NaN otherwise, and their sum
+// vectorizes (Eigen's allFinite compares one value at a time).
+template <typename M>
+bool all_finite(const M& m) {
+  return (m.array() * 0.0).sum() == 0;
 }
 
-void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
-  const Eigen::Index n = hs.n;
-  const auto x_row = rt.X.row(h).segment(hs.k0, n);
-  const double sink = hs.sink;
-  const bool sink_finite = std::isfinite(sink);
-  sh.x_max = x_row.maxCoeff();
-  sh.x_min = x_row.minCoeff();
-  sh.M = sink_finite ? std::max(sh.x_max, sink) : sh.x_max;
-  sh.Z = sink_finite ? std::exp(sink - sh.M) : 0.0;
-  const Eigen::VectorXd& ex = exp_of(rt, h, hs, sh.M, sh);
-  for (Eigen::Index k = 0; k < n; ++k) sh.Z += ex(k);
-  sh.w_s = sink_finite ? std::exp(sink - sh.M) / sh.Z : 0.0;
-  sh.w.resize(n);
-  sh.under.resize(n);
+// x rounded up to float (x >= 0): never below x, so a sum of such weights bounds the sum of the
+// weights.
+inline float round_up_to_float(double x) {
+  const float f = static_cast<float>(x);
+  const uint32_t up = static_cast<double>(f) < x ? 1 : 0;
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) + up);
+}
+
+// 2^e with 2^e <= |x| < 2^(e+1), for finite non-zero x.
+double pow2_floor(double x) {
+  return std::bit_cast<double>(std::bit_cast<uint64_t>(std::fabs(x)) & 0x7ff0000000000000);
+}
+
+// The pass over V in float (tolerance.h, "Evaluation": the sums may be formed in any precision
+// whose rounding is bounded), for a row whose values are finite. Everything is scaled by powers
+// of two (exactly) so that no float sum overflows: V and O by sigma (their largest magnitude to
+// [2^59, 2^60)), then rounded to nearest; each head's weights by s (the largest to [2^20,
+// 2^21)), then rounded up, those below 2^-100 left out (0) and their terms bounded with c_k
+// (max_d |V_kd| + |O_d|); O below 2^-61 is taken as 0.
+// A row whose non-zero values of V span at most 2^120 then has them all in [2^-61, 2^60): every
+// value and difference (0 or at least 2^-84) is 0 or a normal float, rounded relatively; a
+// product or sum may round to a subnormal (an absolute error of at most eta = 2^-150). With u =
+// 2^-24: a recursive sum S of m non-negative rounded terms bounds the exact sum by (S + m eta) /
+// (1 - m u); |V| <= |V~| / (1 - u); |V - O| <= t~ / (1 - u) + u |V| + e_O with t~ the float |V~
+// - O~| and e_O = u |O| (|O| where O~ = 0); and c_k <= w_k f_max. The bounds are then scaled
+// back. Returns false (nothing written) for a row the float pass cannot take: the caller takes
+// the double pass.
+bool float_pass(const OracleRowView& v, RowWork& rw, int32_t H, int32_t dqk, int32_t dv,
+                Eigen::Index k0, Eigen::Index n, const double* O, const BoundTerms::Head* heads,
+                double* g1, double* g0, double* w) {
+  if (n == 0 || n > (int64_t{1} << 20)) return false;
+  const size_t nv = static_cast<size_t>(n) * dv, no = static_cast<size_t>(H) * dv;
+  const size_t nc = static_cast<size_t>(H) * n;
+  // The largest and the smallest non-zero magnitude of V and O (Eigen's reductions vectorize).
+  const Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>> Vm(v.K + k0 * dqk, n, dv,
+                                                                Eigen::OuterStride<>(dqk));
+  bool finite = all_finite(Vm) && all_finite(ConstRowMap(O, H, dv));
+  for (int32_t h = 0; h < H; ++h) finite &= std::isfinite(heads[h].f_max);
+  if (!finite) return false;
+  // |O| <= max |V| (O is a weighted mean of V): O's range is V's.
+  const double vmax = Vm.cwiseAbs().maxCoeff();
+  const double vmin = (Vm.array() == 0).select(kInf, Vm.array().abs()).minCoeff();
+  // Values of V spanning more than 2^120 (special values: the largest finite and subnormals in
+  // one row) would lose the small ones in float, and values all below 2^-900 would scale past the
+  // double range: the double pass takes those rows.
+  if (vmax > 0 && (vmax < 0x1p-900 || vmin < vmax * 0x1p-120)) return false;
+  const double sigma = vmax > 0 ? 0x1p59 / pow2_floor(vmax) : 1.0;
+  rw.vf.resize(nv);
+  rw.of.resize(no);
   for (Eigen::Index k = 0; k < n; ++k) {
-    sh.w(k) = ex(k) / sh.Z;
-    sh.under(k) = x_row(k) - sh.x_max < kUnderflowArg ? 0x1p-126 : 0.0;
+    const double* src = v.K + (k0 + k) * dqk;
+    float* dst = rw.vf.data() + k * dv;
+    for (int32_t d = 0; d < dv; ++d) dst[d] = static_cast<float>(src[d] * sigma);
   }
-  sh.any_under = (sh.under.array() != 0.0).any();
-  sh.wvd.assign(static_cast<size_t>(rt.dv), 0.0);
-  sh.uvd.assign(static_cast<size_t>(rt.dv), 0.0);
-  for (int32_t d = 0; d < rt.dv; ++d) {
-    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
-    sh.wvd[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
-    sh.uvd[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
+  // An O below 2^-61 in these units (an output the sink all but cancels) is taken as 0: its
+  // error |O| is added to every term below (an |O| sum of c).
+  for (size_t i = 0; i < no; ++i) {
+    const double o = O[i] * sigma;
+    rw.of[i] = std::fabs(o) < 0x1p-61 ? 0.0f : static_cast<float>(o);
   }
-  sh.ready = true;
+  rw.c1f.resize(nc);
+  rw.wf.resize(nc);
+  std::vector<double>& scale = rw.scale;  // [2 H]
+  scale.assign(2 * static_cast<size_t>(H), 1.0);
+  // Per head and weight: the tiny ones' sum of c_k and of c_k max_d |V_kd|.
+  rw.tiny.assign(4 * static_cast<size_t>(H), 0.0);
+  bool any_tiny = false;
+  for (int32_t h = 0; h < H; ++h) {
+    const auto weights = [&](const double* c, float* cf, double* s, double* tiny) {
+      int64_t bits = 0;  // of the largest weight (>= 0: ordered as the values)
+      for (Eigen::Index k = 0; k < n; ++k) {
+        const int64_t b = std::bit_cast<int64_t>(c[k]);
+        bits = b > bits ? b : bits;
+      }
+      const double cmax = std::bit_cast<double>(bits);
+      if (!(cmax >= 0x1p-900)) {  // all tiny (or 0): no head's term is lost below
+        for (Eigen::Index k = 0; k < n; ++k) cf[k] = 0;
+        any_tiny = true;
+        tiny[0] = -1;  // every token
+        return;
+      }
+      *s = 0x1p20 / pow2_floor(cmax);
+      for (Eigen::Index k = 0; k < n; ++k) {
+        const double x = c[k] * *s;
+        const bool small = x < kFloatWeightFloor;  // 0, or a tiny weight: out of the sums
+        cf[k] = small ? 0.0f : round_up_to_float(x);
+        any_tiny |= small & (x > 0);
+        tiny[0] += small & (x > 0) ? 1.0 : 0.0;
+      }
+    };
+    double* tiny = rw.tiny.data() + 4 * static_cast<size_t>(h);
+    weights(rw.c1.row(h).data(), rw.c1f.data() + static_cast<size_t>(h) * n, &scale[2 * h], tiny);
+    weights(rw.w.row(h).data(), rw.wf.data() + static_cast<size_t>(h) * n, &scale[2 * h + 1],
+            tiny + 2);
+  }
+  if (any_tiny) {
+    // max_d |V_kd| per token, then the tiny weights' sums (in the weights' own units).
+    rw.rowmax.resize(static_cast<size_t>(n));
+    for (Eigen::Index k = 0; k < n; ++k) rw.rowmax[k] = Vm.row(k).cwiseAbs().maxCoeff();
+    for (int32_t h = 0; h < H; ++h) {
+      for (int j = 0; j < 2; ++j) {
+        double* tiny = rw.tiny.data() + 4 * static_cast<size_t>(h) + 2 * j;
+        if (tiny[0] == 0) continue;
+        const double* c = j == 0 ? rw.c1.row(h).data() : rw.w.row(h).data();
+        const double limit = tiny[0] < 0 ? kInf : kFloatWeightFloor / scale[2 * h + j];
+        double sc = 0, scv = 0;
+        for (Eigen::Index k = 0; k < n; ++k) {
+          if (c[k] < limit) {
+            sc += c[k];
+            scv += c[k] * rw.rowmax[k];
+          }
+        }
+        tiny[0] = sc;
+        tiny[1] = scv;
+      }
+    }
+  }
+  if (rw.any_under) {
+    rw.uf.resize(nc);
+    for (int32_t h = 0; h < H; ++h) {
+      const double* src = rw.under.row(h).data();
+      float* dst = rw.uf.data() + static_cast<size_t>(h) * n;
+      for (Eigen::Index k = 0; k < n; ++k) dst[k] = static_cast<float>(src[k]);
+    }
+    rw.wu.resize(no);
+  }
+  rw.g1f.resize(no);
+  rw.g0f.resize(no);
+  rw.ww.resize(no);
+  weighted_abs_sums(rw.vf.data(), dv, n, H, dv, rw.of.data(), dv, rw.c1f.data(), rw.wf.data(),
+                    rw.wf.data(), rw.any_under ? rw.uf.data() : nullptr, n, rw.g1f.data(),
+                    rw.g0f.data(), rw.ww.data(), rw.any_under ? rw.wu.data() : nullptr, dv);
+  const double u = 0x1p-24, eta = 0x1p-150, m_eta = static_cast<double>(n) * eta;
+  const double raise = 1 / ((1 - static_cast<double>(n) * u) * (1 - u));
+  for (int32_t h = 0; h < H; ++h) {
+    const size_t hh = static_cast<size_t>(h);
+    const double sw = rw.sum_w[hh], sc1 = rw.sum_c1[hh];
+    const double unit1 = raise / (scale[2 * hh] * sigma);
+    const double unitw = raise / (scale[2 * hh + 1] * sigma);
+    const double f_max = heads[h].f_max;
+    const size_t at = hh * dv;
+    // The tiny weights' terms: c_k |V_kd - O_d| <= c_k (max_d |V_kd| + |O_d|).
+    const double* tiny = rw.tiny.data() + 4 * hh;
+    for (int32_t d = 0; d < dv; ++d) {
+      const double od = std::fabs(O[at + d]);
+      const double oe = rw.of[at + d] == 0 ? od : u * od;  // O's error (flushed: all of it)
+      const double wb = (rw.ww[at + d] + m_eta) * unitw + tiny[3];
+      w[at + d] = wb;
+      g0[at + d] = (rw.g0f[at + d] + m_eta) * unitw + u * wb + oe * sw + tiny[3] + od * tiny[2];
+      g1[at + d] =
+          (rw.g1f[at + d] + m_eta) * unit1 + u * f_max * wb + oe * sc1 + tiny[1] + od * tiny[0];
+    }
+    if (rw.any_under) {
+      const double unitu = raise / sigma;
+      for (int32_t d = 0; d < dv; ++d) rw.under_sum[at + d] = (rw.wu[at + d] + m_eta) * unitu;
+    }
+  }
+  return true;
 }
 
-// One pipeline's terms of a head between its scalar work (head_prepare) and the pass over V
-// (head_finish), which every pipeline of the head shares.
-struct HeadTail {
-  Eigen::VectorXd c;  // w_k expm1(e_k)
-  double grow = 0, sink_term = 0, g_num = 0, g_den = 0, abs_base = 0;
-  bool bf16_p = false, sink_overflow = false;
-  double* ob = nullptr;
+// |x| scaled by a power of two, rounded up to float, and raised to at least 2^-40 when not 0.
+template <typename In>
+void abs_up_to_float(const In& x, double scale, float* out) {
+  for (Eigen::Index i = 0; i < x.size(); ++i) {
+    const double a = std::fabs(x(i)) * scale;
+    const float f = round_up_to_float(a);
+    out[i] = a > 0 && f < 0x1p-40f ? 0x1p-40f : f;
+  }
+}
+
+// A = s |Q| |K|^T, the logits' error scale (model step 1), from a float product where the values
+// allow: only an upper bound on A is needed (every term of the model grows with A). |q| and |K|
+// are scaled by powers of two (their largest to [2^30, 2^31)), rounded up and raised to at
+// least 2^-40 when not 0: every product and partial sum is then 0 or a normal float, each a sum
+// of non-negative terms with at most 2 d_qk + 16 roundings (Eigen's blocked product), so the
+// exact sum is at most the float one times 1 + gamma(2 d_qk + 16; 2^-24). Returns false when a
+// value is not finite (the double product then).
+bool float_a(const OracleRowView& v, int32_t H, int32_t dqk, double s, RowWork& rw) {
+  using FloatRows = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const ConstRowMap Q(v.Q, H, dqk), K(v.K, v.n, dqk);
+  if (!all_finite(Q) || !all_finite(K)) return false;
+  const double qmax = Q.cwiseAbs().maxCoeff(), kmax = K.cwiseAbs().maxCoeff();
+  if (!(qmax > 0x1p-900 && kmax > 0x1p-900)) return false;
+  const double sq = 0x1p30 / pow2_floor(qmax), sk = 0x1p30 / pow2_floor(kmax);
+  static thread_local FloatRows qf, kf;
+  static thread_local Eigen::MatrixXf af;
+  qf.resize(H, dqk);
+  kf.resize(v.n, dqk);
+  abs_up_to_float(Q.reshaped<Eigen::RowMajor>(), sq, qf.data());
+  abs_up_to_float(K.reshaped<Eigen::RowMajor>(), sk, kf.data());
+  af.noalias() = qf * kf.transpose();
+  const double raise = 1 / (1 - (2.0 * dqk + 16) * 0x1p-24);
+  rw.a = af.cast<double>() * (s * raise * (1 + 0x1p-50) / (sq * sk));
+  return true;
+}
+
+void prepare_row(const OracleRowView& v, int32_t H, int32_t dqk, double s, RowWork& rw) {
+  const ConstColMap X(v.X, H, v.n);
+  rw.x = X;
+  if (!float_a(v, H, dqk, s, rw)) {
+    const ConstRowMap Q(v.Q, H, dqk), K(v.K, v.n, dqk);
+    rw.a.resize(H, v.n);
+    rw.a.noalias() = Q.cwiseAbs() * K.cwiseAbs().transpose();
+    rw.a *= s;
+  }
+  rw.c1.resize(H, v.n);
+  rw.w.resize(H, v.n);
+}
+
+// The terms (BoundTerms::Head and the sums G1, G0, W, underflow) of every head of a row over the
+// valid entries [k0, k0 + n), against reference outputs O (row h at O + h * d_v: the row's
+// output, or one list's exact partial result), with the heads' sinks (null: none). under is
+// called for a head with tokens that may underflow and returns where its d_v sums go.
+template <typename Under>
+void subset_terms(const OracleRowView& v, RowWork& rw, int32_t H, int32_t dqk, int32_t dv,
+                  Eigen::Index k0, Eigen::Index n, const double* O, const double* sinks,
+                  bool sink_in_lse, BoundTerms::Head* heads, double* g1, double* g0, double* w,
+                  Under under) {
+  const double lambda = 2.0 / (dqk + 2);
+  const size_t hs = static_cast<size_t>(H);
+  rw.sum_c1.assign(hs, 0.0);
+  rw.sum_w.assign(hs, 0.0);
+  rw.under.setZero(H, rw.w.cols());  // the weights' layout
+  rw.any_under = false;
+  for (int32_t h = 0; h < H; ++h) {
+    BoundTerms::Head& t = heads[h];
+    t = BoundTerms::Head{};
+    t.sink = sinks != nullptr ? sinks[h] : -kInf;
+    if (n == 0) continue;
+    t.empty = false;
+    const auto x = rw.x.row(h).segment(k0, n).array();
+    const auto a = rw.a.row(h).segment(k0, n).array();
+    auto wk = rw.w.row(h).head(n).array();
+    auto c1 = rw.c1.row(h).head(n).array();
+    t.x_max = x.maxCoeff();
+    t.R = t.x_max - x.minCoeff();
+    const bool sink_finite = std::isfinite(t.sink);
+    // The output weights, the sink in the denominator (model step 2).
+    const double M = sink_finite ? std::max(t.x_max, t.sink) : t.x_max;
+    const double sink_num = sink_finite ? std::exp(t.sink - M) : 0.0;
+    wk = (x - M).exp();
+    const double Z = wk.sum() + sink_num;
+    wk /= Z;
+    t.w_s = sink_num / Z;
+    // X_k = |x_k| + |x_k - x_max| in c1 for now.
+    c1 = x.abs() + (x - t.x_max).abs();
+    t.a_max = a.maxCoeff();
+    t.xd_max = c1.maxCoeff();
+    // The LSE's sums, its weights the output weights unless a finite sink is left out of the lse.
+    const auto lse_sums = [&](const auto& wl, double scale) {
+      t.L[0] = (wl * a).sum() * scale;
+      t.L[1] = (wl * c1).sum() * scale;
+      t.L[2] = wl.sum() * scale;
+      t.L[3] = (wl * a.square()).sum() * scale;
+      t.L[4] = (wl * a * c1).sum() * scale;
+      t.L[5] = (wl * c1.square()).sum() * scale;
+    };
+    const bool lse_sink = sink_in_lse && sink_finite;
+    if (sink_finite && !lse_sink) {
+      const Eigen::Array<double, 1, Eigen::Dynamic> el = (x - t.x_max).exp();
+      lse_sums(el, 1 / el.sum());
+    } else {
+      lse_sums(wk, 1.0);
+      t.wl_s = lse_sink ? t.w_s : 0.0;
+    }
+    c1 = a + lambda * c1;
+    t.f_max = c1.maxCoeff();
+    c1 *= wk;
+    const size_t hh = static_cast<size_t>(h);
+    rw.sum_c1[hh] = c1.sum();
+    rw.sum_w[hh] = wk.sum();
+    rw.under.row(h).head(n) = (x - t.x_max < kUnderflowArg).cast<double>();
+    t.any_under = rw.under.row(h).head(n).sum() > 0;
+    rw.any_under = rw.any_under || t.any_under;
+  }
+  if (rw.any_under) rw.under_sum.assign(hs * dv, 0.0);
+  if (!float_pass(v, rw, H, dqk, dv, k0, n, O, heads, g1, g0, w)) {
+    // Subnormal weights raised (bounds only grow), as the float pass raises its own.
+    for (double* c : {rw.c1.data(), rw.w.data()}) {
+      for (Eigen::Index i = 0; i < rw.c1.size(); ++i) {
+        if (c[i] > 0 && c[i] < kDoubleWeightFloor) c[i] = kDoubleWeightFloor;
+      }
+    }
+    weighted_abs_sums(v.K + k0 * dqk, dqk, n, H, dv, O, dv, rw.c1.data(), rw.w.data(), rw.w.data(),
+                      rw.any_under ? rw.under.data() : nullptr, rw.w.cols(), g1, g0, w,
+                      rw.any_under ? rw.under_sum.data() : nullptr, dv);
+  }
+  // 2^-126 sum_k |V_kd| over the tokens whose p may be subnormal or flushed (model step 5).
+  for (int32_t h = 0; h < H; ++h) {
+    if (!heads[h].any_under) continue;
+    double* u = under(h);
+    const double* sum = rw.under_sum.data() + static_cast<size_t>(h) * dv;
+    for (int32_t d = 0; d < dv; ++d) u[d] = 0x1p-126 * sum[d];
+  }
+}
+
+// What head_bound reads besides its head's scalars: the row's shapes and the head's element
+// arrays (underflow sums null when none).
+struct HeadInputs {
+  double s;
+  int32_t dqk, dv;
+  bool sink_in_lse;
+  const double *O, *g1, *g0, *w, *under;
+  double lse_ref;
 };
 
-// The bound of head h of a row for one pipeline up to the pass over V: *lb, and either ob
-// (hopeless rows: +inf; a +inf sink: out exactly 0, left 0) with *needs_tail false, or *tail
-// for head_finish. Returns e_max (+inf when hopeless). sh: the head's HeadShared for hs
-// (computed here when not ready yet).
-double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh, double* ob,
-                    double* lb, HeadTail* tail, bool* needs_tail) {
-  *needs_tail = false;
-  const Pipeline& p = rt.p;
-  const double u = p.u, s = rt.s;
-  const int dqk = rt.dqk, dv = rt.dv, T = hs.T, nt = hs.nt;
-  const Eigen::Index n = hs.n;
-  const double g_dot = gamma(dqk + 2, p.u_acc);
+// One pipeline's bound of one head (the model of tolerance.h in the form of its "Evaluation"):
+// ob[d_v] and *lb (left 0 where the value must be exact). Returns E, the bound on every e_k
+// and e_s (+inf when the model bounds nothing for this head). Writes every element (the
+// buffers may hold another case's values).
+double head_bound(const BoundTerms::Head& t, const HeadInputs& in, const Pipeline& p, Counts c,
+                  double* ob, double* lb) {
+  *lb = 0;
+  if (t.empty) {  // out exactly 0, lse exactly the convention's infinity
+    std::fill(ob, ob + in.dv, 0.0);
+    return 0;
+  }
+  const double u = p.u, s = in.s;
+  const int dqk = in.dqk, dv = in.dv, T = c.T, nt = c.nt;
   // Split-KV: at most ns splits, each adding a product and a sum to O and l; one more rescale
-  // argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation in the header).
+  // argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation above).
   const int ns = p.split_kv ? std::min(nt, mla::kMaxSplits) : 0;
   const double r_mult = p.split_kv ? 2.0 : 1.0;
   const double g_num = gamma(T + nt + 2 + 2 * ns, p.u_acc);
@@ -189,236 +457,84 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   const double g_den = gamma(T + nt + 5 + 2 * ns, u);
   const double g_lse = gamma(T + nt + 2 + 2 * ns, u);
   const double exp_ulps = (nt + 2) * p.c_exp * u;
-  const auto x_row = rt.X.row(h).segment(hs.k0, n);
-  const auto a_row = rt.A.row(h).segment(hs.k0, n);
-  const double sink = hs.sink;
-  const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
-  const double R = x_max - x_min;
-  Eigen::VectorXd e(n), c(n);
-  // Logit errors e_k (model steps 1 and 2).
-  for (Eigen::Index k = 0; k < n; ++k) {
-    const double x = x_row(k);
-    const double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
-    e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
-  }
-  const bool sink_pos_inf = sink == kInf;
-  const bool sink_finite = std::isfinite(sink);
-  const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
+  // e_k <= alpha f_k + delta for every token (steps 1 and 2).
+  const double alpha = gamma(dqk + 2, p.u_acc);
+  const double delta = s * (dqk + 2) * p.eta + 2 * u * r_mult * t.R + exp_ulps;
+  const double two_u = 2 * u;
+  const double E = std::min(alpha * t.f_max, alpha * t.a_max + two_u * t.xd_max) + delta;
+  const bool sink_pos_inf = t.sink == kInf;
+  const bool sink_finite = std::isfinite(t.sink);
+  const double e_s =
+      sink_finite ? 2 * u * (std::fabs(t.sink - t.x_max) + r_mult * t.R) + exp_ulps : 0.0;
+  const bool lse_exact = (in.sink_in_lse && sink_pos_inf) || !std::isfinite(in.lse_ref);
   // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
-  // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
-  // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
-  if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
-    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) *lb = kInf;
-    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+  // model bounds nothing for this head, so every element's bound is +inf (not 0 * exp(e) =
+  // NaN).
+  if (E > kHopelessLogitError || e_s > kHopelessLogitError) {
+    if (!lse_exact) *lb = kInf;
+    std::fill(ob, ob + dv, sink_pos_inf ? 0.0 : kInf);
     return kInf;
   }
-
-  // LSE weights w' (tokens; the sink too when it is folded into the lse).
-  const bool lse_sink = hs.sink_in_lse && sink_finite;
-  {
-    if (!sh.lse_ready) {  // no pipeline changes them: once per head
-      const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
-      double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-      const Eigen::VectorXd& ex = exp_of(rt, h, hs, Ml, sh);
-      for (Eigen::Index k = 0; k < n; ++k) zl += ex(k);
-      sh.sink_wl = lse_sink ? std::exp(sink - Ml) / zl : 0.0;
-      sh.wl.resize(n);
-      for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = ex(k) / zl;
-      sh.lse_ready = true;
+  // expm1(e_k) <= e_k phi(E).
+  const double phi = E > 0 ? std::expm1(E) / E : 1.0;
+  if (!lse_exact) {
+    // S1 >= sum_k w'_k e_k, S2 >= sum_k w'_k e_k^2. With the sink's LSE weight, the weights sum
+    // to 1: log sum w' exp(e) <= log1p(sum w' expm1(e)), expm1(e) <= e + phi2(E) e^2 / 2
+    // (Taylor, the remainder's coefficient increasing in e); -log sum w' exp(-e) <= sum w' e
+    // (Jensen).
+    const double* L = t.L;
+    const double S1 = alpha * L[0] + two_u * L[1] + delta * L[2];
+    const double S2 = alpha * alpha * L[3] + two_u * two_u * L[5] + delta * delta * L[2] +
+                      2 * (alpha * two_u * L[4] + alpha * delta * L[0] + two_u * delta * L[1]);
+    const bool lse_sink = in.sink_in_lse && sink_finite;
+    const double up =
+        std::min(phi * S1, S1 + 0.5 * phi2(E) * S2) + (lse_sink ? t.wl_s * std::expm1(e_s) : 0.0);
+    const double down = S1 + (lse_sink ? t.wl_s * e_s : 0.0);
+    const double lw = std::max(std::log1p(up), down);
+    *lb = lw - std::log1p(-g_lse) + p.c_exp * u * (std::fabs(in.lse_ref) + std::fabs(t.x_max) + 1) +
+          2 * u * std::fabs(in.lse_ref) + T * p.eta;
+  }
+  const double E_all = std::max(E, e_s);
+  if (sink_pos_inf) {  // out exactly 0: exp(+inf - m) = inf in the denominator
+    std::fill(ob, ob + dv, 0.0);
+    return E_all;
+  }
+  const double grow = std::exp(E_all);
+  // Per element: grow (phi (alpha G1 + delta G0) + w_s expm1(e_s) |O| + g_den |O| + (g_num +
+  // u16 with bf16 p) W), times the second-order slack, plus the absolute terms.
+  const double k1 = grow * phi * alpha, k0 = grow * phi * delta;
+  const double ko = grow * (t.w_s * std::expm1(e_s) + g_den);
+  const double kw = grow * (g_num + (p.bf16_p ? kU16 : 0.0));
+  const double abs_base = p.eta * (T + nt + 4 + 2 * ns);
+  const double overflow = sink_finite && t.sink - t.x_max > kSinkOverflowArg ? 1.0 : 0.0;
+  const auto elements = [&](auto under) {
+    for (int d = 0; d < dv; ++d) {
+      const double od = std::fabs(in.O[d]);
+      const double first = k1 * in.g1[d] + k0 * in.g0[d] + ko * od + kw * in.w[d];
+      ob[d] = first * kSecondOrder + abs_base + overflow * (od + in.w[d]) + under(d);
     }
-    double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
-    double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
-    for (Eigen::Index k = 0; k < n; ++k) {
-      const double wk = sh.wl(k);
-      up += wk * std::exp(e(k));
-      down += wk * std::exp(-e(k));
-    }
-    const double lw = std::max(std::log(up), -std::log(down));
-    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) {
-      *lb = lw - std::log1p(-g_lse) + p.c_exp * u * (std::fabs(hs.lse_ref) + std::fabs(x_max) + 1) +
-            2 * u * std::fabs(hs.lse_ref) + T * p.eta;
-    }
-  }
-  double e_max = e_s;
-  for (Eigen::Index k = 0; k < n; ++k) e_max = std::max(e_max, e(k));
-  if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
-
-  // Output weights w (sink in the denominator), shared by the pipelines.
-  if (!sh.ready) share_head(rt, h, hs, sh);
-  const Eigen::VectorXd& w = sh.w;
-  const double w_s = sh.w_s;
-  for (Eigen::Index k = 0; k < n; ++k) c(k) = w(k) * std::expm1(e(k));
-  tail->c.swap(c);
-  tail->grow = std::exp(e_max);
-  tail->sink_term = w_s * std::expm1(e_s);
-  tail->g_num = g_num;
-  tail->g_den = g_den;
-  tail->abs_base = p.eta * (T + nt + 4 + 2 * ns);
-  tail->bf16_p = p.bf16_p;
-  tail->sink_overflow = sink_finite && sink - x_max > kSinkOverflowArg;
-  tail->ob = ob;
-  *needs_tail = true;
-  return e_max;
-}
-
-// sum_k c_i[k] |v[k] - o| for the weights c_i of N tails at once, in one pass over v: per vector
-// the order of Eigen's (c.array() * t).sum() with 4-double packets (two accumulators over blocks of
-// 8, then a last block of 4, (a0 + a2) + (a1 + a3), then the rest one by one), so the bits of the
-// per-vector reductions this replaced on an AVX build; fixed whatever the build, so that one
-// pipeline's bound and a set's are the same bits. The products are never negative (c >= 0, |v - o|
-// >= 0): starting the sums at +0 changes nothing. Four doubles (GCC/Clang vector extensions: AVX
-// registers on x86-64-v3, pairs of SSE ones otherwise); lane-wise IEEE operations, so the same bits
-// on every build.
-typedef double Lanes4 __attribute__((vector_size(32)));
-typedef uint64_t Bits4 __attribute__((vector_size(32)));
-
-inline Lanes4 load4(const double* p) {
-  Lanes4 r;
-  std::memcpy(&r, p, sizeof r);
-  return r;
-}
-
-inline Lanes4 abs4(Lanes4 x) {
-  const Bits4 mask = {~(uint64_t{1} << 63), ~(uint64_t{1} << 63), ~(uint64_t{1} << 63),
-                      ~(uint64_t{1} << 63)};
-  return reinterpret_cast<Lanes4>(reinterpret_cast<Bits4>(x) & mask);
-}
-
-template <int N>
-void weighted_l1(const double* v, double o, Eigen::Index n, HeadTail* const* tails, double* out) {
-  const double* c[N];
-  for (int i = 0; i < N; ++i) c[i] = tails[i]->c.data();
-  Lanes4 a0[N] = {}, a1[N] = {};
-  const Lanes4 o4 = {o, o, o, o};
-  const Eigen::Index n8 = n / 8 * 8, n4 = n / 4 * 4;
-  for (Eigen::Index k = 0; k < n8; k += 8) {
-    const Lanes4 t0 = abs4(load4(v + k) - o4), t1 = abs4(load4(v + k + 4) - o4);
-    for (int i = 0; i < N; ++i) {
-      a0[i] += load4(c[i] + k) * t0;
-      a1[i] += load4(c[i] + k + 4) * t1;
-    }
-  }
-  if (n8 > 0) {
-    for (int i = 0; i < N; ++i) a0[i] += a1[i];
-  }
-  if (n4 > n8) {
-    const Lanes4 t = abs4(load4(v + n8) - o4);
-    for (int i = 0; i < N; ++i) a0[i] += load4(c[i] + n8) * t;
-  }
-  for (int i = 0; i < N; ++i) {
-    double r = (a0[i][0] + a0[i][2]) + (a0[i][1] + a0[i][3]);
-    for (Eigen::Index k = n4; k < n; ++k) r += c[i][k] * std::fabs(v[k] - o);
-    out[i] = r;
-  }
-}
-
-void weighted_l1_any(const double* v, double o, Eigen::Index n, HeadTail* const* tails,
-                     size_t count, double* out) {
-  for (size_t i = 0; i < count; i += 4) {
-    switch (std::min<size_t>(count - i, 4)) {
-      case 1:
-        weighted_l1<1>(v, o, n, tails + i, out + i);
-        break;
-      case 2:
-        weighted_l1<2>(v, o, n, tails + i, out + i);
-        break;
-      case 3:
-        weighted_l1<3>(v, o, n, tails + i, out + i);
-        break;
-      default:
-        weighted_l1<4>(v, o, n, tails + i, out + i);
-        break;
-    }
-  }
-}
-
-// The pass over V of one head for every pipeline in tails (each after its head_prepare): per
-// element, sum_k c_k |V_kd - O_d| (the weight-error term of step 2, exact in |V - O|; one pass
-// over V_d for all pipelines), with the shared sum_k w_k |V_kd| and, when a token may
-// underflow, sum_k under_k |V_kd|. V = K.leftCols(dv), column-major: column d is contiguous over
-// the tokens. The same expressions per pipeline as one pipeline alone: the same bits.
-void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
-                 HeadTail* const* tails, size_t count, std::vector<double>& wt) {
-  if (count == 0) return;
-  const Eigen::Index n = hs.n;
-  const double* O = hs.O;
-  wt.resize(count);
-  for (int32_t d = 0; d < rt.dv; ++d) {
-    const double od = std::fabs(O[d]);
-    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, tails, count, wt.data());
-    const double wvd = sh.wvd[static_cast<size_t>(d)];
-    const double uvd = sh.uvd[static_cast<size_t>(d)];
-    for (size_t i = 0; i < count; ++i) {
-      const HeadTail& tl = *tails[i];
-      double first = tl.grow * (wt[i] + tl.sink_term * od);
-      first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
-      if (tl.bf16_p) first += tl.grow * kU16 * wvd;
-      double abs_terms = tl.abs_base + uvd;
-      if (tl.sink_overflow) abs_terms += od + wvd;
-      tl.ob[d] = first * kSecondOrder + abs_terms;
-    }
-  }
-}
-
-// One pipeline's bound of head h: ob[d_v] and *lb; returns e_max.
-double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb) {
-  HeadShared sh;
-  HeadTail tail;
-  bool needs_tail = false;
-  const double e_max = head_prepare(rt, h, hs, sh, ob, lb, &tail, &needs_tail);
-  if (needs_tail) {
-    HeadTail* tails[1] = {&tail};
-    std::vector<double> wt;
-    head_finish(rt, hs, sh, tails, 1, wt);
-  }
-  return e_max;
-}
-
-// The exact softmax of one head over a subset of the row's valid entries, without the sink:
-// the partial output O_i and LSE l_i an LSE-merged kernel computes for one list.
-void partial_result(const RowTerms& rt, int h, Eigen::Index k0, Eigen::Index n, double* O,
-                    double* lse) {
-  const auto x_row = rt.X.row(h).segment(k0, n);
-  const double x_max = x_row.maxCoeff();
-  const Eigen::ArrayXd p = (x_row.array() - x_max).exp().transpose();
-  const double z = p.sum();
-  for (int d = 0; d < rt.dv; ++d) {
-    const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + k0, n);
-    O[d] = (p * v).sum() / z;
-  }
-  *lse = x_max + std::log(z);
-}
-
-// The LSE-merged pipeline (tolerance.h, the production decode): each list's partial bound, its
-// bf16 rounding, then the merge of the two partials as two "tokens" with LSE errors dlse_i, the
-// sink added at the merge.
-void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], double sink,
-                       bool sink_in_lse, const double* O, double lse_ref, double* ob, double* lb) {
-  const Pipeline& p = rt.p;
-  const double u = p.u;
-  const int dv = rt.dv;
-  struct Part {
-    std::vector<double> O, delta;
-    double l = -kInf, dl = 0;
   };
-  std::vector<Part> parts;
-  bool hopeless = false;
-  for (const HeadSubset& li : lists) {
-    if (li.n == 0) continue;  // no valid token: weight exactly 0 (LSE -inf)
-    Part pt;
-    pt.O.assign(static_cast<size_t>(dv), 0.0);
-    pt.delta.assign(static_cast<size_t>(dv), 0.0);
-    partial_result(rt, h, li.k0, li.n, pt.O.data(), &pt.l);
-    HeadSubset sub = li;
-    sub.sink = -kInf;
-    sub.sink_in_lse = false;
-    sub.O = pt.O.data();
-    sub.lse_ref = pt.l;
-    if (!(head_bound(rt, h, sub, pt.delta.data(), &pt.dl) <= kHopelessLogitError)) {
-      hopeless = true;
-    }
-    parts.push_back(std::move(pt));
+  if (in.under != nullptr) {
+    elements([&](int d) { return in.under[d]; });
+  } else {
+    elements([](int) { return 0.0; });
   }
+  return E_all;
+}
+
+// The LSE-merged pipeline (tolerance.h, the production decode) of one head: each list's partial
+// bound (delta_i, dl_i against its exact partial O_i, l_i), its bf16 rounding, then the merge of
+// the two partials as two "tokens" with LSE errors dl_i, the sink added at the merge.
+struct Part {
+  const double* O = nullptr;      // [d_v] exact partial output
+  const double* delta = nullptr;  // [d_v] its bound
+  double l = -kInf, dl = 0;       // its exact LSE and the LSE's bound
+};
+
+void merged_head_bound(const Pipeline& p, const Part* parts, size_t count, bool hopeless,
+                       double sink, bool sink_in_lse, const double* O, double lse_ref, int dv,
+                       double* ob, double* lb) {
+  const double u = p.u;
   const bool sink_pos_inf = sink == kInf;
   const bool sink_finite = std::isfinite(sink);
   const bool lse_exact = (sink_in_lse && sink_pos_inf) || !std::isfinite(lse_ref);
@@ -428,9 +544,9 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
     return;
   }
   double l_max = -kInf, l_min = kInf;
-  for (const Part& pt : parts) {
-    l_max = std::max(l_max, pt.l);
-    l_min = std::min(l_min, pt.l);
+  for (size_t i = 0; i < count; ++i) {
+    l_max = std::max(l_max, parts[i].l);
+    l_min = std::min(l_min, parts[i].l);
   }
   if (sink_finite) l_min = std::min(l_min, sink);
   const double M = sink_finite ? std::max(l_max, sink) : l_max;
@@ -438,9 +554,9 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
   // The merge's own arithmetic: l_i - M, exp, the weights' sum and division, two products and a
   // sum per element: c_exp ulps per exp, a few roundings.
   const double merge_exp = 3 * p.c_exp * u;
-  std::vector<double> e(parts.size());
+  double e[2] = {0, 0};
   double e_max = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  for (size_t i = 0; i < count; ++i) {
     e[i] = parts[i].dl + 2 * u * (std::fabs(parts[i].l - M) + R) + merge_exp;
     e_max = std::max(e_max, e[i]);
   }
@@ -456,10 +572,10 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
     const bool lse_sink = sink_in_lse && sink_finite;
     const double Ml = lse_sink ? M : l_max;
     double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-    for (const Part& pt : parts) zl += std::exp(pt.l - Ml);
+    for (size_t i = 0; i < count; ++i) zl += std::exp(parts[i].l - Ml);
     double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
     double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
-    for (size_t i = 0; i < parts.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
       const double wi = std::exp(parts[i].l - Ml) / zl;
       up += wi * std::exp(e[i]);
       down += wi * std::exp(-e[i]);
@@ -470,22 +586,23 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
   }
   if (sink_pos_inf) return;  // out exactly 0
   double Z = sink_finite ? std::exp(sink - M) : 0.0;
-  for (const Part& pt : parts) Z += std::exp(pt.l - M);
+  for (size_t i = 0; i < count; ++i) Z += std::exp(parts[i].l - M);
   const double a_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
   const double grow = std::exp(e_max);
   const bool sink_overflow = sink_finite && sink - l_max > kSinkOverflowArg;
+  double a[2] = {0, 0};
+  for (size_t i = 0; i < count; ++i) a[i] = std::exp(parts[i].l - M) / Z;
   for (int d = 0; d < dv; ++d) {
     const double od = std::fabs(O[d]);
     double weights = a_s * std::expm1(e_s) * od, stored = 0, mags = od, abs_terms = 8 * p.eta;
-    for (size_t i = 0; i < parts.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
       const Part& pt = parts[i];
-      const double a = std::exp(pt.l - M) / Z;
-      const double oi = std::fabs(pt.O[static_cast<size_t>(d)]);
-      const double di = pt.delta[static_cast<size_t>(d)];
-      weights += a * std::expm1(e[i]) * std::fabs(pt.O[static_cast<size_t>(d)] - O[d]);
+      const double oi = std::fabs(pt.O[d]);
+      const double di = pt.delta[d];
+      weights += a[i] * std::expm1(e[i]) * std::fabs(pt.O[d] - O[d]);
       // The partial's error before its store, and its bf16 rounding (of the computed value).
-      stored += a * (di * (1 + kU16) + kU16 * oi);
-      mags += a * oi;
+      stored += a[i] * (di * (1 + kU16) + kU16 * oi);
+      mags += a[i] * oi;
       // A partial whose merge weight may be subnormal or flushed.
       if (pt.l - l_max < kUnderflowArg) abs_terms += 0x1p-126 * (oi + di);
     }
@@ -497,84 +614,258 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
   }
 }
 
+// The LSE-merged requests of a case with an extra cache, row by row: each list's exact partial
+// result and its terms, each request's partial bounds, then their merge.
+class MergedBounds final : public OracleRowVisitor {
+ public:
+  struct Request {
+    const Pipeline* p;
+    int T_main, T_extra;
+    Bounds* out;
+  };
+  MergedBounds(const MaterializedCase& m, std::vector<Request> requests)
+      : m_(m), requests_(std::move(requests)) {}
+
+  void visit(const OracleRowView& v) override {
+    if (v.n == 0) return;  // empty row: out exactly 0, lse exactly the convention's infinity
+    const int32_t H = m_.heads, dv = m_.d_v(), dqk = m_.d_qk();
+    const double s = std::fabs(m_.sm_scale64);
+    prepare_row(v, H, dqk, s, rw_);
+    const Eigen::Index k0[2] = {0, v.n_main}, len[2] = {v.n_main, v.n - v.n_main};
+    for (int l = 0; l < 2; ++l) {
+      List& li = lists_[l];
+      li.n = len[l];
+      if (li.n == 0) continue;
+      li.O.assign(static_cast<size_t>(H) * dv, 0.0);
+      li.lse.assign(static_cast<size_t>(H), 0.0);
+      partial_results(v, H, dqk, dv, k0[l], li.n, li.O.data(), li.lse.data());
+      li.heads.resize(static_cast<size_t>(H));
+      li.g1.assign(static_cast<size_t>(H) * dv, 0.0);
+      li.g0.assign(li.g1.size(), 0.0);
+      li.w.assign(li.g1.size(), 0.0);
+      li.under.clear();
+      subset_terms(v, rw_, H, dqk, dv, k0[l], li.n, li.O.data(), nullptr, false, li.heads.data(),
+                   li.g1.data(), li.g0.data(), li.w.data(), [&](int32_t h) {
+                     if (li.under.empty()) li.under.assign(static_cast<size_t>(H) * dv, 0.0);
+                     return li.under.data() + static_cast<size_t>(h) * dv;
+                   });
+    }
+    std::vector<double> delta[2];
+    for (const Request& rq : requests_) {
+      const Pipeline& p = *rq.p;
+      const int Tl[2] = {rq.T_main, rq.T_extra};
+      for (int32_t h = 0; h < H; ++h) {
+        const size_t rh = static_cast<size_t>(v.row) * H + h;
+        Part parts[2];
+        size_t count = 0;
+        bool hopeless = false;
+        for (int l = 0; l < 2; ++l) {
+          const List& li = lists_[l];
+          if (li.n == 0) continue;  // no valid token: weight exactly 0 (LSE -inf)
+          delta[l].assign(static_cast<size_t>(dv), 0.0);
+          const size_t hd = static_cast<size_t>(h) * dv;
+          const HeadInputs in{s,
+                              dqk,
+                              dv,
+                              false,
+                              li.O.data() + hd,
+                              li.g1.data() + hd,
+                              li.g0.data() + hd,
+                              li.w.data() + hd,
+                              li.under.empty() ? nullptr : li.under.data() + hd,
+                              li.lse[static_cast<size_t>(h)]};
+          Part& pt = parts[count++];
+          pt.O = in.O;
+          pt.delta = delta[l].data();
+          pt.l = in.lse_ref;
+          if (!(head_bound(li.heads[static_cast<size_t>(h)], in, p, {Tl[l], tiles(p, Tl[l])},
+                           delta[l].data(), &pt.dl) <= kHopelessLogitError)) {
+            hopeless = true;
+          }
+        }
+        const double sink = m_.sink.empty() ? -kInf : static_cast<double>(m_.sink[h]);
+        merged_head_bound(p, parts, count, hopeless, sink, m_.conv.sink_in_lse, v.out + h * dv,
+                          v.lse[h], dv, rq.out->out.data() + rh * dv, &rq.out->lse[rh]);
+      }
+    }
+  }
+
+ private:
+  struct List {
+    Eigen::Index n = 0;
+    std::vector<double> O, lse, g1, g0, w, under;
+    std::vector<BoundTerms::Head> heads;
+  };
+
+  // The exact softmax of every head over entries [k0, k0 + n) of the row, without the sink: the
+  // partial output O_i and LSE l_i an LSE-merged kernel computes for one list.
+  void partial_results(const OracleRowView& v, int32_t H, int32_t dqk, int32_t dv, Eigen::Index k0,
+                       Eigen::Index n, double* O, double* lse) {
+    RowMatrix P(H, n);
+    for (int32_t h = 0; h < H; ++h) {
+      const auto x = rw_.x.row(h).segment(k0, n).array();
+      const double x_max = x.maxCoeff();
+      P.row(h).array() = (x - x_max).exp();
+      const double z = P.row(h).sum();
+      P.row(h) /= z;
+      lse[h] = x_max + std::log(z);
+    }
+    const Eigen::Map<const RowMatrix, 0, Eigen::OuterStride<>> V(v.K + k0 * dqk, n, dv,
+                                                                 Eigen::OuterStride<>(dqk));
+    Eigen::Map<RowMatrix>(O, H, dv).noalias() = P * V;
+  }
+
+  const MaterializedCase& m_;
+  std::vector<Request> requests_;
+  RowWork rw_;
+  List lists_[2];
+};
+
 }  // namespace
+
+BoundTermsBuilder::BoundTermsBuilder(const MaterializedCase& m, BoundTerms recycled)
+    : m_(m), t_(std::move(recycled)) {
+  t_.rows = m.query_rows();
+  t_.heads = m.heads;
+  t_.d_v = m.d_v();
+  t_.d_qk = m.d_qk();
+  t_.s = std::fabs(m.sm_scale64);
+  t_.sink_in_lse = m.conv.sink_in_lse;
+  const size_t rh = static_cast<size_t>(t_.rows) * t_.heads;
+  t_.head.assign(rh, BoundTerms::Head{});
+  if (!m.sink.empty()) {
+    for (size_t i = 0; i < rh; ++i) t_.head[i].sink = m.sink[i % static_cast<size_t>(t_.heads)];
+  } else {
+    for (BoundTerms::Head& hd : t_.head) hd.sink = -kInf;
+  }
+  // Every row's sums are written by visit() (an empty row's zeroed): resized, not cleared.
+  t_.g1.resize(rh * t_.d_v);
+  t_.g0.resize(rh * t_.d_v);
+  t_.w.resize(rh * t_.d_v);
+  t_.under.assign(static_cast<size_t>(t_.rows), {});
+  row_seconds_.assign(static_cast<size_t>(t_.rows), 0.0);
+}
+
+void BoundTermsBuilder::visit(const OracleRowView& v) {
+  if (v.n == 0) {  // empty row: the heads stay empty (bounds 0)
+    const size_t at = static_cast<size_t>(v.row) * t_.heads * t_.d_v;
+    const size_t len = static_cast<size_t>(t_.heads) * t_.d_v;
+    for (std::vector<double>* a : {&t_.g1, &t_.g0, &t_.w}) {
+      std::fill(a->begin() + static_cast<std::ptrdiff_t>(at),
+                a->begin() + static_cast<std::ptrdiff_t>(at + len), 0.0);
+    }
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  thread_local RowWork rw;
+  const int32_t H = t_.heads, dv = t_.d_v, dqk = t_.d_qk;
+  prepare_row(v, H, dqk, t_.s, rw);
+  std::vector<double> sinks;
+  if (!m_.sink.empty()) sinks.assign(m_.sink.begin(), m_.sink.end());
+  const size_t at = static_cast<size_t>(v.row) * H;
+  std::vector<double>& under = t_.under[static_cast<size_t>(v.row)];
+  subset_terms(v, rw, H, dqk, dv, 0, v.n, v.out, sinks.empty() ? nullptr : sinks.data(),
+               t_.sink_in_lse, t_.head.data() + at, t_.g1.data() + at * dv, t_.g0.data() + at * dv,
+               t_.w.data() + at * dv, [&](int32_t h) {
+                 if (under.empty()) under.assign(static_cast<size_t>(H) * dv, 0.0);
+                 return under.data() + static_cast<size_t>(h) * dv;
+               });
+  row_seconds_[static_cast<size_t>(v.row)] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double BoundTermsBuilder::seconds() const {
+  double s = 0;
+  for (const double x : row_seconds_) s += x;
+  return s;
+}
+
+BoundTerms bound_terms(const MaterializedCase& m, const OracleResult& ref) {
+  BoundTermsBuilder b(m);
+  visit_oracle_rows(m, ref, b);
+  return b.take();
+}
+
+std::vector<Bounds> joint_bounds(const BoundTerms& t, const OracleResult& ref,
+                                 const std::vector<JointRequest>& requests,
+                                 std::vector<Bounds>* reuse) {
+  const size_t rh = static_cast<size_t>(t.rows) * t.heads;
+  if (ref.out.size() != rh * t.d_v || ref.lse.size() != rh || t.head.size() != rh) {
+    throw std::invalid_argument("joint_bounds: the oracle result does not have the terms' shape");
+  }
+  std::vector<Bounds> out(requests.size());
+  std::vector<Counts> counts;
+  for (size_t j = 0; j < requests.size(); ++j) {
+    // Every element is written below: a reused buffer is only resized (not cleared).
+    if (reuse != nullptr && !reuse->empty()) {
+      out[j] = std::move(reuse->back());
+      reuse->pop_back();
+    }
+    out[j].out.resize(rh * t.d_v);
+    out[j].lse.resize(rh);
+    const JointRequest& rq = requests[j];
+    counts.push_back(joint_counts(rq.pipeline, rq.topk, rq.extra_topk));
+  }
+  // Head by head, every request: a head's terms are read from memory once.
+  for (size_t i = 0; i < rh; ++i) {
+    const size_t at = i * t.d_v;
+    const std::vector<double>& under = t.under[i / static_cast<size_t>(t.heads)];
+    const HeadInputs in{
+        t.s,
+        t.d_qk,
+        t.d_v,
+        t.sink_in_lse,
+        ref.out.data() + at,
+        t.g1.data() + at,
+        t.g0.data() + at,
+        t.w.data() + at,
+        under.empty() ? nullptr : under.data() + (i % static_cast<size_t>(t.heads)) * t.d_v,
+        ref.lse[i]};
+    for (size_t j = 0; j < requests.size(); ++j) {
+      head_bound(t.head[i], in, requests[j].pipeline, counts[j], out[j].out.data() + at,
+                 &out[j].lse[i]);
+    }
+  }
+  return out;
+}
+
+Bounds joint_bounds(const BoundTerms& t, const OracleResult& ref, const Pipeline& p, int32_t topk,
+                    int32_t extra_topk) {
+  return std::move(joint_bounds(t, ref, {JointRequest{p, topk, extra_topk}}, nullptr)[0]);
+}
 
 std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
                                        const std::vector<BoundsRequest>& requests) {
-  const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
-  const double s = std::fabs(m.sm_scale64);
-  // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
-  // then the extra list's: T counts both lists' entries, nt both lists' tiles. The LSE-merged
-  // pipeline bounds each list alone and then their merge.
-  struct Plan {
-    const Pipeline* p;
-    int T_main, T_extra, nt;
-    bool merged;
-    int tiles(int n) const {
-      return p->token_tile > 0 ? (n + p->token_tile - 1) / p->token_tile : 1;
-    }
-  };
-  std::vector<Plan> plans;
   std::vector<Bounds> out(requests.size());
+  std::vector<MergedBounds::Request> merged;
+  bool any_joint = false;
   for (size_t i = 0; i < requests.size(); ++i) {
     const BoundsRequest& rq = requests[i];
-    Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0,
-            0, rq.pipeline.lse_merged && m.has_extra};
-    pl.nt = pl.tiles(pl.T_main) +
-            (pl.T_extra > 0 && rq.pipeline.token_tile > 0 ? pl.tiles(pl.T_extra) : 0);
-    plans.push_back(pl);
-    out[i].out.assign(static_cast<size_t>(B) * H * dv, 0.0);
-    out[i].lse.assign(static_cast<size_t>(B) * H, 0.0);
-  }
-  if (requests.empty()) return out;
-  // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
-  // pipeline-free terms once (HeadShared).
-  HeadShared sh;
-  std::vector<HeadTail> tails(plans.size());
-  std::vector<HeadSubset> subsets(plans.size());
-  std::vector<HeadTail*> tail_ptrs(plans.size());
-  size_t n_tails = 0;
-  std::vector<double> wt_buf;
-  for (int32_t b = 0; b < B; ++b) {
-    const OracleRow row = gather_row(m, b);
-    const auto n = static_cast<Eigen::Index>(row.k.size());
-    if (n == 0) continue;  // empty row: out exactly 0, lse exactly the convention's infinity
-    const Eigen::MatrixXd Q = q_matrix(m, b);
-    const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
-    const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
-    for (int32_t h = 0; h < H; ++h) {
-      const size_t rh = static_cast<size_t>(b) * H + h;
-      const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
-      const double* O = ref.out.data() + rh * dv;
-      sh.reset();
-      n_tails = 0;
-      const HeadSubset* joint = nullptr;
-      for (size_t i = 0; i < plans.size(); ++i) {
-        const Plan& pl = plans[i];
-        const RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
-        double* ob = out[i].out.data() + rh * dv;
-        if (pl.merged) {
-          const HeadSubset lists[2] = {
-              {0, row.n_main, pl.T_main, pl.tiles(pl.T_main), -kInf, false, nullptr, 0},
-              {row.n_main, n - row.n_main, pl.T_extra, pl.tiles(pl.T_extra), -kInf, false, nullptr,
-               0}};
-          merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob,
-                            &out[i].lse[rh]);
-        } else {
-          subsets[i] = HeadSubset{
-              0, n, pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
-          bool needs_tail = false;
-          head_prepare(rt, h, subsets[i], sh, ob, &out[i].lse[rh], &tails[i], &needs_tail);
-          if (needs_tail) tail_ptrs[n_tails++] = &tails[i];
-          joint = &subsets[i];
-        }
-      }
-      // Every joint pipeline's subset has the same entries, O and sink: one pass over V.
-      if (joint != nullptr) {
-        const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
-        head_finish(rt, *joint, sh, tail_ptrs.data(), n_tails, wt_buf);
-      }
+    const int topk = rq.tile_topk > 0 ? rq.tile_topk : m.topk;
+    if (rq.pipeline.lse_merged && m.has_extra) {
+      out[i].out.assign(ref.out.size(), 0.0);
+      out[i].lse.assign(ref.lse.size(), 0.0);
+      merged.push_back({&rq.pipeline, topk, m.extra_topk, &out[i]});
+    } else {
+      any_joint = true;
     }
+  }
+  if (any_joint) {
+    std::vector<JointRequest> joint;
+    std::vector<size_t> at;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      const BoundsRequest& rq = requests[i];
+      if (rq.pipeline.lse_merged && m.has_extra) continue;
+      joint.push_back(
+          {rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0});
+      at.push_back(i);
+    }
+    std::vector<Bounds> got = joint_bounds(bound_terms(m, ref), ref, joint, nullptr);
+    for (size_t j = 0; j < at.size(); ++j) out[at[j]] = std::move(got[j]);
+  }
+  if (!merged.empty()) {
+    MergedBounds mb(m, std::move(merged));
+    visit_oracle_rows(m, ref, mb);
   }
   return out;
 }
@@ -663,21 +954,93 @@ double ratio(double excess, double bound) {
 
 }  // namespace
 
+namespace {
+
+// The rounding interval of bf16 values (bf16_rounding_interval) for finite v, without branches:
+// the half-spacings away from and toward zero from 2^floor(log2 |v|), the exponent bits of |v|.
+inline void bf16_interval_finite(double v, double* lo, double* hi) {
+  const double a = std::fabs(v);
+  const double p2 = std::bit_cast<double>(std::bit_cast<uint64_t>(a) & 0x7ff0000000000000);
+  const bool normal = a >= 0x1p-126;
+  // At a power of two above 2^-126 the spacing below is half the one above.
+  const bool narrower_below = (a == p2) & (a >= 0x1p-125);
+  const double away = normal ? p2 * 0x1p-8 : 0x1p-134;
+  const double toward = normal ? (narrower_below ? p2 * 0x1p-9 : p2 * 0x1p-8) : 0x1p-134;
+  const bool pos = v > 0;
+  const bool zero = a == 0;
+  *lo = zero ? -0x1p-134 : v - (pos ? toward : away);
+  *hi = zero ? 0x1p-134 : v + (pos ? away : toward);
+}
+
+// The finite-element figures of one row of d_v outputs, all finite on both sides: per element
+// the excess over the sides' rounding intervals and its ratio to the bound (bound + plus) in t[],
+// the error in err[]. One loop without branches or reductions, which the compiler vectorizes (the
+// division is computed for every element, also where the ratio is 0 or +inf: tolerance.cc is
+// compiled with -fno-trapping-math, properties/CMakeLists.txt).
+template <bool kBf16A, bool kBf16B, bool kPlus>
+void row_figures(const double* ao, const double* bo, const double* bd, const double* plus,
+                 int32_t n, double* t, double* err) {
+  for (int32_t i = 0; i < n; ++i) {
+    const double va = ao[i], vb = bo[i];
+    double alo = va, ahi = va, blo = vb, bhi = vb;
+    if constexpr (kBf16A) bf16_interval_finite(va, &alo, &ahi);
+    if constexpr (kBf16B) bf16_interval_finite(vb, &blo, &bhi);
+    const double x = blo - ahi, y = alo - bhi;
+    const double m = x < y ? y : x;  // std::max({x, y, 0.0})
+    const double excess = m < 0.0 ? 0.0 : m;
+    double bound = bd[i];
+    if constexpr (kPlus) bound += plus[i];
+    const double q = excess / bound;  // ratio(excess, bound), both sides computed
+    const double r = bound > 0 ? q : kInf;
+    t[i] = excess <= 0 ? 0.0 : r;
+    err[i] = std::fabs(va - vb);
+  }
+}
+
+using RowFiguresFn = void (*)(const double*, const double*, const double*, const double*, int32_t,
+                              double*, double*);
+
+RowFiguresFn row_figures_for(bool bf16_a, bool bf16_b, bool plus) {
+  static constexpr RowFiguresFn kFns[8] = {
+      row_figures<false, false, false>, row_figures<false, false, true>,
+      row_figures<false, true, false>,  row_figures<false, true, true>,
+      row_figures<true, false, false>,  row_figures<true, false, true>,
+      row_figures<true, true, false>,   row_figures<true, true, true>};
+  return kFns[(bf16_a ? 4 : 0) + (bf16_b ? 2 : 0) + (plus ? 1 : 0)];
+}
+
+bool all_finite(const double* v, int32_t n) {
+  bool ok = true;
+  for (int32_t i = 0; i < n; ++i) ok &= std::isfinite(v[i]);
+  return ok;
+}
+
+}  // namespace
+
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                         int32_t heads, int32_t d_v) {
+  return check_bounds(a, b, bound, nullptr, batch, heads, d_v);
+}
+
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
+                        int32_t batch, int32_t heads, int32_t d_v) {
   BoundCheck r;
   r.bf16_outputs = a.out_bf16;
-  // The element loop keeps its running figures in locals (the compiler cannot keep r's fields
-  // in registers across the stores of a lambda that writes them), and takes the path that
-  // writes a message only for non-finite values; the order of every update is the one of the
-  // loop over (b, h, d) then the row's lse, so the figures, the worst element (the first with
-  // the largest ratio) and the mean are the same as a loop over consider() would give.
+  // Every figure as a loop over the elements in the order (b, h, d) then the row's lse would
+  // give it: the worst element is the first with the largest ratio, the mean sums the errors in
+  // that order. A row finite on both sides goes through row_figures (vectorized) and then a
+  // loop that adds its errors in order; a row with a non-finite value element by element, with
+  // the message for the first class mismatch.
   double sum_abs = 0, max_abs = 0, out_max_ref = 0, lse_max_abs = 0;
   double out_tightness = 0, lse_tightness = 0, worst = 0;
   int64_t n_abs = 0;
   bool any = false, passed = true;
-  // Non-finite values: a class mismatch fails (the first one is described); equal classes are
-  // skipped. Returns true when the element is finite on both sides.
+  const auto out_bound = [&](size_t i) {
+    return plus != nullptr ? bound.out[i] + plus->out[i] : bound.out[i];
+  };
+  const auto lse_bound = [&](size_t i) {
+    return plus != nullptr ? bound.lse[i] + plus->lse[i] : bound.lse[i];
+  };
   const auto finite_pair = [&](double va, double vb, int bb, int hh, int dd) {
     if (std::isfinite(va) && std::isfinite(vb)) return true;
     const int ca = finite_class(va), cb = finite_class(vb);
@@ -712,37 +1075,75 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
     r.bound = bnd;
   };
   const bool a_bf16 = a.out_bf16, b_bf16 = b.out_bf16;
+  // The figures of one finite out element (as row_figures computes them).
+  struct Element {
+    double va, vb, excess, err, bound, t;
+  };
+  const auto figures_at = [&](size_t at) {
+    Element e{(*a.out)[at], (*b.out)[at], 0, 0, out_bound(at), 0};
+    double alo = e.va, ahi = e.va, blo = e.vb, bhi = e.vb;
+    if (a_bf16) bf16_rounding_interval(e.va, &alo, &ahi);
+    if (b_bf16) bf16_rounding_interval(e.vb, &blo, &bhi);
+    e.excess = std::max({blo - ahi, alo - bhi, 0.0});
+    e.err = std::fabs(e.va - e.vb);
+    e.t = ratio(e.excess, e.bound);
+    return e;
+  };
+  // One out element the slow way: a row with a non-finite value.
+  const auto element = [&](size_t at, int32_t bb, int32_t hh, int32_t dd) {
+    if (!finite_pair((*a.out)[at], (*b.out)[at], bb, hh, dd)) return;
+    const Element e = figures_at(at);
+    out_tightness = std::max(out_tightness, e.t);
+    sum_abs += e.err;
+    ++n_abs;
+    max_abs = std::max(max_abs, e.err);
+    out_max_ref = std::max(out_max_ref, std::fabs(e.vb));
+    if (e.t > worst || !any) record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, dd);
+    if (e.t > 1) passed = false;
+  };
+  const RowFiguresFn figures = row_figures_for(a_bf16, b_bf16, plus != nullptr);
+  std::vector<double> t(static_cast<size_t>(d_v)), err(static_cast<size_t>(d_v));
   for (int32_t bb = 0; bb < batch; ++bb) {
     for (int32_t hh = 0; hh < heads; ++hh) {
       const size_t rh = static_cast<size_t>(bb) * heads + hh;
-      const double* ao = a.out->data() + rh * d_v;
-      const double* bo = b.out->data() + rh * d_v;
-      const double* bd = bound.out.data() + rh * d_v;
-      for (int32_t dd = 0; dd < d_v; ++dd) {
-        const double va = ao[dd], vb = bo[dd];
-        if (!finite_pair(va, vb, bb, hh, dd)) continue;
-        double alo = va, ahi = va, blo = vb, bhi = vb;
-        if (a_bf16) bf16_rounding_interval(va, &alo, &ahi);
-        if (b_bf16) bf16_rounding_interval(vb, &blo, &bhi);
-        const double excess = std::max({blo - ahi, alo - bhi, 0.0});
-        const double err = std::fabs(va - vb);
-        const double t = ratio(excess, bd[dd]);
-        out_tightness = std::max(out_tightness, t);
-        sum_abs += err;
-        ++n_abs;
-        max_abs = std::max(max_abs, err);
-        out_max_ref = std::max(out_max_ref, std::fabs(vb));
-        if (t > worst || !any) record(t, va, vb, err, excess, bd[dd], bb, hh, dd);
-        if (t > 1) passed = false;
+      const size_t row = rh * d_v;
+      const double* ao = a.out->data() + row;
+      const double* bo = b.out->data() + row;
+      if (all_finite(ao, d_v) && all_finite(bo, d_v)) {
+        figures(ao, bo, bound.out.data() + row, plus != nullptr ? plus->out.data() + row : nullptr,
+                d_v, t.data(), err.data());
+        // The running figures in the loop's order (the sum is sequential: the mean's bits).
+        double max_t = 0;
+        for (int32_t dd = 0; dd < d_v; ++dd) {
+          const size_t i = static_cast<size_t>(dd);
+          sum_abs += err[i];
+          max_abs = std::max(max_abs, err[i]);
+          out_max_ref = std::max(out_max_ref, std::fabs(bo[dd]));
+          max_t = std::max(max_t, t[i]);
+        }
+        n_abs += d_v;
+        out_tightness = std::max(out_tightness, max_t);
+        if (d_v > 0 && (max_t > worst || !any)) {
+          // The element an element-by-element loop records last: the first with the row's
+          // largest ratio (also when nothing was recorded before: the ratios are >= 0).
+          int32_t at = 0;
+          while (at + 1 < d_v && !(t[static_cast<size_t>(at)] == max_t)) ++at;
+          const Element e = figures_at(row + static_cast<size_t>(at));
+          record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, at);
+        }
+        if (max_t > 1) passed = false;
+      } else {
+        for (int32_t dd = 0; dd < d_v; ++dd) element(row + dd, bb, hh, dd);
       }
       const double va = (*a.lse)[rh], vb = (*b.lse)[rh];
       if (!finite_pair(va, vb, bb, hh, -1)) continue;
-      const double err = std::fabs(va - vb);  // the excess too: lse values are exact
-      const double t = ratio(err, bound.lse[rh]);
-      lse_tightness = std::max(lse_tightness, t);
-      lse_max_abs = std::max(lse_max_abs, err);
-      if (t > worst || !any) record(t, va, vb, err, err, bound.lse[rh], bb, hh, -1);
-      if (t > 1) passed = false;
+      const double err1 = std::fabs(va - vb);  // the excess too: lse values are exact
+      const double bnd = lse_bound(rh);
+      const double t1 = ratio(err1, bnd);
+      lse_tightness = std::max(lse_tightness, t1);
+      lse_max_abs = std::max(lse_max_abs, err1);
+      if (t1 > worst || !any) record(t1, va, vb, err1, err1, bnd, bb, hh, -1);
+      if (t1 > 1) passed = false;
     }
   }
   r.passed = passed;

@@ -84,6 +84,34 @@
 // kernel's bound grows by these terms too, well under 1% of it (the bf16-p term 2^-8 sum w|V|
 // dominates).
 // kCustom (plugins): abs_tol + rel_tol |ref| per element, as the plugin declares.
+//
+// Evaluation: one set of sums for every pipeline (BoundTerms). Step 2's per-token weights are
+// not summed per pipeline. With A_k and x_k as above, lambda = 2 / (d_qk + 2) and
+//   f_k = A_k + lambda (|x_k| + |x_k - x_max|),
+// every pipeline's e_k <= alpha f_k + delta, alpha = gamma(d_qk + 2; u_acc) (alpha lambda >=
+// 2 u_acc >= 2u covers the 2u |x_k| and 2u |x_k - x_max| terms), delta = s (d_qk + 2) eta +
+// 2u r R + (nt + 2) c_exp u (r = 2 with split-KV, else 1). expm1 is convex with expm1(0) = 0,
+// so expm1(e) <= e phi(E) for 0 <= e <= E, phi(E) = expm1(E) / E (increasing); with E = alpha
+// max_k f_k + delta >= e_max (or alpha max A + 2u max(|x| + |x - x_max|) + delta, the smaller):
+//   sum_k w_k expm1(e_k) |V_kd - O_d| <= phi(E) (alpha G1_d + delta G0_d),
+//   G1_d = sum_k w_k f_k |V_kd - O_d|,  G0_d = sum_k w_k |V_kd - O_d|,
+// and exp(E) replaces exp(e_max). The LSE, with the weights w' (summing to 1 with the sink's
+// when it is folded in) and e_k <= alpha A_k + 2u X_k + delta (X_k = |x_k| + |x_k - x_max|):
+// log sum_k w'_k exp(e_k) <= log1p(min(phi(E) S1, S1 + phi2(E) S2 / 2)) (expm1(e) <= e +
+// phi2(E) e^2 / 2, phi2(E) = 2 (expm1(E) - E) / E^2) and -log sum_k w'_k exp(-e_k) <= S1
+// (Jensen), S1 >= sum_k w'_k e_k and S2 >= sum_k w'_k e_k^2 formed from the sums of w'_k times
+// A, X, 1, A^2, A X and X^2. G1, G0, W_d = sum_k w_k |V_kd|, the underflow sums and the LSE's
+// sums depend on no pipeline and on no list length: one pass over V per query row for every
+// head, reading the keys and logits the oracle formed (run_oracle_eigen's row visitor), and any
+// joint pipeline's bound, also for a variant with the same valid tokens in other lists (inserted
+// -1 entries, entries moved to the extra list), is a few operations per element. Against the
+// per-token sums the bounds are larger by phi(E) / phi(e_k) <= 1 + (E - e_k) / 2 per token, by
+// up to 2 u_acc - 2u more per unit of X_k in e_k (MMA: u_acc = 2u), and by exp(E) / exp(e_max):
+// ~1e-4 relative where e is small, up to ~10% in heads whose logit errors reach 0.1
+// (tests/properties/model_test.cc pins both against the per-token form). A is formed as an upper
+// bound (a float product of |q| and |K| rounded up, times 1 + gamma(2 d_qk + 16; 2^-24)), and
+// the pass's sums in float where a row's values allow, each raised to a bound on the exact sum
+// (tolerance.cc, float_pass); float64 sums in any order are within the second-order slack.
 #pragma once
 
 #include <cstdint>
@@ -124,6 +152,69 @@ struct Bounds {
   std::vector<double> lse;  // [B, H]
 };
 
+// What every joint pipeline's bound of a case shares (the model's sums above): per query row and
+// head the logits' max and spread, max_k f_k, L1, L0 and the sink's weights; per element G1, G0,
+// W and the underflow sum. About three times the output's size.
+class BoundTerms {
+ public:
+  struct Head {
+    double x_max = 0, R = 0;  // the largest valid logit, and the logits' spread
+    double f_max = 0;         // max_k f_k
+    double a_max = 0;         // max_k A_k
+    double xd_max = 0;        // max_k X_k, X_k = |x_k| + |x_k - x_max|
+    // The LSE's sums over its weights w'_k: A, X, 1, A^2, A X, X^2.
+    double L[6] = {0, 0, 0, 0, 0, 0};
+    double w_s = 0;          // the sink's share of the output weights
+    double wl_s = 0;         // its share of the LSE weights (Conventions::sink_in_lse)
+    double sink = 0;         // the head's sink (-inf: none)
+    bool empty = true;       // no valid entry: out exactly 0, lse exactly the convention's
+    bool any_under = false;  // a token with x_k - x_max < -80 (underflow sums in `under`)
+  };
+  int32_t rows = 0, heads = 0, d_v = 0, d_qk = 0;
+  double s = 0;                            // |sm_scale|
+  bool sink_in_lse = false;                // Conventions::sink_in_lse
+  std::vector<Head> head;                  // [rows * heads]
+  std::vector<double> g1, g0, w;           // [rows, heads, d_v]
+  std::vector<std::vector<double>> under;  // [rows] of [heads, d_v]; empty unless any_under
+};
+
+// Computes BoundTerms while the oracle runs: pass it as run_oracle_eigen's visitor, then take().
+// Thread-safe across rows (the oracle's threads each visit their own rows). recycled: terms of
+// an earlier case whose buffers are reused.
+class BoundTermsBuilder final : public OracleRowVisitor {
+ public:
+  explicit BoundTermsBuilder(const MaterializedCase& m, BoundTerms recycled = {});
+  void visit(const OracleRowView& row) override;
+  BoundTerms take() { return std::move(t_); }
+  // Wall seconds spent in visit() (summed over threads): the bounds' share of the oracle's run.
+  double seconds() const;
+
+ private:
+  const MaterializedCase& m_;
+  BoundTerms t_;
+  std::vector<double> row_seconds_;
+};
+
+// The terms of case m after its oracle run `ref` (the keys decoded and the logits formed again).
+BoundTerms bound_terms(const MaterializedCase& m, const OracleResult& ref);
+
+// The bound of joint pipeline p (not lse_merged, unless the case has no extra cache) from the
+// terms of a case and its oracle result, for index lists of topk and extra_topk entries (the
+// case's own, or those of a variant with the same valid tokens per query row: T and the tiles
+// counted come from these lengths).
+Bounds joint_bounds(const BoundTerms& t, const OracleResult& ref, const Pipeline& p, int32_t topk,
+                    int32_t extra_topk);
+// Several in one pass over the terms (each the same as alone). reuse (may be null): Bounds
+// whose buffers are taken, from the back, for the results (a campaign's cases reuse their
+// memory instead of the kernel's fresh pages).
+struct JointRequest {
+  Pipeline pipeline;
+  int32_t topk = 0, extra_topk = 0;
+};
+std::vector<Bounds> joint_bounds(const BoundTerms& t, const OracleResult& ref,
+                                 const std::vector<JointRequest>& requests,
+                                 std::vector<Bounds>* reuse);
+
 // Bounds for case m against the oracle's result `ref` (run_oracle_eigen(m)). tile_topk > 0
 // replaces m.topk in the tile and accumulation counts (a metamorphic variant with inserted
 // entries has a longer list but the same valid tokens).
@@ -132,9 +223,8 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
 
 // The bounds of one case for several pipelines (each with its tile_topk, as compute_bounds),
 // in the order asked: the same values bit for bit as one compute_bounds call each, with the
-// work no pipeline changes (the rows' cache gathers and logits, the oracle's softmax weights
-// and the pass over V that reads them) done once. A campaign bounds every case for the float64
-// oracle and each backend's pipeline, twice for insert-invalid's longer lists.
+// terms (BoundTerms) computed once for the joint pipelines. LSE-merged pipelines of a case with
+// an extra cache bound each list alone and their merge (a pass over V per list).
 struct BoundsRequest {
   Pipeline pipeline;
   int tile_topk = 0;
@@ -176,6 +266,10 @@ struct BoundCheck {
 // pipelines involved). Shapes: batch, heads, d_v.
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                         int32_t heads, int32_t d_v);
+// The same under bound + *plus element-wise (add_bounds, without the sum's array; plus may be
+// null: bound alone).
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
+                        int32_t batch, int32_t heads, int32_t d_v);
 
 // The rounding interval of a bf16 value v (exact bf16, widened): every real that RNE-rounds to v.
 // For +-inf and NaN returns [v, v].

@@ -6,14 +6,17 @@
 #include <bit>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <tuple>
 
 #include "harness/backends/registry.h"
 #include "harness/core/backend.h"
 #include "harness/core/materialize.h"
+#include "harness/core/rng.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/mla_params.h"
 #include "kernels/common/tiling.h"
@@ -25,11 +28,14 @@
 #include "properties/shrink.h"
 #include "properties/tolerance.h"
 #include "tests/harness/test_util.h"
+#include "tests/properties/reference_bounds.h"
 
 namespace mlafuzz {
 namespace {
 
 using testing::small_case;
+
+constexpr double kInfD = std::numeric_limits<double>::infinity();
 
 // The oracle's output rounded to bf16 (RNE), as a perfect bf16 kernel would store it.
 RunResult rounded_oracle(const OracleResult& ref) {
@@ -616,6 +622,90 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
 namespace mlafuzz {
 namespace {
 
+// check_bounds works row by row (a vectorized pass for rows finite on both sides, element by
+// element otherwise) and may add a second bound on the fly: every figure, the worst element and
+// the message must be those of the element-by-element loop under add_bounds, bit for bit, on
+// rows with every kind of value (bf16 and fp64 sides, NaN, +-inf, zeros, subnormals, ties of
+// the largest ratio, bounds of 0 and +inf). The seed is printed on failure.
+TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
+  const auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    CounterRng rng(seed, Stream::kPoison, 40);
+    const int32_t B = static_cast<int32_t>(rng.uniform_int(1, 3));
+    const int32_t H = static_cast<int32_t>(rng.uniform_int(1, 4));
+    const int32_t dv = static_cast<int32_t>(rng.uniform_int(0, 40));
+    const bool bf16_a = rng.bernoulli(0.7), bf16_b = rng.bernoulli(0.5);
+    const double special = rng.bernoulli(0.3) ? 0.02 : 0.0;  // some rows all finite
+    const auto value = [&](bool bf16) {
+      const double u = rng.uniform();
+      if (u < special) return std::numeric_limits<double>::quiet_NaN();
+      if (u < 2 * special) return rng.bernoulli(0.5) ? kInfD : -kInfD;
+      if (u < 0.1) return 0.0;
+      if (u < 0.15) return 0x1p-140 * (rng.uniform() - 0.5);  // subnormal in bf16
+      double v =
+          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-20, 20)));
+      if (bf16) v = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(v)));
+      return v;
+    };
+    const size_t n = static_cast<size_t>(B) * H * dv, nl = static_cast<size_t>(B) * H;
+    std::vector<double> ao(n), bo(n), al(nl), bl(nl);
+    Bounds b1, b2;
+    for (size_t i = 0; i < n; ++i) {
+      bo[i] = value(bf16_b);
+      // Ties: often the same value as the other side, or one ulp of the format away.
+      ao[i] = rng.bernoulli(0.3) ? bo[i] : value(bf16_a);
+      const double u = rng.uniform();
+      b1.out.push_back(u < 0.05 ? 0.0 : u < 0.08 ? kInfD : 1e-3 * rng.uniform());
+      b2.out.push_back(rng.bernoulli(0.5) ? 0.0 : 1e-3 * rng.uniform());
+      if (i > 0 && rng.bernoulli(0.2)) {  // an exact tie with the element before
+        ao[i] = ao[i - 1];
+        bo[i] = bo[i - 1];
+        b1.out[i] = b1.out[i - 1];
+        b2.out[i] = b2.out[i - 1];
+      }
+    }
+    for (size_t i = 0; i < nl; ++i) {
+      bl[i] = value(false);
+      al[i] = rng.bernoulli(0.3) ? bl[i] : value(false);
+      b1.lse.push_back(1e-4 * rng.uniform());
+      b2.lse.push_back(1e-4 * rng.uniform());
+    }
+    const Side a{&ao, &al, bf16_a}, b{&bo, &bl, bf16_b};
+    for (const bool two : {false, true}) {
+      const BoundCheck want =
+          reference::reference_check_bounds(a, b, two ? add_bounds(b1, b2) : b1, B, H, dv);
+      const BoundCheck got = check_bounds(a, b, b1, two ? &b2 : nullptr, B, H, dv);
+      const std::string why = "seed " + std::to_string(seed) + (two ? " (two bounds)" : "") +
+                              "; rerun: property_model_tests --gtest_filter=Tolerance." +
+                              "CheckBoundsRowWiseEqualsTheElementLoop";
+      EXPECT_EQ(got.passed, want.passed) << why;
+      EXPECT_EQ(got.nonfinite_match, want.nonfinite_match) << why;
+      EXPECT_EQ(got.nonfinite_detail, want.nonfinite_detail) << why;
+      EXPECT_EQ(got.describe(), want.describe()) << why;
+      EXPECT_EQ(got.b, want.b) << why;
+      EXPECT_EQ(got.h, want.h) << why;
+      EXPECT_EQ(got.d, want.d) << why;
+      for (const auto& [x, y, what] :
+           {std::tuple{got.tightness, want.tightness, "tightness"},
+            std::tuple{got.value, want.value, "value"},
+            std::tuple{got.reference, want.reference, "reference"},
+            std::tuple{got.error, want.error, "error"},
+            std::tuple{got.excess, want.excess, "excess"},
+            std::tuple{got.bound, want.bound, "bound"},
+            std::tuple{got.max_abs, want.max_abs, "max_abs"},
+            std::tuple{got.mean_abs, want.mean_abs, "mean_abs"},
+            std::tuple{got.max_rel, want.max_rel, "max_rel"},
+            std::tuple{got.lse_max_abs, want.lse_max_abs, "lse_max_abs"},
+            std::tuple{got.out_max_ref, want.out_max_ref, "out_max_ref"},
+            std::tuple{got.out_tightness, want.out_tightness, "out_tightness"},
+            std::tuple{got.lse_tightness, want.lse_tightness, "lse_tightness"}}) {
+        EXPECT_EQ(bits(x), bits(y)) << what << " " << x << " vs " << y << "; " << why;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 // bf16_rounding_interval reads the exponent from the bits (issue 13: check_bounds calls it for
 // every element); the interval must be the ilogb/ldexp one for every bf16 value.
 TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
@@ -691,6 +781,94 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
     }
   }
   EXPECT_EQ(compared, 40 * 11);
+}
+
+// The bounds computed from BoundTerms (tolerance.h, "Evaluation") against the per-token form
+// the model was evaluated in before (tests/properties/reference_bounds.cc): never below it
+// beyond float64 rounding (the change only ever makes a bound larger: still an upper bound per
+// the model), and at most a little above it: per pipeline, the median over cases of a case's
+// largest ratio, and the largest ratio of any finite element, over generated cases of every
+// family (large logits, extreme scales, special values, sinks, extra caches) and production
+// shapes. Exact elements (bound 0) and hopeless heads (+inf) agree. The per-token LSE carries
+// the rounding of its weights' sum (about T 2^-53 absolute, which the sums of BoundTerms leave
+// out: the weights sum to 1), so an LSE bound may sit that much below it.
+TEST(Tolerance, BoundsAgainstThePerTokenForm) {
+  struct Want {
+    const char* name;
+    Pipeline p;
+  };
+  Pipeline mma_small = pipeline_for(Precision::kMmaBf16);
+  mma_small.token_tile = 32;
+  Pipeline mma_merged = pipeline_for(Precision::kMmaBf16);
+  mma_merged.lse_merged = true;
+  Pipeline simt_merged = pipeline_for(Precision::kSimtFp32);
+  simt_merged.lse_merged = true;
+  const std::vector<Want> pipelines = {
+      {"float64", pipeline_for(Precision::kFloat64)},
+      {"fp32_simt", pipeline_for(Precision::kSimtFp32)},
+      {"bf16_mma", pipeline_for(Precision::kMmaBf16)},
+      {"bf16_mma tile 32", mma_small},
+      {"bf16_mma lse-merged", mma_merged},
+      {"fp32_simt lse-merged", simt_merged},
+  };
+  // Measured on these cases (the largest: heads whose logit errors e reach 0.1 or more, where
+  // phi(E) / phi(e_k) and exp(E) / exp(e_max) grow): rounded up.
+  constexpr double kMaxOut = 1.12, kMaxLse = 1.08, kMedian = 1.0005;
+  const char* const rerun =
+      "; rerun: property_model_tests "
+      "--gtest_filter=Tolerance.BoundsAgainstThePerTokenForm";
+  std::vector<MaterializedCase> cases;
+  GenConfig cfg;
+  cfg.max_work = int64_t{1} << 16;
+  for (uint64_t i = 0; i < 100; ++i)
+    cases.push_back(materialize(generate_case(37, i, cfg, nullptr)));
+  GenConfig prod = cfg;
+  prod.families = {"production"};
+  prod.max_work = int64_t{1} << 17;
+  for (uint64_t i = 0; i < 3; ++i)
+    cases.push_back(materialize(generate_case(38, i, prod, nullptr)));
+  for (const Want& want : pipelines) {
+    double worst_out = 1, worst_lse = 1;
+    std::vector<double> case_max;
+    for (size_t ci = 0; ci < cases.size(); ++ci) {
+      const MaterializedCase& m = cases[ci];
+      const OracleResult ref = run_oracle_eigen(m, 1);
+      const Bounds got = compute_bounds(m, ref, want.p);
+      const Bounds old = reference::reference_bounds(m, ref, want.p);
+      double this_case = 1;
+      const auto compare = [&](const std::vector<double>& g, const std::vector<double>& o, bool lse,
+                               double& worst) {
+        ASSERT_EQ(g.size(), o.size());
+        const double slack = lse ? 0x1p-52 * (m.topk + (m.has_extra ? m.extra_topk : 0) + 4) : 0;
+        for (size_t j = 0; j < g.size(); ++j) {
+          const std::string at = std::string(want.name) + " case " + std::to_string(ci) +
+                                 (lse ? " lse[" : " out[") + std::to_string(j) + "] " +
+                                 std::to_string(g[j]) + " vs " + std::to_string(o[j]);
+          if (std::isnan(o[j]) || std::isnan(g[j])) {
+            ASSERT_TRUE(std::isnan(o[j]) == std::isnan(g[j]) || std::isinf(g[j])) << at << rerun;
+            continue;
+          }
+          ASSERT_GE(g[j], o[j] * (1 - 1e-12) - slack) << at << rerun;
+          if (o[j] == 0 || std::isinf(g[j])) {
+            ASSERT_EQ(g[j] == 0, o[j] == 0) << at << rerun;
+            continue;
+          }
+          if (o[j] < 0x1p-1000) continue;  // subnormal old bounds: ratios of roundings
+          ASSERT_LE(g[j], o[j] * (lse ? kMaxLse : kMaxOut)) << at << rerun;
+          worst = std::max(worst, g[j] / o[j]);
+          this_case = std::max(this_case, g[j] / o[j]);
+        }
+      };
+      compare(got.out, old.out, false, worst_out);
+      compare(got.lse, old.lse, true, worst_lse);
+      case_max.push_back(this_case);
+    }
+    std::sort(case_max.begin(), case_max.end());
+    const double median = case_max[case_max.size() / 2];
+    std::printf("%-20s largest ratio out %.6f lse %.6f; median of a case's largest %.7f\n",
+                want.name, worst_out, worst_lse, median);
+    EXPECT_LE(median, kMedian) << want.name << rerun;
+  }
 }
 
 // Backends of one precision whose pipelines differ (cpu-mma folds 64-token tiles, cpu-mma-small
