@@ -16,6 +16,7 @@
 #include <stdexcept>
 
 #include "harness/core/value_format.h"
+#include "kernels/common/fp_formats.h"
 #include "kernels/common/split_kv.h"
 #include "kernels/common/tiling.h"
 #include "properties/tolerance_pass.h"
@@ -1075,12 +1076,33 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
     r.bound = bnd;
   };
   const bool a_bf16 = a.out_bf16, b_bf16 = b.out_bf16;
-  // The figures of one finite out element (as row_figures computes them).
+  // A row of a side as doubles: its out vector's, or its raw bf16 values widened into the row
+  // buffer. The row now compared: ao, bo.
+  std::vector<double> a_row(static_cast<size_t>(d_v)), b_row(static_cast<size_t>(d_v));
+  const double* ao = nullptr;
+  const double* bo = nullptr;
+  const auto out_row = [&](const Side& s, size_t rh, std::vector<double>& buf) -> const double* {
+    if (s.out != nullptr) return s.out->data() + rh * d_v;
+    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
+    const uint16_t* raw = s.out_raw + OutputBuffers::kGuard + r / s.s_q * s.out_batch_stride +
+                          r % s.s_q * s.out_token_stride + h * s.out_head_stride;
+    for (int32_t d = 0; d < d_v; ++d) buf[static_cast<size_t>(d)] = mla::bf16_to_float(raw[d]);
+    return buf.data();
+  };
+  const auto lse_of = [&](const Side& s, size_t rh) -> double {
+    if (s.lse != nullptr) return (*s.lse)[rh];
+    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
+    return s.lse_raw[OutputBuffers::kGuard + r / s.s_q * s.lse_batch_stride +
+                     r % s.s_q * s.lse_token_stride + h];
+  };
+  // The figures of one finite out element of the row (as row_figures computes them).
   struct Element {
     double va, vb, excess, err, bound, t;
   };
-  const auto figures_at = [&](size_t at) {
-    Element e{(*a.out)[at], (*b.out)[at], 0, 0, out_bound(at), 0};
+  size_t row = 0;  // the row's first element in the bounds
+  const auto figures_at = [&](int32_t dd) {
+    const size_t at = row + static_cast<size_t>(dd);
+    Element e{ao[dd], bo[dd], 0, 0, out_bound(at), 0};
     double alo = e.va, ahi = e.va, blo = e.vb, bhi = e.vb;
     if (a_bf16) bf16_rounding_interval(e.va, &alo, &ahi);
     if (b_bf16) bf16_rounding_interval(e.vb, &blo, &bhi);
@@ -1090,9 +1112,9 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
     return e;
   };
   // One out element the slow way: a row with a non-finite value.
-  const auto element = [&](size_t at, int32_t bb, int32_t hh, int32_t dd) {
-    if (!finite_pair((*a.out)[at], (*b.out)[at], bb, hh, dd)) return;
-    const Element e = figures_at(at);
+  const auto element = [&](int32_t bb, int32_t hh, int32_t dd) {
+    if (!finite_pair(ao[dd], bo[dd], bb, hh, dd)) return;
+    const Element e = figures_at(dd);
     out_tightness = std::max(out_tightness, e.t);
     sum_abs += e.err;
     ++n_abs;
@@ -1106,36 +1128,35 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
   for (int32_t bb = 0; bb < batch; ++bb) {
     for (int32_t hh = 0; hh < heads; ++hh) {
       const size_t rh = static_cast<size_t>(bb) * heads + hh;
-      const size_t row = rh * d_v;
-      const double* ao = a.out->data() + row;
-      const double* bo = b.out->data() + row;
-      if (all_finite(ao, d_v) && all_finite(bo, d_v)) {
+      row = rh * d_v;
+      ao = out_row(a, rh, a_row);
+      bo = out_row(b, rh, b_row);
+      if (d_v > 0 && all_finite(ao, d_v) && all_finite(bo, d_v)) {
         figures(ao, bo, bound.out.data() + row, plus != nullptr ? plus->out.data() + row : nullptr,
                 d_v, t.data(), err.data());
-        // The running figures in the loop's order (the sum is sequential: the mean's bits).
-        double max_t = 0;
-        for (int32_t dd = 0; dd < d_v; ++dd) {
-          const size_t i = static_cast<size_t>(dd);
-          sum_abs += err[i];
-          max_abs = std::max(max_abs, err[i]);
-          out_max_ref = std::max(out_max_ref, std::fabs(bo[dd]));
-          max_t = std::max(max_t, t[i]);
-        }
+        // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
+        // Eigen's vectorized reductions; the sum in the loop's order (the mean's bits).
+        const Eigen::Map<const Eigen::ArrayXd> te(t.data(), d_v), ee(err.data(), d_v);
+        const double max_t = std::max(0.0, te.maxCoeff());
+        max_abs = std::max(max_abs, ee.maxCoeff());
+        out_max_ref =
+            std::max(out_max_ref, Eigen::Map<const Eigen::ArrayXd>(bo, d_v).abs().maxCoeff());
+        for (int32_t dd = 0; dd < d_v; ++dd) sum_abs += err[static_cast<size_t>(dd)];
         n_abs += d_v;
         out_tightness = std::max(out_tightness, max_t);
-        if (d_v > 0 && (max_t > worst || !any)) {
+        if (max_t > worst || !any) {
           // The element an element-by-element loop records last: the first with the row's
           // largest ratio (also when nothing was recorded before: the ratios are >= 0).
           int32_t at = 0;
           while (at + 1 < d_v && !(t[static_cast<size_t>(at)] == max_t)) ++at;
-          const Element e = figures_at(row + static_cast<size_t>(at));
+          const Element e = figures_at(at);
           record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, at);
         }
         if (max_t > 1) passed = false;
       } else {
-        for (int32_t dd = 0; dd < d_v; ++dd) element(row + dd, bb, hh, dd);
+        for (int32_t dd = 0; dd < d_v; ++dd) element(bb, hh, dd);
       }
-      const double va = (*a.lse)[rh], vb = (*b.lse)[rh];
+      const double va = lse_of(a, rh), vb = lse_of(b, rh);
       if (!finite_pair(va, vb, bb, hh, -1)) continue;
       const double err1 = std::fabs(va - vb);  // the excess too: lse values are exact
       const double bnd = lse_bound(rh);
@@ -1156,6 +1177,20 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
   r.mean_abs = n_abs > 0 ? sum_abs / static_cast<double>(n_abs) : 0;
   r.max_rel = r.out_max_ref > 0 ? r.max_abs / r.out_max_ref : 0;
   return r;
+}
+
+Side raw_side(const RunResult& r, const MaterializedCase& m) {
+  Side s;
+  s.out_bf16 = true;
+  s.out_raw = r.out_raw.data();
+  s.lse_raw = r.lse_raw.data();
+  s.s_q = m.s_q;
+  s.out_head_stride = m.out_head_stride;
+  s.out_token_stride = m.out_token_stride;
+  s.out_batch_stride = m.out_batch_stride;
+  s.lse_token_stride = m.lse_token_stride;
+  s.lse_batch_stride = m.lse_batch_stride;
+  return s;
 }
 
 std::string BoundCheck::describe() const {

@@ -244,7 +244,17 @@ struct Side {
   const std::vector<double>* out = nullptr;  // [B, H, d_v]
   const std::vector<double>* lse = nullptr;  // [B, H]
   bool out_bf16 = false;
+  // Or a bf16 backend's raw outputs (RunResult::out_raw, lse_raw: guard bands and strides),
+  // read where out is null: query row r = b * s_q + t, head h at out_raw[OutputBuffers::kGuard
+  // + b * out_batch_stride + t * out_token_stride + h * out_head_stride + d] (lse likewise).
+  const uint16_t* out_raw = nullptr;
+  const float* lse_raw = nullptr;
+  int32_t s_q = 1;
+  int64_t out_head_stride = 0, out_token_stride = 0, out_batch_stride = 0;
+  int64_t lse_token_stride = 0, lse_batch_stride = 0;
 };
+// The raw side of run r of case m (a bf16 backend's: r.out_raw set).
+Side raw_side(const RunResult& r, const MaterializedCase& m);
 
 // Result of comparing two sides element-wise under a bound.
 struct BoundCheck {

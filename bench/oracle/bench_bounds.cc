@@ -8,8 +8,9 @@
 // cpu-mma + cpu-simt campaign derives from the terms (float64, bf16_mma and fp32_simt, each also
 // over insert-invalid's and move-to-extra's longer lists: joint_bounds), in thread CPU ms per
 // case (the fastest of the repeats: CPU time on a machine shared with other jobs only grows), the
-// bounds' ratio to the oracle, and a hash of every bound's bits (two builds meant to give the
-// same bounds give the same hash).
+// bounds' ratio to the oracle, the check_bounds calls of the campaign's bounded properties (on
+// the oracle's output rounded to bf16) and their ratio to the oracle, and a hash of every
+// bound's bits (two builds meant to give the same bounds give the same hash).
 #include <malloc.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "harness/core/materialize.h"
+#include "kernels/common/fp_formats.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
 #include "properties/tolerance.h"
@@ -63,7 +65,7 @@ void hash_into(uint64_t& h, const std::vector<double>& v) {
 }
 
 struct Times {
-  double oracle = 0, terms = 0, bounds = 0;
+  double oracle = 0, terms = 0, bounds = 0, checks = 0;
   uint64_t hash = 1469598103934665603ull;
 };
 
@@ -99,6 +101,25 @@ Times run_once(const std::vector<MaterializedCase>& cases) {
       set.push_back(std::move(b));
     }
     t.bounds += cpu_now() - t0;
+    // The checks of a cpu-mma + cpu-simt case's bounded properties: per backend tolerance (a
+    // bf16 run against the oracle), permute, insert-invalid and move-to-extra (two bf16 runs),
+    // and mma-vs-simt once; the runs are the oracle's output rounded to bf16.
+    std::vector<double> run(ref.out.size());
+    for (size_t i = 0; i < run.size(); ++i) {
+      run[i] = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(ref.out[i])));
+    }
+    const mlafuzz::Side bf{&run, &ref.lse, true}, exact{&ref.out, &ref.lse, false};
+    const int32_t rows = m.query_rows(), H = m.heads, dv = m.d_v();
+    t0 = cpu_now();
+    for (int be = 0; be < 2; ++be) {
+      const mlafuzz::Bounds& mine = set[1 + 2 * be];
+      (void)mlafuzz::check_bounds(bf, exact, mine, &set[0], rows, H, dv);
+      (void)mlafuzz::check_bounds(bf, bf, mine, &mine, rows, H, dv);
+      (void)mlafuzz::check_bounds(bf, bf, mine, &set[2 + 2 * be], rows, H, dv);
+      (void)mlafuzz::check_bounds(bf, bf, mine, &set[5 + be], rows, H, dv);
+    }
+    (void)mlafuzz::check_bounds(bf, bf, set[1], &set[3], rows, H, dv);
+    t.checks += cpu_now() - t0;
     for (const mlafuzz::Bounds& b : set) {
       hash_into(t.hash, b.out);
       hash_into(t.hash, b.lse);
@@ -121,10 +142,10 @@ void report(const char* what, const std::vector<MaterializedCase>& cases, double
   };
   const double n = static_cast<double>(cases.size());
   const double o = fastest(&Times::oracle), b = fastest(&Times::bounds);
-  const double te = fastest(&Times::terms) - o;
-  std::printf("| %s | %zu | %.3f | %.3f | %.3f | %.2f | %016llx |\n", what, cases.size(),
-              1e3 * o / n, 1e3 * te / n, 1e3 * b / n, o > 0 ? (te + b) / o : 0.0,
-              static_cast<unsigned long long>(runs[0].hash));
+  const double te = fastest(&Times::terms) - o, ch = fastest(&Times::checks);
+  std::printf("| %s | %zu | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f | %016llx |\n", what,
+              cases.size(), 1e3 * o / n, 1e3 * te / n, 1e3 * b / n, o > 0 ? (te + b) / o : 0.0,
+              1e3 * ch / n, o > 0 ? ch / o : 0.0, static_cast<unsigned long long>(runs[0].hash));
   std::fflush(stdout);
 }
 
@@ -159,7 +180,7 @@ int main(int argc, char** argv) {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
   std::printf(
       "| cases | n | oracle ms/case | terms ms/case | bounds ms/case | (terms + bounds) / oracle "
-      "| bits hash |\n|---|---|---|---|---|---|---|\n");
+      "| checks ms/case | checks / oracle | bits hash |\n|---|---|---|---|---|---|---|---|---|\n");
   if (cases > 0) {
     mlafuzz::GenConfig cfg;
     if (profile != "default") cfg.families = {profile};

@@ -528,6 +528,7 @@ class NanBackend : public Backend {
   RunResult run(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     r.out[0] = std::nan("");
+    r.out_raw[OutputBuffers::kGuard] = 0x7fc0;  // the same element in the raw buffer: bf16 NaN
     return r;
   }
 
@@ -623,10 +624,11 @@ namespace mlafuzz {
 namespace {
 
 // check_bounds works row by row (a vectorized pass for rows finite on both sides, element by
-// element otherwise) and may add a second bound on the fly: every figure, the worst element and
-// the message must be those of the element-by-element loop under add_bounds, bit for bit, on
-// rows with every kind of value (bf16 and fp64 sides, NaN, +-inf, zeros, subnormals, ties of
-// the largest ratio, bounds of 0 and +inf). The seed is printed on failure.
+// element otherwise), may add a second bound on the fly and may read a bf16 backend's raw
+// buffers: every figure, the worst element and the message must be those of the element loop
+// under add_bounds on the widened values, bit for bit, on rows with every kind of value (bf16
+// and fp64 sides, NaN, +-inf, zeros, subnormals, ties of the largest ratio, bounds of 0 and
+// +inf). The seed is printed on failure.
 TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
   const auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
   for (uint64_t seed = 1; seed <= 300; ++seed) {
@@ -670,11 +672,45 @@ TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
       b1.lse.push_back(1e-4 * rng.uniform());
       b2.lse.push_back(1e-4 * rng.uniform());
     }
+    // Side a also as a bf16 backend's raw buffers (strided, guard bands, s_q tokens per row):
+    // its values then bf16 (NaN and the infinities keep their class) and its lse fp32.
+    const int32_t s_q = B % 2 == 0 && rng.bernoulli(0.5) ? 2 : 1;
+    MaterializedCase layout;
+    layout.batch = B / s_q;
+    layout.s_q = s_q;
+    layout.heads = H;
+    layout.out_head_stride = dv + rng.uniform_int(0, 3);
+    layout.out_token_stride = H * layout.out_head_stride + rng.uniform_int(0, 5);
+    layout.out_batch_stride = s_q * layout.out_token_stride + rng.uniform_int(0, 5);
+    layout.lse_token_stride = H + rng.uniform_int(0, 2);
+    layout.lse_batch_stride = s_q * layout.lse_token_stride + rng.uniform_int(0, 2);
+    RunResult raw;
+    raw.out_raw.assign(OutputBuffers::out_elements(layout), OutputBuffers::kCanaryBits);
+    raw.lse_raw.assign(OutputBuffers::lse_elements(layout), 0.0f);
+    if (bf16_a) {
+      for (size_t i = 0; i < n; ++i) {
+        const uint16_t bits16 = mla::float_to_bf16(static_cast<float>(ao[i]));
+        ao[i] = mla::bf16_to_float(bits16);
+        const int64_t r = static_cast<int64_t>(i) / dv / H, h = static_cast<int64_t>(i) / dv % H;
+        raw.out_raw[OutputBuffers::kGuard + r / s_q * layout.out_batch_stride +
+                    r % s_q * layout.out_token_stride + h * layout.out_head_stride +
+                    static_cast<int64_t>(i) % dv] = bits16;
+      }
+      for (size_t i = 0; i < nl; ++i) {
+        al[i] = static_cast<float>(al[i]);
+        const int64_t r = static_cast<int64_t>(i) / H, h = static_cast<int64_t>(i) % H;
+        raw.lse_raw[OutputBuffers::kGuard + r / s_q * layout.lse_batch_stride +
+                    r % s_q * layout.lse_token_stride + h] = static_cast<float>(al[i]);
+      }
+    }
     const Side a{&ao, &al, bf16_a}, b{&bo, &bl, bf16_b};
     for (const bool two : {false, true}) {
       const BoundCheck want =
           reference::reference_check_bounds(a, b, two ? add_bounds(b1, b2) : b1, B, H, dv);
-      const BoundCheck got = check_bounds(a, b, b1, two ? &b2 : nullptr, B, H, dv);
+      const BoundCheck got =
+          bf16_a && rng.bernoulli(0.5)
+              ? check_bounds(raw_side(raw, layout), b, b1, two ? &b2 : nullptr, B, H, dv)
+              : check_bounds(a, b, b1, two ? &b2 : nullptr, B, H, dv);
       const std::string why = "seed " + std::to_string(seed) + (two ? " (two bounds)" : "") +
                               "; rerun: property_model_tests --gtest_filter=Tolerance." +
                               "CheckBoundsRowWiseEqualsTheElementLoop";
