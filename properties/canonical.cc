@@ -951,10 +951,10 @@ std::vector<ShrinkStep> canonical_steps() {
 
 ShrinkResult canonicalize_case(const Case& c, const std::function<bool(const Case&)>& still_fails,
                                const ShrinkLimits& limits, const Envelope& envelope,
-                               std::set<std::string>* rejected) {
+                               std::set<std::string>* rejected, const ShrinkHooks& hooks) {
   std::set<std::string> own;
   return greedy_shrink(c, canonical_steps(), still_fails, limits, envelope,
-                       rejected != nullptr ? rejected : &own);
+                       rejected != nullptr ? rejected : &own, hooks);
 }
 
 std::vector<std::string> cause_set(const Case& c, const Envelope& envelope) {

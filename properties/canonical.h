@@ -61,10 +61,11 @@ std::vector<ShrinkStep> canonical_steps();
 
 // The walk from `c` (explicit indices) within `limits`: greedy_shrink over canonical_steps(),
 // remembering rejected candidates (`still_fails` must be deterministic). `rejected` may be
-// null.
+// null; `hooks` as for shrink_case.
 ShrinkResult canonicalize_case(const Case& c, const std::function<bool(const Case&)>& still_fails,
                                const ShrinkLimits& limits, const Envelope& envelope = {},
-                               std::set<std::string>* rejected = nullptr);
+                               std::set<std::string>* rejected = nullptr,
+                               const ShrinkHooks& hooks = {});
 
 // The cause set of a case the walk ended on: the descriptions of the features still present
 // that a move inside `envelope` would remove, in the order of canonical_features(). Empty: the

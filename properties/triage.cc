@@ -237,13 +237,15 @@ std::function<bool(const Case&)> any_failure_predicate(const PropertyOutcome& fa
 ShrinkResult shrink_canonical(const Case& failing,
                               const std::function<bool(const Case&)>& size_fails,
                               const std::function<bool(const Case&)>& canonical_fails,
-                              const ShrinkLimits& limits, const Envelope& envelope) {
+                              const ShrinkLimits& limits, const Envelope& envelope,
+                              const ShrinkHooks& hooks) {
   const auto t0 = Clock::now();
-  ShrinkResult size = shrink_case(failing, size_fails, limits, envelope);
+  ShrinkResult size = shrink_case(failing, size_fails, limits, envelope, hooks);
   if (size.budget_exhausted()) return size;
   const ShrinkLimits left{limits.max_evaluations - size.evaluations,
                           limits.max_seconds - since(t0)};
-  ShrinkResult canon = canonicalize_case(size.minimal, canonical_fails, left, envelope);
+  ShrinkResult canon =
+      canonicalize_case(size.minimal, canonical_fails, left, envelope, nullptr, hooks);
   canon.steps += size.steps;
   canon.evaluations += size.evaluations;
   canon.seconds = since(t0);
@@ -720,7 +722,7 @@ Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
   };
 
   // 1. The size, the failing property alone.
-  take(shrink_case(failing, size_fails, options.limits, options.envelope));
+  take(shrink_case(failing, size_fails, options.limits, options.envelope, options.hooks));
   // 2. The canonical walk: while a direct comparison fails, keeping it failing; a failure that
   //    only shows under a transformation is first turned into a direct one where the recipe can
   //    say the transformation, else walked with any property failing (and tried again after).
@@ -734,7 +736,8 @@ Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
       }
     }
     if (!direct && !t.stopped_by_limit()) {
-      take(canonicalize_case(t.minimal, any_fails, left(), options.envelope));
+      take(canonicalize_case(t.minimal, any_fails, left(), options.envelope, nullptr,
+                             options.hooks));
       walk_pred = any_fails;
       if (!t.stopped_by_limit()) {
         if (auto r = realize(t.minimal)) {
@@ -745,10 +748,20 @@ Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
       }
     }
     if (direct && !t.stopped_by_limit()) {
-      take(canonicalize_case(t.minimal, direct_fails, left(), options.envelope));
+      take(canonicalize_case(t.minimal, direct_fails, left(), options.envelope, nullptr,
+                             options.hooks));
     }
   }
 
+  if (t.stopped_by == ShrinkStop::kStopped) {
+    t.failures = {failure};
+    t.primary = failure;
+    t.kind = failure_kind(failure);
+    t.causes = cause_set(t.minimal, options.envelope);
+    t.signature = group_signature(failure.backend, t.kind, t.causes);
+    t.seconds = since(t0);
+    return t;
+  }
   // 3. Every selected property on the minimal case, where each fails.
   t.failures = failures_on(t.minimal, failure, backends, options.properties, true);
   t.reproduced = !t.failures.empty();

@@ -85,11 +85,13 @@ std::function<bool(const Case&)> any_failure_predicate(const PropertyOutcome& fa
                                                        const std::vector<std::string>& properties);
 
 // Steps 1 and 2 within one `limits`: shrink_case with `size_fails`, then canonicalize_case with
-// `canonical_fails` from where it stopped (skipped when the limits are spent).
+// `canonical_fails` from where it stopped (skipped when the limits are spent or `hooks` stopped
+// it); `hooks` as for shrink_case, over both.
 ShrinkResult shrink_canonical(const Case& failing,
                               const std::function<bool(const Case&)>& size_fails,
                               const std::function<bool(const Case&)>& canonical_fails,
-                              const ShrinkLimits& limits, const Envelope& envelope);
+                              const ShrinkLimits& limits, const Envelope& envelope,
+                              const ShrinkHooks& hooks = {});
 
 // Where a finding fails, on its minimal case.
 struct Locus {
@@ -118,6 +120,10 @@ struct TriageOptions {
   ShrinkLimits limits;
   Envelope envelope;
   std::function<bool()> stopping;  // when it says true, every predicate says "passes"
+  // For the size shrink and the walk (shrink_case): each accepted move, and a stop asked before
+  // each evaluation. A triage they stop (ShrinkStop::kStopped) evaluates nothing more: its
+  // failure is the one given, its causes those of the case so far.
+  ShrinkHooks hooks;
 };
 
 struct Triage {
