@@ -120,8 +120,8 @@ std::vector<std::string> describe_extra(const Case& c) {
 // entries counted, extra entries masked, main entries masked] (with own_tiles: [main counted, -1
 // to a token-tile boundary, extra counted, ...], each list keeping its tiles), the length the
 // counted ones (no length when nothing is masked); the extra tokens become main-cache tokens of
-// the same numbers (the cache grown to hold them). The joint softmax over both lists is one
-// softmax over the merged list, and a masked entry stays masked.
+// the same pages and slots (the cache grown to hold them). The joint softmax over both lists is
+// one softmax over the merged list, and a masked entry stays masked.
 std::optional<Case> merged_extra(const Case& c, bool own_tiles) {
   if (!c.extra || !c.page_order.empty()) return std::nullopt;
   const ExtraCache& e = *c.extra;
@@ -145,9 +145,21 @@ std::optional<Case> merged_extra(const Case& c, bool own_tiles) {
   for (int q = 0; q < c.query_rows(); ++q) {
     const auto b = static_cast<size_t>(q / c.s_q);
     const auto& main = c.indices[static_cast<size_t>(q)];
-    const auto& extra = e.indices[static_cast<size_t>(q)];
+    const auto& extra_in = e.indices[static_cast<size_t>(q)];
     const int32_t m_len = c.topk_length ? (*c.topk_length)[b] : c.topk;
     const int32_t e_len = e.topk_length ? (*e.topk_length)[b] : e.topk;
+    // An extra token keeps its page and slot (the last slot of a page stays the last).
+    std::vector<int32_t> extra;
+    for (const int32_t v : extra_in) {
+      if (v < 0) {
+        extra.push_back(v);
+        continue;
+      }
+      const int32_t page = v / e.page_size, slot = v % e.page_size;
+      const int32_t P = c.geom.page_size;
+      extra.push_back(page * P +
+                      (slot == e.page_size - 1 && e.page_size > 1 ? P - 1 : std::min(slot, P - 1)));
+    }
     std::vector<int32_t> row;
     if (own_tiles) {
       // Main counted, -1 up to the tile boundary of the longest main list, extra counted.
@@ -175,20 +187,22 @@ std::optional<Case> merged_extra(const Case& c, bool own_tiles) {
 std::vector<Case> toward_extra(const Case& c) {
   std::vector<Case> out = simpler_extra(c);
   std::vector<Case> merged;
-  for (const bool own_tiles : {false, true}) {
-    auto m = merged_extra(c, own_tiles);
-    if (!m) continue;
-    merged.push_back(*m);
-    const int64_t pad = stride_padding(c.extra_geom());
-    if (pad > stride_padding(c.geom)) {
-      Case padded = *m;
-      padded.geom.page_stride = mla::min_page_stride(padded.geom) + pad;
-      merged.push_back(padded);
-    }
-  }
+  // Into the main cache as it is, or with the extra cache's page size first.
+  std::vector<Case> targets{c};
   if (c.extra && c.extra->page_size != c.geom.page_size) {
-    for (size_t i = 0, n = merged.size(); i < n; ++i) {
-      if (auto r = with_page_size(merged[i], c.extra->page_size)) merged.push_back(std::move(*r));
+    if (auto r = with_page_size(c, c.extra->page_size)) targets.push_back(std::move(*r));
+  }
+  for (const Case& t : targets) {
+    for (const bool own_tiles : {false, true}) {
+      auto m = merged_extra(t, own_tiles);
+      if (!m) continue;
+      merged.push_back(*m);
+      const int64_t pad = stride_padding(c.extra_geom());
+      if (pad > stride_padding(t.geom)) {
+        Case padded = *m;
+        padded.geom.page_stride = mla::min_page_stride(padded.geom) + pad;
+        merged.push_back(padded);
+      }
     }
   }
   out.insert(out.begin() + (out.empty() ? 0 : 1), merged.begin(), merged.end());

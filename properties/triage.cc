@@ -41,6 +41,8 @@ constexpr int kMaxListedRows = 3;
 constexpr int kMaxEntryProbes = 16;
 // Draws of the values (data_seed 0 .. kCauseDraws - 1) a cause is checked with.
 constexpr uint64_t kCauseDraws = 5;
+// Moves of a feature (its first) a cause is checked with.
+constexpr size_t kCauseMoves = 6;
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
@@ -515,29 +517,32 @@ std::vector<Case> realizations(const Case& c, PropertyId p) {
         if (auto r = edits::swapped_caches(c)) out.push_back(std::move(*r));
         break;
       }
-      // The last (then the first) valid entry of every list moved into a new extra list of the
-      // same tokens.
-      for (const bool last : {true, false}) {
-        Case r = c;
-        ExtraCache e;
-        e.page_size = c.geom.page_size;
-        e.num_pages = c.geom.num_pages;
-        e.topk = 1;
-        e.same_values = true;
-        bool moved = false;
-        for (int q = 0; q < rows; ++q) {
-          int32_t token = -1;
-          for (int i = 0; i < c.topk && token < 0; ++i) {
-            const int k = last ? c.topk - 1 - i : i;
-            if (!edits::entry_valid(c, q, k)) continue;
-            token = c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-            r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+      // The last (then the first) valid entry of every list moved into a new extra list: of the
+      // same tokens (same_values), or, as the property appends moved tokens to new pages of an
+      // extra cache of its own paging, to the first slot of page 1 of a 61-token-page cache.
+      for (const bool own_pages : {false, true}) {
+        for (const bool last : {true, false}) {
+          Case r = c;
+          ExtraCache e;
+          e.page_size = own_pages ? 61 : c.geom.page_size;
+          e.num_pages = own_pages ? 2 : c.geom.num_pages;
+          e.topk = 1;
+          e.same_values = true;
+          bool moved = false;
+          for (int q = 0; q < rows; ++q) {
+            int32_t token = -1;
+            for (int i = 0; i < c.topk && token < 0; ++i) {
+              const int k = last ? c.topk - 1 - i : i;
+              if (!edits::entry_valid(c, q, k)) continue;
+              token = c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+              r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+            }
+            moved = moved || token >= 0;
+            e.indices.push_back({token < 0 ? -1 : own_pages ? e.page_size : token});
           }
-          moved = moved || token >= 0;
-          e.indices.push_back({token});
+          r.extra = e;
+          if (moved) out.push_back(std::move(r));
         }
-        r.extra = e;
-        if (moved) out.push_back(std::move(r));
       }
       break;
     }
@@ -648,7 +653,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
         continue;
       }
       moves.push_back(std::move(cand));
-      if (moves.size() == 2) break;
+      if (moves.size() == kCauseMoves) break;
     }
     if (moves.empty()) continue;
     // Needed when the moves end the failure with most draws the case fails with.

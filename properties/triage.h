@@ -65,7 +65,7 @@ std::string group_signature(const std::string& backend, FailureKind kind,
                             const std::vector<std::string>& causes);
 
 // The causes of cause_set that hold whatever the values: with the case's data_seed and data_seeds
-// 0 to 4 (the draws the case fails with), a feature counts when its moves (the first two) end
+// 0 to 4 (the draws the case fails with), a feature counts when its moves (the first six) end
 // the failure with most of those draws; a feature whose moves change the tokens' values
 // (CanonicalFeature::changes_values) counts only when the case fails with two draws or more.
 // At most `max_evaluations` evaluations (added to *evaluations); a draw not evaluated within
