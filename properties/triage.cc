@@ -41,8 +41,9 @@ constexpr int kMaxListedRows = 3;
 constexpr int kMaxEntryProbes = 16;
 // Draws of the values (data_seed 0 .. kCauseDraws - 1) a cause is checked with.
 constexpr uint64_t kCauseDraws = 5;
+constexpr uint64_t kMoreCauseDraws = 11;
 // Moves of a feature (its first) a cause is checked with.
-constexpr size_t kCauseMoves = 6;
+constexpr size_t kCauseMoves = 4;
 
 std::string join(const std::vector<std::string>& v, const char* sep) {
   std::string s;
@@ -242,8 +243,12 @@ ShrinkResult shrink_canonical(const Case& failing,
                               const ShrinkLimits& limits, const Envelope& envelope,
                               const ShrinkHooks& hooks) {
   const auto t0 = Clock::now();
-  ShrinkResult size = shrink_case(failing, size_fails, limits, envelope, hooks);
-  if (size.budget_exhausted()) return size;
+  // The size within half the evaluations (as triage_failure).
+  ShrinkResult size = shrink_case(
+      failing, size_fails, {limits.max_evaluations / 2, limits.max_seconds}, envelope, hooks);
+  if (size.stopped_by == ShrinkStop::kSeconds || size.stopped_by == ShrinkStop::kStopped) {
+    return size;
+  }
   const ShrinkLimits left{limits.max_evaluations - size.evaluations,
                           limits.max_seconds - since(t0)};
   ShrinkResult canon =
@@ -630,20 +635,36 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
     memo[js] = f;
     return f;
   };
-  // The draws of the values the case fails with: its own, and those of data_seed 0 to 4.
+  // The draws of the values: the case's own and data_seed 0 to 4, and 5 to 10 as well when the
+  // case fails with fewer than two thirds of those (a failure the values decide).
   std::vector<uint64_t> draws{e.data_seed};
-  for (uint64_t s = 0; s < kCauseDraws; ++s) {
-    if (s == e.data_seed) continue;
-    const std::optional<bool> f = fails(e, s);
-    if (f && *f) draws.push_back(s);
+  const auto add_draws = [&](uint64_t from, uint64_t to) {
+    for (uint64_t s = from; s < to; ++s) {
+      if (s != e.data_seed) draws.push_back(s);
+    }
+  };
+  const auto failures = [&](const Case& k) {
+    int n = 0;
+    for (const uint64_t seed : draws) {
+      const std::optional<bool> f = seed == e.data_seed && &k == &e ? true : fails(k, seed);
+      n += f && *f ? 1 : 0;
+    }
+    return n;
+  };
+  add_draws(0, kCauseDraws);
+  int base = failures(e);
+  if (3 * base < 2 * static_cast<int>(draws.size())) {
+    add_draws(kCauseDraws, kMoreCauseDraws);
+    base = failures(e);
   }
+  // A failure the values decide (fewer than two thirds of the draws fail) has no cause among
+  // the features whose moves change the values: those moves draw other values.
+  const bool values_decide = 3 * base < 2 * static_cast<int>(draws.size());
   std::vector<std::string> causes;
   for (const CanonicalFeature& f : canonical_features()) {
     const std::vector<std::string> d = f.describe(e);
     if (d.empty()) continue;
-    // A feature whose moves change the tokens' values needs two draws of evidence: with one,
-    // the values rather than the feature may be what the failure needs.
-    if (f.changes_values && draws.size() < 2) continue;
+    if (f.changes_values && values_decide) continue;
     std::vector<Case> moves;
     for (Case& cand : f.toward(e)) {
       try {
@@ -656,17 +677,16 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
       if (moves.size() == kCauseMoves) break;
     }
     if (moves.empty()) continue;
-    // Needed when the moves end the failure with most draws the case fails with.
-    int ended = 0;
-    for (const uint64_t seed : draws) {
-      bool survives = false;
-      for (const Case& m : moves) {
-        const std::optional<bool> without = fails(m, seed);
-        survives = survives || (without && *without);
+    // Needed when every move fails with less than half the draws the case fails with: a feature
+    // the failure only needs by chance (the values it happens to give) leaves the rate as it is.
+    bool needed = true;
+    for (const Case& m : moves) {
+      if (2 * failures(m) >= base) {
+        needed = false;
+        break;
       }
-      ended += survives ? 0 : 1;
     }
-    if (2 * ended > static_cast<int>(draws.size())) causes.insert(causes.end(), d.begin(), d.end());
+    if (needed) causes.insert(causes.end(), d.begin(), d.end());
   }
   if (evaluations) *evaluations += used;
   return causes;
@@ -726,8 +746,12 @@ Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
     return std::nullopt;
   };
 
-  // 1. The size, the failing property alone.
-  take(shrink_case(failing, size_fails, options.limits, options.envelope, options.hooks));
+  // 1. The size, the failing property alone, within half the evaluations (a failure a random
+  //    transformation shows may keep every candidate failing to reproduce): the walk, the causes
+  //    and the locus have the rest.
+  const ShrinkLimits size_limits{options.limits.max_evaluations / 2, options.limits.max_seconds};
+  take(shrink_case(failing, size_fails, size_limits, options.envelope, options.hooks));
+  if (t.stopped_by == ShrinkStop::kEvaluations) t.stopped_by = ShrinkStop::kFixedPoint;
   // 2. The canonical walk: while a direct comparison fails, keeping it failing; a failure that
   //    only shows under a transformation is first turned into a direct one where the recipe can
   //    say the transformation, else walked with any property failing (and tried again after).

@@ -1,7 +1,8 @@
 // From a failing case to a finding a person reads, one per bug: the canonical minimal case, the
 // group it belongs to, and where it fails.
 //
-//   1. size shrink: shrink_case with the failing property alone (same_failure_predicate);
+//   1. size shrink: shrink_case with the failing property alone (same_failure_predicate),
+//      within half the evaluations;
 //   2. canonical walk (canonicalize_case, canonical.h) keeping a direct failure (run or
 //      tolerance: the case judged as it is) while there is one. A failure that only shows under
 //      a property's transformation is first turned into a direct one where a recipe can say the
@@ -64,12 +65,14 @@ std::vector<std::string> group_causes(const Case& minimal, const PropertyOutcome
 std::string group_signature(const std::string& backend, FailureKind kind,
                             const std::vector<std::string>& causes);
 
-// The causes of cause_set that hold whatever the values: with the case's data_seed and data_seeds
-// 0 to 4 (the draws the case fails with), a feature counts when its moves (the first six) end
-// the failure with most of those draws; a feature whose moves change the tokens' values
-// (CanonicalFeature::changes_values) counts only when the case fails with two draws or more.
-// At most `max_evaluations` evaluations (added to *evaluations); a draw not evaluated within
-// them counts as ended.
+// The causes of cause_set that hold whatever the values. The draws of the values: the case's
+// data_seed and data_seeds 0 to 4, and 5 to 10 too when the case fails with fewer than two
+// thirds of those. A feature counts when each of its moves (the first four) fails with less
+// than half as many draws as the case does: a feature a failure needs only through the values it
+// happens to give leaves the rate where it was. When the case fails with fewer than two thirds of
+// the draws (the values decide), the features whose moves change the tokens' values
+// (CanonicalFeature::changes_values) are no cause. At most `max_evaluations` evaluations (added
+// to *evaluations); a draw not evaluated within them counts as passing.
 std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
                                        const std::function<bool(const Case&)>& still_fails,
                                        int max_evaluations, int* evaluations);
@@ -84,9 +87,9 @@ std::function<bool(const Case&)> any_failure_predicate(const PropertyOutcome& fa
                                                        const std::vector<Backend*>& backends,
                                                        const std::vector<std::string>& properties);
 
-// Steps 1 and 2 within one `limits`: shrink_case with `size_fails`, then canonicalize_case with
-// `canonical_fails` from where it stopped (skipped when the limits are spent or `hooks` stopped
-// it); `hooks` as for shrink_case, over both.
+// Steps 1 and 2 within one `limits`: shrink_case with `size_fails` (within half the
+// evaluations), then canonicalize_case with `canonical_fails` from where it stopped (skipped
+// when `hooks` stopped it); `hooks` as for shrink_case, over both.
 ShrinkResult shrink_canonical(const Case& failing,
                               const std::function<bool(const Case&)>& size_fails,
                               const std::function<bool(const Case&)>& canonical_fails,
