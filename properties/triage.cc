@@ -39,6 +39,8 @@ constexpr int kMaxInlineTokens = 4;
 constexpr int kMaxListedRows = 3;
 // Entries probed for the locus at most (each probe is one evaluation).
 constexpr int kMaxEntryProbes = 16;
+// Valid entries a realization of move-to-extra moves, one at a time, at most.
+constexpr int kMaxRealizedMoves = 8;
 // Draws of the values (data_seed 0 .. kCauseDraws - 1) a cause is checked with.
 constexpr uint64_t kCauseDraws = 5;
 constexpr uint64_t kMoreCauseDraws = 11;
@@ -283,7 +285,13 @@ std::string needed_entries(const Case& c, const std::function<bool(const Case&)>
                            int max_probes, int* evaluations, std::vector<int32_t>* needed) {
   const Case e = with_explicit_indices(c);
   const int rows = e.query_rows();
-  std::vector<std::string> found;
+  // The entries found needed: row, position, whether invalid, the words.
+  struct Needed {
+    int q, k;
+    bool invalid;
+    std::string what;
+  };
+  std::vector<Needed> found;
   int probes = 0;
   bool cut = false;
   const auto probe = [&](const Case& cand) -> bool {
@@ -312,49 +320,77 @@ std::string needed_entries(const Case& c, const std::function<bool(const Case&)>
                                          : fmt::format("row b{},s{} ", q / e.s_q, q % e.s_q);
     return row + list + "entry " + std::to_string(k);
   };
+  // The tokens first (valid and masked entries, both lists), then the invalid entries.
   const int64_t slots = mla::num_slots(e.geom);
-  for (int q = 0; q < rows; ++q) {
-    const int32_t len = edits::row_len(e, q);
-    for (int k = 0; k < e.topk; ++k) {
-      const int32_t v = e.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-      const bool masked = len >= 0 && k >= len;
-      const bool token = v >= 0 && v < slots;
-      Case cand = e;
-      std::string what;
-      if (edits::entry_valid(e, q, k) || (masked && token)) {
-        cand.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
-        what = fmt::format("({}{})", token_place(e, v), masked ? ", masked by topk_length" : "");
-      } else if (!masked && rows == 1 && e.topk > 1) {
-        std::vector<int> keep;
-        for (int j = 0; j < e.topk; ++j) {
-          if (j != k) keep.push_back(j);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int q = 0; q < rows; ++q) {
+      const int32_t len = edits::row_len(e, q);
+      for (int k = 0; k < e.topk; ++k) {
+        const int32_t v = e.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+        const bool masked = len >= 0 && k >= len;
+        const bool in_cache = v >= 0 && v < slots;
+        const bool token = edits::entry_valid(e, q, k) || (masked && in_cache);
+        if (token != (pass == 0)) continue;
+        Case cand = e;
+        std::string what;
+        if (token) {
+          cand.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+          what = fmt::format("({}{})", token_place(e, v), masked ? ", masked by topk_length" : "");
+        } else if (!masked && rows == 1 && e.topk > 1) {
+          std::vector<int> keep;
+          for (int j = 0; j < e.topk; ++j) {
+            if (j != k) keep.push_back(j);
+          }
+          cand = edits::select_positions(e, keep);
+          what = fmt::format("({}, an invalid entry)", v);
+        } else {
+          continue;
         }
-        cand = edits::select_positions(e, keep);
-        what = fmt::format("({}, an invalid entry)", v);
-      } else {
-        continue;
+        if (probe(cand)) {
+          found.push_back({q, k, !in_cache && !masked, where(q, k, "") + " " + what});
+          if (needed && in_cache) needed->push_back(v);
+        }
       }
-      if (probe(cand)) {
-        found.push_back(where(q, k, "") + " " + what);
-        if (needed && token) needed->push_back(v);
+      if (!e.extra || pass == 1) continue;
+      for (int k = 0; k < e.extra->topk; ++k) {
+        if (!edits::extra_entry_valid(e, q, k)) continue;
+        Case cand = e;
+        const int32_t v = cand.extra->indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+        cand.extra->indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+        if (probe(cand)) {
+          found.push_back(
+              {q, e.topk + k, false,
+               where(q, k, "extra-list ") + " (extra token " + std::to_string(v) + ")"});
+        }
       }
-    }
-    if (!e.extra) continue;
-    for (int k = 0; k < e.extra->topk; ++k) {
-      if (!edits::extra_entry_valid(e, q, k)) continue;
-      Case cand = e;
-      const int32_t v = cand.extra->indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-      cand.extra->indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
-      if (probe(cand))
-        found.push_back(where(q, k, "extra-list ") + " (extra token " + std::to_string(v) + ")");
     }
   }
+  std::stable_sort(found.begin(), found.end(), [](const Needed& a, const Needed& b) {
+    return std::tie(a.q, a.k) < std::tie(b.q, b.k);
+  });
   if (evaluations) *evaluations += probes;
   std::string s;
+  // Runs of invalid entries of one row (spacers keeping tokens in their tiles) in one phrase.
+  std::vector<std::string> phrases;
+  for (size_t i = 0; i < found.size();) {
+    size_t j = i;
+    while (found[i].invalid && j + 1 < found.size() && found[j + 1].invalid &&
+           found[j + 1].q == found[i].q && found[j + 1].k == found[j].k + 1) {
+      ++j;
+    }
+    if (j > i + 1) {
+      std::string run = where(found[i].q, found[i].k, "");
+      run.replace(run.rfind("entry "), 6, "entries ");
+      phrases.push_back(run + ".." + std::to_string(found[j].k) + " (invalid entries)");
+    } else {
+      for (size_t x = i; x <= j; ++x) phrases.push_back(found[x].what);
+    }
+    i = j + 1;
+  }
   if (found.empty()) {
     s = "no single entry is needed";
   } else {
-    s = "needs " + join(found, ", ");
+    s = "needs " + join(phrases, ", ");
   }
   if (cut) s += " (entries probed: the first " + std::to_string(probes) + ")";
   return s;
@@ -449,8 +485,8 @@ namespace {
 // Cases that apply property p's transformation (or the part of it a recipe can say) to c
 // itself, so that a failure that only showed under the transformation may fail the direct
 // comparison with the oracle: pages relocated (the tokens on page 1, the stride padded),
-// -1 entries inserted, the lists reversed, an entry moved into an extra list, the pad bytes
-// filled with NaN or garbage.
+// -1 entries inserted, the lists reversed, an entry moved into an extra list, the entries
+// topk_length masks pointing at tokens, the pad bytes filled with NaN or garbage.
 std::vector<Case> realizations(const Case& c, PropertyId p) {
   std::vector<Case> out;
   const int rows = c.query_rows();
@@ -522,11 +558,12 @@ std::vector<Case> realizations(const Case& c, PropertyId p) {
         if (auto r = edits::swapped_caches(c)) out.push_back(std::move(*r));
         break;
       }
-      // The last (then the first) valid entry of every list moved into a new extra list: of the
-      // same tokens (same_values), or, as the property appends moved tokens to new pages of an
-      // extra cache of its own paging, to the first slot of page 1 of a 61-token-page cache.
+      // The i-th valid entry of every list (for each i, from the last) moved into a new extra
+      // list: of the same tokens (same_values), or, as the property appends moved tokens to new
+      // pages of an extra cache of its own paging, to the first slot of page 1 of a
+      // 61-token-page cache.
       for (const bool own_pages : {false, true}) {
-        for (const bool last : {true, false}) {
+        for (int i = 0; i < kMaxRealizedMoves; ++i) {
           Case r = c;
           ExtraCache e;
           e.page_size = own_pages ? 61 : c.geom.page_size;
@@ -536,9 +573,8 @@ std::vector<Case> realizations(const Case& c, PropertyId p) {
           bool moved = false;
           for (int q = 0; q < rows; ++q) {
             int32_t token = -1;
-            for (int i = 0; i < c.topk && token < 0; ++i) {
-              const int k = last ? c.topk - 1 - i : i;
-              if (!edits::entry_valid(c, q, k)) continue;
+            for (int k = c.topk - 1, seen = 0; k >= 0 && token < 0; --k) {
+              if (!edits::entry_valid(c, q, k) || seen++ < i) continue;
               token = c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
               r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
             }
@@ -552,6 +588,20 @@ std::vector<Case> realizations(const Case& c, PropertyId p) {
       break;
     }
     case PropertyId::kPoison:
+      // The entries topk_length masks point at tokens (poison points them at poisoned slots).
+      if (c.topk_length) {
+        Case r = c;
+        bool changed = false;
+        for (int q = 0; q < rows; ++q) {
+          for (int k = std::max(0, edits::row_len(c, q)); k < c.topk; ++k) {
+            int32_t& v = r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+            if (v >= 0) continue;
+            v = edits::unused_token(r);
+            changed = changed || v >= 0;
+          }
+        }
+        if (changed) out.push_back(std::move(r));
+      }
       for (const Fill f : {Fill::kNaN, Fill::kGarbage}) {
         if (c.pad_fill == f) continue;
         Case r = c;
