@@ -29,7 +29,7 @@ constexpr int kRanks = 4;  // the rank of a value on none of a feature's canonic
 // Cap on the per-entry moves of one step (the canonical case has a handful of entries).
 constexpr int kMaxEntryMoves = 16;
 // The canonical draws of the values (data_seed), from canonical to not.
-constexpr uint64_t kRerolls[] = {0, 1, 2};
+constexpr uint64_t kRerolls[] = {0, 1, 2, 3, 4, 5};
 
 const ValueSpec kSmallInt{ValueDist::kSmallInt, 1.0, 0.0};
 // Small integers of 1/16: logits close together (softmax weights near each other, where the
@@ -942,7 +942,7 @@ std::vector<ShrinkStep> canonical_steps() {
       continue;
     }
     // A move that changes values may lose a failure that needs particular values: each
-    // candidate also with the canonical draws (data_seed 0, 1, 2), so that the walk can take
+    // candidate also with the canonical draws (data_seed 0 to 5), so that the walk can take
     // the move where the failure needs the feature's values only by chance.
     auto toward = e->feature.toward;
     steps.push_back({e->feature.name, [toward](const Case& c) {
