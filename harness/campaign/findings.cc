@@ -19,6 +19,9 @@ constexpr int kMaxShrinkHangs = 3;
 // entry left by a campaign killed meanwhile, says.
 constexpr const char* kShrinkingNote = "being shrunk (the case as far as shrinking got)";
 
+// The cause set of a finding whose triage did not end.
+constexpr const char* kUntriagedCause = "causes unknown (not shrunk to its canonical case)";
+
 // The record of `first`'s failure class for case `c` failing as `o`: where it ran (backends,
 // GPU), when it was first seen and its count stay `first`'s.
 Finding refreshed(const Finding& first, const PropertyOutcome& o, const Case& c, bool shrunk) {
@@ -73,6 +76,15 @@ Finding group_of(const Triage& t) {
   if (!t.locus.entries.empty()) g.locus += (g.locus.empty() ? "" : "; ") + t.locus.entries;
   g.inputs = t.locus.inputs;
   return g;
+}
+
+// A record whose triage did not end (cut short, shrinking off): its case is not canonical, so
+// its features say nothing about the bug. It is grouped by backend and failure kind alone, so
+// that one bug whose triages keep being cut short (every step hangs) is one finding, not one
+// per shape.
+void untriaged(Finding& f) {
+  f.causes.clear();
+  f.signature = f.backend + " | " + f.kind + " | " + kUntriagedCause;
 }
 
 void take_group(Finding& f, const Finding& g) {
@@ -302,7 +314,11 @@ void FindingStore::finish_shrink(const std::string& pre_key, const Shrunk& s) {
   if (!pc.shrinking) return;
   Entry e = pc.record;
   e.finding = refreshed(e.finding, s.outcome, s.minimal, s.shrunk);
-  if (s.triaged) take_group(e.finding, s.group);
+  if (s.triaged) {
+    take_group(e.finding, s.group);
+  } else {
+    untriaged(e.finding);
+  }
   if (e.finding.properties.empty()) e.finding.properties = {e.finding.property};
   e.finding.shrink_note = s.note;
   e.minimal = s.minimal;
@@ -315,6 +331,7 @@ void FindingStore::settle_in_flight(const std::string& cause) {
     if (!pc.shrinking) continue;
     Entry e = pc.record;
     e.finding.shrink_note = cause + " while shrinking";
+    untriaged(e.finding);
     if (e.finding.properties.empty()) e.finding.properties = {e.finding.property};
     settle(pc, std::move(e), 0);
   }
