@@ -15,6 +15,7 @@
 #include "harness/core/materialize.h"
 #include "kernels/common/tiling.h"
 #include "mlafuzz_build_commit.h"  // MLAFUZZ_GIT_COMMIT, generated at build time
+#include "properties/triage.h"
 
 namespace mlafuzz {
 namespace {
@@ -55,8 +56,19 @@ const char* bucket(int v, std::initializer_list<std::pair<int, const char*>> upp
 
 const char* build_commit() { return MLAFUZZ_GIT_COMMIT; }
 
+const fields::Table<RawFailure>& raw_failure_fields() {
+  using fields::field;
+  static const fields::Table<RawFailure> table = {
+      field("property", &RawFailure::property),     field("shape_class", &RawFailure::shape_class),
+      field("count", &RawFailure::count),           field("seed", &RawFailure::seed),
+      field("case_index", &RawFailure::case_index), field("repro", &RawFailure::repro),
+  };
+  return table;
+}
+
 const fields::Table<Finding>& finding_fields() {
   using fields::field;
+  using fields::optional_field;
   constexpr unsigned kCorpus = kFindingInCorpus, kReport = kFindingInReport;
   constexpr unsigned kBoth = kCorpus | kReport;
   // Each document keeps the key order it always had, so a member both hold is listed twice, once
@@ -66,6 +78,11 @@ const fields::Table<Finding>& finding_fields() {
       field("property", &Finding::property, kBoth),
       field("backend", &Finding::backend, kBoth),
       field("backend_source", &Finding::backend_source, kBoth),
+      optional_field("kind", &Finding::kind, kReport),
+      optional_field("causes", &Finding::causes, kReport),
+      optional_field("properties", &Finding::properties, kReport),
+      optional_field("locus", &Finding::locus, kReport),
+      optional_field("inputs", &Finding::inputs, kReport),
       field("shape_class", &Finding::shape_class, kReport),
       field("count", &Finding::count, kReport),
       field("seed", &Finding::seed, kReport),
@@ -78,9 +95,20 @@ const fields::Table<Finding>& finding_fields() {
       field("corpus", &Finding::corpus_path, kReport),
       field("corpus_entries", &Finding::corpus_entries, kReport),
       field("repro", &Finding::repro, kReport),
+      [] {
+        auto f =
+            fields::array_of("raw", &Finding::raw, raw_failure_fields, fields::kAllViews, kReport);
+        f.optional = true;
+        return f;
+      }(),
       field("expect", &Finding::expect, kCorpus),
       field("detail", &Finding::detail, kCorpus),
       field("signature", &Finding::signature, kCorpus),
+      optional_field("kind", &Finding::kind, kCorpus),
+      optional_field("causes", &Finding::causes, kCorpus),
+      optional_field("properties", &Finding::properties, kCorpus),
+      optional_field("locus", &Finding::locus, kCorpus),
+      optional_field("inputs", &Finding::inputs, kCorpus),
       field("error", &Finding::error, kCorpus),
       field("bound", &Finding::bound, kCorpus),
       field("tightness", &Finding::tightness, kCorpus),
@@ -158,11 +186,6 @@ std::string shape_class(const Case& c) {
   return s;
 }
 
-std::string finding_signature(const std::string& property, const std::string& backend,
-                              const Case& c) {
-  return property + "|" + backend + "|" + shape_class(c);
-}
-
 Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t seed,
                      uint64_t case_index) {
   Finding f;
@@ -173,7 +196,12 @@ Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t see
   f.bound = o.bound;
   f.tightness = o.tightness;
   f.nonfinite_mismatch = o.nonfinite_mismatch;
-  f.signature = finding_signature(o.property, o.backend, minimal);
+  const FailureKind kind = failure_kind(o);
+  f.kind = failure_kind_name(kind);
+  f.causes = group_causes(minimal, o, {});
+  f.properties = {o.property};
+  f.signature = group_signature(o.backend, kind, f.causes);
+  f.shape_class = shape_class(minimal);
   f.commit = build_commit();
   f.host = host_name();
   f.found_at = utc_now_iso8601();
@@ -183,11 +211,15 @@ Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t see
   return f;
 }
 
-std::string corpus_file_name(const Case& c, const Finding& f) {
+std::string corpus_file_name(const Finding& f) {
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016" PRIx64, fnv1a(f.signature + "\n" + to_json(c)));
-  return sanitize(f.property.empty() ? "case" : f.property) + "-" +
-         sanitize(f.backend.empty() ? "any" : f.backend) + "-" + hex + ".json";
+  std::snprintf(hex, sizeof hex, "%016" PRIx64, fnv1a(f.signature));
+  // The backend's own name, without a python: kernel's or a plugin's folders.
+  std::string backend = f.backend.empty() ? "any" : f.backend;
+  if (const size_t slash = backend.rfind('/'); slash != std::string::npos) {
+    backend = backend.substr(slash + 1);
+  }
+  return sanitize(backend) + "-" + hex + ".json";
 }
 
 std::string save_corpus_entry(const std::string& dir, const Case& minimal, const Finding& f) {
@@ -198,7 +230,7 @@ std::string save_corpus_entry(const std::string& dir, const Case& minimal, const
   j["case"] = case_to_json_value(minimal);
   j["finding"] = finding_to_json(f);
   make_dirs(dir);
-  const std::string path = (std::filesystem::path(dir) / corpus_file_name(minimal, f)).string();
+  const std::string path = (std::filesystem::path(dir) / corpus_file_name(f)).string();
   write_file_atomic(path, json_to_text(j));
   return path;
 }
@@ -218,10 +250,7 @@ CorpusEntry load_corpus_entry(const std::string& path) {
       if (j.at("format") != kFormat) {
         throw CaseError("format", "neither \"mlafuzz-corpus\" nor \"mlafuzz-case\"");
       }
-      if (!j.contains("version") || j.at("version") != kCorpusFormatVersion) {
-        throw CaseError("version", "unsupported corpus entry version (this build reads version " +
-                                       std::to_string(kCorpusFormatVersion) + ")");
-      }
+      check_corpus_entry_version(j);
       for (const auto& [key, value] : j.items()) {
         (void)value;
         if (key != "format" && key != "version" && key != "case" && key != "finding") {

@@ -1,9 +1,10 @@
 // The corpus: versioned JSON files, each a case recipe and the finding it records.
 //
-//   {"format": "mlafuzz-corpus", "version": 1,
+//   {"format": "mlafuzz-corpus", "version": 2,
 //    "case": {...the case format of harness/case.h...},
 //    "finding": {"property": "tolerance", "backend": "cpu-mma", "expect": "pass", "detail": ...,
-//                "signature": ..., "error": ..., "bound": ..., "tightness": ... (or "inf"),
+//                "signature": ..., "kind": ..., "causes": [...], "properties": [...],
+//                "locus": ..., "inputs": ..., "error": ..., "bound": ..., "tightness": ...,
 //                "nonfinite_mismatch": false, "commit": ...,
 //                "gpu_name": ..., "driver_version": ..., "cuda_version": ..., "host": ...,
 //                "found_at": "2026-11-29T08:00:00Z", "seed": ..., "case_index": ..., "count": 1}}
@@ -38,8 +39,11 @@ nlohmann::ordered_json finding_to_json(const Finding& f);
 // Strict: unknown fields and wrong types throw CaseError naming "finding.<field>".
 Finding finding_from_json(const nlohmann::ordered_json& j);
 
-// The file name save_corpus_entry uses: "<property>-<backend>-<16 hex digits>.json", the digits
-// a hash of the signature and the case, so the same finding maps to the same file.
-std::string corpus_file_name(const Case& c, const Finding& f);
+// The file name save_corpus_entry uses: "<backend>-<16 hex digits>.json" (the backend's name
+// without folders), the digits a hash of the group signature: one entry per group.
+std::string corpus_file_name(const Finding& f);
+
+// The fields of a raw failure class (report.json's findings[].raw[]).
+const fields::Table<RawFailure>& raw_failure_fields();
 
 }  // namespace mlafuzz

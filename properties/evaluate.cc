@@ -4,10 +4,12 @@
 #include <time.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -49,6 +51,70 @@ void fill_from_check(PropertyOutcome& o, const BoundCheck& bc) {
   o.tightness = bc.tightness;
   o.nonfinite_mismatch = !bc.nonfinite_match;
   o.out_max_ref = bc.out_max_ref;
+}
+
+// Element count above which a failed comparison is not located element by element (a finding's
+// locus is taken on its minimal case; a production-size case would cost seconds).
+constexpr size_t kMaxLocatedElements = size_t{1} << 18;
+
+bool same_value(double a, double b) {
+  return std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b) ||
+         (std::isnan(a) && std::isnan(b));
+}
+
+// Whether the pair (a, b) is within `bound` under check_bounds' rule for one element (an out
+// element when `out`, else an lse element).
+bool within_one(double a, double b, double bound, bool out, bool a_bf16, bool b_bf16) {
+  const std::vector<double> av{a}, bv{b}, zero{0.0};
+  const Side sa{out ? &av : &zero, out ? &zero : &av, a_bf16};
+  const Side sb{out ? &bv : &zero, out ? &zero : &bv, b_bf16};
+  const Bounds one{out ? std::vector<double>{bound} : zero,
+                   out ? zero : std::vector<double>{bound}};
+  return check_bounds(sa, sb, one, 1, 1, 1).passed;
+}
+
+// Fills o.wrong from a failed comparison: `got` holds rows.size() x heads.size() rows of d_v
+// (and lse) values, `want` (and `bound`, when the comparison is bounded) the full
+// [query rows, H] arrays the check picked `rows` and `heads` of. Without a bound, elements
+// whose bits differ are wrong (NaNs of any sign or payload equal).
+void note_wrong(PropertyOutcome& o, const RunResult& got, bool got_bf16,
+                const std::vector<double>& want_out, const std::vector<double>& want_lse,
+                bool want_bf16, const Bounds* bound, int heads, int dv,
+                const std::vector<int>& rows, const std::vector<int>& head_ids) {
+  const size_t nh = head_ids.size();
+  if (rows.size() * nh * static_cast<size_t>(dv) > kMaxLocatedElements) return;
+  if (got.out.size() < rows.size() * nh * static_cast<size_t>(dv) ||
+      got.lse.size() < rows.size() * nh) {
+    return;
+  }
+  std::set<int32_t> columns;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (size_t j = 0; j < nh; ++j) {
+      const size_t full = static_cast<size_t>(rows[i]) * static_cast<size_t>(heads) +
+                          static_cast<size_t>(head_ids[j]);
+      const size_t part = i * nh + j;
+      bool row_wrong = false;
+      for (int d = 0; d < dv; ++d) {
+        const double a = got.out[part * static_cast<size_t>(dv) + static_cast<size_t>(d)];
+        const size_t at = full * static_cast<size_t>(dv) + static_cast<size_t>(d);
+        const double b = want_out[at];
+        const bool ok = bound != nullptr
+                            ? within_one(a, b, bound->out[at], true, got_bf16, want_bf16)
+                            : same_value(a, b);
+        if (!ok) {
+          row_wrong = true;
+          columns.insert(d);
+        }
+      }
+      if (row_wrong) o.wrong.out_rows.emplace_back(rows[i], head_ids[j]);
+      const double a = got.lse[part], b = want_lse[full];
+      const bool ok = bound != nullptr
+                          ? within_one(a, b, bound->lse[full], false, got_bf16, want_bf16)
+                          : same_value(a, b);
+      if (!ok) o.wrong.lse_rows.emplace_back(rows[i], head_ids[j]);
+    }
+  }
+  o.wrong.out_columns.assign(columns.begin(), columns.end());
 }
 
 // Per-case state shared by all backends: the case, the oracle, the bounds per pipeline.
@@ -404,9 +470,40 @@ class Evaluator {
         const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
                                            ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
         fill_from_check(o, bc);
+        locate(o, a.clean, true, b.clean.out, b.clean.lse, true, &bound);
         ev_.outcomes.push_back(o);
       }
     }
+  }
+
+  bool locating(const PropertyOutcome& o) const {
+    return opt_.locus && o.applicable && !o.passed && !o.run_failed;
+  }
+
+  // o.wrong of a failed comparison of `got` with `want` over the whole case.
+  void locate(PropertyOutcome& o, const RunResult& got, bool got_bf16,
+              const std::vector<double>& want_out, const std::vector<double>& want_lse,
+              bool want_bf16, const Bounds* bound) {
+    if (!locating(o)) return;
+    note_wrong(o, got, got_bf16, want_out, want_lse, want_bf16, bound, ctx_.m.heads, ctx_.m.d_v(),
+               all(ctx_.m.query_rows()), all(ctx_.m.heads));
+  }
+
+  // o.wrong of a bitwise comparison of the raw-only run `r` of variant v with the clean run.
+  void locate_raw(PropertyOutcome& o, const MaterializedCase& v, const RunResult& r,
+                  const RunResult& clean) {
+    if (!locating(o)) return;
+    RunResult w = r;
+    widen_raw_outputs(v, w);
+    locate(o, w, false, clean.out, clean.lse, false, nullptr);
+  }
+
+  // o.wrong of a bitwise comparison of a part run (rows x heads of the case) with the clean run.
+  void locate_part(PropertyOutcome& o, const RunResult& part, const RunResult& clean,
+                   const std::vector<int>& rows, const std::vector<int>& heads) {
+    if (!locating(o)) return;
+    note_wrong(o, part, false, clean.out, clean.lse, false, nullptr, ctx_.m.heads, ctx_.m.d_v(),
+               rows, heads);
   }
 
   PropertyOutcome make(const std::string& prop, const std::string& backend) {
@@ -529,6 +626,7 @@ class Evaluator {
     const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound,
                                        ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
     fill_from_check(o, bc);
+    locate(o, st.clean, is_bf16(be), ctx_.ref.out, ctx_.ref.lse, false, &bound);
     if (opt_.reference_metrics) {
       const AllcloseResult oc = check_allclose(st.clean.out, ctx_.ref.out, kFlashMlaOutTol);
       const AllcloseResult lc = check_allclose(st.clean.lse, ctx_.ref.lse, kFlashMlaLseTol);
@@ -553,6 +651,7 @@ class Evaluator {
       if (!bitwise_equal(ctx_.m, st.clean, again, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
         o.passed = false;
         o.detail = "two runs of the same case differ: " + where;
+        locate_raw(o, ctx_.m, again, st.clean);
       }
     }
     ev_.outcomes.push_back(o);
@@ -562,6 +661,8 @@ class Evaluator {
     PropertyOutcome o = make("poison", st.be->name());
     if (st.clean.guard_violations != 0) {
       o.passed = false;
+      o.guard_written = true;
+      o.wrong.guard_written = st.clean.guard_violations;
       o.detail = std::to_string(st.clean.guard_violations) +
                  " output guard elements overwritten (canaries before/after/between rows)";
       ev_.outcomes.push_back(o);
@@ -575,12 +676,15 @@ class Evaluator {
       std::string where;
       if (r.guard_violations != 0) {
         o.passed = false;
+        o.guard_written = true;
+        o.wrong.guard_written = r.guard_violations;
         o.detail = "poison fill " + std::to_string(v) + ": " + std::to_string(r.guard_violations) +
                    " output guard elements overwritten";
       } else if (!bitwise_equal(ctx_.m, st.clean, r, &where, &o.worst_b, &o.worst_h, &o.worst_d)) {
         o.passed = false;
         o.detail = "poison fill " + std::to_string(v) +
                    " (bytes a correct kernel never reads) changed the output: " + where;
+        locate_raw(o, pm, r, st.clean);
       }
     }
     ev_.outcomes.push_back(o);
@@ -603,6 +707,7 @@ class Evaluator {
         o.passed = false;
         o.detail = "pages relocated (order and stride " + std::to_string(rm.geom.page_stride) +
                    ", indices remapped) changed the output: " + where;
+        locate_raw(o, rm, r, st.clean);
       }
     }
     ev_.outcomes.push_back(o);
@@ -648,6 +753,11 @@ class Evaluator {
           o.detail = "batch row " + std::to_string(b) + " alone differs: " + where;
         }
       }
+      if (!o.passed) {
+        std::vector<int> rows;
+        for (int s = 0; s < S; ++s) rows.push_back(b * S + s);
+        locate_part(o, r, st.clean, rows, all(H));
+      }
       if (!o.passed) break;
     }
     ev_.outcomes.push_back(o);
@@ -680,6 +790,7 @@ class Evaluator {
           o.detail = "head " + std::to_string(h) + " alone differs: " + where;
         }
       }
+      if (!o.passed) locate_part(o, r, st.clean, all(ctx_.m.query_rows()), {h});
       if (!o.passed) break;
     }
     ev_.outcomes.push_back(o);
@@ -717,6 +828,7 @@ class Evaluator {
                      " alone differs: " + where;
         }
       }
+      if (!o.passed) locate_part(o, r, st.clean, {r0}, all(H));
       if (!o.passed) break;
     }
     ev_.outcomes.push_back(o);
@@ -771,6 +883,12 @@ class Evaluator {
         check_bounds(Side{&r.out, &r.lse, bf16}, Side{&cout, &clse, bf16}, bound,
                      static_cast<int32_t>(rows.size()), static_cast<int32_t>(heads.size()), dv);
     const double seconds = o.seconds;
+    if (!bc.passed && opt_.locus) {
+      PropertyOutcome w;
+      w.passed = false;
+      note_wrong(w, r, bf16, clean.out, clean.lse, bf16, &whole, H, dv, rows, heads);
+      o.wrong = std::move(w.wrong);
+    }
     // The worst of the probes so far stays in the outcome.
     if (!bc.passed || bc.tightness >= o.tightness) {
       fill_from_check(o, bc);
@@ -826,6 +944,7 @@ class Evaluator {
       const double seconds = o.seconds;
       fill_from_check(o, bc);
       o.seconds = seconds;
+      locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &bound);
       if (!o.passed) o.detail = what + " moved the output beyond the bound: " + o.detail;
     }
     ev_.outcomes.push_back(o);
@@ -850,6 +969,7 @@ class Evaluator {
       if (!bc.passed || bc.tightness >= o.tightness) fill_from_check(o, bc);
       o.seconds = seconds;
       if (!bc.passed) {
+        locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &bound);
         o.detail = std::string(splits == 1 ? "1 split per row" : "one split per tile") +
                    " moved the output beyond the bound: " + o.detail;
         break;

@@ -98,6 +98,18 @@ Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
 //   bounds; the bitwise ones (poison, relocate, batch-alone, head-alone, determinism) compare
 //   bit for bit.
 
+// Which outputs a failed comparison found wrong (filled when EvalOptions::locus is set): elements
+// beyond their bound (the tolerance model's rule, element by element) or, for the bitwise
+// properties, whose bits differ (NaNs of any sign or payload equal). Rows are query rows
+// r = b * s_q + s of the case the property checked.
+struct WrongOutputs {
+  std::vector<std::pair<int32_t, int32_t>> out_rows;  // (query row, head) with a wrong out element
+  std::vector<int32_t> out_columns;                   // columns wrong in some row, sorted
+  std::vector<std::pair<int32_t, int32_t>> lse_rows;  // (query row, head) with a wrong lse
+  int64_t guard_written = 0;                          // output guard or gap elements overwritten
+  bool empty() const { return out_rows.empty() && lse_rows.empty() && guard_written == 0; }
+};
+
 struct PropertyOutcome {
   std::string property;    // one of all_properties()
   std::string backend;     // "cpu-mma", ...; "cuda-mma|cuda-simt" for mma-vs-simt pairs
@@ -116,12 +128,15 @@ struct PropertyOutcome {
   // The run itself (the clean run, or the run of a transformed case) failed: error or fault.
   // No figures; ranked with the bitwise failures.
   bool run_failed = false;
+  // poison: the kernel wrote output guard or gap elements (canaries).
+  bool guard_written = false;
   double out_max_ref = 0;  // max |reference out|, for error-vs-magnitude plots
   // Reported, never asserted (tolerance only): FlashMLA's check_is_allclose verdict for out and
   // lse with its published tolerances, and the original test's figures are max_abs, mean_abs,
   // max_rel, lse_max_abs above.
   bool flashmla_pass = true;
   double seconds = 0;  // backend time spent on this property
+  WrongOutputs wrong;  // failed outcomes with EvalOptions::locus only
 };
 
 // Where one case's evaluation spent its (wall) time, step by step (issue 13: the campaign side
@@ -180,6 +195,8 @@ struct EvalOptions {
   int poison_variants = 2;
   // Report FlashMLA's and the original test's metrics (cheap; on by default).
   bool reference_metrics = true;
+  // Fill PropertyOutcome::wrong of every failed outcome (where a finding fails: its locus).
+  bool locus = false;
 };
 
 // Runs every selected property (empty = all) on every backend. Backends receive
@@ -282,21 +299,40 @@ std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& f
 // Corpus
 // ---------------------------------------------------------------------------------------------
 
-inline constexpr int kCorpusFormatVersion = 1;
+// kCorpusFormatVersion (harness/core/case.h) 2: the finding is a group (kind, causes,
+// properties, locus, inputs) and the file is named by its signature; version-1 entries load and
+// replay unchanged (their group fields empty).
 
-// One finding: the corpus entry's record and the report's, one struct for both (the field table
-// in properties/corpus.cc says which document holds which field).
+// A class of raw failures a finding folds: the property and the shape class of the failing case
+// as it was generated (before shrinking), how many failures of the class it saw, and the first.
+struct RawFailure {
+  std::string property, shape_class;
+  int64_t count = 0;
+  uint64_t seed = 0, case_index = 0;
+  std::string repro;  // regenerates the first case and reruns the property
+};
+
+// One finding, one bug: the group of every failure whose minimal case walks to the same
+// canonical case (properties/triage.h). The corpus entry's record and the report's, one struct
+// for both (the field table in properties/corpus.cc says which document holds which field).
 struct Finding {
-  // Both documents.
+  // Both documents. `signature` is the group's: backend | failure kind | cause set. `property`
+  // is the primary failure's (the first failing property, in table order, on the minimal case).
   std::string property, backend, signature;
   // The backends as the campaign was given them, with files made absolute
   // (absolute_backend_name; "a,b" for a pair): `mlafuzz repro` runs these, from any directory.
   // Empty in entries written before it existed (repro then uses `backend`).
   std::string backend_source;
-  uint64_t seed = 0, case_index = 0;  // the representative (first-shrunk) case
+  uint64_t seed = 0, case_index = 0;  // the first case of the group (the representative)
   double tightness = 0;               // of the finite elements
   bool nonfinite_mismatch = false;    // PropertyOutcome::nonfinite_mismatch
-  int64_t count = 1;                  // times seen (deduplicated by signature)
+  int64_t count = 1;                  // raw failures folded into the group
+  // The group (empty in version-1 corpus entries and reports).
+  std::string kind;                     // failure_kind_name of the primary failure
+  std::vector<std::string> causes;      // the cause set
+  std::vector<std::string> properties;  // every property failing on the minimal case
+  std::string locus;                    // where: the wrong outputs and the entries needed
+  std::string inputs;                   // the minimal case inline, when small
   // The corpus entry.
   std::string detail;  // the outcome's worst element (PropertyOutcome::detail)
   double error = 0, bound = 0;
@@ -306,7 +342,7 @@ struct Finding {
   std::string expect = "pass";  // "pass": every property must pass (regression entries);
                                 // "fail": the finding is expected to persist (known bug)
   // The report (filled by the campaign).
-  std::string shape_class;
+  std::string shape_class;  // of the minimal case
   bool shrunk = false;
   // Both documents, left out when empty: why the case is not shrunk to the end (the campaign
   // stopped while shrinking it, its shrink steps kept hanging, a shrink limit, shrinking off).
@@ -314,25 +350,24 @@ struct Finding {
   std::string shrink_note;
   std::string summary;  // format_outcome of the minimal case ("detail" in report.json)
   std::string corpus_path, repro;
-  std::vector<std::string> corpus_entries;  // every shard's entry for this signature
+  std::vector<std::string> corpus_entries;  // every shard's entry for this group
+  std::vector<RawFailure> raw;              // the raw failure classes folded, first seen first
 };
 
 // Fills property/backend/detail/error figures from an outcome, commit/host/time from this
-// build and machine, and the signature from the shape class of `minimal`.
+// build and machine, and the group (kind, causes, signature) from the outcome and `minimal`
+// as it is (triage_failure finds the canonical minimal case first).
 Finding make_finding(const PropertyOutcome& o, const Case& minimal, uint64_t seed,
                      uint64_t case_index);
 
-// Dedup signature: property | backend | shape_class(c).
-std::string finding_signature(const std::string& property, const std::string& backend,
-                              const Case& c);
-
-// Coarse class of a case for dedup: layout, B/H/topk buckets, page-size class, features
-// ("model1 B1 H1 T1-2 P=pow2 invalid sink" style).
+// Coarse class of a case: layout, B/H/topk buckets, page-size class, features
+// ("model1 B1 H1 T1-2 P=pow2 invalid sink" style). Raw failures are classed by it before
+// shrinking (a failure of a known class is not shrunk again).
 std::string shape_class(const Case& c);
 
-// Writes {"format":"mlafuzz-corpus","version":1,"case":{...},"finding":{...}} atomically into
-// `dir` (created if missing) under a name derived from the signature and the case's content;
-// returns the path. Saving the same signature and case again overwrites the same file.
+// Writes {"format":"mlafuzz-corpus","version":2,"case":{...},"finding":{...}} atomically into
+// `dir` (created if missing) under a name derived from the signature (corpus_file_name); returns
+// the path. Saving the same group again overwrites the same file.
 std::string save_corpus_entry(const std::string& dir, const Case& minimal, const Finding& f);
 
 struct CorpusEntry {

@@ -692,6 +692,20 @@ ValueFormat exact_format(double x, double y, ValueFormat narrow) {
   return fits(x) && fits(y) ? narrow : ValueFormat::kFp64;
 }
 
+// Bitwise equality as the bitwise properties mean it: NaNs of any sign or payload are equal (the
+// NaN is what matters, not its bits), everything else compares bit for bit.
+constexpr const char* kNanNote = "; NaNs of any sign or payload count as equal";
+bool same_bf16(uint16_t x, uint16_t y) {
+  return x == y || ((x & 0x7fffu) > 0x7f80u && (y & 0x7fffu) > 0x7f80u);
+}
+bool same_fp32(uint32_t x, uint32_t y) {
+  return x == y || ((x & 0x7fffffffu) > 0x7f800000u && (y & 0x7fffffffu) > 0x7f800000u);
+}
+bool same_fp64(double x, double y) {
+  return std::bit_cast<uint64_t>(x) == std::bit_cast<uint64_t>(y) ||
+         (std::isnan(x) && std::isnan(y));
+}
+
 }  // namespace
 
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
@@ -708,12 +722,12 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
     }
     const int64_t g = OutputBuffers::kGuard;
     for (size_t i = 0; i < a.out_raw.size(); ++i) {
-      if (a.out_raw[i] != b.out_raw[i]) {
+      if (!same_bf16(a.out_raw[i], b.out_raw[i])) {
         const RawPos p =
             raw_pos(static_cast<int64_t>(i), m.heads, m.out_head_stride, m.out_token_stride, m.s_q,
                     m.out_batch_stride, g, m.batch, m.d_v());
         *where = raw_name(p, static_cast<int64_t>(i), "out", true) + " " +
-                 bf16_pair(a.out_raw[i], b.out_raw[i]);
+                 bf16_pair(a.out_raw[i], b.out_raw[i]) + kNanNote;
         if (!p.guard && !p.gap) set(p.b, p.h, p.d);
         return false;
       }
@@ -721,10 +735,11 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
     for (size_t i = 0; i < a.lse_raw.size(); ++i) {
       const uint32_t x = std::bit_cast<uint32_t>(a.lse_raw[i]);
       const uint32_t y = std::bit_cast<uint32_t>(b.lse_raw[i]);
-      if (x != y) {
+      if (!same_fp32(x, y)) {
         const RawPos p = raw_pos(static_cast<int64_t>(i), m.heads, 1, m.lse_token_stride, m.s_q,
                                  m.lse_batch_stride, g, m.batch, 1);
-        *where = raw_name(p, static_cast<int64_t>(i), "lse", false) + " " + fp32_pair(x, y);
+        *where =
+            raw_name(p, static_cast<int64_t>(i), "lse", false) + " " + fp32_pair(x, y) + kNanNote;
         if (!p.guard && !p.gap) set(p.b, p.h, -1);
         return false;
       }
@@ -737,18 +752,18 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
   }
   const int32_t dv = m.d_v();
   for (size_t i = 0; i < a.out.size(); ++i) {
-    if (std::bit_cast<uint64_t>(a.out[i]) != std::bit_cast<uint64_t>(b.out[i])) {
+    if (!same_fp64(a.out[i], b.out[i])) {
       const auto row = static_cast<int64_t>(i) / dv;
       *where = fmt::format("out[b={},h={},d={}] ", row / m.heads, row % m.heads, i % dv) +
-               widened_pair(a.out[i], b.out[i], ValueFormat::kFp64);
+               widened_pair(a.out[i], b.out[i], ValueFormat::kFp64) + kNanNote;
       set(row / m.heads, row % m.heads, static_cast<int64_t>(i % dv));
       return false;
     }
   }
   for (size_t i = 0; i < a.lse.size(); ++i) {
-    if (std::bit_cast<uint64_t>(a.lse[i]) != std::bit_cast<uint64_t>(b.lse[i])) {
+    if (!same_fp64(a.lse[i], b.lse[i])) {
       *where = fmt::format("lse[b={},h={}] ", i / m.heads, i % m.heads) +
-               widened_pair(a.lse[i], b.lse[i], ValueFormat::kFp64);
+               widened_pair(a.lse[i], b.lse[i], ValueFormat::kFp64) + kNanNote;
       set(static_cast<int64_t>(i / m.heads), static_cast<int64_t>(i % m.heads), -1);
       return false;
     }
@@ -762,16 +777,18 @@ bool rows_bitwise_equal(const RunResult& whole, int32_t heads, int32_t d_v, int 
   const auto pr = static_cast<size_t>(part_row);
   for (int32_t d = 0; d < d_v; ++d) {
     const double x = whole.out[wr * d_v + d], y = part.out[pr * d_v + d];
-    if (std::bit_cast<uint64_t>(x) != std::bit_cast<uint64_t>(y)) {
+    if (!same_fp64(x, y)) {
       *where = fmt::format("out[b={},h={},d={}] ", b_whole, h_whole, d) +
-               widened_pair(x, y, exact_format(x, y, ValueFormat::kBf16)) + " (full case vs alone)";
+               widened_pair(x, y, exact_format(x, y, ValueFormat::kBf16)) + " (full case vs alone" +
+               kNanNote + ")";
       return false;
     }
   }
   const double x = whole.lse[wr], y = part.lse[pr];
-  if (std::bit_cast<uint64_t>(x) != std::bit_cast<uint64_t>(y)) {
+  if (!same_fp64(x, y)) {
     *where = fmt::format("lse[b={},h={}] ", b_whole, h_whole) +
-             widened_pair(x, y, exact_format(x, y, ValueFormat::kFp32)) + " (full case vs alone)";
+             widened_pair(x, y, exact_format(x, y, ValueFormat::kFp32)) + " (full case vs alone" +
+             kNanNote + ")";
     return false;
   }
   return true;

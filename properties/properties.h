@@ -67,7 +67,8 @@ MaterializedCase permute_indices(const MaterializedCase& m, uint64_t seed);
 MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int count);
 
 // Bitwise equality of two runs of the same shape: raw bf16 outputs (guard bands included) and
-// raw lse when both have them, otherwise the float64 out/lse bit patterns. On a difference,
+// raw lse when both have them, otherwise the float64 out/lse bit patterns; NaNs of any sign or
+// payload count as equal (the message of a difference says so). On a difference,
 // `where` receives the first differing element with both values in full and their distance:
 // "out[b=0,h=2,d=5] 1 (bf16 0x3f80) vs 1.0078125 (bf16 0x3f81), 1 ulp (bf16)".
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
@@ -75,7 +76,7 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
 
 // Bitwise equality of (b_whole, h_whole) of `whole` against flat row `part_row` (b * H + h of
 // the part's shape) of a single-row or single-head run `part` (logical outputs, double bit
-// patterns: bf16 values widen exactly).
+// patterns: bf16 values widen exactly; NaNs of any sign or payload equal).
 bool rows_bitwise_equal(const RunResult& whole, int32_t heads, int32_t d_v, int b_whole,
                         int h_whole, const RunResult& part, int part_row, std::string* where);
 

@@ -48,6 +48,10 @@ struct PropertyInfo {
   // without a partner have no outcome of it.
   bool needs_simt_partner;
   const char* summary;  // one line, for --help and docs
+  // What the property does to the case before it compares, as a cause of a failure that only
+  // shows there ("-1 entries are inserted"); nullptr for run, tolerance and mma-vs-simt, which
+  // judge the case as it is.
+  const char* transformation;
 
   // Outcomes carry error figures (error, bound, tightness, max abs, ...): plotted, percentiled
   // and printed with the outcome. The bounded properties, and only them.
@@ -65,6 +69,9 @@ bool has_error_figures(std::string_view name);
 
 // Names in table order.
 std::vector<std::string> all_properties();
+// Sorts property names into table order (names that are no property, such as the campaign's
+// pseudo-property "fault", first), keeping the order of equal ones.
+void sort_properties(std::vector<std::string>& names);
 // "run, tolerance, poison, ..." (for messages and --help).
 std::string known_properties();
 // Throws std::invalid_argument "unknown property 'x' (known: run, tolerance, ...)" for the first

@@ -7,168 +7,22 @@
 #include <map>
 #include <numeric>
 #include <optional>
+#include <set>
 
 #include "harness/core/materialize.h"
+#include "properties/case_edits.h"
 #include "properties/evaluate.h"
+#include "properties/triage.h"
 
 namespace mlafuzz {
 namespace {
 
-// Rows (or heads) to try: the two halves, then single items (at most `cap` of them).
-std::vector<std::vector<int>> subsets(int n, int cap) {
-  std::vector<std::vector<int>> out;
-  if (n <= 1) return out;
-  std::vector<int> lo(static_cast<size_t>(n / 2)), hi(static_cast<size_t>(n - n / 2));
-  std::iota(lo.begin(), lo.end(), 0);
-  std::iota(hi.begin(), hi.end(), n / 2);
-  out.push_back(lo);
-  out.push_back(hi);
-  for (int i = 0; i < std::min(n, cap); ++i) out.push_back({i});
-  return out;
-}
-
-// topk_length of the batch row of index list (query row) q = b * s_q + s.
-int32_t row_len(const Case& c, int q) {
-  return c.topk_length ? (*c.topk_length)[static_cast<size_t>(q / c.s_q)] : -1;
-}
-
-bool entry_valid(const Case& c, int q, int k) {
-  return mla::index_valid_in(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)], k,
-                             row_len(c, q), c.conventions, mla::num_slots(c.geom));
-}
-
-std::vector<int32_t> pick_lengths(const std::vector<int32_t>& len, const std::vector<int>& rows) {
-  std::vector<int32_t> v;
-  for (int b : rows) v.push_back(len[static_cast<size_t>(b)]);
-  return v;
-}
-
-// The lists of batch rows `rows` (all their query tokens, or `tokens` of each).
-std::vector<std::vector<int32_t>> pick_lists(const std::vector<std::vector<int32_t>>& lists,
-                                             int32_t s_q, const std::vector<int>& rows,
-                                             const std::vector<int>& tokens) {
-  std::vector<std::vector<int32_t>> v;
-  for (int b : rows) {
-    for (int s : tokens) v.push_back(lists[static_cast<size_t>(b * s_q + s)]);
-  }
-  return v;
-}
-
-std::vector<int> all_of(int n) {
-  std::vector<int> v(static_cast<size_t>(n));
-  std::iota(v.begin(), v.end(), 0);
-  return v;
-}
-
-// Kept rows and heads keep their q values (Case::q_source) as well as their indices, lengths
-// and sinks: the smaller case computes the same rows and heads, not others.
-Case select_rows(const Case& c, const std::vector<int>& rows) {
-  Case r = c;
-  r.batch = static_cast<int32_t>(rows.size());
-  r.indices = pick_lists(c.indices, c.s_q, rows, all_of(c.s_q));
-  if (c.topk_length) r.topk_length = pick_lengths(*c.topk_length, rows);
-  if (c.extra) {
-    r.extra->indices = pick_lists(c.extra->indices, c.s_q, rows, all_of(c.s_q));
-    if (c.extra->topk_length) r.extra->topk_length = pick_lengths(*c.extra->topk_length, rows);
-  }
-  r.q_source = q_source_of_rows(c, rows);
-  return r;
-}
-
-// Query tokens `tokens` of every batch row kept (s_q shrinks).
-Case select_tokens(const Case& c, const std::vector<int>& tokens) {
-  Case r = c;
-  r.s_q = static_cast<int32_t>(tokens.size());
-  r.indices = pick_lists(c.indices, c.s_q, all_of(c.batch), tokens);
-  if (c.extra) r.extra->indices = pick_lists(c.extra->indices, c.s_q, all_of(c.batch), tokens);
-  r.q_source = q_source_of_tokens(c, tokens);
-  return r;
-}
+using namespace edits;
 
 std::vector<Case> fewer_query_tokens(const Case& c) {
   std::vector<Case> out;
   for (const auto& s : subsets(c.s_q, 4)) out.push_back(select_tokens(c, s));
   return out;
-}
-
-// The extra cache (SPEC.md section 8): gone, or simpler.
-std::vector<Case> simpler_extra(const Case& c) {
-  std::vector<Case> out;
-  if (!c.extra) return out;
-  Case none = c;
-  none.extra.reset();
-  out.push_back(none);
-  const ExtraCache& e = *c.extra;
-  if (e.topk_length) {
-    Case r = c;
-    // Entries the length masked become -1: the same tokens stay selected.
-    for (int32_t q = 0; q < c.query_rows(); ++q) {
-      auto& row = r.extra->indices[static_cast<size_t>(q)];
-      const int32_t len = (*e.topk_length)[static_cast<size_t>(q / c.s_q)];
-      for (int32_t k = std::max(0, len); k < e.topk; ++k) row[static_cast<size_t>(k)] = -1;
-    }
-    r.extra->topk_length.reset();
-    out.push_back(r);
-  }
-  if (e.topk > 1) {  // the first and the second half of every extra list
-    for (int half = 0; half < 2; ++half) {
-      Case r = c;
-      const int32_t lo = half == 0 ? 0 : e.topk / 2, hi = half == 0 ? e.topk / 2 : e.topk;
-      r.extra->topk = hi - lo;
-      for (auto& row : r.extra->indices) {
-        row = std::vector<int32_t>(row.begin() + lo, row.begin() + hi);
-      }
-      if (e.topk_length) {
-        for (auto& l : *r.extra->topk_length) l = std::clamp(l - lo, 0, hi - lo);
-      }
-      out.push_back(r);
-    }
-  }
-  if (!e.page_order.empty()) {
-    Case r = c;
-    r.extra->page_order.clear();
-    out.push_back(r);
-  }
-  if (e.page_stride != 0) {
-    Case r = c;
-    r.extra->page_stride = 0;
-    out.push_back(r);
-  }
-  if (e.same_values) {
-    Case r = c;
-    r.extra->same_values = false;
-    out.push_back(r);
-  }
-  return out;
-}
-
-Case select_heads(const Case& c, const std::vector<int>& heads) {
-  Case r = c;
-  r.heads = static_cast<int32_t>(heads.size());
-  if (c.sink) {
-    std::vector<double> s;
-    for (int h : heads) s.push_back((*c.sink)[static_cast<size_t>(h)]);
-    r.sink = s;
-  }
-  r.q_source = q_source_of_heads(c, heads);
-  return r;
-}
-
-// Keeps list positions `pos` (sorted) in every row; topk_length keeps the same entries.
-Case select_positions(const Case& c, const std::vector<int>& pos) {
-  Case r = c;
-  r.topk = static_cast<int32_t>(pos.size());
-  for (int32_t q = 0; q < c.query_rows(); ++q) {
-    std::vector<int32_t> row;
-    int32_t len = 0;
-    for (int k : pos) {
-      row.push_back(c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)]);
-      if (k < row_len(c, q)) ++len;
-    }
-    r.indices[static_cast<size_t>(q)] = row;
-    if (c.topk_length) (*r.topk_length)[static_cast<size_t>(q / c.s_q)] = len;
-  }
-  return r;
 }
 
 std::vector<Case> fewer_rows(const Case& c) {
@@ -180,37 +34,6 @@ std::vector<Case> fewer_rows(const Case& c) {
 std::vector<Case> fewer_heads(const Case& c) {
   std::vector<Case> out;
   for (const auto& s : subsets(c.heads, 16)) out.push_back(select_heads(c, s));
-  return out;
-}
-
-std::vector<Case> fewer_tokens(const Case& c) {
-  std::vector<Case> out;
-  const int n = c.topk;
-  if (n <= 1) return out;
-  // Positions invalid in every row carry nothing but the list length: drop them all at once.
-  std::vector<int> useful;
-  for (int k = 0; k < n; ++k) {
-    bool any = false;
-    for (int q = 0; q < c.query_rows() && !any; ++q) any = entry_valid(c, q, k);
-    if (any) useful.push_back(k);
-  }
-  if (!useful.empty() && static_cast<int>(useful.size()) < n) {
-    out.push_back(select_positions(c, useful));
-  }
-  std::vector<int> lo(static_cast<size_t>(n / 2)), hi(static_cast<size_t>(n - n / 2));
-  std::iota(lo.begin(), lo.end(), 0);
-  std::iota(hi.begin(), hi.end(), n / 2);
-  out.push_back(select_positions(c, lo));
-  out.push_back(select_positions(c, hi));
-  if (n <= 32) {
-    for (int drop = 0; drop < n; ++drop) {
-      std::vector<int> keep;
-      for (int k = 0; k < n; ++k) {
-        if (k != drop) keep.push_back(k);
-      }
-      out.push_back(select_positions(c, keep));
-    }
-  }
   return out;
 }
 
@@ -268,63 +91,12 @@ std::vector<Case> invalidate_in_place(const Case& c) {
 
 std::vector<Case> no_topk_length(const Case& c) {
   if (!c.topk_length) return {};
-  Case r = c;
-  // Entries the length masked become -1: the same tokens stay selected.
-  for (int32_t q = 0; q < c.query_rows(); ++q) {
-    for (int32_t k = std::max(0, row_len(c, q)); k < c.topk; ++k) {
-      r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
-    }
-  }
-  r.topk_length.reset();
-  return {r};
+  return {without_topk_length(c)};
 }
 
 std::vector<Case> fewer_pages(const Case& c) {
-  const int32_t P = c.geom.page_size;
-  const int64_t slots = mla::num_slots(c.geom);
-  std::map<int32_t, int32_t> used;  // logical page -> new logical page
-  for (const auto& row : c.indices) {
-    for (int32_t v : row) {
-      if (v >= 0 && v < slots) used[v / P] = 0;
-    }
-  }
-  const auto n_used = static_cast<int32_t>(used.size());
-  if (n_used == 0 && c.geom.num_pages > 1) {
-    Case r = c;
-    r.geom.num_pages = 1;
-    r.page_order.clear();
-    return {r};
-  }
-  if (n_used == 0 || n_used >= c.geom.num_pages) return {};
-  // New pages keep the relative physical order of the old ones.
-  std::vector<std::pair<int32_t, int32_t>> phys;  // (old physical, old logical)
-  for (auto& [lp, np] : used) {
-    phys.push_back({c.page_order.empty() ? lp : c.page_order[static_cast<size_t>(lp)], lp});
-  }
-  int32_t next = 0;
-  for (auto& [lp, np] : used) np = next++;
-  std::sort(phys.begin(), phys.end());
-  Case r = c;
-  r.geom.num_pages = n_used;
-  if (!c.page_order.empty()) {
-    r.page_order.assign(static_cast<size_t>(n_used), 0);
-    for (int32_t rank = 0; rank < n_used; ++rank) {
-      r.page_order[static_cast<size_t>(used[phys[static_cast<size_t>(rank)].second])] = rank;
-    }
-  }
-  // Entries past the cache (out_of_range's invalid ones) keep their distance past its end.
-  const int64_t new_slots = mla::num_slots(r.geom);
-  for (auto& row : r.indices) {
-    for (int32_t& v : row) {
-      if (v >= slots) {
-        v = static_cast<int32_t>(
-            std::min<int64_t>(int64_t{v} - slots + new_slots, std::numeric_limits<int32_t>::max()));
-      } else if (v >= 0) {
-        v = used[v / P] * P + v % P;
-      }
-    }
-  }
-  return {r};
+  if (auto r = compact_pages(c)) return {std::move(*r)};
+  return {};
 }
 
 std::vector<Case> one_if(bool change, Case r) {
@@ -454,33 +226,7 @@ std::vector<ShrinkStep> make_steps() {
                  r.sm_scale.reset();
                  return one_if(c.sm_scale.has_value(), r);
                }});
-  s.push_back({"default conventions", [](const Case& c) {
-                 // One field at a time: the failure may need one non-default convention.
-                 std::vector<Case> out;
-                 Case r = c;
-                 r.conventions.invalid_index = mla::InvalidIndexRule::kMinusOneOnly;
-                 if (c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange) {
-                   // Its invalid entries (negatives, entries past the cache) become -1.
-                   for (auto* lists : {&r.indices, r.extra ? &r.extra->indices : nullptr}) {
-                     if (lists == nullptr) continue;
-                     const int64_t slots =
-                         mla::num_slots(lists == &r.indices ? r.geom : r.extra_geom());
-                     for (auto& row : *lists) {
-                       for (int32_t& v : row) {
-                         if (v < 0 || v >= slots) v = -1;
-                       }
-                     }
-                   }
-                 }
-                 if (r.conventions.invalid_index != c.conventions.invalid_index) out.push_back(r);
-                 r = c;
-                 r.conventions.empty_lse = mla::EmptyRowLse::kPosInf;
-                 if (r.conventions.empty_lse != c.conventions.empty_lse) out.push_back(r);
-                 r = c;
-                 r.conventions.sink_in_lse = false;
-                 if (c.conventions.sink_in_lse) out.push_back(r);
-                 return out;
-               }});
+  s.push_back({"default conventions", default_conventions});
   s.push_back({"zero pad fill", [](const Case& c) {
                  Case r = c;
                  r.pad_fill = Fill::kZero;
@@ -542,9 +288,10 @@ const char* shrink_stop_name(ShrinkStop s) {
   return "?";
 }
 
-ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
-                         const ShrinkLimits& limits, const Envelope& envelope,
-                         const ShrinkHooks& hooks) {
+ShrinkResult greedy_shrink(const Case& start, const std::vector<ShrinkStep>& steps,
+                           const std::function<bool(const Case&)>& still_fails,
+                           const ShrinkLimits& limits, const Envelope& envelope,
+                           std::set<std::string>* rejected, const ShrinkHooks& hooks) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
@@ -557,13 +304,11 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
     if (hooks.stop && hooks.stop()) return ShrinkStop::kStopped;
     return std::nullopt;
   };
-  Case cur = with_explicit_indices(failing);
+  Case cur = with_explicit_indices(start);
   std::string cur_json = to_json(cur);
-  std::vector<ShrinkStep> steps = shrink_steps();
-  if (envelope.topk.constrained()) {
-    steps.push_back({"fewer tokens inside the envelope",
-                     [&envelope](const Case& c) { return fewer_tokens_inside(c, envelope); }});
-  }
+  // With a memo, the cases already visited too: a set of moves that could lead back to one of
+  // them cannot cycle.
+  std::set<std::string> visited{cur_json};
   bool progress = true;
   while (progress && !res.budget_exhausted()) {
     progress = false;
@@ -577,6 +322,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           continue;  // a step made an invalid recipe (e.g. a constraint it does not know)
         }
         if (js == cur_json) continue;
+        if (rejected != nullptr && (rejected->count(js) != 0 || visited.count(js) != 0)) continue;
         // Never leave the envelope the case was generated in (the backends' and the campaign's):
         // a candidate outside it would shrink a failure into "not applicable".
         if (envelope.rejects(cand)) continue;
@@ -592,6 +338,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           fails = false;  // a candidate the harness cannot evaluate is not a simplification
         }
         if (fails) {
+          if (rejected != nullptr) visited.insert(js);
           cur = std::move(cand);
           cur_json = std::move(js);
           ++res.steps;
@@ -599,6 +346,7 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
           if (hooks.on_step) hooks.on_step(cur);
           break;
         }
+        if (rejected != nullptr) rejected->insert(std::move(js));
       }
       if (res.budget_exhausted()) break;
     }
@@ -608,23 +356,21 @@ ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Cas
   return res;
 }
 
+ShrinkResult shrink_case(const Case& failing, const std::function<bool(const Case&)>& still_fails,
+                         const ShrinkLimits& limits, const Envelope& envelope,
+                         const ShrinkHooks& hooks) {
+  std::vector<ShrinkStep> steps = shrink_steps();
+  if (envelope.topk.constrained()) {
+    steps.push_back({"fewer tokens inside the envelope",
+                     [&envelope](const Case& c) { return fewer_tokens_inside(c, envelope); }});
+  }
+  return greedy_shrink(failing, steps, still_fails, limits, envelope, nullptr, hooks);
+}
+
 std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& failure,
                                                         const std::vector<Backend*>& backends,
                                                         PropertyOutcome* last_failure) {
-  // The backends named by the failure ("a" or "a|b" for pairs), found in `backends`.
-  std::vector<Backend*> use;
-  std::string names = failure.backend;
-  size_t start = 0;
-  while (start <= names.size()) {
-    const size_t bar = names.find('|', start);
-    const std::string n =
-        names.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
-    for (Backend* b : backends) {
-      if (b->name() == n) use.push_back(b);
-    }
-    if (bar == std::string::npos) break;
-    start = bar + 1;
-  }
+  const std::vector<Backend*> use = failure_backends(failure.backend, backends);
   const std::string prop = failure.property, backend = failure.backend;
   return [use, prop, backend, last_failure](const Case& c) {
     const CaseEvaluation ev = evaluate_case(c, use, {prop});

@@ -17,10 +17,12 @@
 #pragma once
 
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "harness/core/case.h"
+#include "properties/evaluate.h"
 
 namespace mlafuzz {
 
@@ -34,6 +36,18 @@ struct ShrinkStep {
 // The steps above, in order. Candidates keep explicit index lists consistent with batch, topk,
 // topk_length and the page count.
 const std::vector<ShrinkStep>& shrink_steps();
+
+// The greedy loop of shrink_case (evaluate.h) over any steps: each pass tries the steps in order
+// and takes the first candidate `still_fails` accepts, until a pass takes none (a fixed point) or
+// a limit is reached. Candidates that are invalid, equal to the current case or outside
+// `envelope` are skipped without an evaluation. With `rejected`, a candidate whose JSON is in it
+// is skipped too and every rejected candidate is added (a deterministic predicate says the same
+// of the same case), and a case already visited is never taken again (no cycle). `hooks` as for
+// shrink_case.
+ShrinkResult greedy_shrink(const Case& start, const std::vector<ShrinkStep>& steps,
+                           const std::function<bool(const Case&)>& still_fails,
+                           const ShrinkLimits& limits, const Envelope& envelope,
+                           std::set<std::string>* rejected, const ShrinkHooks& hooks = {});
 
 // A recipe's size, for tests and reports: rows, heads, valid selected tokens.
 struct CaseSize {

@@ -4,9 +4,10 @@
 // generate_case(seed, index, profile); every case of every campaign is regenerated from the
 // report alone. Cases are evaluated in parallel (one backend set per thread); GPU backends,
 // plugins (and, with isolate = "all", every backend) run in worker processes (worker.h), one per
-// backend and GPU, fed by all threads. Failures are shrunk (within a time budget) and
-// deduplicated by signature (property | backend | shape class of the shrunk case): one corpus
-// entry per signature, with a count. The report (report.json, junit.xml, report.html) is
+// backend and GPU, fed by all threads. Failures are shrunk, walked to a canonical case and
+// grouped by its signature (backend | failure kind | cause set; findings.h): one finding and one
+// corpus entry per bug, with the raw failures it folds. The report (report.json, junit.xml,
+// report.html) is
 // rewritten atomically every report_interval_s and at the end, so a campaign killed at any
 // moment leaves a previous report and a corpus that load.
 #pragma once

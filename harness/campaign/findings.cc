@@ -5,6 +5,8 @@
 #include <memory>
 
 #include "harness/backends/ipc_channel.h"
+#include "properties/property_table.h"
+#include "properties/triage.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -16,6 +18,9 @@ constexpr int kMaxShrinkHangs = 3;
 // The note of a record whose shrink has not ended: what a report written meanwhile, or a corpus
 // entry left by a campaign killed meanwhile, says.
 constexpr const char* kShrinkingNote = "being shrunk (the case as far as shrinking got)";
+
+// The cause set of a finding whose triage did not end.
+constexpr const char* kUntriagedCause = "causes unknown (not shrunk to its canonical case)";
 
 // The record of `first`'s failure class for case `c` failing as `o`: where it ran (backends,
 // GPU), when it was first seen and its count stay `first`'s.
@@ -32,7 +37,63 @@ Finding refreshed(const Finding& first, const PropertyOutcome& o, const Case& c,
   f.shrunk = shrunk;
   f.summary = format_outcome(o);
   f.shrink_note = first.shrink_note;
+  f.raw = first.raw;
   return f;
+}
+
+// The raw class of `raw` in the group's list (added, with count 0, when new).
+RawFailure& raw_class(Finding& f, const RawFailure& raw) {
+  for (RawFailure& r : f.raw) {
+    if (r.property == raw.property && r.shape_class == raw.shape_class) return r;
+  }
+  RawFailure added = raw;
+  added.count = 0;
+  return f.raw.emplace_back(std::move(added));
+}
+
+// Properties in table order, each once.
+void add_properties(std::vector<std::string>& to, const std::vector<std::string>& from) {
+  for (const auto& p : from) {
+    if (std::find(to.begin(), to.end(), p) == to.end()) to.push_back(p);
+  }
+  sort_properties(to);
+}
+
+std::string properties_text(const std::vector<std::string>& props) {
+  std::string s;
+  for (const auto& p : props) s += (s.empty() ? "" : ", ") + p;
+  return s;
+}
+
+// The group of a finding from its triage: kind, causes, signature, properties, locus, inputs.
+Finding group_of(const Triage& t) {
+  Finding g;
+  g.kind = failure_kind_name(t.kind);
+  g.causes = t.causes;
+  g.signature = t.signature;
+  for (const auto& o : t.failures) g.properties.push_back(o.property);
+  g.locus = t.locus.outputs;
+  if (!t.locus.entries.empty()) g.locus += (g.locus.empty() ? "" : "; ") + t.locus.entries;
+  g.inputs = t.locus.inputs;
+  return g;
+}
+
+// A record whose triage did not end (cut short, shrinking off): its case is not canonical, so
+// its features say nothing about the bug. It is grouped by backend and failure kind alone, so
+// that one bug whose triages keep being cut short (every step hangs) is one finding, not one
+// per shape.
+void untriaged(Finding& f) {
+  f.causes.clear();
+  f.signature = f.backend + " | " + f.kind + " | " + kUntriagedCause;
+}
+
+void take_group(Finding& f, const Finding& g) {
+  f.kind = g.kind;
+  f.causes = g.causes;
+  f.signature = g.signature;
+  f.properties = g.properties;
+  f.locus = g.locus;
+  f.inputs = g.inputs;
 }
 
 // The failure class of a failure before shrinking: property | backend | shape class of the case.
@@ -64,6 +125,16 @@ void FindingStore::add(const PropertyOutcome& o, const Case& c, uint64_t index,
   first.shape_class = shape_class(c);
   first.summary = format_outcome(failure);
   first.shrink_note = kShrinkingNote;
+  RawFailure raw;
+  raw.property = failure.property;
+  raw.shape_class = first.shape_class;
+  raw.count = 1;
+  raw.seed = opts_.seed;
+  raw.case_index = index;
+  // A fault is the "run" property's failure.
+  raw.repro = replay_command(opts_.seed, index, opts_.profile, o.backend,
+                             failure.property == "fault" ? "run" : failure.property);
+  first.raw = {raw};
   if (!claim(pre_key, std::move(first), c)) return;
   finish_shrink(pre_key, shrink(failure, c, tb, pre_key));
 }
@@ -76,7 +147,9 @@ bool FindingStore::claim(const std::string& pre_key, Finding first, const Case& 
     if (pc.shrinking) {
       ++pc.pending;
     } else {
-      ++findings_.at(pc.signature).finding.count;
+      Finding& f = findings_.at(pc.signature).finding;
+      ++f.count;
+      if (!first.raw.empty()) ++raw_class(f, first.raw.front()).count;
     }
     return false;
   }
@@ -87,7 +160,9 @@ bool FindingStore::claim(const std::string& pre_key, Finding first, const Case& 
 
 FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const Case& c,
                                           ThreadBackends& tb, const std::string& pre_key) {
-  Shrunk r{c, false, failure, ""};
+  Shrunk r;
+  r.minimal = c;
+  r.outcome = failure;
   if (!(opts_.shrink_time_s > 0) || opts_.shrink_evals <= 0) {
     r.note = "shrinking is off (--shrink-time 0 or --shrink-evals 0)";
     return r;
@@ -99,61 +174,99 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
   const bool fault = failure.property == "fault";
   ShrinkProbe probe;
   probe.last = failure;
-  try {
-    std::function<bool(const Case&)> still_fails;
-    if (fault) {
-      still_fails = fault_predicate(failure, c, tb, probe);
-    } else {
-      auto same = same_failure_predicate(failure, tb.ptrs, &probe.last);
-      still_fails = [same, &tb, &probe](const Case& k) {
-        tb.take_faults();
-        const bool fails = same(k);
-        for (const auto& [backend, message] : tb.take_faults()) {
-          if (ipc::is_hang(message)) {
-            ++probe.hangs;
-            break;
-          }
-        }
-        return fails;
-      };
+  // Asked before each evaluation: the hangs met since the last one counted.
+  const auto halt = [this, &tb, &probe] {
+    for (const auto& [backend, message] : tb.take_faults()) {
+      if (ipc::is_hang(message)) {
+        ++probe.hangs;
+        break;
+      }
     }
+    return probe.hangs >= kMaxShrinkHangs || !stopping_().empty();
+  };
+  ShrinkHooks hooks;
+  hooks.on_step = [this, &pre_key, &probe](const Case& k) { step(pre_key, k, probe.last); };
+  hooks.stop = halt;
+  const ShrinkLimits limits{opts_.shrink_evals, opts_.shrink_time_s};
+  try {
+    if (!fault) {
+      tb.take_faults();
+      TriageOptions to;
+      to.properties = properties_;
+      to.limits = limits;
+      to.envelope = pool_.envelope();
+      to.stopping = halt;
+      to.hooks = hooks;
+      const Triage t = triage_failure(c, failure, tb.ptrs, to);
+      r.minimal = t.minimal;
+      r.shrunk = t.steps > 0;
+      r.evaluations = t.evaluations;
+      r.note = stop_note(t.stopped_by, t.evaluations, probe.hangs, pre_key);
+      // A triage cut short (the campaign stopping, hangs) keeps the case so far, grouped as it
+      // stands: its failure is the one it was found with.
+      if (t.stopped_by != ShrinkStop::kStopped && !halt()) {
+        r.outcome = t.primary;
+        r.triaged = true;
+        r.group = group_of(t);
+      } else if (r.note.empty()) {
+        r.note = stop_note(ShrinkStop::kStopped, t.evaluations, probe.hangs, pre_key);
+      }
+      return r;
+    }
+    const std::function<bool(const Case&)> still_fails = fault_predicate(failure, c, tb, probe);
     if (!still_fails) {
       r.note = "the fault did not happen again on a fresh worker: the case as found";
       return r;
     }
-    ShrinkHooks hooks;
-    hooks.on_step = [this, &pre_key, &probe](const Case& k) { step(pre_key, k, probe.last); };
     hooks.stop = [this, &probe] { return probe.hangs >= kMaxShrinkHangs || !stopping_().empty(); };
-    const ShrinkResult sr = shrink_case(c, still_fails, {opts_.shrink_evals, opts_.shrink_time_s},
-                                        pool_.envelope(), hooks);
+    const ShrinkResult sr =
+        shrink_canonical(c, still_fails, still_fails, limits, pool_.envelope(), hooks);
     r.minimal = sr.minimal;
     r.shrunk = sr.steps > 0;
     r.outcome = probe.last;
-    switch (sr.stopped_by) {
-      case ShrinkStop::kFixedPoint:
-        break;
-      case ShrinkStop::kEvaluations:
-        r.note = "shrinking stopped after --shrink-evals " + std::to_string(opts_.shrink_evals) +
-                 " evaluations";
-        break;
-      case ShrinkStop::kSeconds:
-        r.note = "shrinking stopped after --shrink-time " + fmt_duration(opts_.shrink_time_s);
-        console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
-                         std::to_string(sr.evaluations) +
-                         " evaluations (a result that depends on this machine's speed)\n");
-        break;
-      case ShrinkStop::kStopped:
-        r.note = probe.hangs >= kMaxShrinkHangs
-                     ? "shrinking stopped after " + std::to_string(probe.hangs) +
-                           " evaluations that hung (each costs --case-timeout)"
-                     : stopping_() + " while shrinking";
-        break;
+    r.evaluations = sr.evaluations;
+    r.note = stop_note(sr.stopped_by, sr.evaluations, probe.hangs, pre_key);
+    if (sr.budget_exhausted()) return r;
+    // The group of the case the walk ended on, and the entries the fault needs.
+    Finding g = make_finding(probe.last, sr.minimal, opts_.seed, 0);
+    g.properties = {"run"};
+    std::vector<int32_t> tokens;
+    const int left = limits.max_evaluations - sr.evaluations;
+    if (left > 0) {
+      g.locus =
+          needed_entries(sr.minimal, still_fails, std::min(left, 16), &r.evaluations, &tokens);
     }
+    g.inputs = inline_inputs(sr.minimal, tokens);
+    r.triaged = true;
+    r.group = std::move(g);
   } catch (const std::exception& e) {
     console_.message("\nmlafuzz: shrinking " + pre_key + " stopped: " + e.what() + "\n");
     r.note = std::string("shrinking stopped: ") + e.what();
   }
   return r;
+}
+
+std::string FindingStore::stop_note(ShrinkStop stop, int evaluations, int hangs,
+                                    const std::string& pre_key) {
+  switch (stop) {
+    case ShrinkStop::kFixedPoint:
+      return "";
+    case ShrinkStop::kEvaluations:
+      return "shrinking stopped after --shrink-evals " + std::to_string(opts_.shrink_evals) +
+             " evaluations";
+    case ShrinkStop::kSeconds:
+      console_.message("\nmlafuzz: shrinking " + pre_key + " hit --shrink-time after " +
+                       std::to_string(evaluations) +
+                       " evaluations (a result that depends on this machine's speed)\n");
+      return "shrinking stopped after --shrink-time " + fmt_duration(opts_.shrink_time_s);
+    case ShrinkStop::kStopped:
+      if (hangs >= kMaxShrinkHangs) {
+        return "shrinking stopped after " + std::to_string(hangs) +
+               " evaluations that hung (each costs --case-timeout)";
+      }
+      return stopping_() + " while shrinking";
+  }
+  return "";
 }
 
 std::function<bool(const Case&)> FindingStore::fault_predicate(const PropertyOutcome& failure,
@@ -201,9 +314,15 @@ void FindingStore::finish_shrink(const std::string& pre_key, const Shrunk& s) {
   if (!pc.shrinking) return;
   Entry e = pc.record;
   e.finding = refreshed(e.finding, s.outcome, s.minimal, s.shrunk);
+  if (s.triaged) {
+    take_group(e.finding, s.group);
+  } else {
+    untriaged(e.finding);
+  }
+  if (e.finding.properties.empty()) e.finding.properties = {e.finding.property};
   e.finding.shrink_note = s.note;
   e.minimal = s.minimal;
-  settle(pc, std::move(e));
+  settle(pc, std::move(e), s.evaluations);
 }
 
 void FindingStore::settle_in_flight(const std::string& cause) {
@@ -212,19 +331,25 @@ void FindingStore::settle_in_flight(const std::string& cause) {
     if (!pc.shrinking) continue;
     Entry e = pc.record;
     e.finding.shrink_note = cause + " while shrinking";
-    settle(pc, std::move(e));
+    untriaged(e.finding);
+    if (e.finding.properties.empty()) e.finding.properties = {e.finding.property};
+    settle(pc, std::move(e), 0);
   }
 }
 
-void FindingStore::settle(PreClass& pc, Entry e) {
+void FindingStore::settle(PreClass& pc, Entry e, int evaluations) {
   pc.shrinking = false;
   pc.signature = e.finding.signature;
   const int64_t seen = 1 + pc.pending;
   pc.pending = 0;
+  for (RawFailure& raw : e.finding.raw) raw.count = seen;
   const std::string record_file = pc.record.finding.corpus_path;
   auto it = findings_.find(e.finding.signature);
   if (it != findings_.end()) {
-    it->second.finding.count += seen;
+    Finding& f = it->second.finding;
+    f.count += seen;
+    for (const RawFailure& raw : e.finding.raw) raw_class(f, raw).count += seen;
+    add_properties(f.properties, e.finding.properties);
     pc.record = {};
     if (!record_file.empty() && !file_in_use(record_file)) {
       std::error_code ec;
@@ -239,9 +364,14 @@ void FindingStore::settle(PreClass& pc, Entry e) {
   const std::string how = n.shrink_note.empty() ? (n.shrunk ? ", shrunk" : "")
                           : n.shrunk            ? ", partly shrunk: " + n.shrink_note
                                                 : ", not shrunk: " + n.shrink_note;
-  console_.message("mlafuzz: new finding " + n.signature + " (case " +
-                   std::to_string(n.case_index) + how + ")\n  " + n.summary +
-                   "\n  saved: " + n.corpus_path + "\n  reproduce: " + n.repro + "\n");
+  std::string msg = "mlafuzz: new finding " + n.signature + " (case " +
+                    std::to_string(n.case_index) + how +
+                    (evaluations > 0 ? " in " + std::to_string(evaluations) + " evaluations" : "") +
+                    ")\n  fails " + properties_text(n.properties) + ": " + n.summary;
+  if (!n.locus.empty()) msg += "\n  where: " + n.locus;
+  if (!n.inputs.empty()) msg += "\n  " + n.inputs;
+  msg += "\n  saved: " + n.corpus_path + "\n  reproduce: " + n.repro + "\n";
+  console_.message(msg);
   findings_.emplace(n.signature, std::move(e));
 }
 
@@ -309,6 +439,11 @@ void FindingStore::restore(const std::vector<Finding>& earlier,
     PreClass& pc = pre_[class_key(f.property, f.backend, first_case(f.case_index))];
     pc.shrinking = false;
     pc.signature = f.signature;
+    for (const RawFailure& raw : f.raw) {
+      PreClass& rc = pre_[raw.property + "|" + f.backend + "|" + raw.shape_class];
+      rc.shrinking = false;
+      rc.signature = f.signature;
+    }
     findings_.emplace(f.signature, std::move(e));
   }
 }

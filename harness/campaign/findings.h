@@ -1,9 +1,15 @@
-// The campaign's findings, one per signature (property | backend | shape class of the shrunk
-// case). The first failure of a class has a record from the moment it is seen: saved to the
-// corpus at once with the case as found, rewritten as each shrink step is accepted, and
-// announced when the shrink ends. Later failures of the class only count. Whatever stops the
-// campaign, every failure seen is a finding: settle_in_flight() makes the records of shrinks
-// still running findings as they stand. Thread-safe.
+// The campaign's findings, one per bug: failures are grouped by the signature of their canonical
+// minimal case (backend | failure kind | cause set; properties/triage.h), never by the property
+// or the random shape that found them.
+//
+// A raw failure is first classed by a cheap pre-key (property | backend | shape class of the
+// failing case as generated). The first failure of a class has a record from the moment it is
+// seen: saved to the corpus at once with the case as found, rewritten as each step of its
+// triage (shrink, canonical walk) is accepted, and announced when the triage ends with its group
+// (one corpus entry per group, named by its signature, listing the raw classes it folds). Later
+// failures of the class only count in that group. Whatever stops the campaign, every failure
+// seen is a finding: settle_in_flight() makes the records of triages still running findings as
+// they stand. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -70,6 +76,11 @@ class FindingStore {
     bool shrunk = false;
     PropertyOutcome outcome;  // of the minimal case (a fault: its last message)
     std::string note;         // Finding::shrink_note
+    // A triage that ended: the group's kind, causes, signature, properties, locus and inputs
+    // (the other fields unused); otherwise those of the case as it stands.
+    bool triaged = false;
+    Finding group;
+    int evaluations = 0;  // of the shrink, the walk and the locus
   };
   struct ShrinkProbe;
 
@@ -78,6 +89,8 @@ class FindingStore {
   bool claim(const std::string& pre_key, Finding first, const Case& c);
   Shrunk shrink(const PropertyOutcome& failure, const Case& c, ThreadBackends& tb,
                 const std::string& pre_key);
+  // The note of a shrink that stopped (empty at a fixed point).
+  std::string stop_note(ShrinkStop stop, int evaluations, int hangs, const std::string& pre_key);
   // Whether a case still makes `failure.backend` fault, through a fresh worker of it; null when
   // the fault does not reproduce alone.
   std::function<bool(const Case&)> fault_predicate(const PropertyOutcome& failure, const Case& c,
@@ -88,7 +101,8 @@ class FindingStore {
   void finish_shrink(const std::string& pre_key, const Shrunk& s);
   // Needs mu_: a shrinking class becomes a finding with `e` (saved, announced) or counts under
   // the finding of its signature.
-  void settle(PreClass& pc, Entry e);
+  // `evaluations`: of the triage, for the announcement.
+  void settle(PreClass& pc, Entry e, int evaluations);
   // Needs mu_: writes `e` to the corpus; the file it replaces (another name: another signature
   // or case) is removed unless another record uses it.
   void save(Entry& e);

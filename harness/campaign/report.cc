@@ -12,6 +12,7 @@
 #include "harness/core/command.h"
 #include "harness/core/fileio.h"
 #include "harness/core/rng.h"
+#include "properties/property_table.h"
 
 namespace mlafuzz::campaign {
 
@@ -246,8 +247,9 @@ void check_no_repeated_shards(const std::vector<Report>& reports) {
   }
 }
 
-// One finding signature over every report: counts add, corpus entries gather, and the
-// representative is the earliest case (deterministic whatever the merge order).
+// One group over every report: counts add, raw failure classes and corpus entries gather, the
+// failing properties unite, and the representative is the earliest case (deterministic whatever
+// the merge order).
 void merge_finding(std::map<std::string, Finding>& findings, const Finding& f) {
   auto it = findings.find(f.signature);
   if (it == findings.end()) {
@@ -262,13 +264,37 @@ void merge_finding(std::map<std::string, Finding>& findings, const Finding& f) {
   e.count += f.count;
   for (const auto& p : f.corpus_entries) e.corpus_entries.push_back(p);
   if (f.corpus_entries.empty() && !f.corpus_path.empty()) e.corpus_entries.push_back(f.corpus_path);
+  for (const auto& p : f.properties) {
+    if (std::find(e.properties.begin(), e.properties.end(), p) == e.properties.end()) {
+      e.properties.push_back(p);
+    }
+  }
+  for (const RawFailure& r : f.raw) {
+    auto same = std::find_if(e.raw.begin(), e.raw.end(), [&](const RawFailure& x) {
+      return x.property == r.property && x.shape_class == r.shape_class;
+    });
+    if (same == e.raw.end()) {
+      e.raw.push_back(r);
+      continue;
+    }
+    same->count += r.count;
+    if (std::tie(r.seed, r.case_index) < std::tie(same->seed, same->case_index)) {
+      same->seed = r.seed;
+      same->case_index = r.case_index;
+      same->repro = r.repro;
+    }
+  }
   if (std::tie(f.seed, f.case_index) < std::tie(e.seed, e.case_index)) {
     e.seed = f.seed;
     e.case_index = f.case_index;
+    e.property = f.property;
     e.tightness = f.tightness;
     e.nonfinite_mismatch = f.nonfinite_mismatch;
     e.shrunk = f.shrunk;
     e.summary = f.summary;
+    e.locus = f.locus;
+    e.inputs = f.inputs;
+    e.shape_class = f.shape_class;
     e.corpus_path = f.corpus_path;
     e.repro = f.repro;
   }
@@ -334,6 +360,13 @@ void finish_merge(Report& m, MergeSets& sets) {
     std::sort(f.corpus_entries.begin(), f.corpus_entries.end());
     f.corpus_entries.erase(std::unique(f.corpus_entries.begin(), f.corpus_entries.end()),
                            f.corpus_entries.end());
+    // The properties in table order, the raw classes by their first case: the same lists
+    // whatever the merge order.
+    sort_properties(f.properties);
+    std::sort(f.raw.begin(), f.raw.end(), [](const RawFailure& a, const RawFailure& b) {
+      return std::tie(a.seed, a.case_index, a.property, a.shape_class) <
+             std::tie(b.seed, b.case_index, b.property, b.shape_class);
+    });
     m.findings.push_back(std::move(f));
   }
   std::sort(m.shards.begin(), m.shards.end(), [](const ShardRun& a, const ShardRun& b) {

@@ -1,6 +1,9 @@
 // The campaign report: a mergeable summary of everything a campaign ran and found.
 //
-// Schema "mlafuzz-report", version 1 (README.md, "Campaigns"). Every statistic is chosen so that
+// Schema "mlafuzz-report", version 2 (README.md, "Campaigns"): version 2 lists findings as groups,
+// one per bug (Finding: signature backend | failure kind | cause set, the properties failing on
+// the canonical minimal case, locus, inputs, and the raw failure classes folded in); version-1
+// reports load (their findings keep their ungrouped signatures). Every statistic is chosen so that
 // merging the reports of disjoint shards gives the statistics of one campaign over the union of
 // their cases: counts and sums add, maxima take the max, tightness percentiles come from a
 // histogram with fixed log-spaced bins, the worst-case lists keep the top entries under a total
@@ -21,7 +24,8 @@
 namespace mlafuzz::campaign {
 
 inline constexpr const char* kReportFormat = "mlafuzz-report";
-inline constexpr int kReportVersion = 1;
+inline constexpr int kReportVersion = 2;
+inline constexpr int kOldestReportVersion = 1;
 
 // Raised for a malformed report; `what()` names the file and the JSON path of the bad field.
 class ReportError : public std::runtime_error {
@@ -122,7 +126,8 @@ struct DeviceCount {
 };
 
 struct Report {
-  bool complete = false;  // false: a periodic snapshot of a campaign still running
+  int version = kReportVersion;  // of the file it was read from (kReportVersion when made here)
+  bool complete = false;         // false: a periodic snapshot of a campaign still running
   uint64_t seed = 0;
   std::string profile = "default";
   std::vector<std::string> backends, properties;
@@ -139,7 +144,7 @@ struct Report {
   std::vector<DeviceCount> devices;
   std::map<std::string, int64_t> tags;
   std::vector<PropertyStats> results;  // sorted by (backend, property)
-  std::vector<Finding> findings;       // deduplicated, sorted by signature
+  std::vector<Finding> findings;       // one per group, sorted by signature
   // What the reader must know about how the run went ("0 case(s) completed in 20 s: the
   // backends were too slow or hung"); merged: every shard's.
   std::vector<std::string> warnings;
@@ -166,8 +171,10 @@ Report load_report(const std::string& path);
 void save_report(const Report& r, const std::string& path);
 
 // Combines shard reports (sums, merged histograms, worst lists, samples, findings, tags,
-// devices, shard lists). Raises ReportError when the reports cannot be combined (different
-// profiles, overlapping shards of one seed).
+// devices, shard lists). Findings merge by group signature: the same bug found by two shards is
+// one finding whose counts and raw failure classes add, represented by its earliest case.
+// Raises ReportError when the reports cannot be combined (different profiles, overlapping shards
+// of one seed).
 Report merge_reports(const std::vector<Report>& reports);
 
 // Equality of everything that describes the cases (results, tags, findings' signatures and
@@ -185,9 +192,17 @@ struct Comparison {
   bool regression = false;
   std::string text;  // human-readable, one change per line
 };
+// Findings compare by group signature: a group of NEW that OLD lacks is a regression ("new"), one
+// both hold is "still open", one only OLD holds is "gone". Against a version-1 OLD report (its
+// findings ungrouped), a NEW group is still open when OLD has a finding of its backend and one
+// of its properties.
 Comparison compare_reports(const Report& old_r, const Report& new_r, const CompareOptions& opt);
 
 // ---- Renderings ----
+// Every rendering leads with the findings, one per bug: signature, causes, where it fails, the
+// properties that fail on its minimal case, the raw failures it folds, its first case and the
+// command that reproduces it. JUnit: one failing test case per finding; the per-property test
+// cases carry the statistics and fail only for failures no finding holds.
 std::string render_junit(const Report& r);
 // Self-contained HTML: inline CSS and SVG drawn here; no script, no external reference.
 std::string render_html(const Report& r);

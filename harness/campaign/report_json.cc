@@ -456,10 +456,10 @@ void check_format(const Json& j) {
   }
   if (!j.contains("version")) throw FieldError("version", "missing");
   fields::read_value(version, j.at("version"), "version");
-  if (version != kReportVersion) {
-    throw ReportError("version: " + std::to_string(version) +
-                      " is not supported (this build reads version " +
-                      std::to_string(kReportVersion) + ")");
+  if (version < kOldestReportVersion || version > kReportVersion) {
+    throw ReportError(
+        "version: " + std::to_string(version) + " is not supported (this build reads versions " +
+        std::to_string(kOldestReportVersion) + " to " + std::to_string(kReportVersion) + ")");
   }
 }
 
@@ -474,6 +474,7 @@ Report report_from_json(const Json& j, const std::string& source) {
     check_format(j);
     Report r;
     fields::read(with_nonfinite_flags(j), r, report_fields());
+    r.version = j.at("version").get<int>();
     std::sort(r.findings.begin(), r.findings.end(),
               [](const Finding& a, const Finding& b) { return a.signature < b.signature; });
     return r;

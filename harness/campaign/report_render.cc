@@ -67,6 +67,66 @@ std::string pair_key(const std::string& backend, const std::string& property) {
   return backend + " / " + property;
 }
 
+std::string joined(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
+  return s;
+}
+
+// The properties a finding fails (its own list, or the property of a version-1 finding).
+std::vector<std::string> properties_of(const Finding& f) {
+  if (!f.properties.empty()) return f.properties;
+  return {f.property};
+}
+
+// Raw failures of all findings.
+int64_t raw_total(const Report& r) {
+  int64_t n = 0;
+  for (const auto& f : r.findings) n += f.count;
+  return n;
+}
+
+// "poison x12 (model1 B1 H1 T1-2 P=pow2 ...), tolerance x3 (...)": the raw classes of a finding.
+std::string raw_text(const Finding& f, const char* sep) {
+  std::vector<std::string> v;
+  for (const auto& raw : f.raw) {
+    v.push_back(raw.property + " x" + std::to_string(raw.count) + " (" + raw.shape_class +
+                "; first: seed " + std::to_string(raw.seed) + " case " +
+                std::to_string(raw.case_index) + ")");
+  }
+  return joined(v, sep);
+}
+
+// The lines of one finding, for the terminal and JUnit (each line indented by `indent`).
+std::string finding_lines(const Finding& f, const std::string& indent) {
+  std::ostringstream os;
+  os << indent << "fails " << joined(properties_of(f), ", ") << "; " << f.count
+     << " raw failure(s) folded";
+  if (!f.raw.empty()) os << " in " << f.raw.size() << " class(es)";
+  os << "\n";
+  if (!f.locus.empty()) os << indent << "where: " << f.locus << "\n";
+  if (!f.inputs.empty()) os << indent << f.inputs << "\n";
+  if (!f.summary.empty()) os << indent << f.summary << "\n";
+  os << indent << "first: seed " << f.seed << " case " << f.case_index
+     << (f.shrunk ? ", shrunk" : ", not shrunk")
+     << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n";
+  if (!f.corpus_path.empty()) os << indent << "saved: " << f.corpus_path << "\n";
+  os << indent << "reproduce: " << f.repro << "\n";
+  return os.str();
+}
+
+// Whether a finding holds the failures of (backend, property).
+bool holds(const Finding& f, const std::string& backend, const std::string& property) {
+  if (f.backend != backend) return false;
+  for (const auto& p : properties_of(f)) {
+    if (p == property) return true;
+  }
+  for (const auto& raw : f.raw) {
+    if (raw.property == property || (raw.property == "fault" && property == "run")) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -82,16 +142,38 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
   std::set<std::string> old_sigs, new_sigs;
   for (const auto& f : o.findings) old_sigs.insert(f.signature);
   for (const auto& f : n.findings) new_sigs.insert(f.signature);
-  for (const auto& f : n.findings) {
-    if (!old_sigs.count(f.signature)) {
-      c.regression = true;
-      os << "REGRESSION new finding: " << f.signature << " (seen " << f.count << "x)";
-      if (!f.repro.empty()) os << "\n    reproduce: " << f.repro;
-      os << "\n";
+  // A version-1 OLD report has ungrouped findings: a NEW group is the same bug when OLD has a
+  // finding of its backend and one of its properties.
+  const bool old_ungrouped = o.version < 2;
+  if (old_ungrouped) {
+    os << "note: OLD is a version-1 report (findings not grouped): NEW findings are matched to its "
+          "findings by backend and property\n";
+  }
+  const auto in_old = [&](const Finding& f) {
+    if (old_sigs.count(f.signature)) return true;
+    if (!old_ungrouped) return false;
+    for (const auto& of : o.findings) {
+      for (const auto& p : properties_of(f)) {
+        if (holds(of, f.backend, p)) return true;
+      }
     }
+    return false;
+  };
+  for (const auto& f : n.findings) {
+    if (in_old(f)) {
+      os << "still open: " << f.signature << " (" << f.count << " raw failure(s))\n";
+      continue;
+    }
+    c.regression = true;
+    os << "REGRESSION new finding: " << f.signature << " (" << f.count << " raw failure(s))";
+    if (!f.repro.empty()) os << "\n    reproduce: " << f.repro;
+    os << "\n";
   }
   for (const auto& f : o.findings) {
-    if (!new_sigs.count(f.signature)) os << "gone: finding " << f.signature << "\n";
+    bool still = new_sigs.count(f.signature) > 0;
+    for (const auto& nf : n.findings)
+      still = still || (old_ungrouped && holds(f, nf.backend, f.property));
+    if (!still) os << "gone: finding " << f.signature << "\n";
   }
   for (const auto& ns : n.results) {
     const PropertyStats* os_ = o.find_stats(ns.backend, ns.property);
@@ -142,20 +224,46 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
 std::string render_junit(const Report& r) {
   std::map<std::string, std::vector<const PropertyStats*>> by_backend;
   for (const auto& s : r.results) by_backend[s.backend].push_back(&s);
-  int64_t tests = 0, failures = 0, skipped = 0;
+  // A (backend, property) fails only for failures no finding holds (findings lost, or a
+  // campaign run without them): each bug fails one test case, its finding's.
+  const auto uncovered = [&](const PropertyStats& s) {
+    if (s.failures == 0) return false;
+    for (const auto& f : r.findings) {
+      if (holds(f, s.backend, s.property)) return false;
+    }
+    return true;
+  };
+  int64_t tests = static_cast<int64_t>(r.findings.size());
+  int64_t failures = tests, skipped = 0;
   for (const auto& s : r.results) {
     ++tests;
-    if (s.failures > 0) ++failures;
+    if (uncovered(s)) ++failures;
     if (s.applicable() == 0) ++skipped;
   }
   std::ostringstream x;
   x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
   x << "<testsuites name=\"mlafuzz\" tests=\"" << tests << "\" failures=\"" << failures
     << "\" errors=\"0\" skipped=\"" << skipped << "\" time=\"" << fmt_g(r.duration_s, 6) << "\">\n";
+  x << "  <testsuite name=\"findings\" tests=\"" << r.findings.size() << "\" failures=\""
+    << r.findings.size() << "\" errors=\"0\" skipped=\"0\" time=\"" << fmt_g(r.duration_s, 6)
+    << "\" timestamp=\"" << esc(r.start) << "\" hostname=\"" << esc(r.host) << "\">\n";
+  for (const auto& f : r.findings) {
+    std::string body = "finding " + f.signature + " seen " + std::to_string(f.count) + "x\n" +
+                       finding_lines(f, "");
+    if (!f.raw.empty()) body += "raw failures: " + raw_text(f, "; ") + "\n";
+    const std::string causes =
+        f.causes.empty() ? "fails on the canonical case" : joined(f.causes, "; ");
+    x << "    <testcase name=\"" << esc(f.signature) << "\" classname=\"mlafuzz.findings."
+      << esc(f.backend) << "\">\n      <failure message=\""
+      << esc((f.kind.empty() ? f.property : f.kind) + ": " + causes) << "\" type=\""
+      << esc(f.kind.empty() ? f.property : f.kind) << "\">" << esc(body) << "</failure>\n"
+      << "    </testcase>\n";
+  }
+  x << "  </testsuite>\n";
   for (const auto& [backend, stats] : by_backend) {
     int64_t f = 0, sk = 0;
     for (const auto* s : stats) {
-      f += s->failures > 0;
+      f += uncovered(*s) ? 1 : 0;
       sk += s->applicable() == 0;
     }
     x << "  <testsuite name=\"" << esc(backend) << "\" tests=\"" << stats.size() << "\" failures=\""
@@ -164,30 +272,26 @@ std::string render_junit(const Report& r) {
     for (const auto* s : stats) {
       x << "    <testcase name=\"" << esc(s->property) << "\" classname=\"mlafuzz." << esc(backend)
         << "\">\n";
+      std::string grouped;
+      for (const auto& fi : r.findings) {
+        if (holds(fi, s->backend, s->property)) grouped += "\n  in finding " + fi.signature;
+      }
       x << "      <system-out>" << s->cases << " cases, " << s->not_applicable
         << " not applicable, " << s->failures << " failures; max_abs " << fmt_g(s->max_abs)
         << ", mean_abs " << fmt_g(s->mean_abs()) << ", lse_max_abs " << fmt_g(s->lse_max_abs)
         << ", tightness max " << max_tightness_text(*s) << " p99 "
-        << fmt_g(s->tightness.quantile(0.99, s->max_tightness)) << "</system-out>\n";
-      if (s->failures > 0) {
+        << fmt_g(s->tightness.quantile(0.99, s->max_tightness)) << esc(grouped)
+        << "</system-out>\n";
+      if (uncovered(*s)) {
         std::ostringstream body;
-        for (const auto& f : r.findings) {
-          // A worker fault fails whichever run of the backend met it.
-          if (f.backend == s->backend && (f.property == s->property || f.property == "fault")) {
-            body << "finding " << f.signature << " seen " << f.count << "x"
-                 << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n"
-                 << f.summary << "\nsaved: " << f.corpus_path << "\nreproduce: " << f.repro
-                 << "\n\n";
-          }
-        }
         for (const auto& w : s->worst) {
           if (!w.failed) continue;
           body << "case " << w.case_index << " (" << w.shape << "): " << w.detail
                << "\nreproduce: " << w.repro << "\n";
         }
         x << "      <failure message=\"" << s->failures << " of " << s->applicable()
-          << " cases failed; worst tightness " << max_tightness_text(*s) << "\" type=\""
-          << esc(s->property) << "\">" << esc(body.str()) << "</failure>\n";
+          << " cases failed (in no finding); worst tightness " << max_tightness_text(*s)
+          << "\" type=\"" << esc(s->property) << "\">" << esc(body.str()) << "</failure>\n";
       } else if (s->applicable() == 0) {
         x << "      <skipped message=\"not applicable to this backend\"/>\n";
       }
@@ -425,26 +529,44 @@ void html_campaign(std::ostream& h, const Report& r) {
   h << "</td></tr></table>\n";
 }
 
-// Findings, one row per signature.
+// Findings, one row per group (one per bug), the raw failures it folds behind a <details>.
 void html_findings(std::ostream& h, const Report& r) {
-  h << "<h2>Findings (" << r.findings.size() << " signatures)</h2>\n";
+  h << "<h2>Findings (" << r.findings.size() << ", one per bug; " << raw_total(r)
+    << " raw failures folded)</h2>\n";
   if (r.findings.empty()) {
     h << "<p>None.</p>\n";
-  } else {
-    h << "<table><tr><th class=\"l\">property</th><th class=\"l\">backend</th>"
-         "<th class=\"l\">signature</th><th>count</th><th>tightness</th>"
-         "<th class=\"l\">detail</th><th class=\"l\">corpus / reproduce</th></tr>\n";
-    for (const auto& f : r.findings) {
-      h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
-        << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
-        << "</td><td>" << tightness_text(f.tightness, f.nonfinite_mismatch)
-        << "</td><td class=\"l\">" << esc(f.summary)
-        << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
-        << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
-        << esc(f.repro) << "</code></td></tr>\n";
-    }
-    h << "</table>\n";
+    return;
   }
+  h << "<table><tr><th class=\"l\">backend</th><th class=\"l\">kind</th>"
+       "<th class=\"l\">causes</th><th class=\"l\">fails</th><th>raw failures</th>"
+       "<th>tightness</th><th class=\"l\">where</th><th class=\"l\">first case</th>"
+       "<th class=\"l\">corpus / reproduce</th></tr>\n";
+  for (const auto& f : r.findings) {
+    h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.backend) << "</td><td class=\"l\">"
+      << esc(f.kind.empty() ? f.property : f.kind) << "</td><td class=\"l\">"
+      << esc(f.causes.empty() ? (f.kind.empty() ? f.signature : "fails on the canonical case")
+                              : joined(f.causes, "; "))
+      << "</td><td class=\"l\">" << esc(joined(properties_of(f), ", ")) << "</td><td>" << f.count
+      << "</td><td>" << tightness_text(f.tightness, f.nonfinite_mismatch) << "</td><td class=\"l\">"
+      << esc(f.locus);
+    if (!f.inputs.empty()) h << "<br><code>" << esc(f.inputs) << "</code>";
+    h << "</td><td class=\"l\">seed " << f.seed << " case " << f.case_index
+      << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
+      << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>" << esc(f.repro)
+      << "</code></td></tr>\n";
+    h << "<tr><td class=\"l\" colspan=\"9\"><details><summary>" << esc(f.signature) << ": "
+      << f.raw.size() << " raw failure class(es)</summary><p>" << esc(f.summary)
+      << "</p><table><tr><th class=\"l\">property</th><th class=\"l\">shape class</th>"
+         "<th>count</th><th class=\"l\">first case</th><th class=\"l\">reproduce</th></tr>\n";
+    for (const auto& raw : f.raw) {
+      h << "<tr><td class=\"l\">" << esc(raw.property) << "</td><td class=\"l\">"
+        << esc(raw.shape_class) << "</td><td>" << raw.count << "</td><td class=\"l\">seed "
+        << raw.seed << " case " << raw.case_index << "</td><td class=\"l\"><code>" << esc(raw.repro)
+        << "</code></td></tr>\n";
+    }
+    h << "</table></details></td></tr>\n";
+  }
+  h << "</table>\n";
 }
 
 // Summary table: one row per backend and property.
@@ -563,6 +685,12 @@ std::string render_summary(const Report& r) {
   std::ostringstream os;
   os << r.cases << " cases in " << fmt_g(r.duration_s, 4) << " s (" << fmt_g(r.cases_per_s, 4)
      << " cases/s), seed " << r.seed << ", stopped by " << r.stop_reason << "\n";
+  os << r.findings.size() << " finding(s), one per bug";
+  if (!r.findings.empty()) os << ", folding " << raw_total(r) << " raw failure(s)";
+  os << "\n";
+  for (const auto& f : r.findings) {
+    os << "  [" << f.count << "x] " << f.signature << "\n" << finding_lines(f, "      ");
+  }
   char line[512];
   std::snprintf(line, sizeof line, "  %-24s %-15s %8s %6s %8s %10s %10s %10s\n", "backend",
                 "property", "cases", "n/a", "failures", "max abs", "tight p99", "tight max");
@@ -595,11 +723,8 @@ std::string render_summary(const Report& r) {
       os << "\n";
     }
   }
-  os << r.findings.size() << " finding signature(s)\n";
-  for (const auto& f : r.findings) {
-    os << "  [" << f.count << "x] " << f.signature
-       << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n      " << f.summary
-       << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
+  if (!r.findings.empty()) {
+    os << r.findings.size() << " finding(s), one per bug, listed at the top of this summary\n";
   }
   for (const auto& w : r.warnings) os << "warning: " << w << "\n";
   return os.str();

@@ -25,7 +25,8 @@ struct ReportOptions {
   std::string render_in, render_out;
 };
 
-// Copies each finding's representative corpus entry into `dir` and points the report at it.
+// Copies each finding's representative corpus entry (one per group) into `dir` and points the
+// report at it.
 void gather_corpus(cp::Report& r, const std::string& dir) {
   namespace fs = std::filesystem;
   make_dirs(dir);
@@ -101,8 +102,9 @@ void register_report(CLI::App& app, CommandTable& table) {
   CLI::App* sub = app.add_subcommand(
       "report",
       "Campaign reports: `report IN.json` prints a summary; `report --compare OLD.json "
-      "NEW.json` prints what changed and exits 1 on a regression (a new finding signature, or "
-      "a worst tightness up by more than --factor); `report merge` combines shard reports; "
+      "NEW.json` prints what changed and exits 1 on a regression (a new finding group: the same "
+      "bug on another night's seed is still open, not new; or a worst tightness up by more than "
+      "--factor); `report merge` combines shard reports (findings by group); "
       "`report html`/`report junit` re-render.");
   sub->add_option("input", o->input, "report.json to summarize");
   sub->add_option("--compare", o->compare, "OLD.json NEW.json")->expected(2);
@@ -111,7 +113,8 @@ void register_report(CLI::App& app, CommandTable& table) {
                   "ignore tightness changes while the new worst is below this")
       ->capture_default_str();
   CLI::App* merge = sub->add_subcommand(
-      "merge", "Combine shard reports (sums, histograms, worst lists, findings, corpora).");
+      "merge",
+      "Combine shard reports (sums, histograms, worst lists, findings by group, corpora).");
   merge->add_option("reports", o->merge_inputs, "report.json files")->required()->expected(-1);
   merge->add_option("-o,--output", o->merge_out, "merged report.json")->required();
   merge->add_option("--corpus", o->merge_corpus,

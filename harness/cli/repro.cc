@@ -64,7 +64,12 @@ int run_repro(const ReproOptions& opt) {
   if (!opt.properties.empty()) {
     props = split_list(opt.properties, ',');
   } else if (finding && !e.f.property.empty() && e.f.property != "fault") {
-    props = {e.f.property};
+    // Every property the group fails on its minimal case (version-1 entries: their one).
+    for (const std::string& p :
+         e.f.properties.empty() ? std::vector<std::string>{e.f.property} : e.f.properties) {
+      const std::string name = p == "fault" ? std::string("run") : p;
+      if (std::find(props.begin(), props.end(), name) == props.end()) props.push_back(name);
+    }
   }
   // A fault (crash, exit, hang) may come from any run of the case (a kernel may fault on the
   // fifth call, or on poisoned padding only): every property runs, as in the campaign. Backends
@@ -92,8 +97,16 @@ int run_repro(const ReproOptions& opt) {
   std::cout << "entry " << e.path << "\n";
   if (!e.f.property.empty()) {
     std::cout << "finding: " << e.f.property << " on " << e.f.backend << " (expect " << e.f.expect
-              << ", seen " << e.f.count << "x, found " << e.f.found_at << " at commit "
+              << ", " << e.f.count << " raw failure(s), found " << e.f.found_at << " at commit "
               << e.f.commit << (e.f.gpu_name.empty() ? "" : " on " + e.f.gpu_name) << ")\n";
+    if (!e.f.signature.empty() && !e.f.kind.empty()) {
+      std::cout << "  group: " << e.f.signature << "\n";
+      std::string failing;
+      for (const auto& p : e.f.properties) failing += (failing.empty() ? "" : ", ") + p;
+      if (!failing.empty()) std::cout << "  fails: " << failing << "\n";
+      if (!e.f.locus.empty()) std::cout << "  where: " << e.f.locus << "\n";
+      if (!e.f.inputs.empty()) std::cout << "  " << e.f.inputs << "\n";
+    }
     if (!e.f.detail.empty()) std::cout << "  recorded: " << e.f.detail << "\n";
   }
   std::cout << "case: " << shape_class(e.c) << " (B=" << e.c.batch << " H=" << e.c.heads

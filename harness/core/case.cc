@@ -19,7 +19,6 @@ using json = nlohmann::ordered_json;
 
 constexpr const char* kCaseFormat = "mlafuzz-case";
 constexpr const char* kCorpusFormat = "mlafuzz-corpus";
-constexpr int kCorpusFormatVersion = 1;
 
 // Limits that keep one case within the memory of a CI machine; a larger case is almost
 // certainly a typo, and it would otherwise die in an allocation far from the field at fault.
@@ -920,14 +919,22 @@ Case case_from_json(const std::string& text) {
   }
   // A corpus entry wraps the case; take it and report its fields as "case.<field>".
   if (j.is_object() && j.contains("format") && j.at("format") == kCorpusFormat) {
-    if (!j.contains("version") || j.at("version") != kCorpusFormatVersion) {
-      throw CaseError("version", "unsupported corpus entry version (this build reads version " +
-                                     std::to_string(kCorpusFormatVersion) + ")");
-    }
+    check_corpus_entry_version(j);
     if (!j.contains("case")) throw CaseError("case", "corpus entry has no \"case\" field");
     return case_from_json_value(j.at("case"), "case.");
   }
   return case_from_json_value(j, "");
+}
+
+void check_corpus_entry_version(const json& entry) {
+  const bool known = entry.contains("version") && entry.at("version").is_number_integer() &&
+                     entry.at("version").get<int>() >= kOldestCorpusFormatVersion &&
+                     entry.at("version").get<int>() <= kCorpusFormatVersion;
+  if (!known) {
+    throw CaseError("version", "unsupported corpus entry version (this build reads versions " +
+                                   std::to_string(kOldestCorpusFormatVersion) + " to " +
+                                   std::to_string(kCorpusFormatVersion) + ")");
+  }
 }
 
 Case load_case(const std::string& path) {

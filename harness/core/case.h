@@ -29,6 +29,11 @@ namespace mlafuzz {
 inline constexpr int kCaseFormatVersion = 2;
 inline constexpr int kOldestCaseFormatVersion = 1;
 
+// Corpus entries (properties/corpus.h) wrap a case; load_case reads their "case". Version 2: the
+// finding is a group (properties/evaluate.h, Finding); version-1 entries load unchanged.
+inline constexpr int kCorpusFormatVersion = 2;
+inline constexpr int kOldestCorpusFormatVersion = 1;
+
 // Raised for malformed or inconsistent input. `field` is a JSON path such as "indices[2][5]".
 class CaseError : public std::runtime_error {
  public:
@@ -215,9 +220,13 @@ Case case_from_json(const std::string& text);
 
 // File I/O. save_case validates, then writes atomically (temp file + fsync + rename), so an
 // invalid case writes nothing. load_case validates, and accepts a plain case file or a corpus
-// entry {"format": "mlafuzz-corpus", "version": 1, "case": {...}, ...} (it takes "case").
+// entry {"format": "mlafuzz-corpus", "version": 1 or 2, "case": {...}, ...} (it takes "case").
 Case load_case(const std::string& path);
 void save_case(const Case& c, const std::string& path);
+
+// Throws CaseError ("version") unless the corpus entry `entry` ({"format": "mlafuzz-corpus", ...})
+// has a version this build reads (kOldestCorpusFormatVersion to kCorpusFormatVersion).
+void check_corpus_entry_version(const nlohmann::ordered_json& entry);
 
 // JSON values, for files that embed a case (corpus entries, reports). Keys come out in a fixed,
 // human-readable order. case_from_json_value is as strict as case_from_json and validates;

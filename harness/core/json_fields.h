@@ -223,8 +223,8 @@ std::vector<T> read_array(const Json& a, const Table<T>& table, ReadRules rules)
 // A member holding an array of objects of another table (`view` selects their fields).
 template <class T, class E>
 Field<T> array_of(std::string key, std::vector<E> T::*member, const Table<E>& (*table)(),
-                  unsigned view = kAllViews) {
-  return {std::move(key), kAllViews,
+                  unsigned view = kAllViews, unsigned views = kAllViews) {
+  return {std::move(key), views,
           [=](const T& t, const WriteStyle& s) { return write_array(t.*member, table(), view, s); },
           [=](T& t, const Json& v, const std::string& path) {
             t.*member = read_array(v, table(), {.path = path, .view = view});

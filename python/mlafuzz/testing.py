@@ -249,53 +249,47 @@ def _feature(f: Dict[str, Any], case: Dict[str, Any], undeclared: Sequence[str])
 
 def group_findings(findings: Sequence[Dict[str, Any]], undeclared: Sequence[str] = ()
                    ) -> List[Dict[str, Any]]:
-    """report.json's findings folded into one group per bug.
+    """report.json's findings (or corpus entries' findings) as the groups :func:`fuzz` lists.
 
-    A group: ``key`` (backend, failure kind, property or feature), ``findings`` (the raw
-    findings it folds, smallest minimal case first), ``failures`` (their counts summed),
-    ``properties``, ``hint`` (the envelope advice of an undeclared feature, else ""), ``case``
-    (the smallest minimal case). Findings are grouped by backend, failure kind and property;
-    those that need an undeclared feature (``undeclared``: "s_q", "extra_cache") by backend and
-    feature, whatever property failed.
+    mlafuzz reports one finding per bug (its group: backend, failure kind and cause set of its
+    canonical minimal case), so each finding is one group here. A group: ``key`` (backend,
+    failure kind, causes), ``signature``, ``findings`` (the one finding), ``failures`` (the raw
+    failures it folds), ``properties`` (every property failing on its minimal case), ``hint``
+    (the envelope advice when its case needs a feature the kernel does not declare,
+    ``undeclared``: "s_q", "extra_cache"; else ""), ``case`` (its minimal case). Findings written
+    before groups existed (no ``kind``) name their kind from their detail.
     """
-    groups: Dict[Tuple[str, ...], Dict[str, Any]] = {}
+    out = []
     for f in findings:
         case = _case_of(str(f.get("corpus") or ""))
         feature = _feature(f, case, undeclared)
-        key = ((str(f.get("backend")), "needs " + feature, "") if feature else
-               (str(f.get("backend")), _failure_kind(f), str(f.get("property"))))
-        g = groups.setdefault(key, {"key": key, "findings": [], "failures": 0, "properties": [],
-                                    "hint": _FEATURE_HINTS.get(feature, ""), "case": {}})
-        # The representative: a case that has the feature itself (move-to-extra adds the extra
-        # cache to a case without one), then the smallest.
-        has = {"extra_cache": bool(case.get("extra")), "s_q": int(case.get("s_q", 1)) > 1}
-        rank = (0 if has.get(feature, True) else 1,) + (_size(case) if case else (1 << 62,))
-        g["findings"].append((rank, f, case))
-        g["failures"] += int(f.get("count") or 1)
-        if f.get("property") not in g["properties"]:
-            g["properties"].append(f.get("property"))
-    out = []
-    for g in groups.values():
-        g["findings"].sort(key=lambda t: t[0])
-        g["case"] = g["findings"][0][2]
-        g["findings"] = [t[1] for t in g["findings"]]
-        if g["hint"]:
-            g["hint"] = g["hint"].format(s_q=g["case"].get("s_q", "several"))
-        out.append(g)
+        kind = str(f.get("kind") or _failure_kind(f))
+        causes = "; ".join(f.get("causes") or [])
+        key = (str(f.get("backend")), kind, causes)
+        hint = _FEATURE_HINTS.get(feature, "")
+        out.append({"key": key,
+                    "signature": str(f.get("signature") or " | ".join(key)),
+                    "findings": [f],
+                    "failures": int(f.get("count") or 1),
+                    "properties": list(f.get("properties") or [f.get("property")]),
+                    "hint": hint.format(s_q=case.get("s_q", "several")) if hint else "",
+                    "case": case})
     out.sort(key=lambda g: g["key"])
     return out
 
 
 def format_group(g: Dict[str, Any], number: int, kernel_expr: str) -> str:
-    """A group as a few lines: what failed, the counterexample inline, the repro command and the
-    in-process replay."""
+    """A group as a few lines: its signature, what fails and where, the counterexample inline,
+    the repro command and the in-process replay."""
     first = g["findings"][0]
-    backend, kind, prop = g["key"]
-    folds = len(g["findings"])
-    head = f"[{number}] {g['hint']}" if g["hint"] else f"[{number}] {prop}: {kind}"
-    lines = [f"{head} (properties failed: {', '.join(map(str, g['properties']))}; "
-             f"{g['failures']} failing case(s)"
-             + (f", {folds} findings folded" if folds > 1 else "") + ")"]
+    raw = first.get("raw") or []
+    # An undeclared feature's advice leads: what the kernel's author does about it.
+    head = f"{g['hint']}: {g['signature']}" if g["hint"] else g["signature"]
+    lines = [f"[{number}] {head}",
+             f"    fails {', '.join(map(str, g['properties']))}; {g['failures']} raw failure(s) "
+             f"folded" + (f" in {len(raw)} class(es)" if len(raw) > 1 else "")]
+    if first.get("locus"):
+        lines.append(f"    where: {first['locus']}")
     lines.append("    counterexample: " + counterexample(g["case"])
                  + ("" if first.get("shrunk", True) else " (not shrunk)"))
     for line in _detail_lines(str(first.get("detail") or "")):
@@ -451,10 +445,11 @@ def fuzz(
         FuzzResult when nothing failed.
     Raises:
         AssertionError: earlier findings that still fail (the campaign is then skipped), or
-            the campaign's findings: one paragraph per bug group with its minimal
-            counterexample, the failing element, the command that reproduces it and the
-            ``mlafuzz.replay`` call that debugs it in this process; also when the kernel
-            refused every case (nothing was tested).
+            the campaign's findings: one entry per bug (finding group) with its signature
+            (backend, failure kind, cause set), the properties it fails, the raw failures it
+            folds, where it fails, its minimal counterexample, the failing element, the command
+            that reproduces it and the ``mlafuzz.replay`` call that debugs it in this process;
+            also when the kernel refused every case (nothing was tested).
         RuntimeError: mlafuzz refused the request (bad backend, kernel not loadable, ...).
     """
     __tracebackhide__ = True  # noqa: F841 - pytest: show the test's line, not this helper's

@@ -250,33 +250,39 @@ TEST(FuzzCli, ResumeAfterSigkillLosesNothing) {
       << r.output;
 }
 
-TEST(FuzzCli, MutantGivesOneFindingPerSignature) {
+// One planted bug, one finding: every failing case of the mutant, whatever its shape, folds into
+// one group (a raw failure class per shape class behind it), saved as one corpus entry.
+TEST(FuzzCli, MutantGivesOneFinding) {
   const std::string dir = test::fresh_dir("mutant");
   const auto r = run_cli(fuzz_args(
       dir, {"--backends", "cpu-mma~unmasked-pad-columns", "--properties", "tolerance", "--cases",
             "40", "--shrink-evals", "1000", "--shrink-time", "10m", "--profile", "default"}));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
-  ASSERT_FALSE(rep.findings.empty()) << r.output;
-  std::set<std::string> sigs;
-  int64_t counted = 0;
-  for (const auto& f : rep.findings) {
-    EXPECT_TRUE(sigs.insert(f.signature).second) << "signature twice: " << f.signature;
-    EXPECT_EQ(f.backend, "cpu-mma~unmasked-pad-columns");
-    EXPECT_EQ(f.property, "tolerance");
-    counted += f.count;
-  }
+  ASSERT_EQ(rep.findings.size(), 1u) << r.output;
+  const Finding& f = rep.findings[0];
+  EXPECT_EQ(f.backend, "cpu-mma~unmasked-pad-columns");
+  EXPECT_EQ(f.property, "tolerance");
+  EXPECT_EQ(f.signature,
+            "cpu-mma~unmasked-pad-columns | bound excess | padded nope (nope_dim not a power of "
+            "two)");
+  EXPECT_EQ(f.properties, std::vector<std::string>{"tolerance"});
+  EXPECT_FALSE(f.locus.empty());
   const PropertyStats* tol = rep.find_stats("cpu-mma~unmasked-pad-columns", "tolerance");
   ASSERT_NE(tol, nullptr);
-  EXPECT_EQ(counted, tol->failures);  // every failing case is counted under one signature
-  EXPECT_LT(rep.findings.size(), static_cast<size_t>(tol->failures)) << "no deduplication";
-  // One corpus entry per signature, each loading and naming its signature.
+  EXPECT_EQ(f.count, tol->failures);  // every failing case is counted in the one group
+  EXPECT_GT(f.raw.size(), 1u) << "raw failures of several shape classes";
+  int64_t raw = 0;
+  for (const auto& c : f.raw) raw += c.count;
+  EXPECT_EQ(raw, f.count);
+  // One corpus entry, naming the group.
   const auto entries = list_corpus(dir + "/corpus");
-  EXPECT_EQ(entries.size(), rep.findings.size());
-  for (const auto& p : entries) {
-    const CorpusEntry e = load_corpus_entry(p);
-    EXPECT_TRUE(sigs.count(e.f.signature)) << p;
-  }
+  ASSERT_EQ(entries.size(), 1u);
+  const CorpusEntry e = load_corpus_entry(entries[0]);
+  EXPECT_EQ(e.f.signature, f.signature);
+  EXPECT_EQ(e.f.causes, f.causes);
+  // The summary leads with it.
+  EXPECT_NE(r.output.find("1 finding(s), one per bug"), std::string::npos) << r.output;
 }
 
 TEST(FuzzCli, EnvironmentSharding) {

@@ -163,10 +163,17 @@ Report some_report(double t, bool with_finding) {
   r.stats("cpu-mma", "poison") = some_stats("cpu-mma", "poison", 0);
   if (with_finding) {
     Finding f;
-    f.signature = "tolerance|cpu-mma|model1 B1 H1 T1-2";
+    f.signature = "cpu-mma | bound excess | finite sink";
     f.property = "tolerance";
     f.backend = "cpu-mma";
+    f.kind = "bound excess";
+    f.causes = {"finite sink"};
+    f.properties = {"tolerance"};
+    f.locus = "out[b0,h0] wrong in every column";
+    f.inputs = "inputs: model1 nope 512 rope 64, page_size 64, 1 page(s); sink [0]";
     f.shape_class = "model1 B1 H1 T1-2";
+    f.raw = {{"tolerance", "model1 B2 H3-32 T3-8 P=odd sink", 3, 3, 0, "mlafuzz fuzz ..."},
+             {"tolerance", "v32 B1 H1 T1-2 P=pow2 sink", 1, 3, 5, "mlafuzz fuzz ..."}};
     f.count = 4;
     f.seed = 3;
     f.case_index = 0;
@@ -183,8 +190,15 @@ TEST(ReportJson, RoundTrips) {
   const Report r = some_report(5.0, true);
   const Json j = report_to_json(r);
   EXPECT_EQ(j.at("format"), "mlafuzz-report");
-  EXPECT_EQ(j.at("version"), 1);
+  EXPECT_EQ(j.at("version"), 2);
   const Report back = report_from_json(Json::parse(j.dump()), "mem");
+  ASSERT_EQ(back.findings.size(), 1u);
+  EXPECT_EQ(back.findings[0].causes, r.findings[0].causes);
+  EXPECT_EQ(back.findings[0].kind, r.findings[0].kind);
+  EXPECT_EQ(back.findings[0].properties, r.findings[0].properties);
+  EXPECT_EQ(back.findings[0].locus, r.findings[0].locus);
+  ASSERT_EQ(back.findings[0].raw.size(), 2u);
+  EXPECT_EQ(back.findings[0].raw[1].case_index, 5u);
   EXPECT_EQ(statistics_difference(r, back), "");
   EXPECT_EQ(back.shards.size(), 1u);
   EXPECT_EQ(back.shards[0].case_ranges, r.shards[0].case_ranges);
@@ -291,7 +305,7 @@ TEST(ReportJson, StrictLoadingNamesTheField) {
     }
   };
   Json v = j;
-  v["version"] = 2;
+  v["version"] = 3;
   expect_error(v, "version");
   v = j;
   v["format"] = "something";
@@ -327,10 +341,14 @@ TEST(ReportMerge, SumsMaximaHistogramsFindings) {
   EXPECT_EQ(s.tightness.total(), 18);
   EXPECT_EQ(s.worst.size(), PropertyStats::kWorst);
   EXPECT_TRUE(s.worst.front().failed);
-  ASSERT_EQ(m.findings.size(), 1u);
+  ASSERT_EQ(m.findings.size(), 1u);  // the same group from two shards: one finding
   EXPECT_EQ(m.findings[0].count, 8);
   EXPECT_EQ(m.findings[0].case_index, 0u);  // the earliest representative
   EXPECT_EQ(m.findings[0].corpus_entries.size(), 2u);
+  // Raw failure classes add up; the earliest first case of each is kept.
+  ASSERT_EQ(m.findings[0].raw.size(), 2u);
+  EXPECT_EQ(m.findings[0].raw[0].count, 6);
+  EXPECT_EQ(m.findings[0].raw[1].count, 2);
   EXPECT_EQ(m.shards.size(), 2u);
   // Merge order does not matter.
   EXPECT_EQ(statistics_difference(m, merge_reports({b, a})), "");
@@ -431,6 +449,42 @@ TEST(ReportCaseBreakdown, FilledByTheCampaignRoundTripsAndMerges) {
   }
 }
 
+// Findings compare by group: the same bug on another night's seed (another first case, other
+// raw classes) is still open, a group NEW alone has is a regression, and a version-1 OLD report's
+// ungrouped findings match NEW groups by backend and property.
+TEST(ReportCompare, GroupsStillOpenNewAndVersionOne) {
+  const Report night1 = some_report(0.5, true);
+  Report night2 = some_report(0.5, true);
+  night2.seed = 2;
+  night2.findings[0].seed = 2;
+  night2.findings[0].case_index = 17;
+  night2.findings[0].raw = {{"poison", "model1 B1 H1 T1-2 P=1 sink", 9, 2, 17, "x"}};
+  Comparison c = compare_reports(night1, night2, {});
+  EXPECT_FALSE(c.regression) << c.text;
+  EXPECT_NE(c.text.find("still open: cpu-mma | bound excess | finite sink"), std::string::npos)
+      << c.text;
+  Finding other = night2.findings[0];
+  other.signature = "cpu-mma | non-finite mismatch | row without a valid entry";
+  night2.findings.push_back(other);
+  c = compare_reports(night1, night2, {});
+  EXPECT_TRUE(c.regression) << c.text;
+  EXPECT_NE(c.text.find("REGRESSION new finding: cpu-mma | non-finite mismatch"), std::string::npos)
+      << c.text;
+  // OLD written before findings were grouped.
+  Json old = report_to_json(night1);
+  old["version"] = 1;
+  for (auto& f : old["findings"]) {
+    for (const char* k : {"kind", "causes", "properties", "locus", "inputs", "raw"}) f.erase(k);
+    f["signature"] = "tolerance|cpu-mma|model1 B1 H1 T1-2";
+  }
+  const Report v1 = report_from_json(old, "v1.json");
+  EXPECT_EQ(v1.version, 1);
+  c = compare_reports(v1, some_report(0.5, true), {});
+  EXPECT_FALSE(c.regression) << c.text;
+  EXPECT_NE(c.text.find("version-1 report"), std::string::npos) << c.text;
+  EXPECT_NE(c.text.find("still open"), std::string::npos) << c.text;
+}
+
 TEST(ReportCompare, IdenticalNewFindingAndTightness) {
   const Report old_r = some_report(0.5, false);
   Comparison c = compare_reports(old_r, old_r, {});
@@ -493,14 +547,40 @@ std::string xml_problem(const std::string& x) {
   return stack.empty() ? "" : "unclosed <" + stack.back() + ">";
 }
 
+TEST(ReportRender, SummaryLeadsWithOneEntryPerBug) {
+  const std::string t = render_summary(some_report(3.0, true));
+  const size_t group = t.find("1 finding(s), one per bug, folding 4 raw failure(s)");
+  ASSERT_NE(group, std::string::npos) << t;
+  const size_t sig = t.find("[4x] cpu-mma | bound excess | finite sink");
+  EXPECT_NE(sig, std::string::npos) << t;
+  EXPECT_LT(group, t.find("property")) << "the findings come before the statistics\n" << t;
+  for (const char* line :
+       {"fails tolerance; 4 raw failure(s) folded in 2 class(es)",
+        "where: out[b0,h0] wrong in every column", "inputs: model1", "first: seed 3 case 0",
+        "reproduce: mlafuzz repro corpus/findings/x.json --backends cpu-mma"}) {
+    EXPECT_NE(t.find(line), std::string::npos) << line << "\n" << t;
+  }
+}
+
 TEST(ReportRender, JunitIsWellFormed) {
   const std::string x = render_junit(some_report(3.0, true));
   EXPECT_EQ(xml_problem(x), "");
   EXPECT_NE(x.find("<testsuite name=\"cpu-mma\""), std::string::npos);
   EXPECT_NE(x.find("<testcase name=\"tolerance\" classname=\"mlafuzz.cpu-mma\""),
             std::string::npos);
-  EXPECT_NE(x.find("<failure message=\"2 of 9 cases failed"), std::string::npos) << x;
-  EXPECT_NE(x.find("&lt;bad&gt;"), std::string::npos);      // the detail, escaped
+  // One failing test case per finding; the (backend, property) it holds does not fail again.
+  EXPECT_NE(x.find("<testcase name=\"cpu-mma | bound excess | finite sink\" "
+                   "classname=\"mlafuzz.findings.cpu-mma\">"),
+            std::string::npos)
+      << x;
+  EXPECT_NE(x.find("<failure message=\"bound excess: finite sink\""), std::string::npos) << x;
+  EXPECT_EQ(x.find("<failure message=\"2 of 9 cases failed"), std::string::npos) << x;
+  EXPECT_NE(x.find("&lt;bad&gt;"), std::string::npos);  // the detail, escaped
+  // Failures no finding holds fail their (backend, property).
+  const std::string lost = render_junit(some_report(3.0, false));
+  EXPECT_EQ(xml_problem(lost), "");
+  EXPECT_NE(lost.find("<failure message=\"2 of 9 cases failed (in no finding)"), std::string::npos)
+      << lost;
   EXPECT_EQ(xml_problem("<a><b></a>"), "mismatched </a>");  // the checker can fail
 }
 
@@ -517,7 +597,9 @@ TEST(ReportRender, HtmlIsSelfContainedAndWellFormed) {
   for (size_t p = h.find("<svg"); p != std::string::npos; p = h.find("<svg", p + 1)) ++svgs;
   EXPECT_GE(svgs, 5u);  // histograms, three scatter plots (the tags are a table)
   EXPECT_NE(h.find("<circle"), std::string::npos);  // sampled points plotted
-  EXPECT_NE(h.find("tolerance|cpu-mma|model1 B1 H1 T1-2"), std::string::npos);  // findings
+  EXPECT_NE(h.find("cpu-mma | bound excess | finite sink"), std::string::npos);  // findings
+  EXPECT_NE(h.find("<details>"), std::string::npos);  // the raw failures behind each
+  EXPECT_NE(h.find("v32 B1 H1 T1-2 P=pow2 sink"), std::string::npos);
   // The distribution: one row per tag family with its values.
   EXPECT_NE(h.find("<td class=\"l\">layout</td><td class=\"l\">"), std::string::npos);
   EXPECT_EQ(h.find("layout=v32"), std::string::npos);

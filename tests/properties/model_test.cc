@@ -13,6 +13,7 @@
 
 #include "harness/backends/registry.h"
 #include "harness/core/backend.h"
+#include "harness/core/fileio.h"
 #include "harness/core/materialize.h"
 #include "kernels/common/fp_formats.h"
 #include "kernels/common/mla_params.h"
@@ -465,14 +466,30 @@ TEST(Corpus, RoundTripAndStrictLoading) {
   o.error = 0.5;
   o.bound = 0.01;
   o.tightness = 50;
-  const Finding f = make_finding(o, c, 11, 12);
+  Finding f = make_finding(o, c, 11, 12);
   EXPECT_EQ(f.expect, "fail");
-  EXPECT_EQ(f.signature, "tolerance|cpu-mma|" + shape_class(c));
+  // The group: backend | kind | causes (of the case as given: make_finding does not shrink).
+  EXPECT_EQ(f.kind, "bound excess");
+  EXPECT_EQ(f.signature.rfind("cpu-mma | bound excess | ", 0), 0u) << f.signature;
+  EXPECT_EQ(f.properties, std::vector<std::string>{"tolerance"});
+  f.locus = "out[b0,h0] wrong only in d 1 (in scale group 0)";
+  f.inputs = "inputs: ...";
   const std::string path = save_corpus_entry(dir, c, f);
   EXPECT_EQ(path, save_corpus_entry(dir, c, f)) << "same finding, same file";
+  // One entry per group: the name depends on the signature alone.
+  Case other = c;
+  other.data_seed += 1;
+  EXPECT_EQ(path, save_corpus_entry(dir, other, f)) << "another case of the group, same file";
+  save_corpus_entry(dir, c, f);
   const CorpusEntry e = load_corpus_entry(path);
   EXPECT_EQ(to_json(e.c), to_json(c));
   EXPECT_EQ(e.f.property, "tolerance");
+  EXPECT_EQ(e.f.signature, f.signature);
+  EXPECT_EQ(e.f.kind, f.kind);
+  EXPECT_EQ(e.f.causes, f.causes);
+  EXPECT_EQ(e.f.properties, f.properties);
+  EXPECT_EQ(e.f.locus, f.locus);
+  EXPECT_EQ(e.f.inputs, f.inputs);
   EXPECT_EQ(e.f.seed, 11u);
   EXPECT_EQ(e.f.case_index, 12u);
   EXPECT_EQ(e.f.tightness, 50);
@@ -522,6 +539,53 @@ TEST(Corpus, ShrinkNoteIsLeftOutWhenEmpty) {
   const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
                                           "/corpus/regression/sink-in-lse-overflow.json");
   EXPECT_EQ(e.f.shrink_note, "") << "an entry written before the note existed";
+}
+
+// Corpus entries of format version 1 (findings before they were grouped) still load, replay the
+// same case, and keep their old signature; versions this build does not know are refused.
+TEST(Corpus, VersionOneEntriesLoadAndNewerOnesAreRefused) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("mlafuzz-corpus-v1-" + std::to_string(::getpid())))
+          .string();
+  std::filesystem::create_directories(dir);
+  const Case c = with_explicit_indices(small_case());
+  nlohmann::ordered_json j;
+  j["format"] = "mlafuzz-corpus";
+  j["version"] = 1;
+  j["case"] = case_to_json_value(c);
+  j["finding"] = {{"property", "poison"},
+                  {"backend", "cpu-mma"},
+                  {"backend_source", ""},
+                  {"expect", "fail"},
+                  {"detail", "poison fill 0 changed the output"},
+                  {"signature", "poison|cpu-mma|model1 B2 H3-32 T3-8 P=pow2"},
+                  {"error", 0.0},
+                  {"bound", 0.0},
+                  {"tightness", 0.0},
+                  {"nonfinite_mismatch", false},
+                  {"commit", "abc"},
+                  {"gpu_name", ""},
+                  {"driver_version", ""},
+                  {"cuda_version", ""},
+                  {"host", "h"},
+                  {"found_at", "2026-11-29T08:00:00Z"},
+                  {"seed", 1},
+                  {"case_index", 2},
+                  {"count", 3}};
+  const std::string path = dir + "/poison-cpu-mma-0123456789abcdef.json";
+  write_file_atomic(path, json_to_text(j));
+  const CorpusEntry e = load_corpus_entry(path);
+  EXPECT_EQ(to_json(e.c), to_json(c));
+  EXPECT_EQ(e.f.signature, "poison|cpu-mma|model1 B2 H3-32 T3-8 P=pow2");
+  EXPECT_EQ(e.f.count, 3);
+  EXPECT_TRUE(e.f.kind.empty());
+  EXPECT_TRUE(e.f.causes.empty());
+  EXPECT_EQ(to_json(load_case(path)), to_json(c)) << "load_case reads version-1 entries";
+  j["version"] = 3;
+  write_file_atomic(path, json_to_text(j));
+  EXPECT_THROW(load_corpus_entry(path), CaseError);
+  EXPECT_THROW(load_case(path), CaseError);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PropertyTable, NamesKindsAndFigures) {

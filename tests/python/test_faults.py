@@ -24,7 +24,7 @@ def test_exception_is_a_run_failure_with_the_traceback() -> None:
 
 def test_exception_in_a_campaign_is_a_run_finding() -> None:
     message = _fuzz_failure("decode_raises", cases=4, shrink_time="10m")
-    assert "[1] run: the kernel raised an exception" in message, message
+    assert "[1] python:" in message and ":decode_raises | run error |" in message, message
     assert "[2]" not in message, message
     assert "counterexample: B=1 H=2 " in message, message
     assert "ValueError: planted exception at heads=2" in message, message
@@ -32,13 +32,13 @@ def test_exception_in_a_campaign_is_a_run_finding() -> None:
 
 def test_os_exit_is_a_fault_and_the_campaign_goes_on() -> None:
     message = _fuzz_failure("decode_exits", cases=3, shrink_time="0")
-    assert "[1] fault: fault (crash, exit or hang)" in message, message
+    assert ":decode_exits | fault |" in message, message
     assert "exited with status 3" in message, message
 
 
 def test_hang_is_a_fault_after_the_case_timeout() -> None:
     message = _fuzz_failure("decode_hangs", cases=2, shrink_time="0", case_timeout="2s")
-    assert "[1] fault: fault (crash, exit or hang)" in message, message
+    assert ":decode_hangs | fault |" in message, message
     assert "no reply within the case timeout (hang)" in message, message
 
 
@@ -53,7 +53,7 @@ def test_hang_in_run_times_out(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_write_between_heads_trips_the_canaries() -> None:
     message = _fuzz_failure("decode_writes_between_heads", cases=4, shrink_time="10m",
                             properties=["poison"])
-    assert "] poison: wrote outside its outputs" in message, message
+    assert ":decode_writes_between_heads | guard write |" in message, message
     assert "guard elements overwritten" in message, message
 
 

@@ -22,8 +22,12 @@ def test_planted_bug_is_found_and_shrunk_to_one_row_and_head(tmp_path) -> None:
         mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode_planted_bug", time="120s", cases=16, seed=3,
                              properties=["tolerance"], jobs=2, corpus=str(tmp_path / "corpus"))
     message = str(failure.value)
-    assert "[1] tolerance: error beyond the bound" in message, message
+    # One bug, one entry: its group, the property it fails, its size and where it fails.
+    assert "1 bug(s)" in message and "[2]" not in message, message
+    assert ":decode_planted_bug | bound excess |" in message, message
+    assert "fails tolerance" in message, message
     assert "counterexample: B=1 H=1 " in message, message
+    assert "where: out[b0,h0] wrong" in message, message
     assert "/mlafuzz repro /" in message, message
 
     # Every saved entry replays as still failing, and passes on the correct kernel.

@@ -51,7 +51,8 @@ def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monke
     corpus = str(tmp_path / "corpus")
     message = _failure(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2, corpus=corpus)
     assert message.startswith("mlafuzz: 1 bug(s) in python:"), message
-    assert "[1] tolerance: error beyond the bound" in message and "[2]" not in message, message
+    assert ":decode_planted_bug | bound excess |" in message and "[2]" not in message, message
+    assert "\n    fails tolerance" in message, message
     # The minimal counterexample inline, the failing element, a command that runs as pasted,
     # and the call that replays it in this process.
     assert re.search(r"counterexample: B=1 H=1 topk=\d+; (model1|v32) nope=", message), message
@@ -68,7 +69,7 @@ def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monke
     # Next run: the findings replay first and still fail; no new case is generated.
     again = _failure(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2, corpus=corpus)
     assert "its earlier findings still fail" in again and "no new cases" in again, again
-    assert "[1] tolerance: error beyond the bound" in again and "[2]" not in again, again
+    assert ":decode_planted_bug | bound excess |" in again and "[2]" not in again, again
 
     # The fixed kernel replays the same corpus as fixed, then fuzzes.
     result = mlafuzz.testing.fuzz(numpy_decode.decode, cases=20, seed=3, jobs=2, corpus=corpus)
@@ -81,7 +82,9 @@ def test_default_corpus_lives_under_the_root_per_kernel(tmp_path, monkeypatch) -
     monkeypatch.setenv("MLAFUZZ_CORPUS_ROOT", str(root))
     _failure(f"{FAULTY}:decode_raises", cases=4, seed=4, jobs=1, properties=["run"])
     entries = os.listdir(root / "faulty_kernels.decode_raises")
-    assert entries and all(e.startswith("run-") for e in entries), entries
+    # One entry per group, named by the backend and a hash of the group's signature.
+    assert entries and all(e.startswith("faulty_kernels.py_decode_raises-") for e in entries), \
+        entries
 
 
 def test_undeclared_production_decode_is_told_once(tmp_path) -> None:

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 from typing import Any, Dict, List, Tuple
+from xml.etree import ElementTree
 
 import pytest
 
@@ -76,8 +77,9 @@ def kept_findings(proc: subprocess.CompletedProcess, work: str) -> List[Dict[str
             assert kept, f"{row['property']} failed, no finding\n{describe(proc)}"
     corpus = sorted(glob.glob(os.path.join(work, "corpus", "*.json")))
     assert corpus == sorted(os.path.abspath(f["corpus"]) for f in findings), describe(proc)
-    with open(os.path.join(work, "report", "junit.xml"), encoding="utf-8") as f:
-        junit = f.read()
+    # JUnit as its reader sees it: the texts unescaped (a cause set may hold "<").
+    root = ElementTree.parse(os.path.join(work, "report", "junit.xml")).getroot()
+    junit = "\n".join(t for e in root.iter() for t in (e.text or "", *e.attrib.values()))
     for finding in findings:
         with open(finding["corpus"], encoding="utf-8") as f:
             entry = json.load(f)["finding"]

@@ -41,7 +41,7 @@ def test_a_write_on_a_cache_hit_is_named_too(tmp_path) -> None:
         mlafuzz.testing.fuzz(f"{KERNELS}:decode_writes_cache_later", cases=1, seed=5, jobs=1,
                              properties=["determinism"], shrink_time="0",
                              report=str(tmp_path / "report"))
-    assert "- determinism on" in str(failure.value), str(failure.value)
+    assert "fails determinism" in str(failure.value), str(failure.value)
     report = (tmp_path / "report" / "report.json").read_text()
     assert "wrote its input(s) kv_cache on the device" in report, report[:2000]
 

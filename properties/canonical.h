@@ -1,0 +1,75 @@
+// The canonical walk and the cause set of a finding.
+//
+// A shrunk failing case still carries whatever features the random case it came from had (a
+// layout, a page size, a sink, an order of pages, values, ...). The canonical walk moves every
+// feature, one at a time, toward one canonical case, keeping a move only when the failure
+// persists. Each feature's values are ordered from canonical to not, and a move only goes down
+// that order:
+//
+//   size       1 row, 1 query token, 1 head, no extra cache (or merged into the main list), few
+//              valid entries (each made -1 in place, then fewer positions), few pages
+//   data       data_seed 0 then 1, q values of the case's own positions; values small integers,
+//              then small integers of 1/16, then normal; scales 1, then random around 1
+//              (tiles differ), then the writer's
+//   geometry   MODEL1 with nope 512 and rope 64 (a padded nope: 448), identity page order,
+//              minimum page stride, page size 64 (else 61, 1, 2: an entry keeps its page and
+//              slot), each valid entry on the lowest unused slot (else the last slot of page 0,
+//              the first and the last slot of page 1)
+//   lists      no invalid entry, no row without a valid entry, no duplicate, no topk_length
+//              (an entry it masks holds a valid index: a kernel that reads masked entries reads
+//              a token)
+//   the rest   no sink (else 0, -inf, +inf), default sm_scale and conventions, zero pad fill,
+//              no head or row padding
+//
+// The walk ends (a fixed point of every move, no case visited twice), and two cases of one
+// failure meet in the same canonical case more often than not, whichever seed found them. What
+// the walk cannot remove is the failure's cause set: the features still present on the result
+// that some move inside the envelope would remove, each described in fixed, coarse words
+// ("topk_length < topk", "-1 entry", "sink = -inf", "page_size not a power of two", "entry
+// beyond the first page").
+#pragma once
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "harness/core/case.h"
+#include "harness/core/envelope.h"
+#include "properties/evaluate.h"
+#include "properties/shrink.h"
+
+namespace mlafuzz {
+
+// One feature a canonical case does not have: its description on a case (empty when canonical
+// there) and the moves toward the canonical case (candidates, most canonical first).
+struct CanonicalFeature {
+  const char* name;
+  std::function<std::vector<std::string>(const Case&)> describe;
+  std::function<std::vector<Case>(const Case&)> toward;
+  // Whether the moves change the values the case's tokens hold (relabelled tokens, other dims,
+  // value or scale specs): a failure that needs particular values may go away with them
+  // whatever the feature, so robust_causes (triage.h) asks more evidence of them.
+  bool changes_values = false;
+};
+
+// Every feature, in the order cause sets list them.
+const std::vector<CanonicalFeature>& canonical_features();
+
+// The walk's steps: every feature's moves, sizes first, then the data, then the structure.
+std::vector<ShrinkStep> canonical_steps();
+
+// The walk from `c` (explicit indices) within `limits`: greedy_shrink over canonical_steps(),
+// remembering rejected candidates (`still_fails` must be deterministic). `rejected` may be
+// null; `hooks` as for shrink_case.
+ShrinkResult canonicalize_case(const Case& c, const std::function<bool(const Case&)>& still_fails,
+                               const ShrinkLimits& limits, const Envelope& envelope = {},
+                               std::set<std::string>* rejected = nullptr,
+                               const ShrinkHooks& hooks = {});
+
+// The cause set of a case the walk ended on: the descriptions of the features still present
+// that a move inside `envelope` would remove, in the order of canonical_features(). Empty: the
+// failure shows on the canonical case itself.
+std::vector<std::string> cause_set(const Case& c, const Envelope& envelope = {});
+
+}  // namespace mlafuzz
