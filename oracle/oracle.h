@@ -34,8 +34,8 @@ struct OracleRow {
   // columns).
 };
 
-// Decodes the valid selected tokens of query row b (both lists). Throws std::invalid_argument when a valid
-// index of row b is outside the cache or the buffers are too small for the case's shapes.
+// Decodes the valid selected tokens of query row b (both lists). Throws std::invalid_argument when
+// a valid index of row b is outside the cache or the buffers are too small for the case's shapes.
 // Checks only row b, so looping over the rows costs O(B * topk) checks in all.
 OracleRow gather_row(const MaterializedCase& m, int b);
 
@@ -51,6 +51,31 @@ struct OracleResult {
   std::vector<double> lse;  // [B * s_q, H] natural log
 };
 
+// One query row of the Eigen oracle, for tolerance models that reuse its work instead of decoding
+// the keys and forming the logits again: the row's valid entries (main list's first), the keys,
+// q, the logits, and the row's output and LSE (once the oracle wrote them, or the result passed
+// to visit_oracle_rows).
+struct OracleRowView {
+  int32_t row = 0;              // query row r = b * s_q + s
+  Eigen::Index n = 0;           // valid entries; 0: an empty row (nothing below is set)
+  int32_t n_main = 0;           // how many of them are the main list's
+  const double* K = nullptr;    // [n, d_qk] row-major, exact
+  const double* Q = nullptr;    // [H, d_qk] row-major, exact
+  const double* X = nullptr;    // [H, n] column-major logits sm_scale64 * q . K, as the oracle's
+  const double* out = nullptr;  // [H, d_v] row-major
+  const double* lse = nullptr;  // [H]
+};
+
+// Called once per query row (in any order; with several oracle threads, from those threads, one
+// row at a time per thread). A row's view lives for the call only.
+class OracleRowVisitor {
+ public:
+  virtual void visit(const OracleRowView& row) = 0;
+
+ protected:
+  ~OracleRowVisitor() = default;
+};
+
 // threads: 0 = automatic (several threads only when the case is large enough to pay for them,
 // at most std::thread::hardware_concurrency() and at most B), 1 = the calling thread only
 // (use 1 when the caller already runs cases in parallel). The result does not depend on the
@@ -58,6 +83,14 @@ struct OracleResult {
 // (a few MB per worker at production shapes); no thread outlives the call.
 OracleResult run_oracle_eigen(const MaterializedCase& m, int threads);
 OracleResult run_oracle_eigen(const MaterializedCase& m);  // threads = 0
+// The same, visiting every row after the oracle computed it (the result's bits do not depend on
+// the visitor).
+OracleResult run_oracle_eigen(const MaterializedCase& m, int threads, OracleRowVisitor* visitor);
+// Every row of m as run_oracle_eigen would visit it, for a result `ref` computed before: the
+// keys decoded and the logits formed again (no softmax, no product with V), out and lse from
+// ref. Throws std::invalid_argument as the oracle does.
+void visit_oracle_rows(const MaterializedCase& m, const OracleResult& ref,
+                       OracleRowVisitor& visitor);
 OracleResult run_oracle_loop(const MaterializedCase& m);
 
 // Throws std::invalid_argument naming the first inconsistency between the case's shapes and

@@ -140,6 +140,7 @@ struct RowScratch {
   AlignedVector kr;    // [n, d_qk] row-major gathered keys
   AlignedVector q;     // [H, d_qk] row-major, like the bf16 input (contiguous widening)
   AlignedVector s;     // [H, n] col-major logits, then softmax numerators exp(x - max)
+  AlignedVector x;     // [H, n] col-major logits kept for a row visitor
   Eigen::VectorXd mx;  // [H] row max of the logits
   Eigen::VectorXd l;   // [H] sum of exp(x - max)
 };
@@ -163,35 +164,64 @@ void fill_q(const MaterializedCase& m, int r, double* q) {
   }
 }
 
+// The row's valid entries (s.ks), keys (s.kr) and q (s.q), and its logits in s.s: sm_scale is
+// applied after the product, in float64. Returns how many entries are the main list's; the row
+// is empty when s.ks is.
+int32_t row_logits_into(const MaterializedCase& m, int b, RowScratch& s) {
+  const int32_t H = m.heads;
+  const int32_t n_main = valid_positions(m, b, s.ks);
+  const Eigen::Index n = static_cast<Eigen::Index>(s.ks.size());
+  if (n == 0) return n_main;
+  const int32_t dqk = m.d_qk();
+  RowMap K(grown(s.kr, n * dqk), n, dqk);
+  RowMap Q(grown(s.q, int64_t{H} * dqk), H, dqk);
+  ColMap S(grown(s.s, H * n), H, n);
+  gather_rows(m, b, s.ks, n_main, K.data());
+  fill_q(m, b, Q.data());
+  // Logits of all heads at once.
+  S.noalias() = Q * K.transpose();
+  S *= m.sm_scale64;
+  return n_main;
+}
+
 // Writes out[r, :, :] and lse[r, :] of query row r (`b` below): one joint softmax over the valid
-// entries of its main and extra lists (SPEC.md section 8; a token in both counts twice).
-void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& res) {
+// entries of its main and extra lists (SPEC.md section 8; a token in both counts twice); then
+// shows the row to `visitor` (when not null).
+void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& res,
+                 OracleRowVisitor* visitor) {
   const int32_t H = m.heads;
   const int32_t dv = m.d_v();
   double* out = res.out.data() + static_cast<int64_t>(b) * H * dv;
   double* lse = res.lse.data() + static_cast<int64_t>(b) * H;
 
-  const int32_t n_main = valid_positions(m, b, s.ks);
+  const int32_t n_main = row_logits_into(m, b, s);
   const Eigen::Index n = static_cast<Eigen::Index>(s.ks.size());
+  OracleRowView view;
+  view.row = b;
+  view.out = out;
+  view.lse = lse;
   if (n == 0) {
     // Empty row: out = 0 (also with a sink: there is nothing to weigh), lse per convention
     // (FlashMLA +inf, SGLang/vLLM -inf), never a 0/0 NaN.
     std::fill(out, out + static_cast<int64_t>(H) * dv, 0.0);
     const double empty = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
     std::fill(lse, lse + H, empty);
+    if (visitor != nullptr) visitor->visit(view);
     return;
   }
   const int32_t dqk = m.d_qk();
-  RowMap K(grown(s.kr, n * dqk), n, dqk);
-  RowMap Q(grown(s.q, int64_t{H} * dqk), H, dqk);
-  ColMap S(grown(s.s, H * n), H, n);
+  RowMap K(s.kr.data(), n, dqk);
+  ColMap S(s.s.data(), H, n);
   RowMap O(out, H, dv);  // the result's [H, d_v] slice of row b, written in place
-  gather_rows(m, b, s.ks, n_main, K.data());
-  fill_q(m, b, Q.data());
+  if (visitor != nullptr) {
+    std::copy_n(s.s.data(), H * n, grown(s.x, H * n));
+    view.n = n;
+    view.n_main = n_main;
+    view.K = s.kr.data();
+    view.Q = s.q.data();
+    view.X = s.x.data();
+  }
 
-  // Logits of all heads at once; sm_scale is applied after the product, in float64.
-  S.noalias() = Q * K.transpose();
-  S *= m.sm_scale64;
   // Subtract the row max before exp so that huge logits (1e4) cannot overflow. A NaN logit
   // (NaN key bytes or q) makes the row's sum NaN whatever max Eigen picks: NaN propagates
   // honestly. An infinite logit (only from inf scales or rope) gives inf - inf = NaN, as in
@@ -225,6 +255,7 @@ void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& 
       lse[h] = M + std::log(s.l(h) * std::exp(s.mx(h) - M) + std::exp(sink - M));
     }
   }
+  if (visitor != nullptr) visitor->visit(view);
 }
 
 }  // namespace
@@ -367,6 +398,35 @@ Eigen::MatrixXd row_logits(const MaterializedCase& m, int b, const OracleRow& ro
 OracleResult run_oracle_eigen(const MaterializedCase& m) { return run_oracle_eigen(m, 0); }
 
 OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
+  return run_oracle_eigen(m, threads, nullptr);
+}
+
+void visit_oracle_rows(const MaterializedCase& m, const OracleResult& ref,
+                       OracleRowVisitor& visitor) {
+  check_oracle_inputs(m);
+  const int32_t H = m.heads, dv = m.d_v();
+  if (ref.out.size() != static_cast<size_t>(m.query_rows()) * H * dv ||
+      ref.lse.size() != static_cast<size_t>(m.query_rows()) * H) {
+    bad_input("the result's out and lse do not have the case's shape");
+  }
+  thread_local RowScratch s;
+  for (int32_t r = 0; r < m.query_rows(); ++r) {
+    OracleRowView view;
+    view.row = r;
+    view.n_main = row_logits_into(m, r, s);
+    view.n = static_cast<Eigen::Index>(s.ks.size());
+    view.out = ref.out.data() + static_cast<int64_t>(r) * H * dv;
+    view.lse = ref.lse.data() + static_cast<int64_t>(r) * H;
+    if (view.n > 0) {
+      view.K = s.kr.data();
+      view.Q = s.q.data();
+      view.X = s.s.data();
+    }
+    visitor.visit(view);
+  }
+}
+
+OracleResult run_oracle_eigen(const MaterializedCase& m, int threads, OracleRowVisitor* visitor) {
   check_oracle_inputs(m);
   OracleResult res;
   const int32_t rows = m.query_rows();
@@ -397,14 +457,14 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
     ~Release() {
       constexpr size_t kKeep = size_t{8} << 20;  // doubles
       for (RowScratch& r : s) {
-        for (AlignedVector* v : {&r.kr, &r.q, &r.s}) {
+        for (AlignedVector* v : {&r.kr, &r.q, &r.s, &r.x}) {
           if (v->capacity() > kKeep) AlignedVector().swap(*v);
         }
       }
     }
   } release{scratch};
   if (threads == 1) {
-    for (int32_t r = 0; r < rows; ++r) compute_row(m, r, pool[0], res);
+    for (int32_t r = 0; r < rows; ++r) compute_row(m, r, pool[0], res, visitor);
     return res;
   }
   // Rows are handed out one at a time (their valid counts differ); each writes its own slice.
@@ -412,7 +472,7 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads) {
   std::vector<std::exception_ptr> errors(threads);
   auto work = [&](int t) {
     try {
-      for (int32_t r = next++; r < rows; r = next++) compute_row(m, r, pool[t], res);
+      for (int32_t r = next++; r < rows; r = next++) compute_row(m, r, pool[t], res, visitor);
     } catch (...) {
       errors[t] = std::current_exception();  // e.g. bad_alloc: rethrown on the caller
     }

@@ -203,10 +203,16 @@ struct CaseContext {
   // evaluation's steps: the checks' time less this is the checks' own.
   double bounds_seconds = 0;
 
-  // The bound of a backend against the exact result (custom: its declared tolerances).
-  Bounds backend_bounds(const Backend& be) {
-    if (be.precision() == Precision::kCustom) return custom_bounds(ref, be.abs_tol(), be.rel_tol());
-    return pipeline_bounds(be);
+  // The bound of a backend against the exact result (custom: its declared tolerances), computed
+  // at the first request.
+  std::map<const Backend*, Bounds> custom_bounds_;
+  const Bounds& backend_bounds(const Backend& be) {
+    if (be.precision() != Precision::kCustom) return pipeline_bounds(be);
+    auto it = custom_bounds_.find(&be);
+    if (it == custom_bounds_.end()) {
+      it = custom_bounds_.emplace(&be, custom_bounds(ref, be.abs_tol(), be.rel_tol())).first;
+    }
+    return it->second;
   }
   // The tolerance property's bound: the backend's own plus the oracle's.
   Bounds tolerance_bound(const Backend& be) { return add_bounds(backend_bounds(be), b64); }
@@ -299,6 +305,18 @@ struct CaseContext {
 };
 
 Side side_of(const RunResult& r, bool bf16) { return Side{&r.out, &r.lse, bf16}; }
+
+// Whether run r's raw buffers have the sizes of case m's (a bf16 backend's run).
+bool raw_fits(const RunResult& r, const MaterializedCase& m) {
+  return !r.out_raw.empty() && r.out_raw.size() == OutputBuffers::out_elements(m) &&
+         r.lse_raw.size() == OutputBuffers::lse_elements(m);
+}
+
+// Run r of case m as a bound check reads it: a bf16 backend's raw buffers in place (a quarter of
+// the widened values' bytes), else the widened values.
+Side check_side(const RunResult& r, const MaterializedCase& m, bool bf16) {
+  return bf16 && raw_fits(r, m) ? raw_side(r, m) : side_of(r, bf16);
+}
 
 bool is_bf16(const Backend& be) {
   return be.precision() == Precision::kSimtFp32 || be.precision() == Precision::kMmaBf16;
@@ -466,9 +484,10 @@ class Evaluator {
           continue;
         }
         PropertyOutcome o = make(prop.name, a.be->name() + "|" + b.be->name());
-        const Bounds bound = add_bounds(ctx_.backend_bounds(*a.be), ctx_.backend_bounds(*b.be));
-        const BoundCheck bc = check_bounds(side_of(a.clean, true), side_of(b.clean, true), bound,
-                                           ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+        const BoundCheck bc =
+            check_bounds(check_side(a.clean, ctx_.m, true), check_side(b.clean, ctx_.m, true),
+                         ctx_.backend_bounds(*a.be), &ctx_.backend_bounds(*b.be),
+                         ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
         fill_from_check(o, bc);
         locate(o, a.clean, true, b.clean.out, b.clean.lse, true, &bound);
         ev_.outcomes.push_back(o);
@@ -621,10 +640,12 @@ class Evaluator {
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("tolerance", be.name());
-    const Bounds bound = ctx_.tolerance_bound(be);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
-    const BoundCheck bc = check_bounds(side_of(st.clean, is_bf16(be)), ref, bound,
-                                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+    // The tolerance bound (tolerance_bound: the backend's own plus the oracle's), summed in the
+    // check.
+    const BoundCheck bc =
+        check_bounds(check_side(st.clean, ctx_.m, is_bf16(be)), ref, ctx_.backend_bounds(be),
+                     &ctx_.b64, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
     fill_from_check(o, bc);
     locate(o, st.clean, is_bf16(be), ctx_.ref.out, ctx_.ref.lse, false, &bound);
     if (opt_.reference_metrics) {
@@ -930,17 +951,19 @@ class Evaluator {
     Backend& be = *st.be;
     PropertyOutcome o = make(prop, be.name());
     RunResult r;
-    if (run_variant(be, v, r, o)) {
-      Bounds bound;
-      if (be.precision() == Precision::kCustom) {
-        bound = add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
-      } else if (own_bound) {
-        bound = add_bounds(ctx_.pipeline_bounds(be), ctx_.variant_bounds(v, be));
-      } else {
-        bound = add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be, tile_topk));
+    // A bf16 run is read in its raw buffers (not widened) when they fit.
+    const bool bf16 = is_bf16(be);
+    if (run_variant(be, v, r, o, /*values=*/!bf16)) {
+      if (bf16 && !raw_fits(r, v)) widen_raw_outputs(v, r);
+      // The clean run's bound plus the variant's (summed in the check).
+      const Bounds& clean = ctx_.backend_bounds(be);
+      const Bounds* variant = &clean;
+      if (be.precision() != Precision::kCustom) {
+        variant = own_bound ? &ctx_.variant_bounds(v, be) : &ctx_.pipeline_bounds(be, tile_topk);
       }
-      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
-                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+      const BoundCheck bc =
+          check_bounds(check_side(r, v, bf16), check_side(st.clean, ctx_.m, bf16), clean, variant,
+                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
       const double seconds = o.seconds;
       fill_from_check(o, bc);
       o.seconds = seconds;
@@ -958,14 +981,19 @@ class Evaluator {
   void split_agree(BackendState& st) {
     Backend& be = *st.be;
     PropertyOutcome o = make("split-agree", be.name());
-    const Bounds bound = self_bounds(be);
+    // The backend's bound twice (self_bounds), summed in the check.
+    const Bounds& bound = ctx_.backend_bounds(be);
     double seconds = 0;
+    const bool bf16 = is_bf16(be);
     for (int splits : kSplitAgreeCounts) {
       RunResult r;
-      if (!run_variant(be, ctx_.split_variant(splits), r, o)) break;
+      const MaterializedCase& v = ctx_.split_variant(splits);
+      if (!run_variant(be, v, r, o, /*values=*/!bf16)) break;
+      if (bf16 && !raw_fits(r, v)) widen_raw_outputs(v, r);
       seconds = o.seconds;
-      const BoundCheck bc = check_bounds(side_of(r, is_bf16(be)), side_of(st.clean, is_bf16(be)),
-                                         bound, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
+      const BoundCheck bc =
+          check_bounds(check_side(r, v, bf16), check_side(st.clean, ctx_.m, bf16), bound, &bound,
+                       ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
       if (!bc.passed || bc.tightness >= o.tightness) fill_from_check(o, bc);
       o.seconds = seconds;
       if (!bc.passed) {

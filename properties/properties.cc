@@ -34,18 +34,40 @@ uint8_t poison_byte(int variant, const CounterRng& rng, size_t i) {
   }
 }
 
+// bytes[i] = poison_byte(variant, rng, i) for begin <= i < end.
+void fill_poison_run(int variant, const CounterRng& rng, uint8_t* bytes, size_t begin, size_t end) {
+  switch (variant) {
+    case 0:
+    case 3:
+      std::memset(bytes + begin, poison_byte(variant, rng, begin), end - begin);
+      return;
+    case 1:
+      // Random bytes drawn a word (eight bytes) at a time, not once per byte.
+      for (size_t i = begin; i < end;) {
+        const size_t word_end = std::min(end, (i / 8 + 1) * 8);
+        const uint64_t word = rng.at(i / 8);
+        for (; i < word_end; ++i) bytes[i] = static_cast<uint8_t>(word >> (8 * (i % 8)));
+      }
+      return;
+    default:
+      for (size_t i = begin; i < end; ++i) bytes[i] = poison_byte(variant, rng, i);
+  }
+}
+
 // bytes[i] = poison_byte(variant, rng, i) for begin <= i < end, except where used[i] (used null:
-// every i); variant 1's random bytes drawn a word (eight bytes) at a time, not once per byte.
+// every i), run by run of unused bytes.
 void fill_poison(int variant, const CounterRng& rng, uint8_t* bytes, size_t begin, size_t end,
                  const std::vector<uint8_t>* used) {
+  if (used == nullptr) {
+    fill_poison_run(variant, rng, bytes, begin, end);
+    return;
+  }
+  const uint8_t* u = used->data();
   for (size_t i = begin; i < end;) {
-    const size_t word_end = std::min(end, (i / 8 + 1) * 8);
-    const uint64_t word = variant == 1 ? rng.at(i / 8) : 0;
-    for (; i < word_end; ++i) {
-      if (used != nullptr && (*used)[i]) continue;
-      bytes[i] =
-          variant == 1 ? static_cast<uint8_t>(word >> (8 * (i % 8))) : poison_byte(variant, rng, i);
-    }
+    const auto from = static_cast<size_t>(std::find(u + i, u + end, uint8_t{0}) - u);
+    const auto to = static_cast<size_t>(std::find(u + from, u + end, uint8_t{1}) - u);
+    fill_poison_run(variant, rng, bytes, from, to);
+    i = to;
   }
 }
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "harness/core/value_format.h"
+#include "kernels/common/fp_formats.h"
 #include "kernels/common/split_kv.h"
 #include "kernels/common/tiling.h"
 
@@ -709,21 +710,100 @@ double ratio(double excess, double bound) {
 
 }  // namespace
 
+namespace {
+
+// The rounding interval of bf16 values (bf16_rounding_interval) for finite v, without branches:
+// the half-spacings away from and toward zero from 2^floor(log2 |v|), the exponent bits of |v|.
+inline void bf16_interval_finite(double v, double* lo, double* hi) {
+  const double a = std::fabs(v);
+  const double p2 = std::bit_cast<double>(std::bit_cast<uint64_t>(a) & 0x7ff0000000000000);
+  const bool normal = a >= 0x1p-126;
+  // At a power of two above 2^-126 the spacing below is half the one above.
+  const bool narrower_below = (a == p2) & (a >= 0x1p-125);
+  const double away = normal ? p2 * 0x1p-8 : 0x1p-134;
+  const double toward = normal ? (narrower_below ? p2 * 0x1p-9 : p2 * 0x1p-8) : 0x1p-134;
+  const bool pos = v > 0;
+  const bool zero = a == 0;
+  *lo = zero ? -0x1p-134 : v - (pos ? toward : away);
+  *hi = zero ? 0x1p-134 : v + (pos ? away : toward);
+}
+
+// The finite-element figures of one row of d_v outputs, all finite on both sides, in loops
+// without branches or reductions that the compiler vectorizes: per element the excess over the
+// sides' rounding intervals and the error (row_excess, which says whether any excess is
+// positive), then the ratio of the excess to the bound (bound + plus) in t[] (row_ratios, for a
+// row with a positive excess; the others' ratios are all 0 and their bounds are not read). The
+// division is computed for every element, also where the ratio is 0 or +inf (tolerance.cc is
+// compiled with -fno-trapping-math, properties/CMakeLists.txt).
+template <bool kBf16A, bool kBf16B>
+bool row_excess(const double* ao, const double* bo, int32_t n, double* excess, double* err) {
+  int any = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const double va = ao[i], vb = bo[i];
+    double alo = va, ahi = va, blo = vb, bhi = vb;
+    if constexpr (kBf16A) bf16_interval_finite(va, &alo, &ahi);
+    if constexpr (kBf16B) bf16_interval_finite(vb, &blo, &bhi);
+    const double x = blo - ahi, y = alo - bhi;
+    const double m = x < y ? y : x;  // std::max({x, y, 0.0})
+    const double e = m < 0.0 ? 0.0 : m;
+    excess[i] = e;
+    any |= e > 0;
+    err[i] = std::fabs(va - vb);
+  }
+  return any != 0;
+}
+
+template <bool kPlus>
+void row_ratios(const double* excess, const double* bd, const double* plus, int32_t n, double* t) {
+  for (int32_t i = 0; i < n; ++i) {
+    double bound = bd[i];
+    if constexpr (kPlus) bound += plus[i];
+    const double q = excess[i] / bound;  // ratio(excess, bound)
+    const double r = bound > 0 ? q : kInf;
+    t[i] = excess[i] <= 0 ? 0.0 : r;
+  }
+}
+
+using RowExcessFn = bool (*)(const double*, const double*, int32_t, double*, double*);
+
+RowExcessFn row_excess_for(bool bf16_a, bool bf16_b) {
+  static constexpr RowExcessFn kFns[4] = {row_excess<false, false>, row_excess<false, true>,
+                                          row_excess<true, false>, row_excess<true, true>};
+  return kFns[(bf16_a ? 2 : 0) + (bf16_b ? 1 : 0)];
+}
+
+bool all_finite(const double* v, int32_t n) {
+  bool ok = true;
+  for (int32_t i = 0; i < n; ++i) ok &= std::isfinite(v[i]);
+  return ok;
+}
+
+}  // namespace
+
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                         int32_t heads, int32_t d_v) {
+  return check_bounds(a, b, bound, nullptr, batch, heads, d_v);
+}
+
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
+                        int32_t batch, int32_t heads, int32_t d_v) {
   BoundCheck r;
   r.bf16_outputs = a.out_bf16;
-  // The element loop keeps its running figures in locals (the compiler cannot keep r's fields
-  // in registers across the stores of a lambda that writes them), and takes the path that
-  // writes a message only for non-finite values; the order of every update is the one of the
-  // loop over (b, h, d) then the row's lse, so the figures, the worst element (the first with
-  // the largest ratio) and the mean are the same as a loop over consider() would give.
+  // Every figure as a loop over the elements in the order (b, h, d) then the row's lse would
+  // give it: the worst element is the first with the largest ratio, the mean sums the errors in
+  // that order. A row finite on both sides goes through row_figures (vectorized) and then a
+  // loop that adds its errors in order; a row with a non-finite value element by element, with
+  // the message for the first class mismatch.
   double sum_abs = 0, max_abs = 0, out_max_ref = 0, lse_max_abs = 0;
   double out_tightness = 0, lse_tightness = 0, worst = 0;
   int64_t n_abs = 0;
   bool any = false, passed = true;
-  // Non-finite values: a class mismatch fails (the first one is described); equal classes are
-  // skipped. Returns true when the element is finite on both sides.
+  const auto out_bound = [&](size_t i) {
+    return plus != nullptr ? bound.out[i] + plus->out[i] : bound.out[i];
+  };
+  const auto lse_bound = [&](size_t i) {
+    return plus != nullptr ? bound.lse[i] + plus->lse[i] : bound.lse[i];
+  };
   const auto finite_pair = [&](double va, double vb, int bb, int hh, int dd) {
     if (std::isfinite(va) && std::isfinite(vb)) return true;
     const int ca = finite_class(va), cb = finite_class(vb);
@@ -758,37 +838,104 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
     r.bound = bnd;
   };
   const bool a_bf16 = a.out_bf16, b_bf16 = b.out_bf16;
+  // A row of a side as doubles: its out vector's, or its raw bf16 values widened into the row
+  // buffer. The row now compared: ao, bo.
+  std::vector<double> a_row(static_cast<size_t>(d_v)), b_row(static_cast<size_t>(d_v));
+  const double* ao = nullptr;
+  const double* bo = nullptr;
+  const auto out_row = [&](const Side& s, size_t rh, std::vector<double>& buf) -> const double* {
+    if (s.out != nullptr) return s.out->data() + rh * d_v;
+    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
+    const uint16_t* raw = s.out_raw + OutputBuffers::kGuard + r / s.s_q * s.out_batch_stride +
+                          r % s.s_q * s.out_token_stride + h * s.out_head_stride;
+    for (int32_t d = 0; d < d_v; ++d) buf[static_cast<size_t>(d)] = mla::bf16_to_float(raw[d]);
+    return buf.data();
+  };
+  const auto lse_of = [&](const Side& s, size_t rh) -> double {
+    if (s.lse != nullptr) return (*s.lse)[rh];
+    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
+    return s.lse_raw[OutputBuffers::kGuard + r / s.s_q * s.lse_batch_stride +
+                     r % s.s_q * s.lse_token_stride + h];
+  };
+  // The figures of one finite out element of the row (as row_figures computes them).
+  struct Element {
+    double va, vb, excess, err, bound, t;
+  };
+  size_t row = 0;  // the row's first element in the bounds
+  const auto figures_at = [&](int32_t dd) {
+    const size_t at = row + static_cast<size_t>(dd);
+    Element e{ao[dd], bo[dd], 0, 0, out_bound(at), 0};
+    double alo = e.va, ahi = e.va, blo = e.vb, bhi = e.vb;
+    if (a_bf16) bf16_rounding_interval(e.va, &alo, &ahi);
+    if (b_bf16) bf16_rounding_interval(e.vb, &blo, &bhi);
+    e.excess = std::max({blo - ahi, alo - bhi, 0.0});
+    e.err = std::fabs(e.va - e.vb);
+    e.t = ratio(e.excess, e.bound);
+    return e;
+  };
+  // One out element the slow way: a row with a non-finite value.
+  const auto element = [&](int32_t bb, int32_t hh, int32_t dd) {
+    if (!finite_pair(ao[dd], bo[dd], bb, hh, dd)) return;
+    const Element e = figures_at(dd);
+    out_tightness = std::max(out_tightness, e.t);
+    sum_abs += e.err;
+    ++n_abs;
+    max_abs = std::max(max_abs, e.err);
+    out_max_ref = std::max(out_max_ref, std::fabs(e.vb));
+    if (e.t > worst || !any) record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, dd);
+    if (e.t > 1) passed = false;
+  };
+  const RowExcessFn excesses = row_excess_for(a_bf16, b_bf16);
+  std::vector<double> t(static_cast<size_t>(d_v)), err(static_cast<size_t>(d_v));
+  std::vector<double> excess(static_cast<size_t>(d_v));
   for (int32_t bb = 0; bb < batch; ++bb) {
     for (int32_t hh = 0; hh < heads; ++hh) {
       const size_t rh = static_cast<size_t>(bb) * heads + hh;
-      const double* ao = a.out->data() + rh * d_v;
-      const double* bo = b.out->data() + rh * d_v;
-      const double* bd = bound.out.data() + rh * d_v;
-      for (int32_t dd = 0; dd < d_v; ++dd) {
-        const double va = ao[dd], vb = bo[dd];
-        if (!finite_pair(va, vb, bb, hh, dd)) continue;
-        double alo = va, ahi = va, blo = vb, bhi = vb;
-        if (a_bf16) bf16_rounding_interval(va, &alo, &ahi);
-        if (b_bf16) bf16_rounding_interval(vb, &blo, &bhi);
-        const double excess = std::max({blo - ahi, alo - bhi, 0.0});
-        const double err = std::fabs(va - vb);
-        const double t = ratio(excess, bd[dd]);
-        out_tightness = std::max(out_tightness, t);
-        sum_abs += err;
-        ++n_abs;
-        max_abs = std::max(max_abs, err);
-        out_max_ref = std::max(out_max_ref, std::fabs(vb));
-        if (t > worst || !any) record(t, va, vb, err, excess, bd[dd], bb, hh, dd);
-        if (t > 1) passed = false;
+      row = rh * d_v;
+      ao = out_row(a, rh, a_row);
+      bo = out_row(b, rh, b_row);
+      if (d_v > 0 && all_finite(ao, d_v) && all_finite(bo, d_v)) {
+        double max_t = 0;
+        if (excesses(ao, bo, d_v, excess.data(), err.data())) {
+          const double* pl = plus != nullptr ? plus->out.data() + row : nullptr;
+          if (pl != nullptr) {
+            row_ratios<true>(excess.data(), bound.out.data() + row, pl, d_v, t.data());
+          } else {
+            row_ratios<false>(excess.data(), bound.out.data() + row, pl, d_v, t.data());
+          }
+          max_t = std::max(0.0, Eigen::Map<const Eigen::ArrayXd>(t.data(), d_v).maxCoeff());
+        }
+        // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
+        // Eigen's vectorized reductions; the sum in the loop's order (the mean's bits).
+        const Eigen::Map<const Eigen::ArrayXd> ee(err.data(), d_v);
+        max_abs = std::max(max_abs, ee.maxCoeff());
+        out_max_ref =
+            std::max(out_max_ref, Eigen::Map<const Eigen::ArrayXd>(bo, d_v).abs().maxCoeff());
+        for (int32_t dd = 0; dd < d_v; ++dd) sum_abs += err[static_cast<size_t>(dd)];
+        n_abs += d_v;
+        out_tightness = std::max(out_tightness, max_t);
+        if (max_t > worst || !any) {
+          // The element an element-by-element loop records last: the first with the row's
+          // largest ratio (also when nothing was recorded before: the ratios are >= 0).
+          // (All ratios 0: the first element; t[] not computed.)
+          int32_t at = 0;
+          while (max_t > 0 && at + 1 < d_v && !(t[static_cast<size_t>(at)] == max_t)) ++at;
+          const Element e = figures_at(at);
+          record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, at);
+        }
+        if (max_t > 1) passed = false;
+      } else {
+        for (int32_t dd = 0; dd < d_v; ++dd) element(bb, hh, dd);
       }
-      const double va = (*a.lse)[rh], vb = (*b.lse)[rh];
+      const double va = lse_of(a, rh), vb = lse_of(b, rh);
       if (!finite_pair(va, vb, bb, hh, -1)) continue;
-      const double err = std::fabs(va - vb);  // the excess too: lse values are exact
-      const double t = ratio(err, bound.lse[rh]);
-      lse_tightness = std::max(lse_tightness, t);
-      lse_max_abs = std::max(lse_max_abs, err);
-      if (t > worst || !any) record(t, va, vb, err, err, bound.lse[rh], bb, hh, -1);
-      if (t > 1) passed = false;
+      const double err1 = std::fabs(va - vb);  // the excess too: lse values are exact
+      const double bnd = lse_bound(rh);
+      const double t1 = ratio(err1, bnd);
+      lse_tightness = std::max(lse_tightness, t1);
+      lse_max_abs = std::max(lse_max_abs, err1);
+      if (t1 > worst || !any) record(t1, va, vb, err1, err1, bnd, bb, hh, -1);
+      if (t1 > 1) passed = false;
     }
   }
   r.passed = passed;
@@ -801,6 +948,20 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
   r.mean_abs = n_abs > 0 ? sum_abs / static_cast<double>(n_abs) : 0;
   r.max_rel = r.out_max_ref > 0 ? r.max_abs / r.out_max_ref : 0;
   return r;
+}
+
+Side raw_side(const RunResult& r, const MaterializedCase& m) {
+  Side s;
+  s.out_bf16 = true;
+  s.out_raw = r.out_raw.data();
+  s.lse_raw = r.lse_raw.data();
+  s.s_q = m.s_q;
+  s.out_head_stride = m.out_head_stride;
+  s.out_token_stride = m.out_token_stride;
+  s.out_batch_stride = m.out_batch_stride;
+  s.lse_token_stride = m.lse_token_stride;
+  s.lse_batch_stride = m.lse_batch_stride;
+  return s;
 }
 
 std::string BoundCheck::describe() const {

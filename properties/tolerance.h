@@ -168,7 +168,17 @@ struct Side {
   const std::vector<double>* out = nullptr;  // [B, H, d_v]
   const std::vector<double>* lse = nullptr;  // [B, H]
   bool out_bf16 = false;
+  // Or a bf16 backend's raw outputs (RunResult::out_raw, lse_raw: guard bands and strides),
+  // read where out is null: query row r = b * s_q + t, head h at out_raw[OutputBuffers::kGuard
+  // + b * out_batch_stride + t * out_token_stride + h * out_head_stride + d] (lse likewise).
+  const uint16_t* out_raw = nullptr;
+  const float* lse_raw = nullptr;
+  int32_t s_q = 1;
+  int64_t out_head_stride = 0, out_token_stride = 0, out_batch_stride = 0;
+  int64_t lse_token_stride = 0, lse_batch_stride = 0;
 };
+// The raw side of run r of case m (a bf16 backend's: r.out_raw set).
+Side raw_side(const RunResult& r, const MaterializedCase& m);
 
 // Result of comparing two sides element-wise under a bound.
 struct BoundCheck {
@@ -187,9 +197,16 @@ struct BoundCheck {
 };
 
 // Compares side a (under test) with side b (reference) under `bound` (already summed over the
-// pipelines involved). Shapes: batch, heads, d_v.
+// pipelines involved), or under bound + *plus (summed per element as add_bounds does) where
+// plus is not null. Shapes: batch, heads, d_v. Row by row: a row finite on both sides in
+// vectorized loops (its bounds read only where some element exceeds the sides' rounding
+// intervals), a row with a non-finite value element by element; every figure, the worst
+// element (the first with the largest ratio) and the message are those of a loop over the
+// elements in (b, h, d) order, then the row's lse.
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                         int32_t heads, int32_t d_v);
+BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
+                        int32_t batch, int32_t heads, int32_t d_v);
 
 // The rounding interval of a bf16 value v (exact bf16, widened): every real that RNE-rounds to v.
 // For +-inf and NaN returns [v, v].

@@ -71,33 +71,30 @@ AllcloseResult check_allclose(const std::vector<double>& a_in, const std::vector
   AllcloseResult c;
   c.tol = tol;
   c.n = static_cast<int64_t>(a_in.size());
-  for (const auto& an : kAnomalies) {
-    int64_t in_a = 0, in_r = 0;
-    bool same = true;
-    for (size_t i = 0; i < a_in.size(); ++i) {
-      const bool ma = an.is(a_in[i]), mr = an.is(r_in[i]);
-      in_a += ma;
-      in_r += mr;
-      same = same && ma == mr;
-    }
-    if (!same) {
-      c.nonfinite_match = false;
-      if (!c.nonfinite_detail.empty()) c.nonfinite_detail += "; ";
-      c.nonfinite_detail += fmt::format("{}: {} in backend, {} in reference", an.name, in_a, in_r);
-    }
-  }
+  // One pass: the non-finite classes' counts (kAnomalies' order) and the metrics.
+  int64_t in_a[3] = {0, 0, 0}, in_r[3] = {0, 0, 0};
+  bool same_class[3] = {true, true, true};
   double dot = 0, norm = 0;
   double worst_fail = -1, worst_any = -1;
   int64_t worst_any_i = -1;
   for (size_t i = 0; i < a_in.size(); ++i) {
+    const bool fa = std::isfinite(a_in[i]), fr = std::isfinite(r_in[i]);
+    if (!fa || !fr) {
+      for (int k = 0; k < 3; ++k) {
+        const bool ma = kAnomalies[k].is(a_in[i]), mr = kAnomalies[k].is(r_in[i]);
+        in_a[k] += ma;
+        in_r[k] += mr;
+        same_class[k] = same_class[k] && ma == mr;
+      }
+    }
     // FlashMLA zeroes the non-finite positions of each array before the other metrics.
-    const double a = std::isfinite(a_in[i]) ? a_in[i] : 0.0;
-    const double r = std::isfinite(r_in[i]) ? r_in[i] : 0.0;
+    const double a = fa ? a_in[i] : 0.0;
+    const double r = fr ? r_in[i] : 0.0;
     dot += a * r;
     norm += a * a + r * r;
     bool pass;
     double d;
-    if (std::isfinite(a_in[i]) && std::isfinite(r_in[i])) {
+    if (fa && fr) {
       d = std::fabs(a - r);
       pass = d < tol.abs_tol || d / (std::fabs(r) + 1e-6) < tol.rel_tol;
     } else {
@@ -116,6 +113,14 @@ AllcloseResult check_allclose(const std::vector<double>& a_in, const std::vector
     if (d > worst_any) {
       worst_any = d;
       worst_any_i = static_cast<int64_t>(i);
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (!same_class[k]) {
+      c.nonfinite_match = false;
+      if (!c.nonfinite_detail.empty()) c.nonfinite_detail += "; ";
+      c.nonfinite_detail +=
+          fmt::format("{}: {} in backend, {} in reference", kAnomalies[k].name, in_a[k], in_r[k]);
     }
   }
   if (c.worst < 0) c.worst = worst_any_i;

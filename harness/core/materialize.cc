@@ -105,12 +105,50 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       }
     }
   }
+  if (s.dist == ValueDist::kUniform || s.dist == ValueDist::kSmallInt) {
+    // Eight elements side by side, each its stream's first value: CounterRng::uniform, or
+    // uniform_int(-3, 3) = -3 + (v * 7) >> 64, formed from v's 32-bit halves (v * 7 < 2^67:
+    // (hi * 7 + (lo * 7 >> 32)) >> 32 is the same integer).
+    const uint64_t mixed = splitmix64(0);
+    for (; i + kLanes <= count; i += kLanes) {
+      double value[kLanes];
+      for (int j = 0; j < kLanes; ++j) {
+        const uint64_t v = splitmix64(
+            CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j)) ^ mixed);
+        if (s.dist == ValueDist::kUniform) {
+          value[j] = (2 * uniform_exact(v) - 1) * s.magnitude;
+        } else {
+          const uint64_t k = ((v >> 32) * 7 + (((v & 0xffffffffull) * 7) >> 32)) >> 32;
+          value[j] = static_cast<double>(static_cast<int64_t>(k) - 3) * s.magnitude;
+        }
+      }
+      for (int j = 0; j < kLanes; ++j) out[i + j] = static_cast<float>(value[j]);
+    }
+  }
   for (; i < count; ++i) {  // the other distributions, and the last lanes
     out[i] = static_cast<float>(draw_value(ValueSpec{s.dist, s.magnitude, 0.0}, seed, stream,
                                            first + static_cast<uint64_t>(i), tag));
   }
   if (s.special_fraction > 0) {
-    for (int32_t j = 0; j < count; ++j) {
+    // Which elements take a special value (special_value's first draw, eight side by side);
+    // special_value itself for those.
+    const uint64_t mixed = splitmix64(0);
+    int32_t j = 0;
+    for (; j + kLanes <= count; j += kLanes) {
+      bool hit[kLanes];
+      for (int l = 0; l < kLanes; ++l) {
+        const uint64_t e = (first + static_cast<uint64_t>(j + l)) * 4 + tag;
+        const uint64_t key = CounterRng::key_of(seed, Stream::kSpecial, e);
+        hit[l] = uniform_exact(splitmix64(key ^ mixed)) < s.special_fraction;
+      }
+      for (int l = 0; l < kLanes; ++l) {
+        double special = 0;
+        if (hit[l] && special_value(s, seed, first + static_cast<uint64_t>(j + l), tag, &special)) {
+          out[j + l] = static_cast<float>(special);
+        }
+      }
+    }
+    for (; j < count; ++j) {
       double special = 0;
       if (special_value(s, seed, first + static_cast<uint64_t>(j), tag, &special)) {
         out[j] = static_cast<float>(special);
