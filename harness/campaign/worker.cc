@@ -20,6 +20,7 @@
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
 #include "harness/core/command.h"
+#include "harness/core/settings.h"
 #include "harness/core/shared_arena.h"
 
 extern char** environ;
@@ -38,9 +39,8 @@ bool arena_enabled() { return SharedArena::get() != nullptr; }
 // Leave when the campaign is gone, even while a backend call hangs (pipes alone would only
 // tell a worker that is reading). Returns false when the parent is gone already.
 bool watch_parent() {
-  const char* p = std::getenv("MLAFUZZ_WORKER_PARENT");
-  if (p == nullptr || *p == '\0') return true;
-  const pid_t parent = static_cast<pid_t>(std::atoll(p));
+  if (!settings::text("MLAFUZZ_WORKER_PARENT")) return true;
+  const auto parent = static_cast<pid_t>(settings::integer("MLAFUZZ_WORKER_PARENT", 0));
   if (::getppid() != parent) return false;
   std::thread([parent] {
     while (true) {
@@ -308,7 +308,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
 }
 
 std::string self_executable() {
-  if (const char* e = std::getenv("MLAFUZZ_WORKER_EXE"); e && *e) return e;
+  if (auto e = settings::text("MLAFUZZ_WORKER_EXE")) return *e;
   std::string exe = executable_path();
   if (exe.empty()) throw std::runtime_error("cannot find the mlafuzz executable (/proc/self/exe)");
   return exe;

@@ -24,11 +24,12 @@ import time
 import traceback
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Hashable, Optional, Tuple
+from typing import Any, Callable, Dict, Hashable, Mapping, Optional, Tuple
 
 import numpy as np
 
 import mlafuzz
+from mlafuzz import _settings
 from mlafuzz._call import host_out
 from mlafuzz._sum64_ptx import SUM64_BUFFERS, SUM64_ENTRY, SUM64_PTX, SUM64_THREADS
 
@@ -319,7 +320,7 @@ _HOST_VIEWS = frozenset(("q", "indices", "out", "lse"))
 DEFAULT_DEVICE_CACHE_BYTES = 4 << 30
 
 
-def device_cache_budget(env: Optional[Dict[str, str]] = None) -> Optional[int]:
+def device_cache_budget(env: Optional[Mapping[str, str]] = None) -> Optional[int]:
     """The device cache's byte budget from the environment, or None when it is off.
 
     ``MLAFUZZ_DEVICE_CACHE=0`` turns it off; ``MLAFUZZ_DEVICE_CACHE_BYTES`` sets the budget
@@ -327,10 +328,9 @@ def device_cache_budget(env: Optional[Dict[str, str]] = None) -> Optional[int]:
     Raises:
         ValueError: the budget is not a size.
     """
-    env = os.environ if env is None else env
-    if env.get("MLAFUZZ_DEVICE_CACHE", "1") == "0":
+    if not _settings.flag("MLAFUZZ_DEVICE_CACHE", True, env):
         return None
-    text = env.get("MLAFUZZ_DEVICE_CACHE_BYTES", "").strip()
+    text = (_settings.text("MLAFUZZ_DEVICE_CACHE_BYTES", env) or "").strip()
     if not text:
         return DEFAULT_DEVICE_CACHE_BYTES
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
@@ -341,7 +341,7 @@ def device_cache_budget(env: Optional[Dict[str, str]] = None) -> Optional[int]:
 
 
 def device_cache_share(budget: int, total_bytes: int,
-                       env: Optional[Dict[str, str]] = None) -> int:
+                       env: Optional[Mapping[str, str]] = None) -> int:
     """The default budget cut to this worker's share of its GPU.
 
     mlafuzz runs one device="cuda" worker per evaluation thread and Python backend, all on one
@@ -352,10 +352,9 @@ def device_cache_share(budget: int, total_bytes: int,
     Raises:
         ValueError: MLAFUZZ_DEVICE_WORKERS is not a positive integer.
     """
-    env = os.environ if env is None else env
-    if env.get("MLAFUZZ_DEVICE_CACHE_BYTES", "").strip():
+    if (_settings.text("MLAFUZZ_DEVICE_CACHE_BYTES", env) or "").strip():
         return budget
-    text = env.get("MLAFUZZ_DEVICE_WORKERS", "").strip() or "1"
+    text = (_settings.text("MLAFUZZ_DEVICE_WORKERS", env) or "").strip() or "1"
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"MLAFUZZ_DEVICE_WORKERS={text!r}: give the number of workers, e.g. 32")
     return min(budget, total_bytes // (4 * int(text)))
@@ -462,10 +461,9 @@ class CudaDriver:
         self._launch: Any = None  # cuLaunchKernel, its argument types set
 
     @classmethod
-    def load(cls, env: Optional[Dict[str, str]] = None) -> Optional["CudaDriver"]:
+    def load(cls, env: Optional[Mapping[str, str]] = None) -> Optional["CudaDriver"]:
         """The driver, or None (MLAFUZZ_CUDA_DRIVER=0, or no libcuda.so.1: torch does it all)."""
-        env = os.environ if env is None else env
-        if env.get("MLAFUZZ_CUDA_DRIVER", "1") == "0":
+        if not _settings.flag("MLAFUZZ_CUDA_DRIVER", True, env):
             return None
         try:
             import ctypes  # noqa: PLC0415
@@ -652,7 +650,7 @@ class Server:
         self.device: Any = None  # device="cuda": the torch device the worker uses (kept)
         self.cu: Optional[CudaDriver] = None  # device="cuda": copies through the driver API
         self.stream = 0  # the driver's handle of torch's current stream (cuda calls)
-        self.pinned = os.environ.get("MLAFUZZ_TORCH_PINNED", "1") != "0"
+        self.pinned = _settings.flag("MLAFUZZ_TORCH_PINNED", True)
         self.func, self.info, self.supports = load_kernel(spec)
         self.torch: Any = None
         self.reason = ""
@@ -1297,11 +1295,11 @@ def main(argv: Optional[list] = None) -> int:
     reply_fd = os.dup(1)
     os.dup2(2, 1)
     in_fd = 0
-    parent = os.environ.get("MLAFUZZ_WORKER_PARENT")
+    parent = _settings.integer("MLAFUZZ_WORKER_PARENT", 0)
     if parent:
-        if os.getppid() != int(parent):
+        if os.getppid() != parent:
             return 5
-        _watch_parent(int(parent))
+        _watch_parent(parent)
 
     if args.protocol != mlafuzz.PROTOCOL_VERSION:
         write_frame(reply_fd, MSG_ERROR, (
@@ -1315,10 +1313,10 @@ def main(argv: Optional[list] = None) -> int:
     except LoadError as e:
         server, load_error = None, str(e)
 
-    timing = os.environ.get("MLAFUZZ_WORKER_TIMING", "")
+    timing = _settings.text("MLAFUZZ_WORKER_TIMING")
     if timing and server is not None:
         server.timer = PhaseTimer(timing)
-    profile_dir = os.environ.get("MLAFUZZ_WORKER_PROFILE", "")
+    profile_dir = _settings.text("MLAFUZZ_WORKER_PROFILE")
     if profile_dir:
         rc = _serve_profiled(server, load_error, in_fd, reply_fd, profile_dir)
     else:

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "harness/campaign/worker.h"
+#include "harness/core/settings.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -47,15 +48,13 @@ class OverlapForTests final : public ForwardingBackend<> {
 
 WorkerHooks hooks_from_env() {
   WorkerHooks h;
-  if (const char* o = std::getenv("MLAFUZZ_TEST_OVERLAP");
-      o != nullptr && std::strcmp(o, "1") == 0) {
+  if (settings::flag("MLAFUZZ_TEST_OVERLAP", false)) {
     h.wrap_backend = [](std::unique_ptr<Backend> b) {
       return std::make_unique<OverlapForTests>(std::move(b));
     };
   }
-  const char* env = std::getenv("MLAFUZZ_TEST_FAULT");
-  if (env == nullptr || *env == '\0') return h;
-  const std::optional<std::string> fault = env;
+  const auto fault = settings::text("MLAFUZZ_TEST_FAULT");
+  if (!fault) return h;
   std::string kind = *fault;
   int min_heads = 1;
   if (const auto colon = kind.find(':'); colon != std::string::npos) {

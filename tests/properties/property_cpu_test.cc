@@ -12,14 +12,14 @@
 
 #include "harness/backends/registry.h"
 #include "harness/core/backend.h"
+#include "harness/core/settings.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {
 namespace {
 
 uint64_t env_u64(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+  return static_cast<uint64_t>(settings::integer(name, static_cast<int64_t>(fallback)));
 }
 
 constexpr uint64_t kDefaultSeed = 20261129;
