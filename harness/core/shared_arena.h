@@ -10,7 +10,7 @@
 // of a block past those in use are poisoned, so ASan checks arena buffers as heap buffers.
 //
 // Identities (publish()): a worker that keeps copies of input buffers on a device across calls
-// (python: backends on device="cuda", python/mlafuzz/_worker.py) needs to know whether the bytes of
+// (python: backends on device="cuda", python/mlafuzz/worker/) needs to know whether the bytes of
 // a block changed since it last copied them. publish() gives a block an identity, a number never
 // given twice in the process, and seals the block (read-only in this process). A write to a
 // sealed block faults into a SIGSEGV handler that reopens the 64 KiB chunk it hit and marks the
