@@ -8,9 +8,8 @@
 # WORKERS "-" to leave --workers-per-gpu out, e.g. for a binary that predates it; ENV an optional
 # comma-separated list of NAME=VALUE set for that run; JOBS=N there passes --jobs N instead), e.g.
 #   both-all:cuda-mma,cuda-simt:all:default:4
-#   before:cuda-mma,cuda-simt:all:default:2:MLAFUZZ_WORKER_BATCH=0,MLAFUZZ_CUDA_RESIDENT=0
-# (MLAFUZZ_WORKER_BATCH=0: one worker request per call; MLAFUZZ_CUDA_RESIDENT=0: every input
-# uploaded from pageable memory on every call: together the per-call path before batching.)
+#   not-resident:cuda-mma,cuda-simt:all:default:2:MLAFUZZ_CUDA_RESIDENT=0
+# (MLAFUZZ_CUDA_RESIDENT=0: every input uploaded from pageable memory on every call.)
 # Prints one line per configuration; logs and reports go under $OUT (default a temp folder).
 set -uo pipefail
 MLAFUZZ=$1

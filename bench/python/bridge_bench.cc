@@ -9,8 +9,7 @@
 // Prints the median run() of each, what any in-process bf16 backend pays for the same outputs
 // (canary-filled buffers, widened into the RunResult: "outputs"), and the bridge: run() less
 // outputs less the kernel's own time (request, pipe, the worker's views, copies, reply).
-// MLAFUZZ_SHARED_ARENA=0 measures the bridge without the shared arena (inputs copied into the
-// call's shared memory); MLAFUZZ_DEVICE_CACHE=0 without the device cache (cold = warm).
+// MLAFUZZ_DEVICE_CACHE=0 measures the bridge without the device cache (cold = warm).
 //
 //   bridge_bench [BACKEND] [CALLS] [SHAPES]
 //   default BACKEND python:examples/python/numpy_decode.py:decode_noop (run from the source

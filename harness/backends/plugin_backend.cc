@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "harness/core/envelope.h"
+#include "harness/core/settings.h"
 
 #if MLAFUZZ_HAVE_CUDA
 #include "kernels/cuda/device_run.h"
@@ -522,8 +523,7 @@ std::string resolve_plugin(const std::string& path_or_name) {
   }
   // A declared name, as reports and corpus entries carry it ("plugin:<name>").
   if (std::string p = loaded_plugin_path(kPluginPrefix + path_or_name); !p.empty()) return p;
-  const char* env = std::getenv("MLAFUZZ_PLUGIN_PATH");
-  const std::string search = env != nullptr ? env : "";
+  const std::string search = settings::text("MLAFUZZ_PLUGIN_PATH").value_or("");
   std::stringstream entries(search);
   std::string entry;
   while (std::getline(entries, entry, ':')) {

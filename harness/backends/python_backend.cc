@@ -21,6 +21,7 @@
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
 #include "harness/core/command.h"
+#include "harness/core/settings.h"
 #include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
@@ -57,7 +58,7 @@ std::string executable_dir() {
 // the folder above <package>), else the installed tree's share/mlafuzz/python beside the
 // executable, else this source tree's python/.
 std::string package_dir() {
-  if (const char* e = std::getenv("MLAFUZZ_PYTHON_PACKAGE_DIR"); e != nullptr && *e) return e;
+  if (auto e = settings::text("MLAFUZZ_PYTHON_PACKAGE_DIR")) return *e;
   if (const std::string exe = executable_dir(); !exe.empty()) {
     if (regular_file(exe + "/../../_worker.py")) {
       std::error_code ec;
@@ -209,10 +210,7 @@ json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strid
 
 // MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
 // input to the device on every call (and uploads the canaries), as before the cache existed.
-bool device_cache_enabled() {
-  const char* e = std::getenv("MLAFUZZ_DEVICE_CACHE");
-  return e == nullptr || std::strcmp(e, "0") != 0;
-}
+bool device_cache_enabled() { return settings::flag("MLAFUZZ_DEVICE_CACHE", true); }
 
 class PythonBackend final : public Backend {
  public:
@@ -462,8 +460,7 @@ class PythonBackend final : public Backend {
     }
     spec.label = "python worker for " + backend_;
     spec.env.push_back("PYTHONUNBUFFERED=1");
-    if (const int n = g_device_workers.load();
-        n > 0 && std::getenv("MLAFUZZ_DEVICE_WORKERS") == nullptr) {
+    if (const int n = g_device_workers.load(); n > 0 && !settings::text("MLAFUZZ_DEVICE_WORKERS")) {
       spec.env.push_back("MLAFUZZ_DEVICE_WORKERS=" + std::to_string(n));
     }
     if (const std::string dir = package_dir(); !dir.empty()) {
@@ -628,9 +625,7 @@ class ShippedPythonBackend final : public Backend {
 
 std::string shipped_python_kernel_dir(const std::string& kind, const std::string& file) {
   std::vector<std::string> dirs;
-  if (const char* e = std::getenv("MLAFUZZ_TRITON_DIR"); e != nullptr && *e && kind == "triton") {
-    dirs.emplace_back(e);
-  }
+  if (auto e = settings::text("MLAFUZZ_TRITON_DIR"); e && kind == "triton") dirs.push_back(*e);
   if (const std::string exe = executable_dir(); !exe.empty()) {
     dirs.push_back(exe + "/../share/mlafuzz/" + kind);
   }
@@ -651,8 +646,7 @@ std::unique_ptr<Backend> make_shipped_python_backend(const std::string& alias,
 }
 
 std::string python_interpreter() {
-  const char* env = std::getenv("MLAFUZZ_PYTHON");
-  const std::string name = env != nullptr && *env ? env : "python3";
+  const std::string name = settings::text("MLAFUZZ_PYTHON").value_or("python3");
   const std::string how = "choose one with --python PATH or MLAFUZZ_PYTHON";
   if (name.find('/') != std::string::npos) {
     if (executable_file(name)) return name;
@@ -668,13 +662,7 @@ std::string python_interpreter() {
   throw PythonBackendError("python interpreter '" + name + "' not found on PATH; " + how);
 }
 
-double python_call_timeout() {
-  if (const char* e = std::getenv("MLAFUZZ_PYTHON_TIMEOUT"); e != nullptr && *e) {
-    const double s = std::atof(e);
-    if (s > 0) return s;
-  }
-  return 60;
-}
+double python_call_timeout() { return settings::seconds("MLAFUZZ_PYTHON_TIMEOUT", 60); }
 
 std::string python_call_fields(const MaterializedCase& m) { return scalars(m).dump(); }
 

@@ -75,7 +75,8 @@ PythonDescription describe_python_backend(const std::string& backend_name);
 // How many device="cuda" Python workers of this process share one GPU (a campaign runs one per
 // evaluation thread and Python backend, all on the same device). Workers started afterwards get
 // it as MLAFUZZ_DEVICE_WORKERS, unless the environment already sets it, and keep their device
-// caches to their share of the GPU's memory (python/mlafuzz/_worker.py, device_cache_share).
+// caches to their share of the GPU's memory (python/mlafuzz/worker/device_cache.py:
+// device_cache_share).
 // 0, the default, sends nothing: a worker then counts itself alone.
 void set_python_device_workers(int n);
 

@@ -20,6 +20,7 @@
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
 #include "harness/core/command.h"
+#include "harness/core/settings.h"
 #include "harness/core/shared_arena.h"
 
 extern char** environ;
@@ -30,84 +31,16 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Whether workers read the case's arena vectors in the parent's shared arena (protocol 2) instead
-// of receiving copies in the bulk area: when there is an arena, unless MLAFUZZ_WORKER_ARENA=0.
-bool arena_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLAFUZZ_WORKER_ARENA");
-    return SharedArena::get() != nullptr && (v == nullptr || std::strcmp(v, "0") != 0);
-  }();
-  return on;
-}
+// of receiving copies in the bulk area: whenever the parent has an arena.
+bool arena_enabled() { return SharedArena::get() != nullptr; }
 
 // ---- Worker side ----
-
-struct TestFault {
-  std::string kind;  // "", crash, abort, hang, sticky
-  int min_heads = 1;
-};
-
-TestFault test_fault_from_env() {
-  TestFault t;
-  const char* v = std::getenv("MLAFUZZ_TEST_FAULT");
-  if (!v || !*v) return t;
-  std::string s = v;
-  const auto colon = s.find(':');
-  if (colon != std::string::npos) {
-    t.min_heads = std::atoi(s.c_str() + colon + 1);
-    s = s.substr(0, colon);
-  }
-  t.kind = s;
-  return t;
-}
-
-// Whether a backend that can overlap two calls does (MLAFUZZ_WORKER_OVERLAP=0: one call at a
-// time, as before; for before/after measurements).
-bool overlap_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLAFUZZ_WORKER_OVERLAP");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return on;
-}
-
-// MLAFUZZ_TEST_OVERLAP=1 (tests): the worker's backend wrapped so that it overlaps two calls
-// as the CUDA backends do (begin_run keeps a copy of the case, finish_run runs it), so that the
-// overlapped batch loop, its reply order and its fault isolation are tested without a GPU.
-class OverlapForTests final : public ForwardingBackend<> {
- public:
-  explicit OverlapForTests(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
-  int max_in_flight() const override { return 2; }
-  std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m) override {
-    if (++in_flight_ > 2) throw std::logic_error("more than max_in_flight() calls begun");
-    auto p = std::make_unique<Copied>();
-    p->m = m;
-    return p;
-  }
-  RunResult finish_run(std::unique_ptr<PendingRun> pending) override {
-    auto* p = dynamic_cast<Copied*>(pending.get());
-    if (p == nullptr) throw std::logic_error("finish_run of a call begun elsewhere");
-    --in_flight_;
-    return inner_->run(p->m);
-  }
-
- private:
-  struct Copied final : PendingRun {
-    MaterializedCase m;
-  };
-  int in_flight_ = 0;
-};
-
-bool test_overlap_requested() {
-  const char* v = std::getenv("MLAFUZZ_TEST_OVERLAP");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
 
 // Leave when the campaign is gone, even while a backend call hangs (pipes alone would only
 // tell a worker that is reading). Returns false when the parent is gone already.
 bool watch_parent() {
-  const char* p = std::getenv("MLAFUZZ_WORKER_PARENT");
-  if (p == nullptr || *p == '\0') return true;
-  const pid_t parent = static_cast<pid_t>(std::atoll(p));
+  if (!settings::text("MLAFUZZ_WORKER_PARENT")) return true;
+  const auto parent = static_cast<pid_t>(settings::integer("MLAFUZZ_WORKER_PARENT", 0));
   if (::getppid() != parent) return false;
   std::thread([parent] {
     while (true) {
@@ -118,28 +51,13 @@ bool watch_parent() {
   return true;
 }
 
-// The crash, abort and hang test hooks, where a case runs (the sticky one: sticky_fault).
-void strike_test_hook(const TestFault& tf, bool hooked) {
-  if (hooked && tf.kind == "crash") {
-    ::signal(SIGSEGV, SIG_DFL);
-    ::raise(SIGSEGV);
-  } else if (hooked && tf.kind == "abort") {
-    std::abort();
-  } else if (hooked && tf.kind == "hang") {
-    while (true) ::pause();
-  }
-}
-
 // The fault to report instead of `r` when the device context is poisoned for good (or the
-// sticky test hook says so): the worker then exits so that a fresh one follows.
-std::optional<RunResult> sticky_fault(const Backend& backend, const TestFault& tf, bool hooked,
-                                      const RunResult& r) {
+// sticky_error hook says so): the worker then exits so that a fresh one follows.
+std::optional<RunResult> sticky_fault(const Backend& backend, const WorkerHooks& hooks,
+                                      int32_t heads, const RunResult& r) {
   std::optional<std::string> sticky;
-  if (hooked && tf.kind == "sticky") {
-    sticky = "cudaErrorIllegalAddress: an illegal memory access was encountered (test hook)";
-  } else if (!r.ok() && backend.on_device()) {
-    sticky = sticky_device_error();
-  }
+  if (hooks.sticky_error) sticky = hooks.sticky_error(heads);
+  if (!sticky && !r.ok() && backend.on_device()) sticky = sticky_device_error();
   if (!sticky) return std::nullopt;
   RunResult f;
   f.status = RunStatus::kFault;
@@ -147,18 +65,17 @@ std::optional<RunResult> sticky_fault(const Backend& backend, const TestFault& t
   return f;
 }
 
-// One case: the test hooks, run, the sticky-fault check. Returns the exit code when the worker
+// One case: the before_run hook, run, the sticky-fault check. Returns the exit code when the worker
 // must exit (4 after a sticky device fault: `r` is then the fault to report).
 std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
-                           const TestFault& tf, RunResult& r) {
-  const bool hooked = !tf.kind.empty() && m.heads >= tf.min_heads;
-  strike_test_hook(tf, hooked);
+                           const WorkerHooks& hooks, RunResult& r) {
+  if (hooks.before_run) hooks.before_run(m.heads);
   const auto t0 = Clock::now();
   r = backend.run(m);
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   r.phases[Phase::kDecode] = decode_s;
   r.phases[Phase::kRun] = r.seconds;
-  if (auto f = sticky_fault(backend, tf, hooked, r)) {
+  if (auto f = sticky_fault(backend, hooks, m.heads, r)) {
     r = std::move(*f);
     return 4;
   }
@@ -168,12 +85,12 @@ std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double d
 // A kRun request: decode, run, and the reply. Returns the exit code when the worker must exit
 // (4 after a sticky device fault, 3 when the reply cannot be written).
 std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkArea& bulk,
-                             const TestFault& tf, int reply_fd) {
+                             const WorkerHooks& hooks, int reply_fd) {
   const auto t_decode = Clock::now();
   const MaterializedCase m = decode_case(payload, &bulk);
   const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
   RunResult r;
-  if (const auto code = run_one(backend, m, decode_s, tf, r)) {
+  if (const auto code = run_one(backend, m, decode_s, hooks, r)) {
     write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r));
     return code;
   }
@@ -204,16 +121,16 @@ void tag_inputs(DecodedBatch& batch) {
 // finished, so that k's host work overlaps k-1's device work; the replies keep their order. A
 // device fault surfaces when its own case is finished (the call queued behind it is never
 // replied to: the worker exits and the campaign reruns the rest of the batch one by one), so it
-// stays that case's finding; the test hooks (MLAFUZZ_TEST_FAULT) strike there too.
+// stays that case's finding; the before_run hook strikes there too.
 std::optional<int> serve_batch(Backend& backend, const std::string& payload, BulkArea& bulk,
-                               const TestFault& tf, int reply_fd) {
+                               const WorkerHooks& hooks, int reply_fd) {
   const auto t_decode = Clock::now();
   DecodedBatch batch = decode_batch(payload, &bulk);
   tag_inputs(batch);
   const size_t n = batch.cases.size();
   const double decode_s =
       std::chrono::duration<double>(Clock::now() - t_decode).count() / std::max<size_t>(n, 1);
-  const bool overlap = backend.max_in_flight() > 1 && overlap_enabled();
+  const bool overlap = backend.max_in_flight() > 1;
   struct InFlight {
     std::unique_ptr<Backend::PendingRun> pending;
     int32_t heads = 0;
@@ -224,14 +141,13 @@ std::optional<int> serve_batch(Backend& backend, const std::string& payload, Bul
   const auto finish = [&]() -> std::optional<int> {
     InFlight f = std::move(*in_flight);
     in_flight.reset();
-    const bool hooked = !tf.kind.empty() && f.heads >= tf.min_heads;
-    strike_test_hook(tf, hooked);
+    if (hooks.before_run) hooks.before_run(f.heads);
     const auto t0 = Clock::now();
     RunResult r = backend.finish_run(std::move(f.pending));
     r.seconds = f.begin_s + std::chrono::duration<double>(Clock::now() - t0).count();
     r.phases[Phase::kDecode] = decode_s;
     r.phases[Phase::kRun] = r.seconds;
-    if (const auto fault = sticky_fault(backend, tf, hooked, r)) {
+    if (const auto fault = sticky_fault(backend, hooks, f.heads, r)) {
       write_frame_blocking(reply_fd, MsgType::kRunBatch,
                            encode_checked(std::nullopt, *fault, nullptr));
       return 4;
@@ -280,8 +196,8 @@ struct ArenaView {
 };
 
 std::optional<int> serve(Backend& backend, MsgType type, const std::string& payload,
-                         ipc::SharedMemoryView* shm, const ArenaView& arena, const TestFault& tf,
-                         int reply_fd) {
+                         ipc::SharedMemoryView* shm, const ArenaView& arena,
+                         const WorkerHooks& hooks, int reply_fd) {
   BulkArea bulk;
   if (shm != nullptr &&
       (type == MsgType::kRun || type == MsgType::kUnsupported || type == MsgType::kRunBatch)) {
@@ -299,9 +215,9 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
     if (why) reply += *why;
     if (!write_frame_blocking(reply_fd, MsgType::kUnsupported, reply)) return 3;
   } else if (type == MsgType::kRun) {
-    return serve_run(backend, payload, bulk, tf, reply_fd);
+    return serve_run(backend, payload, bulk, hooks, reply_fd);
   } else if (type == MsgType::kRunBatch) {
-    return serve_batch(backend, payload, bulk, tf, reply_fd);
+    return serve_batch(backend, payload, bulk, hooks, reply_fd);
   } else {
     write_frame_blocking(reply_fd, MsgType::kError, "unknown request type");
     return 3;
@@ -333,7 +249,8 @@ WorkerInfo describe_backend(const Backend& backend) {
   return i;
 }
 
-int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd, int arena_fd) {
+int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd, int arena_fd,
+               const WorkerHooks& hooks) {
   // Keep the protocol channel private: anything a backend prints to stdout goes to stderr.
   const int reply_fd = ::dup(out_fd);
   if (reply_fd < 0) return 3;
@@ -342,14 +259,13 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   // workers itself.
   ::signal(SIGINT, SIG_IGN);
   ::signal(SIGPIPE, SIG_IGN);
-  const TestFault tf = test_fault_from_env();
   if (!watch_parent()) return 5;
 
   std::unique_ptr<Backend> backend;
   std::string make_error;
   try {
     backend = make_backend(backend_name);
-    if (test_overlap_requested()) backend = std::make_unique<OverlapForTests>(std::move(backend));
+    if (hooks.wrap_backend) backend = hooks.wrap_backend(std::move(backend));
   } catch (const std::exception& e) {
     make_error = e.what();
   }
@@ -365,8 +281,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
   }
   // Protocol 2: the replies carry the raw outputs; the campaign widens them (many threads),
   // not this process (one call at a time for all of them).
-  const char* raw = std::getenv("MLAFUZZ_WORKER_RAW_OUTPUTS");
-  set_raw_outputs_only(raw == nullptr || std::strcmp(raw, "0") != 0);
+  set_raw_outputs_only(true);
   MsgType type;
   std::string payload;
   while (true) {
@@ -382,7 +297,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
       return 3;
     }
     try {
-      if (const auto code = serve(*backend, type, payload, shm.get(), arena, tf, reply_fd)) {
+      if (const auto code = serve(*backend, type, payload, shm.get(), arena, hooks, reply_fd)) {
         return *code;
       }
     } catch (const std::exception& e) {
@@ -393,7 +308,7 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
 }
 
 std::string self_executable() {
-  if (const char* e = std::getenv("MLAFUZZ_WORKER_EXE"); e && *e) return e;
+  if (auto e = settings::text("MLAFUZZ_WORKER_EXE")) return *e;
   std::string exe = executable_path();
   if (exe.empty()) throw std::runtime_error("cannot find the mlafuzz executable (/proc/self/exe)");
   return exe;
@@ -656,11 +571,7 @@ std::vector<CheckedRun> ProxyBackend::check_and_run_raw(
 
 std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const MaterializedCase*>& cases,
                                                   bool widen_values) {
-  static const bool batched = [] {
-    const char* v = std::getenv("MLAFUZZ_WORKER_BATCH");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  if (!batched || cases.empty()) return Backend::check_and_run(cases);
+  if (cases.empty()) return {};
   std::vector<CheckedRun> out;
   // The variants' buffers compared with the first case's before the worker is taken: the
   // comparisons (whole caches, byte for byte) run on this thread while the worker serves others.

@@ -7,13 +7,14 @@
 // a fresh worker. Any backend name the worker can construct works: CUDA kernels, plugins
 // ("plugin:/path.so"), mutants, host models.
 //
-// Test hook (worker side): MLAFUZZ_TEST_FAULT=crash|abort|hang|sticky[:MIN_HEADS] makes the
-// worker segfault, abort, hang, or report a sticky device error on every run of a case with at
-// least MIN_HEADS heads (default 1), so isolation is tested without a GPU.
+// The worker's seams (WorkerHooks) let a test worker (tests/campaign/test_worker.cc, started
+// through MLAFUZZ_WORKER_EXE) crash, hang or report a sticky device error where a case runs, so
+// that isolation is tested without a GPU; `mlafuzz worker` installs none.
 #pragma once
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,13 +30,24 @@ namespace mlafuzz::campaign {
 // What a worker's INFO reply says about the backend it serves (Backend's declarations).
 WorkerInfo describe_backend(const Backend& backend);
 
+// Seams of the worker's main loop for a test worker (tests/campaign/test_worker.cc); each is
+// optional, and `mlafuzz worker` sets none.
+struct WorkerHooks {
+  // Wraps the backend the worker serves (e.g. in one that overlaps two calls).
+  std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
+  // Called where a case with `heads` heads runs, before the backend's run or finish_run.
+  std::function<void(int32_t heads)> before_run;
+  // A sticky device error to report instead of the result of a case with `heads` heads.
+  std::function<std::optional<std::string>(int32_t heads)> sticky_error;
+};
+
 // The worker's main loop: serves requests on in_fd, replies on out_fd, until kQuit or EOF.
 // shm_fd (-1: none) is the parent's shared memory for large vectors (worker_protocol.h,
 // BulkArea). Returns the process exit code. (harness/cli/worker.cc calls it.)
 // arena_fd (-1: none) is a read-only descriptor of the parent's shared arena (flag 3 vectors).
-// The worker runs in raw-outputs mode (set_raw_outputs_only) unless MLAFUZZ_WORKER_RAW_OUTPUTS=0.
+// The worker runs in raw-outputs mode (set_raw_outputs_only): the campaign widens the outputs.
 int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd = -1,
-               int arena_fd = -1);
+               int arena_fd = -1, const WorkerHooks& hooks = {});
 
 // Path of the running executable (/proc/self/exe), or MLAFUZZ_WORKER_EXE when set.
 std::string self_executable();
@@ -174,9 +186,8 @@ class ProxyBackend final : public IsolatedBackend {
   bool splits_kv() const override { return info_.splits_kv; }
   int token_tile() const override { return info_.token_tile; }
   RunResult run(const MaterializedCase& m) override;
-  // One kRunBatch request for all cases (MLAFUZZ_WORKER_BATCH=0: one request per unsupported()
-  // and run(), as before batches). The queue, encode and transport time of the request are
-  // split evenly over its calls in the time breakdown.
+  // One kRunBatch request for all cases. The queue, encode and transport time of the request
+  // are split evenly over its calls in the time breakdown.
   std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases) override;
   // The same request; the results keep their raw outputs (guard bands checked, not widened).
   std::vector<CheckedRun> check_and_run_raw(

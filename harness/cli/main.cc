@@ -6,6 +6,7 @@
 
 #include "harness/cli/commands.h"
 #include "harness/core/case.h"
+#include "harness/core/settings.h"
 
 int main(int argc, char** argv) {
   using namespace mlafuzz::cli;
@@ -20,6 +21,13 @@ int main(int argc, char** argv) {
   app.add_option_function<std::string>(
       "--python", [](const std::string& path) { ::setenv("MLAFUZZ_PYTHON", path.c_str(), 1); },
       "Python interpreter for python: backends (default: MLAFUZZ_PYTHON, else python3 on PATH)");
+  app.add_flag_callback(
+      "--help-env",
+      [] {
+        std::cout << mlafuzz::settings::help_env_text();
+        throw CLI::Success();
+      },
+      "Print every MLAFUZZ_* environment variable (name, type, default, what it does) and exit");
   CommandTable table;
   register_run(app, table);
   register_repro(app, table);

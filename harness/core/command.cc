@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "harness/core/settings.h"
+
 namespace mlafuzz {
 
 std::string executable_path() {
@@ -36,12 +38,10 @@ std::string shell_word(const std::string& s) {
 }
 
 std::string command_to_run_again() {
-  if (const char* e = std::getenv("MLAFUZZ_COMMAND"); e != nullptr && *e) return e;
+  if (auto e = settings::text("MLAFUZZ_COMMAND")) return *e;
   std::string cmd;
   for (const char* var : {"MLAFUZZ_PYTHON", "MLAFUZZ_PYTHON_PACKAGE_DIR"}) {
-    if (const char* v = std::getenv(var); v != nullptr && *v) {
-      cmd += std::string(var) + "=" + shell_word(v) + " ";
-    }
+    if (auto v = settings::text(var)) cmd += std::string(var) + "=" + shell_word(*v) + " ";
   }
   const std::string exe = executable_path();
   return cmd + (exe.empty() ? std::string("mlafuzz") : shell_word(exe));

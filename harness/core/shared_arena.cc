@@ -1,6 +1,7 @@
 #include "harness/core/shared_arena.h"
 
 #include <fcntl.h>
+#include <sanitizer/asan_interface.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -20,17 +21,11 @@ constexpr size_t kArenaBytes = size_t{1} << 40;
 // materialized) up to this many bytes; beyond it their pages are given back, as free() would.
 constexpr size_t kIdleResidentBytes = size_t{512} << 20;
 
-bool arena_disabled() {
-#if defined(__SANITIZE_ADDRESS__)
-  return true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  return true;
-#endif
-#endif
-  const char* e = std::getenv("MLAFUZZ_SHARED_ARENA");
-  return e != nullptr && std::strcmp(e, "0") == 0;
-}
+// Under AddressSanitizer the arena's blocks are checked as heap blocks are: a free block and the
+// bytes of a block past those in use are poisoned, so that a use after free and an overflow
+// within the block's size class are reported (the macros do nothing in other builds).
+void poison(const void* p, size_t bytes) { ASAN_POISON_MEMORY_REGION(p, bytes); }
+void unpoison(const void* p, size_t bytes) { ASAN_UNPOISON_MEMORY_REGION(p, bytes); }
 
 enum ChunkState : uint8_t { kOpen = 0, kSealed = 1, kWritten = 2 };
 
@@ -76,7 +71,6 @@ void SharedArena::on_fault(int sig, void* info_v, void* context) {
 
 SharedArena* SharedArena::get() {
   static SharedArena* const arena = []() -> SharedArena* {
-    if (arena_disabled()) return nullptr;
     const int fd = memfd_create("mlafuzz-arena", MFD_CLOEXEC);
     if (fd < 0) return nullptr;
     if (ftruncate(fd, static_cast<off_t>(kArenaBytes)) != 0) {
@@ -120,12 +114,15 @@ void* SharedArena::allocate(size_t bytes) {
     free_[k].pop_back();
     if (b.resident) idle_resident_ -= block;
     live_[b.offset] = {block, 0};
+    unpoison(base_ + b.offset, bytes);
+    poison(base_ + b.offset + bytes, block - bytes);
     return base_ + b.offset;
   }
   if (block > size_ - bump_) return nullptr;
-  void* p = base_ + bump_;
+  uint8_t* p = base_ + bump_;
   live_[bump_] = {block, 0};
   bump_ += block;
+  poison(p + bytes, block - bytes);
   return p;
 }
 
@@ -216,6 +213,7 @@ bool SharedArena::deallocate(void* p, size_t bytes) {
                          static_cast<off_t>(offset), static_cast<off_t>(block)) != 0;
   }
   if (resident) idle_resident_ += block;
+  poison(u, block);
   free_[k].push_back({offset, resident});
   return true;
 }

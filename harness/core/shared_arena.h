@@ -5,12 +5,12 @@
 // copy, and the worker cannot write the campaign's inputs (its mapping is read-only).
 //
 // SharedVector<T> is std::vector<T> with SharedAllocator: blocks of at least kMinBytes come from
-// the arena, smaller ones (and every block when the arena is off or full) from operator new. The
-// arena is off under AddressSanitizer (so that ASan keeps checking these buffers) and when
-// MLAFUZZ_SHARED_ARENA=0; buffers then travel by copy, as they did before it existed.
+// the arena, smaller ones (and every block when the system refuses the arena or it is full) from
+// operator new; those travel to workers by copy. Under AddressSanitizer free blocks and the bytes
+// of a block past those in use are poisoned, so ASan checks arena buffers as heap buffers.
 //
 // Identities (publish()): a worker that keeps copies of input buffers on a device across calls
-// (python: backends on device="cuda", python/mlafuzz/_worker.py) needs to know whether the bytes of
+// (python: backends on device="cuda", python/mlafuzz/worker/) needs to know whether the bytes of
 // a block changed since it last copied them. publish() gives a block an identity, a number never
 // given twice in the process, and seals the block (read-only in this process). A write to a
 // sealed block faults into a SIGSEGV handler that reopens the 64 KiB chunk it hit and marks the

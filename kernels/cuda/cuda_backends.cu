@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/core/settings.h"
 #include "kernels/common/split_kv.h"
 #include "kernels/cuda/cuda_backends.h"
 #include "kernels/cuda/device_common.cuh"
@@ -18,21 +19,16 @@ namespace mlafuzz::cuda_detail {
 namespace {
 
 bool exact_allocations() {
-  static const bool exact = [] {
-    const char* v = std::getenv("MLAFUZZ_CUDA_EXACT_ALLOC");
-    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-  }();
+  static const bool exact = settings::flag("MLAFUZZ_CUDA_EXACT_ALLOC", false);
   return exact;
 }
 
 // The most bytes each of a backend's two pools (device, pinned) keeps on its free lists:
 // MLAFUZZ_CUDA_POOL_MB (default 2048).
 size_t pool_cache_limit() {
-  static const size_t bytes = [] {
-    const char* v = std::getenv("MLAFUZZ_CUDA_POOL_MB");
-    const long long mb = v != nullptr && *v != '\0' ? std::atoll(v) : 2048;
-    return static_cast<size_t>(std::max<long long>(mb, 0)) << 20;
-  }();
+  static const size_t bytes =
+      static_cast<size_t>(std::max<int64_t>(settings::integer("MLAFUZZ_CUDA_POOL_MB", 2048), 0))
+      << 20;
   return bytes;
 }
 
@@ -144,10 +140,7 @@ RunResult failure(cudaError_t e, const std::string& what) {
 // per call) is on: MLAFUZZ_CUDA_RESIDENT=0 turns it off (every input copied from pageable memory
 // with one synchronizing cudaMemcpy each, as before issue 13: for before/after measurements).
 bool resident_inputs_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("MLAFUZZ_CUDA_RESIDENT");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = settings::flag("MLAFUZZ_CUDA_RESIDENT", true);
   return on && !exact_allocations();
 }
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any, Dict, Optional, Tuple
 
 import mlafuzz
+from mlafuzz import _settings
 
 SIMT_BLOCK_N = 16  # tokens per tile, triton-simt
 MMA_BLOCK_N = 32  # tokens per tile, mma_kernel (triton-mma-v1)
@@ -125,11 +126,11 @@ def compilations() -> Dict[str, Any]:
 
 @atexit.register
 def _report_at_exit() -> None:
-    if not _CONFIGS or os.environ.get("MLAFUZZ_TRITON_QUIET"):
+    if not _CONFIGS or _settings.flag("MLAFUZZ_TRITON_QUIET", False):
         return
     # One short line per kernel; the constexpr sets themselves only when asked for (a campaign's
     # workers each print at exit, and 15 sets of 8 constexprs per line drown the log).
-    verbose = bool(os.environ.get("MLAFUZZ_TRITON_VERBOSE"))
+    verbose = _settings.flag("MLAFUZZ_TRITON_VERBOSE", False)
     for kernel, r in compilations().items():
         keys = f": {r['keys']}" if verbose else ""
         print(f"mlafuzz-triton: pid {os.getpid()} {kernel}: {r['configs']} distinct "

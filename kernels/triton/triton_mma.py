@@ -17,10 +17,10 @@ MUTANT tl.constexpr value, so its code is compiled only when that variant runs.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Dict, Optional
 
 import mlafuzz
+from mlafuzz import _settings
 from mla_triton import (ENVELOPE, MMA2_BLOCK_N, MMA_BLOCK_N, compilations, launch,  # noqa: F401
                         launch2, unavailable)
 from mla_triton import supports as _supports
@@ -29,7 +29,7 @@ from mla_triton import supports as _supports
 #: list split in SPLIT_TOKENS pieces merged by combine_kernel, the 16-byte gather and hardware
 #: e4m3 decode where rows are aligned) or "v1" (mma_kernel, as first shipped: one program per
 #: row and head block, byte-wise gather). MLAFUZZ_TRITON_MMA_PATH=v1 picks the old one.
-PATH = os.environ.get("MLAFUZZ_TRITON_MMA_PATH", "mma2")
+PATH = _settings.text("MLAFUZZ_TRITON_MMA_PATH") or "mma2"
 if PATH not in ("mma2", "v1"):
     raise ValueError(f"MLAFUZZ_TRITON_MMA_PATH={PATH!r}: use mma2 or v1")
 
@@ -47,8 +47,8 @@ TOKEN_TILE = MMA2_BLOCK_N if PATH == "mma2" else MMA_BLOCK_N
 #: checks it) and was 12-14 % faster on the H200 (README, "H200 run of 2026-12-03, second
 #: session"). PREFETCH (MLAFUZZ_TRITON_MMA_PREFETCH=1: the next tile's loads issued before this
 #: tile's math) is off: it was slower.
-FP8CVT = os.environ.get("MLAFUZZ_TRITON_MMA_FP8CVT", "1") == "1"
-PREFETCH = os.environ.get("MLAFUZZ_TRITON_MMA_PREFETCH", "0") == "1"
+FP8CVT = _settings.flag("MLAFUZZ_TRITON_MMA_FP8CVT", True)
+PREFETCH = _settings.flag("MLAFUZZ_TRITON_MMA_PREFETCH", False)
 
 
 def _run(call: mlafuzz.DecodeCall, block_h: int, mutant: int = 0) -> None:

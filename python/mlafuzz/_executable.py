@@ -13,6 +13,8 @@ import shlex
 import sys
 from typing import Dict, List, Optional
 
+from mlafuzz import _settings
+
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 #: The executable ``pip install .`` at the repository root puts inside the package.
 PACKAGED = os.path.join(PACKAGE_DIR, "_native", "bin", "mlafuzz")
@@ -54,7 +56,7 @@ def find_mlafuzz() -> str:
         FileNotFoundError: none found; the message lists every place looked at and how to get
             one.
     """
-    env = os.environ.get("MLAFUZZ_BIN")
+    env = _settings.text("MLAFUZZ_BIN")
     if env:
         if _executable(env):
             return os.path.abspath(env)

@@ -241,7 +241,7 @@ def _canaries_changed(a: Dict[str, np.ndarray]) -> List[str]:
 
 def _host_call(dump: Any, where: str) -> Any:
     """(the host call of a dump, its arrays by name, raw buffers included)."""
-    from mlafuzz._worker import scalar_fields  # noqa: PLC0415 - the worker's field reader
+    from mlafuzz.worker.protocol import scalar_fields  # noqa: PLC0415 - the worker's field reader
 
     if "call" not in dump.params:
         raise ValueError(f"{where}: a dump of an older mlafuzz (no \"call\" in params.json); "

@@ -20,6 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::run_cli;
+// The campaign's workers: the test worker, whose MLAFUZZ_TEST_FAULT hooks make them fault.
+const std::string kTestWorkerEnv = std::string("MLAFUZZ_WORKER_EXE=") + MLAFUZZ_TEST_WORKER;
 
 std::vector<std::string> fuzz_args(const std::string& dir, std::vector<std::string> extra) {
   const bool jobs = std::find(extra.begin(), extra.end(), "--jobs") != extra.end();
@@ -41,7 +43,7 @@ TEST(FuzzCli, WorkerCrashIsAFindingAndTheCampaignGoesOn) {
   const std::string dir = test::fresh_dir("crash");
   const auto r = run_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--cases",
                                          "12", "--shrink-time", "0", "--shard", "0/1"}),
-                         {"MLAFUZZ_TEST_FAULT=crash:4"});
+                         {"MLAFUZZ_TEST_FAULT=crash:4", kTestWorkerEnv});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
   EXPECT_TRUE(rep.complete);
@@ -64,7 +66,7 @@ TEST(FuzzCli, WorkerHangIsAFindingAndTheCampaignGoesOn) {
   const std::string dir = test::fresh_dir("hang");
   const auto r = run_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--cases",
                                          "6", "--shrink-time", "0", "--case-timeout", "1s"}),
-                         {"MLAFUZZ_TEST_FAULT=hang:8"});
+                         {"MLAFUZZ_TEST_FAULT=hang:8", kTestWorkerEnv});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
   EXPECT_EQ(rep.cases, 6);
@@ -80,7 +82,7 @@ TEST(FuzzCli, FaultFindingsAreShrunkThroughAFreshWorker) {
   const auto r =
       run_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--cases", "3",
                               "--shrink-evals", "40", "--shrink-time", "10m", "--jobs", "1"}),
-              {"MLAFUZZ_TEST_FAULT=crash:3"});
+              {"MLAFUZZ_TEST_FAULT=crash:3", kTestWorkerEnv});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const Report rep = load_report(dir + "/report/report.json");
   ASSERT_FALSE(rep.findings.empty()) << r.output;
@@ -112,7 +114,7 @@ TEST(FuzzCli, SigtermStopsCleanlyWithReportAndCorpus) {
   const pid_t pid =
       test::start_cli(fuzz_args(dir, {"--backends", "cpu-simt", "--isolate", "all", "--time", "5m",
                                       "--shrink-evals", "20", "--report-interval", "0.2s"}),
-                      {"MLAFUZZ_TEST_FAULT=crash:6"}, log);
+                      {"MLAFUZZ_TEST_FAULT=crash:6", kTestWorkerEnv}, log);
   // Stopped once a snapshot shows a finding: the corpus then has something to keep consistent.
   const bool found = test::wait_for(
       [&] {

@@ -219,7 +219,7 @@ TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
 // bulk area); a worker maps the arena read-only and reads them; one without it refuses.
 TEST(WorkerProtocol, ArenaVectorsTravelAsOffsets) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   Case c;
   c.batch = 4;
   c.heads = 16;
@@ -368,7 +368,14 @@ WorkerSpec spec(const std::string& backend) {
   return s;
 }
 
-// Sets MLAFUZZ_TEST_FAULT for workers started while it lives.
+// The test worker (tests/campaign/test_worker.cc): `mlafuzz worker` with the test hooks.
+WorkerSpec test_worker_spec(const std::string& backend) {
+  WorkerSpec s = spec(backend);
+  s.exe = MLAFUZZ_TEST_WORKER;
+  return s;
+}
+
+// Sets MLAFUZZ_TEST_FAULT for test workers started while it lives.
 struct FaultEnv {
   explicit FaultEnv(const char* v) { ::setenv("MLAFUZZ_TEST_FAULT", v, 1); }
   ~FaultEnv() { ::unsetenv("MLAFUZZ_TEST_FAULT"); }
@@ -403,7 +410,7 @@ void expect_fault_then_recovery(const char* hook, const std::string& needle, dou
   std::shared_ptr<WorkerSlot> slot;
   {
     FaultEnv env(hook);  // the worker inherits it; faults on cases with >= 2 heads
-    slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+    slot = std::make_shared<WorkerSlot>(test_worker_spec("cpu-simt"));
     slot->proc.info();
   }
   ProxyBackend proxy(slot, timeout);
@@ -470,7 +477,7 @@ void expect_batch_fault_isolated(const char* hook, const std::string& needle, do
   std::shared_ptr<WorkerSlot> slot;
   {
     FaultEnv env(hook);  // this worker faults on cases with >= 2 heads; fresh ones do not
-    slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
+    slot = std::make_shared<WorkerSlot>(test_worker_spec("cpu-simt"));
     slot->proc.info();
   }
   ProxyBackend proxy(slot, timeout);
@@ -490,7 +497,7 @@ void expect_batch_fault_isolated(const char* hook, const std::string& needle, do
 }
 
 // The overlapped batch loop (a backend with max_in_flight() 2, as the CUDA backends: case k
-// begun before case k-1 is finished), through the test adapter of MLAFUZZ_TEST_OVERLAP=1.
+// begun before case k-1 is finished), through the test worker's MLAFUZZ_TEST_OVERLAP=1.
 struct OverlapEnv {
   OverlapEnv() { ::setenv("MLAFUZZ_TEST_OVERLAP", "1", 1); }
   ~OverlapEnv() { ::unsetenv("MLAFUZZ_TEST_OVERLAP"); }
@@ -503,7 +510,7 @@ TEST(Worker, OverlappedBatchGivesTheCallsOneByOne) {
   std::shared_ptr<WorkerSlot> slot;
   {
     OverlapEnv env;
-    slot = std::make_shared<WorkerSlot>(spec("cpu-mma"));
+    slot = std::make_shared<WorkerSlot>(test_worker_spec("cpu-mma"));
     slot->proc.info();
   }
   // Lent vectors (the repeats of m) and cases of other shapes, in order.

@@ -14,7 +14,7 @@ namespace {
 
 TEST(SharedArena, LargeBuffersAreInTheArenaSmallOnesAreNot) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   const SharedVector<uint8_t> big(SharedArena::kMinBytes * 3, 7);
   const SharedVector<uint8_t> small(100, 7);
   const int64_t off = a->offset_of(big.data(), big.size());
@@ -26,7 +26,7 @@ TEST(SharedArena, LargeBuffersAreInTheArenaSmallOnesAreNot) {
 
 TEST(SharedArena, AChildSeesTheBytesThroughAReadOnlyMapping) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   SharedVector<uint16_t> v(SharedArena::kMinBytes, 0);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint16_t>(i * 31);
   const int64_t off = a->offset_of(v.data(), v.size() * 2);
@@ -45,7 +45,7 @@ TEST(SharedArena, AChildSeesTheBytesThroughAReadOnlyMapping) {
 
 TEST(SharedArena, FreedBlocksAreReused) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   int64_t first = -1;
   {
     const SharedVector<uint8_t> v(SharedArena::kMinBytes * 5);
@@ -55,9 +55,39 @@ TEST(SharedArena, FreedBlocksAreReused) {
   EXPECT_EQ(a->offset_of(again.data(), again.size()), first);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// The sanitized build runs the arena as campaigns do, and AddressSanitizer checks its blocks as
+// heap blocks: a read past the bytes in use and a read after the block is freed are reported.
+TEST(SharedArenaSanitized, OverflowAndUseAfterFreeAreReported) {
+  SharedArena* a = SharedArena::get();
+  ASSERT_NE(a, nullptr) << "the sanitized build must run the shared arena";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const size_t n = SharedArena::kMinBytes * 3;  // a block of 4x: the last quarter is unused
+  EXPECT_DEATH(
+      {
+        SharedVector<uint8_t> v(n);
+        ASSERT_GE(a->offset_of(v.data(), n), 0);
+        volatile uint8_t x = v.data()[n];  // one byte past the vector
+        (void)x;
+      },
+      "use-after-poison");
+  EXPECT_DEATH(
+      {
+        const uint8_t* p = nullptr;
+        {
+          SharedVector<uint8_t> v(n);
+          p = v.data();
+        }
+        volatile uint8_t x = p[0];  // the freed block
+        (void)x;
+      },
+      "use-after-poison");
+}
+#endif
+
 TEST(SharedArena, MaterializedCachesAreInTheArenaAndCopiesToo) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   Case c;
   c.batch = 4;
   c.heads = 16;
@@ -79,7 +109,7 @@ constexpr size_t kBig = SharedArena::kMinBytes * 3;
 
 TEST(SharedArenaIdentity, StableWhileUnwrittenNewAfterAWrite) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   SharedVector<uint8_t> v(kBig, 1);
   const uint64_t id = a->publish(v.data(), v.size());
   ASSERT_NE(id, 0u);
@@ -98,7 +128,7 @@ TEST(SharedArenaIdentity, StableWhileUnwrittenNewAfterAWrite) {
 
 TEST(SharedArenaIdentity, AFreedAndReusedBlockGetsANewIdentity) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   int64_t first = -1;
   uint64_t id = 0;
   {
@@ -117,7 +147,7 @@ TEST(SharedArenaIdentity, AFreedAndReusedBlockGetsANewIdentity) {
 
 TEST(SharedArenaIdentity, CopiesInheritUntilWritten) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   SharedVector<uint16_t> v(kBig, 7);
   const uint64_t id = a->publish(v.data(), v.size() * 2);
   ASSERT_NE(id, 0u);
@@ -139,7 +169,7 @@ TEST(SharedArenaIdentity, CopiesInheritUntilWritten) {
 
 TEST(SharedArenaIdentity, CopyAssignmentInPlaceChangesTheIdentity) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   SharedVector<uint8_t> x(kBig, 1);
   const SharedVector<uint8_t> y(kBig, 2);
   const uint64_t idx = a->publish(x.data(), x.size());
@@ -160,7 +190,7 @@ TEST(SharedArenaIdentity, CopyAssignmentInPlaceChangesTheIdentity) {
 
 TEST(SharedArenaIdentity, OnlyLiveBlockStartsHaveIdentities) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   const SharedVector<uint8_t> v(kBig, 1);
   EXPECT_EQ(a->publish(v.data() + 64, 64), 0u) << "not the start of a block";
   EXPECT_EQ(a->publish(v.data(), SharedArena::kMinBytes * 4 + 1), 0u) << "past the block";
@@ -170,7 +200,7 @@ TEST(SharedArenaIdentity, OnlyLiveBlockStartsHaveIdentities) {
 
 TEST(SharedArenaIdentityDeathTest, OtherFaultsStillCrash) {
   SharedArena* a = SharedArena::get();
-  if (a == nullptr) GTEST_SKIP() << "arena off (ASan build or MLAFUZZ_SHARED_ARENA=0)";
+  if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(
       {

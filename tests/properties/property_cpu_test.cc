@@ -12,23 +12,31 @@
 
 #include "harness/backends/registry.h"
 #include "harness/core/backend.h"
+#include "harness/core/settings.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {
 namespace {
 
 uint64_t env_u64(const char* name, uint64_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+  return static_cast<uint64_t>(settings::integer(name, static_cast<int64_t>(fallback)));
 }
 
 constexpr uint64_t kDefaultSeed = 20261129;
 constexpr uint64_t kDefaultCases = 600;  // ~60 s on one core (measured)
 
-TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
+// The cases are dealt out to kShards tests (case i to shard i mod kShards), so that ctest -j
+// runs them side by side; together they check every case.
+constexpr uint64_t kShards = 4;
+
+class PropertiesCpu : public ::testing::TestWithParam<uint64_t> {};
+
+TEST_P(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
+  const uint64_t shard = GetParam();
   const uint64_t seed = env_u64("MLAFUZZ_PROPERTY_SEED", kDefaultSeed);
   const uint64_t cases = env_u64("MLAFUZZ_PROPERTY_CASES", kDefaultCases);
-  std::cout << "seed " << seed << ", " << cases << " cases\n";
+  std::cout << "seed " << seed << ", " << cases << " cases, shard " << shard << " of " << kShards
+            << " (cases i with i mod " << kShards << " = " << shard << ")\n";
   std::vector<std::unique_ptr<Backend>> owned;
   std::vector<Backend*> backends;
   // cpu-mma-split: the split-KV pipeline (automatic count), which split-agree reruns with 1 split
@@ -49,7 +57,9 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
   // replays them from corpus/cases (one ctest test each) instead of drawing them here.
   GenConfig cfg;
   cfg.production_probability = 0;
-  for (uint64_t i = 0; i < cases; ++i) {
+  uint64_t checked = 0;
+  for (uint64_t i = shard; i < cases; i += kShards) {
+    ++checked;
     const Case c = generate_case(seed, i, cfg, nullptr);
     const CaseEvaluation ev = evaluate_case(c, backends, {});
     seconds += ev.seconds;
@@ -78,7 +88,7 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
       }
     }
   }
-  std::cout << cases << " cases in " << seconds << " s; slowest:";
+  std::cout << checked << " cases in " << seconds << " s; slowest:";
   std::sort(slowest.rbegin(), slowest.rend());
   for (size_t k = 0; k < std::min<size_t>(5, slowest.size()); ++k) {
     std::cout << " case " << slowest[k].second << " " << slowest[k].first << " s ("
@@ -90,6 +100,8 @@ TEST(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
               << outcomes[k] << " outcomes)\n";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Shards, PropertiesCpu, ::testing::Range<uint64_t>(0, kShards));
 
 }  // namespace
 }  // namespace mlafuzz

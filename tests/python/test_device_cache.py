@@ -1,4 +1,4 @@
-"""The device="cuda" worker's input cache (python/mlafuzz/_worker.py: DeviceCache, _to_device).
+"""The device="cuda" worker's input cache (python/mlafuzz/worker/: DeviceCache, Server._to_device).
 
 CI has no torch and no GPU: these tests drive the worker's copy logic with a fake torch module
 whose "device" tensors are numpy arrays and which counts every host-to-device copy. What they
@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 import pytest
 
-from mlafuzz import _worker
+from mlafuzz.worker import device_cache, driver, server, timing
 
 
 class FakeTensor:
@@ -116,12 +116,12 @@ class FakeTorch(types.SimpleNamespace):
         return FakeTensor(np.array([t.a for t in ts]), self, ts[0].device)
 
 
-def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> _worker.Server:
-    s = object.__new__(_worker.Server)  # no kernel to load: only the copy logic is exercised
+def make_server(fake: FakeTorch, budget: Optional[int] = 1 << 30) -> server.Server:
+    s = object.__new__(server.Server)  # no kernel to load: only the copy logic is exercised
     s.torch = fake
     s.device_buffers = {}
     s.views = {}
-    s.device_cache = _worker.DeviceCache(budget) if budget else None
+    s.device_cache = device_cache.DeviceCache(budget) if budget else None
     s.staging = None
     s.sums_host = None
     s.pinned = True
@@ -207,7 +207,7 @@ def test_without_identities_every_call_copies_everything() -> None:
 
 
 def test_the_budget_keeps_the_most_recently_used() -> None:
-    cache = _worker.DeviceCache(budget=100)
+    cache = device_cache.DeviceCache(budget=100)
     assert cache.put("a", "A", 40) and cache.put("b", "B", 40)
     assert cache.get("a") == "A"  # a is now the most recent
     assert cache.put("c", "C", 40)  # 120 > 100: b leaves
@@ -219,7 +219,7 @@ def test_the_budget_keeps_the_most_recently_used() -> None:
     assert cache.bytes == 50 and cache.get("a") == "A2"
 
 
-def written(s: _worker.Server, keys: list) -> str:
+def written(s: server.Server, keys: list) -> str:
     """What _run_cuda does after the kernel: the sums queued, read back, compared."""
     return s._check_sums(keys, s._queue_sums(keys).a)
 
@@ -311,12 +311,12 @@ def test_outputs_come_back_through_pinned_staging_with_one_synchronization() -> 
     ({"MLAFUZZ_DEVICE_CACHE_BYTES": "2g"}, 2 << 30),
 ])
 def test_the_budget_comes_from_the_environment(env: Dict[str, str], budget: Optional[int]) -> None:
-    assert _worker.device_cache_budget(env) == budget
+    assert device_cache.device_cache_budget(env) == budget
 
 
 def test_a_bad_budget_is_an_error_naming_the_variable() -> None:
     with pytest.raises(ValueError, match="MLAFUZZ_DEVICE_CACHE_BYTES"):
-        _worker.device_cache_budget({"MLAFUZZ_DEVICE_CACHE_BYTES": "lots"})
+        device_cache.device_cache_budget({"MLAFUZZ_DEVICE_CACHE_BYTES": "lots"})
 
 
 class FakeCudart:
@@ -336,7 +336,7 @@ class FakeCudart:
         return 0
 
 
-def registered_server() -> Tuple[FakeTorch, FakeCudart, _worker.Server, Any]:
+def registered_server() -> Tuple[FakeTorch, FakeCudart, server.Server, Any]:
     """A server whose (fake) fd 3, a 64 KiB mapping returned last, is page-locked."""
     import mmap  # noqa: PLC0415
 
@@ -386,7 +386,7 @@ def test_outputs_come_back_straight_into_registered_shared_memory() -> None:
     del shm, host, out, lse, o2
 
 
-def lend_indices_in_fd3(s: _worker.Server, region: Any, seed: int) -> Tuple[Any, ...]:
+def lend_indices_in_fd3(s: server.Server, region: Any, seed: int) -> Tuple[Any, ...]:
     """_to_device of inputs(seed) with the indices as mlafuzz lends them: copied into fd 3 (no
     identity); q and the cache in the arena (pageable here: through the staging). Checks that
     every input reached the device intact; returns (fd 3 bytes, the indices there, the inputs,
@@ -545,7 +545,7 @@ def test_the_driver_path_moves_the_same_bytes_as_torch_would() -> None:
 
 
 def test_the_driver_is_off_when_asked_and_errors_name_the_call() -> None:
-    assert _worker.CudaDriver.load({"MLAFUZZ_CUDA_DRIVER": "0"}) is None
+    assert driver.CudaDriver.load({"MLAFUZZ_CUDA_DRIVER": "0"}) is None
 
     class Lib:  # a libcuda whose every call fails with CUDA_ERROR_ILLEGAL_ADDRESS (700)
         def __getattr__(self, name: str) -> Any:
@@ -557,7 +557,7 @@ def test_the_driver_is_off_when_asked_and_errors_name_the_call() -> None:
 
             return f
 
-    cu = _worker.CudaDriver(Lib())
+    cu = driver.CudaDriver(Lib())
     with pytest.raises(RuntimeError, match=r"cuCtxSynchronize: CUDA driver error 700 "
                                            r"\(CUDA_ERROR_ILLEGAL_ADDRESS\)"):
         cu.synchronize()
@@ -577,9 +577,9 @@ def test_the_driver_sums_the_cached_inputs_in_one_launch_and_catches_a_write(
     words = [a["q_raw"].nbytes // 8, (kv_bytes + 7) // 8]
     # The new entries: one launch into the "before" slots, their checksums pending until read.
     assert s.cu.calls == [("sum64", words, 9)]
-    assert [c for _, _, c, _ in keys] == [_worker._SUM_PENDING] * 2
+    assert [c for _, _, c, _ in keys] == [server._SUM_PENDING] * 2
     queued = s._queue_sums(keys)
-    assert s.cu.calls[1:] == [("sum64", words, 9)] and len(queued.a) == _worker._SUM_BEFORE + 2
+    assert s.cu.calls[1:] == [("sum64", words, 9)] and len(queued.a) == server._SUM_BEFORE + 2
     assert written(s, keys) == ""
     # Warm: the checksums are ints now; one launch for both, read back as two sums.
     s.cu.calls.clear()
@@ -672,9 +672,9 @@ class _Settable:
         return self.f(*args)
 
 
-def sum_driver(lib: SumLib) -> _worker.CudaDriver:
+def sum_driver(lib: SumLib) -> driver.CudaDriver:
     """A CudaDriver over lib with only what sum64 reaches: the memset, the error names."""
-    cu = object.__new__(_worker.CudaDriver)
+    cu = object.__new__(driver.CudaDriver)
     cu._lib, cu._ctypes = lib, ctypes
     cu._sum_fn, cu.sum_error = None, ""
     cu._d32, cu._name = lib.cuMemsetD32Async, lib.cuGetErrorName
@@ -712,12 +712,12 @@ def test_a_refused_checksum_kernel_leaves_torch_the_sums_and_says_why() -> None:
 ])
 def test_the_workers_on_one_gpu_share_a_quarter_of_its_memory(env: Dict[str, str],
                                                               share: int) -> None:
-    assert _worker.device_cache_share(4 << 30, 140 << 30, env) == share
+    assert device_cache.device_cache_share(4 << 30, 140 << 30, env) == share
 
 
 def test_a_bad_worker_count_is_an_error_naming_the_variable() -> None:
     with pytest.raises(ValueError, match="MLAFUZZ_DEVICE_WORKERS"):
-        _worker.device_cache_share(4 << 30, 140 << 30, {"MLAFUZZ_DEVICE_WORKERS": "0"})
+        device_cache.device_cache_share(4 << 30, 140 << 30, {"MLAFUZZ_DEVICE_WORKERS": "0"})
 
 
 class OutOfMemoryError(RuntimeError):  # the name torch gives its error
@@ -736,7 +736,7 @@ def test_out_of_memory_in_the_staging_releases_what_the_worker_keeps_and_retries
     fake.cuda.empty_cache = lambda: emptied.append(1)
     s = make_server(fake)
     s.device = "cuda"
-    s.timer = _worker._NO_TIMER
+    s.timer = timing._NO_TIMER
     s.device_buffers["out_raw"] = "kept"
     s.device_cache.put(("id", 8), "tensor", 8)
     calls: list = []
@@ -763,7 +763,7 @@ def test_another_staging_error_is_a_fault_at_once() -> None:
     fake = FakeTorch()
     s = make_server(fake)
     s.device = "cuda"
-    s.timer = _worker._NO_TIMER
+    s.timer = timing._NO_TIMER
     calls: list = []
 
     def stage(call: Any, a: Any, req: Any, dev: Any) -> list:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import NUMPY_KERNEL, ROOT, describe, mlafuzz_cmd
-from mlafuzz import _worker
+from mlafuzz.worker import protocol, server
 
 
 def layout(batch: int = 2) -> dict:
@@ -43,20 +43,20 @@ def payload(lay: dict, call: dict) -> bytes:
 
 def test_the_layout_line_is_parsed_once_while_it_repeats() -> None:
     lay = layout()
-    req, first, memo = _worker.parse_run(payload(lay, {"shm_size": 4096}), None)
+    req, first, memo = protocol.parse_run(payload(lay, {"shm_size": 4096}), None)
     assert req["batch"] == 2 and req["shm_size"] == 4096 and first.fields["sm_scale"] == 0.0625
-    req2, again, memo2 = _worker.parse_run(payload(lay, {"shm_size": 8192, "ids": {"q": 1}}), memo)
+    req2, again, memo2 = protocol.parse_run(payload(lay, {"shm_size": 8192, "ids": {"q": 1}}), memo)
     assert again is first  # the same bytes: not parsed again
     assert req2["shm_size"] == 8192 and req2["ids"] == {"q": 1}
     assert "ids" not in first.req  # the call line never leaks into the kept layout
-    req3, other, _ = _worker.parse_run(payload(layout(batch=3), {"shm_size": 8192}), memo2)
+    req3, other, _ = protocol.parse_run(payload(layout(batch=3), {"shm_size": 8192}), memo2)
     assert other is not first and req3["batch"] == 3 and other.fields["batch"] == 3
 
 
 def test_a_single_line_request_is_parsed_whole_and_not_kept() -> None:
     lay = layout()
     lay["shm_size"] = 4096
-    req, parsed, memo = _worker.parse_run(json.dumps(lay).encode(), None)
+    req, parsed, memo = protocol.parse_run(json.dumps(lay).encode(), None)
     assert req["shm_size"] == 4096 and parsed.fields["topk"] == 4 and memo is None
 
 
@@ -70,14 +70,14 @@ def test_arena_descriptors_are_placed_by_the_call_lines_bases(base: int) -> None
     rows = np.arange(8, dtype=np.int32) + base
     arena[base:base + rows.nbytes] = rows.tobytes()
     shm = mmap.mmap(-1, 4096)
-    s = object.__new__(_worker.Server)
+    s = object.__new__(server.Server)
     s.shm = types.SimpleNamespace(ensure=lambda size: shm)
     s.arena = types.SimpleNamespace(ensure=lambda size: arena)
     s.info = _Info()
     seen = {}
     s._run_cpu = lambda call, a: seen.update(a) or {"status": "ok", "message": "", "seconds": 0}
-    req, lay, _ = _worker.parse_run(payload(layout(), {"shm_size": 4096,
-                                                       "bases": {"indices_raw": base}}), None)
+    req, lay, _ = protocol.parse_run(payload(layout(), {"shm_size": 4096,
+                                                        "bases": {"indices_raw": base}}), None)
     s.run_reply(req, lay)
     assert seen["indices"].tolist() == [list(rows[:4]), list(rows[4:])]
     assert seen["indices_raw"].tolist() == list(rows)
@@ -88,12 +88,12 @@ def test_the_ok_reply_is_the_bytes_json_would_write() -> None:
     r, w = os.pipe()
     try:
         for seconds in (0.0, 1.25e-05, 3.0):
-            _worker._send_run_reply(w, {"status": "ok", "message": "", "seconds": seconds})
-            kind, body = _worker.read_frame(r)
-            assert kind == _worker.MSG_RUN
+            protocol._send_run_reply(w, {"status": "ok", "message": "", "seconds": seconds})
+            kind, body = protocol.read_frame(r)
+            assert kind == protocol.MSG_RUN
             assert body == json.dumps({"status": "ok", "message": "", "seconds": seconds}).encode()
-        _worker._send_run_reply(w, {"status": "error", "message": "boom", "seconds": 1.0})
-        assert json.loads(_worker.read_frame(r)[1])["message"] == "boom"
+        protocol._send_run_reply(w, {"status": "error", "message": "boom", "seconds": 1.0})
+        assert json.loads(protocol.read_frame(r)[1])["message"] == "boom"
     finally:
         os.close(r)
         os.close(w)
@@ -104,7 +104,7 @@ def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> N
     rows = np.arange(2048, dtype=np.int32)
     arena[:] = rows.tobytes()
     maps = {"shm": shm}
-    s = object.__new__(_worker.Server)
+    s = object.__new__(server.Server)
     s.shm = types.SimpleNamespace(ensure=lambda size: maps["shm"])
     s.arena = types.SimpleNamespace(ensure=lambda size: arena)
     s.info = types.SimpleNamespace(device="cuda")
@@ -115,8 +115,8 @@ def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> N
     lay = layout()
 
     def run(base: int) -> dict:
-        req, parsed, _ = _worker.parse_run(payload(lay, {"shm_size": 4096,
-                                                         "bases": {"indices_raw": base}}), None)
+        req, parsed, _ = protocol.parse_run(payload(lay, {"shm_size": 4096,
+                                                          "bases": {"indices_raw": base}}), None)
         s.run_reply(req, parsed)
         return seen[-1]
 
@@ -126,8 +126,8 @@ def test_a_cuda_worker_keeps_its_numpy_views_while_place_and_mapping_stay() -> N
     again = run(64)
     # parse_run without a memo parses again: a new layout entry, so new views
     assert again["indices_raw"] is not first["indices_raw"]
-    req, parsed, _ = _worker.parse_run(payload(lay, {"shm_size": 4096,
-                                                     "bases": {"indices_raw": 64}}), None)
+    req, parsed, _ = protocol.parse_run(payload(lay, {"shm_size": 4096,
+                                                      "bases": {"indices_raw": 64}}), None)
     s.run_reply(req, parsed)
     kept = seen[-1]["indices_raw"]
     s.run_reply(dict(req), parsed)
@@ -171,7 +171,7 @@ def test_an_info_reply_without_token_tile_means_the_precisions_tile(tmp_path, mo
     """A package of the same protocol that predates token_tile (its INFO has no such field)
     still loads, and its kernels get the precision's default tile."""
     old = copied_package(tmp_path, monkeypatch)
-    worker = old / "_worker.py"
+    worker = old / "worker" / "server.py"
     text = worker.read_text()
     assert '"token_tile": i.token_tile,' in text
     worker.write_text(text.replace('"token_tile": i.token_tile,', ""))

@@ -58,7 +58,7 @@ def test_the_torch_example_passes_every_property() -> None:
 
 @pytest.mark.parametrize("sizes", [[1], [7, 1000], [2_600_003, 300_000, 5], [3, 1, 4, 1, 5]])
 def test_the_driver_checksum_kernel_sums_as_torch_does(sizes) -> None:
-    from mlafuzz._worker import CudaDriver  # noqa: PLC0415
+    from mlafuzz.worker.driver import CudaDriver  # noqa: PLC0415
 
     cu = CudaDriver.load()
     if cu is None:
