@@ -74,6 +74,8 @@ const fields::Table<Finding>& finding_fields() {
       field("nonfinite_mismatch", &Finding::nonfinite_mismatch, kReport),
       field("shrunk", &Finding::shrunk, kReport),
       fields::optional_field("shrink_note", &Finding::shrink_note, kReport),
+      fields::optional_field("known", &Finding::known, kReport),
+      fields::optional_field("known_note", &Finding::known_note, kReport),
       field("detail", &Finding::summary, kReport),
       field("corpus", &Finding::corpus_path, kReport),
       field("corpus_entries", &Finding::corpus_entries, kReport),

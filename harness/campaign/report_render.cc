@@ -83,7 +83,9 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
   for (const auto& f : o.findings) old_sigs.insert(f.signature);
   for (const auto& f : n.findings) new_sigs.insert(f.signature);
   for (const auto& f : n.findings) {
-    if (!old_sigs.count(f.signature)) {
+    if (!old_sigs.count(f.signature) && !f.known.empty()) {
+      os << "known new finding: " << f.signature << " (" << f.known << ")\n";
+    } else if (!old_sigs.count(f.signature)) {
       c.regression = true;
       os << "REGRESSION new finding: " << f.signature << " (seen " << f.count << "x)";
       if (!f.repro.empty()) os << "\n    reproduce: " << f.repro;
@@ -436,10 +438,11 @@ void html_findings(std::ostream& h, const Report& r) {
          "<th class=\"l\">detail</th><th class=\"l\">corpus / reproduce</th></tr>\n";
     for (const auto& f : r.findings) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
-        << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature) << "</td><td>" << f.count
-        << "</td><td>" << tightness_text(f.tightness, f.nonfinite_mismatch)
-        << "</td><td class=\"l\">" << esc(f.summary)
-        << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
+        << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature)
+        << (f.known.empty() ? "" : "<br>known: " + esc(f.known) + " (" + esc(f.known_note) + ")")
+        << "</td><td>" << f.count << "</td><td>"
+        << tightness_text(f.tightness, f.nonfinite_mismatch) << "</td><td class=\"l\">"
+        << esc(f.summary) << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
         << "</td><td class=\"l\"><code>" << esc(f.corpus_path) << "</code><br><code>"
         << esc(f.repro) << "</code></td></tr>\n";
     }
@@ -598,6 +601,7 @@ std::string render_summary(const Report& r) {
   os << r.findings.size() << " finding signature(s)\n";
   for (const auto& f : r.findings) {
     os << "  [" << f.count << "x] " << f.signature
+       << (f.known.empty() ? "" : " [known: " + f.known + "]")
        << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n      " << f.summary
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
