@@ -196,20 +196,21 @@ int run_repro(const std::string& exe, const std::string& case_path) {
 
 }  // namespace
 
+int replay_corpus_entry(const std::string& path) {
+  const std::string exe = executable_path();
+  if (exe.empty()) return -1;
+  const int rc = run_repro(exe, path);
+  return rc == 0 ? 1 : rc == 1 ? 0 : -1;
+}
+
 std::vector<int> replay_unseen(const Ledger& ledger, const LedgerResult& res,
                                const std::vector<std::string>& backends) {
   std::vector<int> out;
-  const std::string exe = executable_path();
   for (size_t i : res.unseen) {
     const KnownEntry& e = ledger.entries[i];
     bool ran_here = false;
     for (const auto& b : backends) ran_here = ran_here || glob_match(e.backend, b);
-    if (e.case_path.empty() || !ran_here || exe.empty()) {
-      out.push_back(-1);
-      continue;
-    }
-    const int rc = run_repro(exe, e.case_path);
-    out.push_back(rc == 0 ? 1 : rc == 1 ? 0 : -1);
+    out.push_back(e.case_path.empty() || !ran_here ? -1 : replay_corpus_entry(e.case_path));
   }
   return out;
 }

@@ -81,6 +81,10 @@ LedgerResult apply_ledger(const Ledger& ledger, std::vector<Finding>& findings,
 std::vector<int> replay_unseen(const Ledger& ledger, const LedgerResult& res,
                                const std::vector<std::string>& backends);
 
+// Replays a corpus entry by running `EXE repro PATH` (EXE: this executable) with its output
+// discarded: 1 when its failure no longer occurs, 0 while it fails, -1 when it could not run.
+int replay_corpus_entry(const std::string& path);
+
 // Today's date in UTC as YYYY-MM-DD.
 std::string utc_today();
 

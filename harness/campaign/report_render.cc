@@ -440,6 +440,11 @@ void html_findings(std::ostream& h, const Report& r) {
       h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.property) << "</td><td class=\"l\">"
         << esc(f.backend) << "</td><td class=\"l\">" << esc(f.signature)
         << (f.known.empty() ? "" : "<br>known: " + esc(f.known) + " (" + esc(f.known_note) + ")")
+        << (f.state.empty() ? "" : "<br>" + esc(f.state) + " since " + esc(f.state_since))
+        << (f.flaky_runs > 0 && f.flaky_failures < f.flaky_runs
+                ? "<br>flaky: failed " + std::to_string(f.flaky_failures) + " of " +
+                      std::to_string(f.flaky_runs) + " replays"
+                : "")
         << "</td><td>" << f.count << "</td><td>"
         << tightness_text(f.tightness, f.nonfinite_mismatch) << "</td><td class=\"l\">"
         << esc(f.summary) << (f.shrink_note.empty() ? "" : "<br>(" + esc(f.shrink_note) + ")")
@@ -602,6 +607,11 @@ std::string render_summary(const Report& r) {
   for (const auto& f : r.findings) {
     os << "  [" << f.count << "x] " << f.signature
        << (f.known.empty() ? "" : " [known: " + f.known + "]")
+       << (f.state.empty() ? "" : " [" + f.state + " since " + f.state_since + "]")
+       << (f.flaky_runs > 0 && f.flaky_failures < f.flaky_runs
+               ? " [flaky: failed " + std::to_string(f.flaky_failures) + " of " +
+                     std::to_string(f.flaky_runs) + " replays]"
+               : "")
        << (f.shrink_note.empty() ? "" : " (" + f.shrink_note + ")") << "\n      " << f.summary
        << "\n      saved: " << f.corpus_path << "\n      reproduce: " << f.repro << "\n";
   }
