@@ -348,6 +348,13 @@ struct Finding {
   // stopped while shrinking it, its shrink steps kept hanging, a shrink limit, shrinking off).
   // Empty when the shrink reached a fixed point.
   std::string shrink_note;
+  // The report, left out when empty: the known-failure ledger entry that matches the finding
+  // (harness/campaign/ledger.h): its id (issue URL or ticket) and note.
+  std::string known, known_note;
+  // The report of a night (harness/campaign/lifecycle.h), left out when empty: the group's state
+  // across nights and the night it entered it; the replays of a new group and how many failed.
+  std::string state, state_since;
+  int64_t flaky_runs = 0, flaky_failures = 0;
   std::string summary;  // format_outcome of the minimal case ("detail" in report.json)
   std::string corpus_path, repro;
   std::vector<std::string> corpus_entries;  // every shard's entry for this group

@@ -263,6 +263,14 @@ Report Campaign::snapshot(bool complete) {
   r.shards = {sr};
   fill_devices(r);
   r.findings = findings_.records();
+  if (opts_.known) {
+    const LedgerResult lr = apply_ledger(*opts_.known, r.findings, utc_today());
+    for (size_t i : lr.expired) {
+      const KnownEntry& e = opts_.known->entries[i];
+      r.warnings.push_back("known-failure entry " + std::to_string(i) + " (" + e.id +
+                           ") expired on " + e.expires);
+    }
+  }
   if (complete && r.stop_reason == "time" && r.cases <= jobs_) {
     // The time budget ended with each thread through at most one case: the backends set the
     // pace.
@@ -434,7 +442,20 @@ int Campaign::finish(bool abandoned, Report* out) {
   if (!opts_.report_dir.empty()) {
     log << "report: " << opts_.report_dir << "/report.json, junit.xml, report.html\n";
   }
-  const bool failed = !r.findings.empty() || stats_.totals().failing_outcomes > 0;
+  bool failed = !r.findings.empty() || stats_.totals().failing_outcomes > 0;
+  if (opts_.known) {
+    // Every failing outcome belongs to a finding: the run fails for findings no entry knows,
+    // for expired entries, and (strict) for entries whose case now passes.
+    std::vector<Finding> findings = r.findings;
+    const LedgerResult lr = apply_ledger(*opts_.known, findings, utc_today());
+    const std::vector<int> fixed = replay_unseen(*opts_.known, lr, backend_names_);
+    log << render_ledger(*opts_.known, lr, fixed);
+    const bool stale =
+        opts_.strict_known && std::find(fixed.begin(), fixed.end(), 1) != fixed.end();
+    failed = lr.unknown > 0 || !lr.expired.empty() || stale ||
+             (r.findings.empty() && stats_.totals().failing_outcomes > 0);
+    if (stale) log << "--strict-known: an entry's case passes now; remove the entry\n";
+  }
   const int code = !failed && case_errors == 0 ? 0 : 1;
   if (abandoned) {
     // Threads still inside a case: leave without waiting for them (workers notice and exit).

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/campaign/ledger.h"
 #include "harness/campaign/options.h"
 #include "harness/campaign/report.h"
 #include "properties/evaluate.h"
@@ -57,6 +58,11 @@ struct CampaignOptions {
   // too, where every backend names it).
   Envelope envelope = any_case_envelope();
   std::string envelope_path;
+  // `--known FILE`: findings an entry of this ledger matches are reported as known and do not
+  // fail the run; an expired entry does (ledger.h). With strict_known, so does an entry whose
+  // recorded case now passes (fixed? remove the entry).
+  std::shared_ptr<const Ledger> known;
+  bool strict_known = false;
   std::string isolate = "device";  // device: GPU backends and plugins in workers; all; none
   std::string worker_exe;          // "" : this executable
   double report_interval_s = 30;

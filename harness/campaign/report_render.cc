@@ -98,6 +98,18 @@ std::string raw_text(const Finding& f, const char* sep) {
 }
 
 // The lines of one finding, for the terminal and JUnit (each line indented by `indent`).
+// The ledger's and the nights' marks of a finding: " [known: ID] [open since N] [flaky: ...]".
+std::string finding_marks(const Finding& f) {
+  std::string m;
+  if (!f.known.empty()) m += " [known: " + f.known + "]";
+  if (!f.state.empty()) m += " [" + f.state + " since " + f.state_since + "]";
+  if (f.flaky_runs > 0 && f.flaky_failures < f.flaky_runs) {
+    m += " [flaky: failed " + std::to_string(f.flaky_failures) + " of " +
+         std::to_string(f.flaky_runs) + " replays]";
+  }
+  return m;
+}
+
 std::string finding_lines(const Finding& f, const std::string& indent) {
   std::ostringstream os;
   os << indent << "fails " << joined(properties_of(f), ", ") << "; " << f.count
@@ -162,6 +174,10 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
   for (const auto& f : n.findings) {
     if (in_old(f)) {
       os << "still open: " << f.signature << " (" << f.count << " raw failure(s))\n";
+      continue;
+    }
+    if (!f.known.empty()) {
+      os << "known new finding: " << f.signature << " (" << f.known << ")\n";
       continue;
     }
     c.regression = true;
@@ -233,8 +249,11 @@ std::string render_junit(const Report& r) {
     }
     return true;
   };
+  // A finding the known-failure ledger holds is a skipped test case, not a failure.
+  int64_t known = 0;
+  for (const auto& f : r.findings) known += !f.known.empty();
   int64_t tests = static_cast<int64_t>(r.findings.size());
-  int64_t failures = tests, skipped = 0;
+  int64_t failures = tests - known, skipped = known;
   for (const auto& s : r.results) {
     ++tests;
     if (uncovered(s)) ++failures;
@@ -245,18 +264,25 @@ std::string render_junit(const Report& r) {
   x << "<testsuites name=\"mlafuzz\" tests=\"" << tests << "\" failures=\"" << failures
     << "\" errors=\"0\" skipped=\"" << skipped << "\" time=\"" << fmt_g(r.duration_s, 6) << "\">\n";
   x << "  <testsuite name=\"findings\" tests=\"" << r.findings.size() << "\" failures=\""
-    << r.findings.size() << "\" errors=\"0\" skipped=\"0\" time=\"" << fmt_g(r.duration_s, 6)
-    << "\" timestamp=\"" << esc(r.start) << "\" hostname=\"" << esc(r.host) << "\">\n";
+    << r.findings.size() - known << "\" errors=\"0\" skipped=\"" << known << "\" time=\""
+    << fmt_g(r.duration_s, 6) << "\" timestamp=\"" << esc(r.start) << "\" hostname=\""
+    << esc(r.host) << "\">\n";
   for (const auto& f : r.findings) {
-    std::string body = "finding " + f.signature + " seen " + std::to_string(f.count) + "x\n" +
-                       finding_lines(f, "");
+    std::string body = "finding " + f.signature + finding_marks(f) + " seen " +
+                       std::to_string(f.count) + "x\n" + finding_lines(f, "");
     if (!f.raw.empty()) body += "raw failures: " + raw_text(f, "; ") + "\n";
     const std::string causes =
         f.causes.empty() ? "fails on the canonical case" : joined(f.causes, "; ");
     x << "    <testcase name=\"" << esc(f.signature) << "\" classname=\"mlafuzz.findings."
-      << esc(f.backend) << "\">\n      <failure message=\""
-      << esc((f.kind.empty() ? f.property : f.kind) + ": " + causes) << "\" type=\""
-      << esc(f.kind.empty() ? f.property : f.kind) << "\">" << esc(body) << "</failure>\n"
+      << esc(f.backend) << "\">\n";
+    if (!f.known.empty()) {
+      x << "      <skipped message=\"" << esc("known: " + f.known + " (" + f.known_note + ")")
+        << "\">" << esc(body) << "</skipped>\n    </testcase>\n";
+      continue;
+    }
+    x << "      <failure message=\"" << esc((f.kind.empty() ? f.property : f.kind) + ": " + causes)
+      << "\" type=\"" << esc(f.kind.empty() ? f.property : f.kind) << "\">" << esc(body)
+      << "</failure>\n"
       << "    </testcase>\n";
   }
   x << "  </testsuite>\n";
@@ -542,8 +568,9 @@ void html_findings(std::ostream& h, const Report& r) {
        "<th>tightness</th><th class=\"l\">where</th><th class=\"l\">first case</th>"
        "<th class=\"l\">corpus / reproduce</th></tr>\n";
   for (const auto& f : r.findings) {
-    h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.backend) << "</td><td class=\"l\">"
-      << esc(f.kind.empty() ? f.property : f.kind) << "</td><td class=\"l\">"
+    h << "<tr class=\"fail\"><td class=\"l\">" << esc(f.backend) << esc(finding_marks(f))
+      << "</td><td class=\"l\">" << esc(f.kind.empty() ? f.property : f.kind)
+      << "</td><td class=\"l\">"
       << esc(f.causes.empty() ? (f.kind.empty() ? f.signature : "fails on the canonical case")
                               : joined(f.causes, "; "))
       << "</td><td class=\"l\">" << esc(joined(properties_of(f), ", ")) << "</td><td>" << f.count
@@ -689,7 +716,8 @@ std::string render_summary(const Report& r) {
   if (!r.findings.empty()) os << ", folding " << raw_total(r) << " raw failure(s)";
   os << "\n";
   for (const auto& f : r.findings) {
-    os << "  [" << f.count << "x] " << f.signature << "\n" << finding_lines(f, "      ");
+    os << "  [" << f.count << "x] " << f.signature << finding_marks(f) << "\n"
+       << finding_lines(f, "      ");
   }
   char line[512];
   std::snprintf(line, sizeof line, "  %-24s %-15s %8s %6s %8s %10s %10s %10s\n", "backend",

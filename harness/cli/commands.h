@@ -37,6 +37,7 @@ void register_repro(CLI::App& app, CommandTable& table);  // repro (properties/e
 void register_list_backends(CLI::App& app, CommandTable& table);
 void register_fuzz(CLI::App& app, CommandTable& table);         // campaigns (harness/campaign)
 void register_report(CLI::App& app, CommandTable& table);       // report summary/merge/compare/html
+void register_nights(CLI::App& app, CommandTable& table);       // finding states across nights
 void register_worker(CLI::App& app, CommandTable& table);       // internal: isolated backend worker
 void register_plugin_info(CLI::App& app, CommandTable& table);  // plugin-info (plugins)
 void register_mutants(CLI::App& app, CommandTable& table);      // mutation score (MLAFUZZ_MUTANTS)

@@ -34,6 +34,8 @@ struct FuzzOptions {
   int workers_per_gpu = 0;
   std::string corpus = "corpus/findings";
   std::string report;
+  std::string known;
+  bool strict_known = false;
   std::string properties;
   std::string shrink_time = "30s";
   int shrink_evals = campaign::CampaignOptions{}.shrink_evals;
@@ -110,6 +112,10 @@ int fuzz_command(const FuzzOptions& f) {
       o.envelope_path = f.envelope;
     }
     o.isolate = f.isolate;
+    if (!f.known.empty()) {
+      o.known = std::make_shared<const campaign::Ledger>(campaign::load_ledger(f.known));
+    }
+    o.strict_known = f.strict_known;
     if (f.progress == "live") {
       o.live_progress = 1;
     } else if (f.progress == "plain") {
@@ -118,6 +124,9 @@ int fuzz_command(const FuzzOptions& f) {
       throw std::invalid_argument("bad --progress '" + f.progress + "' (auto, live or plain)");
     }
   } catch (const std::invalid_argument& e) {
+    std::cerr << "mlafuzz fuzz: " << e.what() << '\n';
+    return kExitBadInput;
+  } catch (const campaign::LedgerError& e) {
     std::cerr << "mlafuzz fuzz: " << e.what() << '\n';
     return kExitBadInput;
   }
@@ -190,6 +199,12 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
                   "which backends run in worker processes: device (GPU backends and plugins), "
                   "all, none")
       ->capture_default_str();
+  sub->add_option("--known", f->known,
+                  "known-failure ledger (JSON, docs/nightly.md): findings an entry matches are "
+                  "reported as known and do not fail the run; an expired entry fails it; an "
+                  "entry no finding matched has its case replayed (fixed? remove the entry)");
+  sub->add_flag("--strict-known", f->strict_known,
+                "with --known: also fail when an entry's recorded case now passes");
   sub->add_option("--report-interval", f->report_interval, "rewrite the report this often")
       ->capture_default_str();
   sub->add_option("--progress", f->progress, "auto, live (one updated line) or plain")

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   register_list_backends(app, table);
   register_fuzz(app, table);
   register_report(app, table);
+  register_nights(app, table);
   register_worker(app, table);
   register_plugin_info(app, table);
 #if MLAFUZZ_HAVE_MUTATION

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "harness/campaign/ledger.h"
 #include "harness/cli/commands.h"
 #include "harness/core/fileio.h"
 
@@ -18,12 +19,24 @@ namespace cp = mlafuzz::campaign;
 struct ReportOptions {
   std::string input;
   std::vector<std::string> compare;
+  std::string known;
   double factor = 2.0;
   double min_tightness = 0.1;
   std::vector<std::string> merge_inputs;
   std::string merge_out, merge_corpus, merge_html, merge_junit;
   std::string render_in, render_out;
 };
+
+// Marks the report's findings that the ledger at `path` knows ("" : none) and prints what the
+// ledger did (its entries' cases are not replayed here: `fuzz --known` does that). True when the
+// ledger fails the report: a finding no entry knows, or an expired entry.
+bool apply_known(const std::string& path, cp::Report& r) {
+  if (path.empty()) return !r.findings.empty();
+  const cp::Ledger l = cp::load_ledger(path);
+  const cp::LedgerResult res = cp::apply_ledger(l, r.findings, cp::utc_today());
+  std::cout << cp::render_ledger(l, res, {});
+  return res.unknown > 0 || !res.expired.empty();
+}
 
 // Copies each finding's representative corpus entry (one per group) into `dir` and points the
 // report at it.
@@ -77,7 +90,8 @@ int report_command(const ReportOptions& o, CLI::App* merge, CLI::App* html, CLI:
         return kExitBadInput;
       }
       const cp::Report a = cp::load_report(o.compare[0]);
-      const cp::Report b = cp::load_report(o.compare[1]);
+      cp::Report b = cp::load_report(o.compare[1]);
+      apply_known(o.known, b);
       const cp::Comparison c = cp::compare_reports(a, b, {o.factor, o.min_tightness});
       std::cout << c.text;
       return c.regression ? kExitFailed : kExitOk;
@@ -87,8 +101,14 @@ int report_command(const ReportOptions& o, CLI::App* merge, CLI::App* html, CLI:
                    "subcommand (merge, html, junit); see --help\n";
       return kExitBadInput;
     }
-    std::cout << cp::render_summary(cp::load_report(o.input));
-    return kExitOk;
+    cp::Report r = cp::load_report(o.input);
+    if (o.known.empty()) {
+      std::cout << cp::render_summary(r);
+      return kExitOk;
+    }
+    const bool fails = apply_known(o.known, r);
+    std::cout << cp::render_summary(r);
+    return fails ? kExitFailed : kExitOk;
   } catch (const std::exception& e) {
     std::cerr << "mlafuzz report: " << e.what() << '\n';
     return kExitBadInput;
@@ -108,6 +128,10 @@ void register_report(CLI::App& app, CommandTable& table) {
       "`report html`/`report junit` re-render.");
   sub->add_option("input", o->input, "report.json to summarize");
   sub->add_option("--compare", o->compare, "OLD.json NEW.json")->expected(2);
+  sub->add_option("--known", o->known,
+                  "known-failure ledger (JSON): its findings are marked known; with a report, exit "
+                  "1 when a finding is not known or an entry expired; with --compare, a new "
+                  "finding the ledger knows is no regression");
   sub->add_option("--factor", o->factor, "tightness regression factor")->capture_default_str();
   sub->add_option("--min-tightness", o->min_tightness,
                   "ignore tightness changes while the new worst is below this")
