@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Checks that README.md and docs/*.md name only what exists and run as written.
+"""Checks that README.md, docs/*.md and the results pages name only what exists and run as written.
 
 Usage: scripts/check_docs.py [--root DIR] [--build DIR] [--update] [FILE.md ...]
+(default pages: README.md, CHANGELOG.md, bench/RESULTS.md and docs/*.md)
 
 - Paths: every repository path a page names (a Markdown link, or an inline `code` span whose
   first component is a folder or file of the repository) must exist; `*` is a glob, a trailing
@@ -198,14 +199,16 @@ def main() -> int:
     ap.add_argument("--root", default=here, help="repository root (default: this script's)")
     ap.add_argument("--build", help="build folder holding mlafuzz (default: ROOT/build)")
     ap.add_argument("--update", action="store_true", help="rewrite the help blocks")
-    ap.add_argument("pages", nargs="*", help="pages to check (default: README.md, docs/*.md)")
+    ap.add_argument("pages", nargs="*", help="pages to check (default: README.md, CHANGELOG.md, "
+                    "bench/RESULTS.md, docs/*.md)")
     a = ap.parse_args()
     root = os.path.abspath(a.root)
     build = os.path.abspath(a.build or os.path.join(root, "build"))
     if not os.access(os.path.join(build, "mlafuzz"), os.X_OK):
         print(f"check_docs: no executable {build}/mlafuzz (pass --build DIR)", file=sys.stderr)
         return 2
-    pages = a.pages or ["README.md"] + sorted(
+    pages = a.pages or [p for p in ("README.md", "CHANGELOG.md", "bench/RESULTS.md")
+                        if os.path.isfile(os.path.join(root, p))] + sorted(
         os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "docs", "*.md")))
     tops = repo_entries(root)
     problems: list[str] = []
