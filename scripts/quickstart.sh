@@ -10,10 +10,18 @@ build_dir=${1:-build}
 scripts/build.sh "$build_dir"
 
 status=0
-for c in corpus/cases/*.json; do
+cases=(corpus/cases/*.json)
+failed=()
+for c in "${cases[@]}"; do
   echo "== $c"
-  "$build_dir/mlafuzz" run --case "$c" --backends oracle,cpu-simt,cpu-mma || status=1
+  "$build_dir/mlafuzz" run --case "$c" --backends oracle,cpu-simt,cpu-mma || failed+=("$c")
 done
+if ((${#failed[@]})); then
+  echo "${#cases[@]} corpus cases: ${#failed[@]} fail: ${failed[*]}"
+  status=1
+else
+  echo "${#cases[@]} corpus cases: all pass"
+fi
 
 "$build_dir/mlafuzz" fuzz --report reports/quickstart --corpus reports/quickstart/corpus || status=1
 exit $status

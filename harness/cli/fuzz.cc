@@ -193,7 +193,7 @@ void register_fuzz(CLI::App& app, CommandTable& table) {
                   "case generator: default (every family) or one family, e.g. production")
       ->capture_default_str();
   sub->add_option("--envelope", f->envelope,
-                  "generate only cases inside this envelope (JSON, README \"Envelopes\"), "
+                  "generate only cases inside this envelope (JSON, docs/plugins.md \"Envelopes\"), "
                   "intersected with what the backends declare");
   sub->add_option("--isolate", f->isolate,
                   "which backends run in worker processes: device (GPU backends and plugins), "

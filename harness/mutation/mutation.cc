@@ -178,7 +178,7 @@ std::vector<MutantResult> run_python_mutants(
       throw std::runtime_error(
           given +
           " declares no planted bugs: give its module a MUTANTS = {name: description} dict and "
-          "one decorated function mutant_<name> per entry (README, \"Mutation score\")");
+          "one decorated function mutant_<name> per entry (docs/mutation.md)");
     }
     kernels.emplace_back(base, std::move(declared));
   }

@@ -138,6 +138,35 @@ PropertyStats some_stats(const std::string& backend, const std::string& property
   return s;
 }
 
+// The results table keeps its columns whatever the backend names: every row's "cases" column
+// ends where the header's does. A passing row with a huge max abs gets the line explaining it.
+TEST(ReportRender, ResultsTableAlignedForLongBackendNames) {
+  Report r;
+  r.cases = 10;
+  for (const char* b : {"cpu-mma", "python:/very/long/path/to/a/kernel_module.py:decode~mutant"}) {
+    PropertyStats s = some_stats(b, "insert-invalid", 0.5);
+    r.results.push_back(s);
+  }
+  // Every table line (header and rows) has the same length: right-aligned columns of one width.
+  std::istringstream lines(render_summary(r));
+  std::string line;
+  std::vector<size_t> lengths;
+  while (std::getline(lines, line)) {
+    if (line.find("insert-invalid") != std::string::npos ||
+        line.find("tight max") != std::string::npos) {
+      lengths.push_back(line.size());
+    }
+  }
+  ASSERT_EQ(lengths.size(), 3u) << render_summary(r);
+  EXPECT_EQ(lengths[0], lengths[1]) << render_summary(r);
+  EXPECT_EQ(lengths[0], lengths[2]) << render_summary(r);
+  EXPECT_EQ(render_summary(r).find("max abs is"), std::string::npos);
+  r.results[0].max_abs = 9.88e27;  // a passing row on values near 1e30
+  EXPECT_NE(render_summary(r).find("max abs is |backend - oracle| in output units"),
+            std::string::npos)
+      << render_summary(r);
+}
+
 Report some_report(double t, bool with_finding) {
   Report r;
   r.complete = true;

@@ -98,7 +98,20 @@ TEST(Cli, OracleLoopAgreesWithOracle) {
                            " --backends oracle,oracle-loop");
   EXPECT_EQ(o.rc, 0) << o.text;
   EXPECT_NE(o.text.find("oracle-loop vs oracle: B="), std::string::npos) << o.text;
-  EXPECT_NE(o.text.find("out PASS"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("out: all "), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("verdict PASS"), std::string::npos) << o.text;
+}
+
+// A run whose verdict passes never says FAIL: FlashMLA's fixed tolerances flag an element of the
+// correct MMA pipeline on this case, printed as information.
+TEST(Cli, FixedToleranceLinesAreInformationWhenTheVerdictPasses) {
+  const Output o = mlafuzz("run --case " + corpus("edge_v32.json") + " --backends cpu-mma");
+  EXPECT_EQ(o.rc, 0) << o.text;
+  EXPECT_NE(o.text.find("out: info: 1 of 16384 elements outside FlashMLA's fixed tolerance"),
+            std::string::npos)
+      << o.text;
+  EXPECT_NE(o.text.find("verdict PASS"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("FAIL"), std::string::npos) << o.text;
 }
 
 TEST(Cli, DumpWritesLoadableFiles) {

@@ -39,11 +39,11 @@ expect 2 "plugin /nonexistent/libk.so: cannot open: No such file or directory" \
   "$mlafuzz" plugin-info /nonexistent/libk.so
 
 # run: the plugin next to the oracle; a correct plugin passes, a wrong one fails the case.
-expect 0 "out PASS" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
+expect 0 "verdict PASS" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
 # run names a plugin by its declared name, as fuzz does (not by the path it was given).
 expect 0 "^plugin:cpu-fp32-example out \[" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
 expect 0 "^plugin:cpu-fp32-example vs oracle:" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"
-expect 1 "out FAIL" "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_zeros.so"
+expect 1 "verdict FAIL" "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_zeros.so"
 expect 2 "ABI version 3, mlafuzz supports 1 and 2" \
   "$mlafuzz" run --case "$case" --backends "plugin:$faulty/libfaulty_abi_v3.so"
 expect 2 "missing symbol mlafuzz_plugin_run" \
@@ -58,11 +58,11 @@ expect 0 "envelope:    none declared" "$mlafuzz" plugin-info "$variants/libabi_v
 expect 0 "topk multiple of 64" "$mlafuzz" plugin-info "$flash"
 expect 0 "all but batch (checked within the tolerance bound)" \
   "$mlafuzz" plugin-info "$variants/libvariant_batch_order_inexact.so"
-expect 0 "out PASS" "$mlafuzz" run --case "$case" --backends "plugin:$variants/libabi_v1_plugin.so"
+expect 0 "verdict PASS" "$mlafuzz" run --case "$case" --backends "plugin:$variants/libabi_v1_plugin.so"
 fuzz() { "$mlafuzz" fuzz --cases 3 --jobs 1 --progress plain --corpus "$work/c" --report "$work/r" "$@"; }
 expect 0 "generating inside the envelope: layouts model1; nope_dim {448}" \
   fuzz --backends oracle,cpu-simt --envelope "$envelope"
-expect 0 "plugin:flashmla-like .* run  *3  *0  *0" fuzz --backends "plugin:$flash"
+expect 0 "plugin:flashmla-like  *run  *3  *0  *0" fuzz --backends "plugin:$flash"
 echo '{"layouts": ["v32"]}' >"$work/v32.json"
 expect 2 "admit no case: no layout" fuzz --backends "plugin:$flash" --envelope "$work/v32.json"
 echo '{"head": {"max": 4}}' >"$work/typo.json"
