@@ -1,4 +1,4 @@
-// Float64 reference implementations of sparse MLA decode (SPEC.md section 3).
+// Float64 reference implementations of sparse MLA decode (docs/SPEC.md section 3).
 //
 // Two oracles that share nothing but the number-format decoders of kernels/common/fp_formats.h:
 // - the Eigen oracle (oracle_eigen.cc), written for speed: each batch row's selected keys are
@@ -23,7 +23,7 @@
 namespace mlafuzz {
 
 // One query row (r = b * s_q + s; the batch row b when s_q = 1) decoded once and shared by all
-// heads: the valid entries of its main list, then those of its extra list (SPEC.md section 8).
+// heads: the valid entries of its main list, then those of its extra list (docs/SPEC.md section 8).
 struct OracleRow {
   std::vector<int32_t> k;  // positions of the valid entries, in order: main list positions k,
                            // then extra list positions as topk + k (duplicates kept: a repeated

@@ -31,7 +31,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
   throw std::invalid_argument("oracle: " + what);
 }
 
-// One index list of query row r = b * s_q + s and the cache it reads (SPEC.md section 8): the
+// One index list of query row r = b * s_q + s and the cache it reads (docs/SPEC.md section 8): the
 // main list, or the extra list.
 struct List {
   const mla::CacheGeometry* geom;
@@ -185,7 +185,7 @@ int32_t row_logits_into(const MaterializedCase& m, int b, RowScratch& s) {
 }
 
 // Writes out[r, :, :] and lse[r, :] of query row r (`b` below): one joint softmax over the valid
-// entries of its main and extra lists (SPEC.md section 8; a token in both counts twice); then
+// entries of its main and extra lists (docs/SPEC.md section 8; a token in both counts twice); then
 // shows the row to `visitor` (when not null).
 void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& res,
                  OracleRowVisitor* visitor) {

@@ -1,6 +1,6 @@
-// The plain-loop float64 oracle, written straight from SPEC.md sections 2 and 3 and deliberately
-// independent of the Eigen oracle and of mla_params.h: its own byte addressing of both layouts,
-// its own validity rule, its own softmax. It shares only the number-format decoders of
+// The plain-loop float64 oracle, written straight from docs/SPEC.md sections 2 and 3 and
+// deliberately independent of the Eigen oracle and of mla_params.h: its own byte addressing of both
+// layouts, its own validity rule, its own softmax. It shares only the number-format decoders of
 // fp_formats.h (checked separately against CUDA's conversions and a fixed table), so a bug in
 // the shared addressing or masking code shows as a disagreement between the two oracles.
 #include <cmath>
@@ -18,7 +18,7 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// Byte offsets of one token's parts, from the layout definitions in SPEC.md section 2.
+// Byte offsets of one token's parts, from the layout definitions in docs/SPEC.md section 2.
 struct Where {
   int64_t nope, rope, scale;
 };
@@ -71,7 +71,7 @@ double key(const LoopLayout& L, const uint8_t* cache, const Where& w, int64_t d)
   return static_cast<double>(mla::e4m3_to_float(cache[w.nope + d])) * scale;
 }
 
-// One cache and its index lists (SPEC.md section 8: the main cache, or the extra cache).
+// One cache and its index lists (docs/SPEC.md section 8: the main cache, or the extra cache).
 struct LoopCache {
   LoopLayout L;
   const SharedVector<uint8_t>* bytes;
@@ -82,7 +82,7 @@ struct LoopCache {
   const char* name;
 };
 
-// SPEC.md 3: entry k of a list is valid when k < its topk_length (if given) and the index is
+// docs/SPEC.md 3: entry k of a list is valid when k < its topk_length (if given) and the index is
 // not invalid: exactly -1 (FlashMLA), any negative (SGLang, vLLM), or any index outside the
 // cache's slots (out_of_range).
 int32_t entry(const LoopCache& c, int64_t b, int64_t s, int64_t k) {

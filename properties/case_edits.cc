@@ -304,7 +304,7 @@ int32_t unused_token(const Case& c) {
   return -1;
 }
 
-// The extra cache (SPEC.md section 8): gone, or simpler.
+// The extra cache (docs/SPEC.md section 8): gone, or simpler.
 std::vector<Case> simpler_extra(const Case& c) {
   std::vector<Case> out;
   if (!c.extra) return out;

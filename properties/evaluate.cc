@@ -855,7 +855,7 @@ class Evaluator {
     ev_.outcomes.push_back(o);
   }
 
-  // SPEC.md section 8: moving valid entries from the main list to the extra list (or swapping
+  // docs/SPEC.md section 8: moving valid entries from the main list to the extra list (or swapping
   // the caches) leaves the mathematical result; within the sum of both runs' bounds.
   void move_to_extra_prop(BackendState& st) {
     if (ctx_.env.refuses_feature(kFeatureExtraCache)) {

@@ -37,7 +37,7 @@ struct GenConfig {
   int max_topk = 512;   // topk in [1, max_topk]
   int max_pages = 64;   // logical pages in the cache
   int max_page_size = 256;
-  // The production decode (SPEC.md section 8): query tokens per batch row in [1, max_s_q]
+  // The production decode (docs/SPEC.md section 8): query tokens per batch row in [1, max_s_q]
   // (1 most of the time) and an extra cache (about a quarter of the cases) when extra_cache.
   int max_s_q = 4;
   bool extra_cache = true;

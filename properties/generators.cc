@@ -33,7 +33,7 @@ struct Draft {
   int kexp = 127;
   bool explicit_indices = true;
   uint64_t bulk_seed = 0;  // CounterRng seed for index lists, permutations, sinks
-  // The extra cache (SPEC.md section 8), decided with the shape: its topk and page size (the
+  // The extra cache (docs/SPEC.md section 8), decided with the shape: its topk and page size (the
   // extra step draws the rest). extra_topk 0: none.
   int extra_topk = 0;
   int extra_page_size = 0;
@@ -655,7 +655,7 @@ Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
                   });
 }
 
-// ---- step 8: the extra cache (SPEC.md section 8) ----
+// ---- step 8: the extra cache (docs/SPEC.md section 8) ----
 // Its geometry (the main layout and dims, its own page size, count, stride and order), its lists
 // (explicit, from the main generator's patterns, or a rule), an optional extra_topk_length, and
 // the edges: an extra list all invalid, extra_topk_length 0, one token in both lists (values

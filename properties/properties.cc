@@ -213,7 +213,7 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
   const uint64_t seed = m.recipe.data_seed ^ static_cast<uint64_t>(variant);
   const std::vector<CacheView> views = caches(r);
   for (size_t c = 0; c < views.size(); ++c) {
-    // Both caches (SPEC.md section 8): every byte no valid selected token of that cache uses.
+    // Both caches (docs/SPEC.md section 8): every byte no valid selected token of that cache uses.
     const CounterRng rng(seed, Stream::kPoison, c == 0 ? 0 : 7);
     const std::vector<uint8_t> used = c == 0 ? used_cache_bytes(m) : used_extra_cache_bytes(m);
     SharedVector<uint8_t>& bytes = *views[c].cache;

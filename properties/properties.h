@@ -43,7 +43,7 @@ MaterializedCase batch_row_alone(const MaterializedCase& m, int b);
 // Query token s of batch row b alone (B = 1, s_q = 1; its lists and the row's lengths).
 MaterializedCase query_alone(const MaterializedCase& m, int b, int s);
 
-// SPEC.md section 8: up to `count` valid entries of every query token's main list (within the
+// docs/SPEC.md section 8: up to `count` valid entries of every query token's main list (within the
 // row's topk_length) moved into its extra list: the main entry becomes -1, a copy of the token's
 // bytes goes to new pages appended to the extra cache (created when the case has none) and its
 // slot is inserted into the extra list within the extra topk_length prefix, which grows by

@@ -26,7 +26,7 @@ enum class PropertyId {
   kPermute,
   kInsertInvalid,
   kMmaVsSimt,
-  kQueryAlone,  // the production decode (SPEC.md section 8)
+  kQueryAlone,  // the production decode (docs/SPEC.md section 8)
   kMoveToExtra,
   kSplitAgree,  // split-KV backends (issue 17)
 };

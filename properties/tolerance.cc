@@ -542,9 +542,9 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
                                        const std::vector<BoundsRequest>& requests) {
   const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
   const double s = std::fabs(m.sm_scale64);
-  // The joint softmax of the production decode (SPEC.md section 8) folds the main list's tiles,
-  // then the extra list's: T counts both lists' entries, nt both lists' tiles. The LSE-merged
-  // pipeline bounds each list alone and then their merge.
+  // The joint softmax of the production decode (docs/SPEC.md section 8) folds the main list's
+  // tiles, then the extra list's: T counts both lists' entries, nt both lists' tiles. The
+  // LSE-merged pipeline bounds each list alone and then their merge.
   struct Plan {
     const Pipeline* p;
     int T_main, T_extra, nt;

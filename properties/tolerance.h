@@ -1,6 +1,6 @@
 // THE tolerance model of mlafuzz: per-element error bounds for out and lse, derived from each
-// backend's precision pipeline (SPEC.md sections 4 and 5). Every tolerance the properties apply
-// comes from here; nothing else in the project compares numbers against a constant.
+// backend's precision pipeline (docs/SPEC.md sections 4 and 5). Every tolerance the properties
+// apply comes from here; nothing else in the project compares numbers against a constant.
 //
 // Notation for one batch row b and head h: valid tokens k (n of them) in a top-k list of length
 // T folded in nt = ceil(T / tile) online-softmax tiles; q and K_k exact (bf16 q, e4m3 * 2^e K,
@@ -57,7 +57,7 @@
 // of +inf, -inf and NaN must match the oracle's everywhere.
 // The float64 oracle's own error is the same model with u = 2^-53 and no tiles; it is added to
 // every bound (oracle-loop against the oracle: twice that).
-// The production decode (SPEC.md section 8) computes every (batch row, query token) as its own
+// The production decode (docs/SPEC.md section 8) computes every (batch row, query token) as its own
 // row over T(b, s), the valid entries of the main and the extra list. A joint-softmax kernel
 // (FlashMLA) folds the main list's tiles, then the extra list's, through one online softmax: the
 // model above with T = topk + extra_topk entries and nt = ceil(topk / tile) + ceil(extra_topk /

@@ -3,10 +3,10 @@
 
 Reads the raw inputs (q as bf16 bits, the paged FP8 KV cache as bytes, indices, topk_length,
 sink, and the extra cache of the production decode: extra_kv_cache, extra_indices,
-extra_topk_length) and decodes them here from the layout description in SPEC.md section 2
+extra_topk_length) and decodes them here from the layout description in docs/SPEC.md section 2
 (e4m3fn, ue8m0, fp32 scales, bf16 rope): no mlafuzz code is shared. Computes out and lse in
-float64 per SPEC.md sections 3 and 8 (one joint softmax over the valid entries of both lists, for
-each of the s_q query tokens of a row) and compares them with the dumped oracle outputs
+float64 per docs/SPEC.md sections 3 and 8 (one joint softmax over the valid entries of both
+lists, for each of the s_q query tokens of a row) and compares them with the dumped oracle outputs
 out64.npy / lse64.npy. q, indices, out and lse carry the s_q axis ([B, s_q, ...]) when s_q > 1.
 
 Prints the maximum differences; exits 1 when the relative difference exceeds 1e-9 (float64

@@ -1,9 +1,9 @@
-// Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (SPEC.md
+// Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (docs/SPEC.md
 // sections 1 and 7): H = 64, MODEL1, topk 128 with P = 256 and topk 512 with P = 64,
 // B in {1, 4, 16, 32, 64, 128}; with --production (or --all) the production decode of
-// DeepSeek-V4-Flash (SPEC.md section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P =
-// 256 with an extra cache of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in {1,
-// 16, 64, 128} for s_q 1 and 3 and B = 64 for s_q 2 and 4.
+// DeepSeek-V4-Flash (docs/SPEC.md section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P
+// = 256 with an extra cache of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in
+// {1, 16, 64, 128} for s_q 1 and 3 and B = 64 for s_q 2 and 4.
 //
 // Per kernel and shape: median of CUDA-event times over many launches after a warm-up
 // ("events"), the per-launch time of a CUDA graph of 20 launches ("graph", median over replays,
@@ -356,7 +356,7 @@ Timing time_kernel(Kernel k, const mla::DecodeParams& p, cudaStream_t s, void* f
   return t;
 }
 
-// FlashMLA sm90 sparse FP8 decode, MODEL1, H = 64, on the H200 (SPEC.md section 7): graph
+// FlashMLA sm90 sparse FP8 decode, MODEL1, H = 64, on the H200 (docs/SPEC.md section 7): graph
 // timing in us and with the L2 flushed; 0 where not measured (B = 4).
 double flashmla_us(int topk, int batch, bool cold) {
   const int bs[5] = {1, 16, 32, 64, 128};
@@ -368,7 +368,7 @@ double flashmla_us(int topk, int batch, bool cold) {
   return 0;
 }
 
-// "graph (flushed)" of FlashMLA's figure for the shape, "-" where SPEC.md has none.
+// "graph (flushed)" of FlashMLA's figure for the shape, "-" where docs/SPEC.md has none.
 std::string flashmla_text(int topk, int batch) {
   const double g = flashmla_us(topk, batch, false);
   if (g <= 0) return "-";
@@ -385,7 +385,7 @@ struct Shape {
   std::string label;     // console: topk(P) [+ extra] and the production fields
   std::string md_label;  // markdown first column
   int batch, heads, s_q, topk, page_size, extra_topk, extra_page_size;
-  bool flashmla;  // FlashMLA's figures exist for the shape (SPEC.md section 7)
+  bool flashmla;  // FlashMLA's figures exist for the shape (docs/SPEC.md section 7)
 };
 
 std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flush_bytes,
@@ -684,7 +684,7 @@ int main(int argc, char** argv) {
     }
   }
   if (run_production) {
-    // SPEC.md section 8: main topk 128 over P = 256 plus an extra cache in the same softmax.
+    // docs/SPEC.md section 8: main topk 128 over P = 256 plus an extra cache in the same softmax.
     std::printf(
         "\nProduction decode (H, s_q, main 128 over P=256 + extra topk(P), one softmax):\n");
     const int extras[2][2] = {{512, 64}, {1024, 2}};

@@ -1,4 +1,4 @@
-// Speed of the float64 oracles on the production shapes (SPEC.md section 3: H = 64, MODEL1,
+// Speed of the float64 oracles on the production shapes (docs/SPEC.md section 3: H = 64, MODEL1,
 // topk 128 with P = 256 and topk 512 with P = 64), single- and multi-threaded.
 //
 // Usage: bench_oracle [--min-seconds S] [--loop-max-batch N] [--threads N]

@@ -1,5 +1,5 @@
-// Per-call cost of the python: bridge on the original shapes (SPEC.md section 1: H = 64, MODEL1;
-// topk 128 with P = 256 and topk 512 with P = 64; B in {1, 4, 16, 32}), with a kernel that
+// Per-call cost of the python: bridge on the original shapes (docs/SPEC.md section 1: H = 64,
+// MODEL1; topk 128 with P = 256 and topk 512 with P = 64; B in {1, 4, 16, 32}), with a kernel that
 // returns at once, so that every microsecond is the bridge's. Per shape and call, a freshly
 // materialized case (its own data seed) is run three times:
 //   cold:    its first call (a device="cuda" worker has not seen its buffers: copies them all);

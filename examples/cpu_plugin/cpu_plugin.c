@@ -1,5 +1,5 @@
 /* An mlafuzz host plugin in plain C: sparse MLA decode over an FP8 paged KV cache with the fp32
- * pipeline of the SIMT kernel (SPEC.md section 4), written as loops from the formulas.
+ * pipeline of the SIMT kernel (docs/SPEC.md section 4), written as loops from the formulas.
  *
  * It shows everything a plugin does: declare itself (name, host, precision, the invariants it
  * keeps exactly), declare what it accepts (its envelope: cases are generated inside it), say

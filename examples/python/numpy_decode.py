@@ -1,10 +1,10 @@
-"""Sparse MLA decode in plain numpy: the fp32 (SIMT) pipeline of SPEC.md, as a python: backend.
+"""Sparse MLA decode in plain numpy: the fp32 (SIMT) pipeline of docs/SPEC.md, as a python: backend.
 
     mlafuzz fuzz --backends python:examples/python/numpy_decode.py:decode --time 60s
     mlafuzz fuzz --backends python:examples/python/numpy_decode.py:decode_planted_bug --time 60s
 
-``decode`` passes every property. ``decode_planted_bug`` is the same kernel with the bug SPEC.md
-section 1 warns about: the last nope tile is scaled with its neighbour's scale; mlafuzz finds
+``decode`` passes every property. ``decode_planted_bug`` is the same kernel with the bug
+docs/SPEC.md section 1 warns about: the last nope tile is scaled with its neighbour's scale; mlafuzz finds
 it and shrinks it to one row and one head.
 
 Planted bugs for the mutation score (``MUTANTS`` below, one ``mutant_<name>`` each; backend
@@ -53,7 +53,7 @@ MUTANTS: Dict[str, str] = {
 
 
 def valid_positions(call: mlafuzz.DecodeCall, b: int, mutant: str = "") -> np.ndarray:
-    """int64 ``[n]``: the top-k positions of row b that count (SPEC.md section 3)."""
+    """int64 ``[n]``: the top-k positions of row b that count (docs/SPEC.md section 3)."""
     idx = call.indices[b]
     k = np.arange(call.topk)
     if mutant == "invalid-index-unmasked":
@@ -126,7 +126,7 @@ ALL_CONVENTIONS = mlafuzz.Envelope(
 
 @mlafuzz.kernel(name="numpy-fp32", precision="fp32_simt", device="cpu", envelope=ALL_CONVENTIONS)
 def decode(call: mlafuzz.DecodeCall) -> None:
-    """numpy fp32 pipeline (SPEC.md), the example Python kernel."""
+    """numpy fp32 pipeline (docs/SPEC.md), the example Python kernel."""
     attend(call)
 
 

@@ -1,4 +1,4 @@
-"""Sparse MLA decode in PyTorch on the GPU: the MMA (bf16) pipeline of SPEC.md section 4.
+"""Sparse MLA decode in PyTorch on the GPU: the MMA (bf16) pipeline of docs/SPEC.md section 4.
 
     mlafuzz fuzz --backends python:examples/python/torch_decode.py:decode --time 5m
 

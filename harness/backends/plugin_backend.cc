@@ -490,7 +490,7 @@ MlafuzzDecodeCall make_plugin_call(const mla::DecodeParams& p, MlafuzzRunsOn mem
   c.lse = p.lse;
   c.lse_batch_stride = or_default(p.lse_batch_stride, int64_t{p.s_q} * p.heads);
   if (abi_version >= 2) {
-    // ABI version 2: the production decode's fields (SPEC.md section 8). A version-1 plugin
+    // ABI version 2: the production decode's fields (docs/SPEC.md section 8). A version-1 plugin
     // never gets s_q > 1 or an extra cache (beyond_version_1), so its struct needs none.
     c.s_q = p.s_q;
     c.q_token_stride = or_default(p.q_token_stride, p.heads * p.q_head_stride);

@@ -118,7 +118,7 @@ json scalars(const MaterializedCase& m) {
       {"lse_batch_stride", c.lse_batch_stride},
       {"has_topk_length", c.topk_length != nullptr},
       {"has_sink", c.sink != nullptr},
-      // ABI version 2 (SPEC.md section 8): query tokens and the extra cache.
+      // ABI version 2 (docs/SPEC.md section 8): query tokens and the extra cache.
       {"s_q", c.s_q},
       {"q_token_stride", c.q_token_stride},
       {"indices_token_stride", c.indices_token_stride},

@@ -27,7 +27,7 @@ enum class Precision {
 
 const char* precision_name(Precision p);
 
-// How a backend folds the extra cache into the result (SPEC.md section 8; plugin.h,
+// How a backend folds the extra cache into the result (docs/SPEC.md section 8; plugin.h,
 // MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
 // alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
 // selects the tolerance model's extra-cache bound (properties/tolerance.h).

@@ -16,7 +16,7 @@
 
 namespace mlafuzz {
 
-// Version 2 added the production decode of DeepSeek-V4-Flash (SPEC.md section 8): `s_q` query
+// Version 2 added the production decode of DeepSeek-V4-Flash (docs/SPEC.md section 8): `s_q` query
 // tokens per batch row and the `extra` cache, and the batch-row pads (q_batch_pad,
 // out_batch_pad, indices_row_pad, lse_row_pad). Version-1 files load unchanged and mean the same
 // (every version-2 field absent: s_q = 1, no extra cache, pads 0).
@@ -110,8 +110,8 @@ struct IndexSpec {
   double duplicate_fraction = 0.0;  // entries replaced by an earlier entry of the row
 };
 
-// The extra cache of the production decode (SPEC.md section 8): its own paging and index lists,
-// the layout and dims of the main cache. Its tokens draw their values from their own streams
+// The extra cache of the production decode (docs/SPEC.md section 8): its own paging and index
+// lists, the layout and dims of the main cache. Its tokens draw their values from their own streams
 // (or from the main cache's, with same_values: extra token t then holds main token t's values,
 // so that one token can appear in both lists).
 struct ExtraCache {

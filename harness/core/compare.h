@@ -1,12 +1,12 @@
 // Comparison of one backend's output and LSE against a reference backend.
 //
 // Two views, both printed by `mlafuzz run`:
-// - the original test's line (SPEC.md section 1), kept so numbers compare with its history:
+// - the original test's line (docs/SPEC.md section 1), kept so numbers compare with its history:
 //     out max|d|=1.953e-03 mean=7.192e-05 rel=6.711e-03 | lse max|d|=6.914e-05
 //   max|d| and mean are over positions where both values are finite; rel = max|d| / max|ref|
 //   over those same positions (a scale-free figure: the largest error relative to the largest
 //   reference magnitude, not an element-wise relative error).
-// - FlashMLA's check_is_allclose (tests/kernelkit/compare.py, SPEC.md section 5): an element
+// - FlashMLA's check_is_allclose (tests/kernelkit/compare.py, docs/SPEC.md section 5): an element
 //   passes when |a-r| < abs_tol or |a-r|/(|r|+1e-6) < rel_tol; +inf, -inf and NaN must sit at
 //   exactly the same positions (they are then zeroed in both, as FlashMLA does); and
 //   cos_diff = 1 - 2*sum(a*r)/sum(a^2+r^2) must stay within cos_tol.

@@ -65,8 +65,8 @@ struct MaterializedCase {
   double sm_scale64 = 0;  // the same value widened (the oracle uses this, not the recipe's)
   mla::Conventions conv;
 
-  // Query tokens per batch row (SPEC.md section 8): q, out and lse are [B, s_q, H, ...] and the
-  // index lists [B, s_q, topk]. Every *_token_stride steps over one query token of a row, every
+  // Query tokens per batch row (docs/SPEC.md section 8): q, out and lse are [B, s_q, H, ...] and
+  // the index lists [B, s_q, topk]. Every *_token_stride steps over one query token of a row, every
   // *_batch_stride over a batch row (all its tokens plus the row's pad). A "query row"
   // r = b * s_q + s is one (batch row, token) pair; the logical outputs of RunResult are
   // [B * s_q, H, d_v]. Every buffer is strided as the kernels see it; the gaps are filled per
@@ -91,7 +91,7 @@ struct MaterializedCase {
   int64_t lse_token_stride = 0;      // H
   int64_t lse_batch_stride = 0;      // s_q * H + lse_row_pad
 
-  // The extra cache (SPEC.md section 8), read in the same softmax: the main layout and dims,
+  // The extra cache (docs/SPEC.md section 8), read in the same softmax: the main layout and dims,
   // its own paging, bytes (padding filled per the recipe), index lists and lengths.
   bool has_extra = false;
   mla::CacheGeometry extra_geom;  // page_stride resolved

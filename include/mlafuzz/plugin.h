@@ -12,7 +12,7 @@
  * evaluated on it, failures are shrunk and saved to the corpus. In `mlafuzz fuzz` a plugin runs
  * in an isolated worker process, so a crash or a hang becomes a finding, not a dead campaign.
  *
- * The problem (SPEC.md section 3, one query row b and head h, one shared KV head):
+ * The problem (docs/SPEC.md section 3, one query row b and head h, one shared KV head):
  *   valid(k)  = indices[b][k] is not invalid (see invalid_index_rule) and k < topk_length[b]
  *   x_k       = sm_scale * <q[b][h], K(indices[b][k])>          over all d_qk dims
  *   lse[b][h] = ln(sum over valid k of exp(x_k))                  (sink excluded unless
@@ -80,7 +80,7 @@ extern "C" {
 
 /* ---- Enumerations (stored as int32_t in the structs, so their size is fixed) ---- */
 
-/* KV cache layouts (SPEC.md section 2). Sizes below are for the production dims; every size is
+/* KV cache layouts (docs/SPEC.md section 2). Sizes below are for the production dims; every size is
  * a parameter of the call (nope_dim, rope_dim, scale_tile, page_size, page_stride).
  *
  * MODEL1 (DeepSeek-V4-Flash), per page at base = page * page_stride:
@@ -158,7 +158,7 @@ typedef enum MlafuzzInvariance {
   MLAFUZZ_INVARIANT_QUERY = 1u << 4
 } MlafuzzInvariance;
 
-/* How a kernel combines the main and the extra cache (ABI version 2; SPEC.md section 8). It
+/* How a kernel combines the main and the extra cache (ABI version 2; docs/SPEC.md section 8). It
  * selects the error bound of cases with an extra cache. */
 typedef enum MlafuzzExtraPipeline {
   /* One online softmax over the main tiles then the extra tiles (FlashMLA): one bf16 store. */
@@ -248,7 +248,7 @@ typedef struct MlafuzzDecodeCall {
   int64_t lse_batch_stride;
 
   /* ---- ABI version 2 (struct_size > MLAFUZZ_DECODE_CALL_V1_SIZE) ----
-   * The production decode of DeepSeek-V4-Flash (SPEC.md section 8): s_q query tokens per batch
+   * The production decode of DeepSeek-V4-Flash (docs/SPEC.md section 8): s_q query tokens per batch
    * row and an optional extra cache, all in ONE softmax per (row, query token, head):
    *   T(b, s) = valid entries of indices[b][s] (below topk_length[b])
    *           + valid entries of extra_indices[b][s] (below extra_topk_length[b])

@@ -2,7 +2,7 @@
 //
 // Layouts, masking rules and the launch parameter struct live here, once. The oracle, the host
 // models and both CUDA kernels read the cache only through these functions, so an addressing or
-// masking bug shows on the CPU as well as on the GPU. See ../shared/SPEC.md sections 2 and 3.
+// masking bug shows on the CPU as well as on the GPU. See docs/SPEC.md sections 2 and 3.
 #pragma once
 
 #include <cstdint>
@@ -168,8 +168,8 @@ struct DecodeParams {
   float* lse = nullptr;                  // [B, H] natural-log LSE; heads contiguous
   int64_t lse_batch_stride = 0;          // elements between batch rows (>= H)
 
-  // The production decode (SPEC.md section 8; plugin ABI version 2): s_q query tokens per batch
-  // row, each with its own index lists, and an optional extra cache read in the same softmax.
+  // The production decode (docs/SPEC.md section 8; plugin ABI version 2): s_q query tokens per
+  // batch row, each with its own index lists, and an optional extra cache read in the same softmax.
   // q, indices, out and lse gain the token axis [B, s_q, ...]: the *_batch_stride fields step
   // over a batch row (all its tokens), the *_token_stride fields over one token. topk_length
   // (and extra_topk_length) stay [B]. s_q = 1 without an extra cache is the problem above.

@@ -1,4 +1,5 @@
-// Online-softmax state shared by both CUDA kernels and both host models (SPEC.md sections 3, 4).
+// Online-softmax state shared by both CUDA kernels and both host models (docs/SPEC.md sections 3,
+// 4).
 //
 // Tokens are folded in tiles: the running max m only grows; when it grows, every accumulator
 // (the row sum l and the output O) is multiplied by alpha = exp(m_old - m_new) before the tile's
@@ -51,8 +52,7 @@ MLA_HD float softmax_denominator(const SoftmaxState& s, const float* sink, int h
 
 // Natural-log LSE of the row. Empty row (no valid token): the convention's value, sink or not
 // (FlashMLA: +inf; SGLang/vLLM: -inf). sink_in_lse folds exp(sink) into the sum (SGLang Triton).
-MLA_HD float softmax_lse(const SoftmaxState& s, const float* sink, int head,
-                         const Conventions& c) {
+MLA_HD float softmax_lse(const SoftmaxState& s, const float* sink, int head, const Conventions& c) {
   if (s.m == neg_inf()) return c.empty_lse == EmptyRowLse::kPosInf ? pos_inf() : neg_inf();
   if (!c.sink_in_lse || sink == nullptr || sink[head] <= s.m) {
     const float sum = c.sink_in_lse ? softmax_denominator(s, sink, head) : s.l;

@@ -297,7 +297,7 @@ class CudaKernelBackend final : public Backend {
   bool on_device() const override { return true; }
   std::string simt_partner() const override { return simt_partner_; }
 
-  // The production decode (SPEC.md section 8: s_q query tokens per row, the extra cache) is
+  // The production decode (docs/SPEC.md section 8: s_q query tokens per row, the extra cache) is
   // staged like the rest: the launchers decide.
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     mla::DecodeParams p = m.host_params();

@@ -48,7 +48,7 @@ struct LayoutPlan {
   int32_t out_vec16 = 0;                // out rows 16-byte aligned (bf16x8 stores)
   int32_t page_pow2 = 0;   // next power of two of page_size (kPageSizePow2 mutant only)
   int64_t min_stride = 0;  // P * token_bytes (kPageStrideIgnored mutant only)
-  // The extra cache's copy units (SPEC.md section 8: the main layout and dims, so every other
+  // The extra cache's copy units (docs/SPEC.md section 8: the main layout and dims, so every other
   // field above holds for it too; its base, page size and stride set the units). Unused when
   // the call has no extra cache.
   int32_t extra_sec0_gran = 1, extra_sec1_gran = 1;
@@ -137,7 +137,7 @@ inline std::optional<std::string> common_unsupported(const DecodeParams& p) {
   if (g.page_size < 1) return "page_size must be >= 1";
   if (g.page_stride < min_page_stride(g)) return "page_stride below the layout minimum";
   if (p.s_q < 1) return "s_q must be >= 1";
-  // A batch row spans its s_q query tokens (SPEC.md section 8); with s_q = 1 the token strides
+  // A batch row spans its s_q query tokens (docs/SPEC.md section 8); with s_q = 1 the token strides
   // are never used (callers of the version-1 problem leave them 0).
   const int64_t sq = p.s_q;
   const bool multi = p.s_q > 1;
@@ -228,8 +228,8 @@ __device__ __forceinline__ void lanes_copy(uint8_t* dst, const uint8_t* src, int
   }
 }
 
-// One index list of one query token and the cache it reads (SPEC.md section 8): the token's main
-// list, or its extra list (the same layout and dims, its own paging). Built per tile from the
+// One index list of one query token and the cache it reads (docs/SPEC.md section 8): the token's
+// main list, or its extra list (the same layout and dims, its own paging). Built per tile from the
 // kernel parameters (a few constant-bank loads), so that the hot loops see one cache either way.
 struct ListView {
   const uint8_t* kv = nullptr;
@@ -283,7 +283,8 @@ __device__ __forceinline__ int effective_entries(int topk, int32_t topk_len) {
   return n;
 }
 
-// Validity of top-k entry k of a list (SPEC.md 3) and the slot it reads, with the index mutants.
+// Validity of top-k entry k of a list (docs/SPEC.md 3) and the slot it reads, with the index
+// mutants.
 template <Mutant M>
 __device__ __forceinline__ bool entry_valid(const DecodeParams& p, const ListView& L, int32_t& idx,
                                             int k) {

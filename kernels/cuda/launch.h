@@ -1,4 +1,4 @@
-// Launchers of the two CUDA sparse-decode kernels (SPEC.md sections 3 and 4).
+// Launchers of the two CUDA sparse-decode kernels (docs/SPEC.md sections 3 and 4).
 //
 // Plain C++: no CUDA type appears here, so host code (the backends, a user's plugin) can call the
 // kernels without including CUDA headers. Every pointer in the DecodeParams is a DEVICE pointer.
@@ -23,7 +23,7 @@ inline constexpr int kErrWorkspace = 100001;    // the split workspace is missin
 // layouts, 16 <= nope_dim <= 512 (multiple of 16 and of scale_tile), scale_tile multiple of 8,
 // 0 <= rope_dim <= 64 (multiple of 16), any q/out strides, -1 or negative indices per the
 // convention, topk_length, an optional sink (+-inf allowed) and empty rows; and the production
-// decode (SPEC.md section 8): s_q >= 1 query tokens per row (the *_token_stride fields; unused
+// decode (docs/SPEC.md section 8): s_q >= 1 query tokens per row (the *_token_stride fields; unused
 // when s_q = 1) and an optional extra cache (has_extra: its own pointer, paging, extra_topk >= 0,
 // indices and strides, optional extra_topk_length; the main layout and dims) read in the same
 // online softmax after the main list's tiles.

@@ -1,4 +1,4 @@
-// The tensor-core head-tiled kernel (the "new" kernel, SPEC.md section 4, MMA pipeline).
+// The tensor-core head-tiled kernel (the "new" kernel, docs/SPEC.md section 4, MMA pipeline).
 //
 // One thread block per (batch row, query token, block of BH heads) (grid x: head blocks of the
 // token-major (token, head block) pairs; grid y: batch rows); 4*BH/16 warps (8 for BH = 32, 16
@@ -7,7 +7,7 @@
 // BH). Warp w works for head group hg = w % G
 // (16 heads: the MMA M dimension) and position q = w / G inside it.
 // Tiles: one loop over a virtual tile range [0, n_main + n_extra): the main list's tiles of the
-// token, then its extra list's (SPEC.md section 8), through ONE online softmax. The extra list
+// token, then its extra list's (docs/SPEC.md section 8), through ONE online softmax. The extra list
 // starts a tile of its own (its entry 0 is the first token of tile n_main), as cpu-mma's
 // fold_list does; tile_list() maps a virtual tile to its list (cache, indices, paging) and first
 // entry. Per tile of kMmaTokenTile = 64 selected tokens:

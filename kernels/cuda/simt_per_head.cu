@@ -1,9 +1,9 @@
-// The SIMT per-head kernel (the "old" kernel, SPEC.md section 4, SIMT pipeline).
+// The SIMT per-head kernel (the "old" kernel, docs/SPEC.md section 4, SIMT pipeline).
 //
 // One thread block of 128 threads (4 warps) per (batch row, query token, head) (grid x: the
 // token-major (token, head) pairs, grid y: batch rows; any H); each head re-reads the selected
 // KV (that is the design being replaced, not a weakness of this implementation). The token's
-// main list's tiles, then its extra list's (SPEC.md section 8; the extra list starts a tile of
+// main list's tiles, then its extra list's (docs/SPEC.md section 8; the extra list starts a tile of
 // its own, as cpu-simt walks them) through one online softmax: one loop over the virtual tile
 // range [0, n_main + n_extra), tile_list() mapping a tile to its list and first entry.
 // q * sm_scale in fp32 in smem, padded to np + rope columns with the padded columns zero.

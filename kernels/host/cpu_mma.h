@@ -1,10 +1,10 @@
 // cpu-mma: host model of the head-tiled tensor-core kernel (kernels/cuda/mma_head_tiled.cuh;
-// SPEC.md section 4, second pipeline), as a template on the planted bug so that cpu_mma.cc
+// docs/SPEC.md section 4, second pipeline), as a template on the planted bug so that cpu_mma.cc
 // (kNone) and cpu_mma_mutants.cc share it.
 //
 // Order of the kernel: one program per (batch row, query token, block of BLOCK_H heads); the main
-// list's tiles, then the extra list's (SPEC.md section 8) in the same online softmax; per tile of
-// mla::kMmaTokenTile = 64 selected tokens (decoded to bf16 once, for every head of the block),
+// list's tiles, then the extra list's (docs/SPEC.md section 8) in the same online softmax; per tile
+// of mla::kMmaTokenTile = 64 selected tokens (decoded to bf16 once, for every head of the block),
 // per head: logits x = fp32(q . K) * sm_scale (q bf16 unscaled; bf16 x bf16 products are exact
 // in fp32; masked tokens -inf), the tile max, softmax_advance, p = exp(x - m) in fp32 (exactly 0
 // for masked tokens), the tile's row sum of the unrounded p in the kernel's order (per 8-token
@@ -64,7 +64,7 @@ inline void dot_lanes2(const float* __restrict qa, const float* __restrict qb,
 
 struct MmaScratch {
   DecodedRow row;
-  DecodedRow extra;                      // the token's extra list (SPEC.md section 8)
+  DecodedRow extra;                      // the token's extra list (docs/SPEC.md section 8)
   std::vector<float> q;                  // [block_h, width] bf16 q of the block's heads
   std::vector<float> o;                  // [block_h, width] fp32 output accumulators
   std::vector<float> x;                  // [block_h, 64] logits of the tile
@@ -78,7 +78,7 @@ struct MmaScratch {
   std::vector<float> part_m, part_l, part_o;
 };
 
-// The LSE-merged production pipeline (SGLang's Triton path; SPEC.md section 8, tolerance.h):
+// The LSE-merged production pipeline (SGLang's Triton path; docs/SPEC.md section 8, tolerance.h):
 // the main list and the extra list each through their own online softmax without the sink, each
 // partial stored in bf16 (O_i = bf16(o_i * (1 / l_i))) with its fp32 LSE l_i = m_i + log(l_i),
 // then merged in fp32 as two "tokens" of logit l_i through the same state functions (the sink

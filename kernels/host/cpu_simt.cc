@@ -1,8 +1,8 @@
-// cpu-simt: host model of the SIMT per-head kernel (kernels/cuda/simt_per_head.cu; SPEC.md
+// cpu-simt: host model of the SIMT per-head kernel (kernels/cuda/simt_per_head.cu; docs/SPEC.md
 // section 4, first pipeline), operation for operation.
 //
 // Per (batch row, query token, head), tiles of mla::kSimtTokenTile = 32 tokens (a warp's lanes);
-// with an extra cache (SPEC.md section 8) the extra list's tiles follow the main list's in the
+// with an extra cache (docs/SPEC.md section 8) the extra list's tiles follow the main list's in the
 // same online softmax:
 // - q * sm_scale rounded to fp32 once, in the padded column layout (padded columns zero).
 // - logit of token j: 32 lanes, lane l owns the 8-column units l, l + 32, ... and accumulates
@@ -74,7 +74,7 @@ float warp_dot(const float* __restrict q, const float* __restrict k, const WarpC
 
 struct SimtScratch {
   DecodedRow row;
-  DecodedRow extra;      // the token's extra list (SPEC.md section 8)
+  DecodedRow extra;      // the token's extra list (docs/SPEC.md section 8)
   std::vector<float> q;  // [width] q * sm_scale of one head, warp column order
   std::vector<float> o;  // [width] fp32 output accumulator, warp column order
 };

@@ -1,5 +1,5 @@
 // Host models of the two CUDA kernels: CPU backends that follow each kernel's precision pipeline
-// and token-tile order (SPEC.md section 4), reading the cache through the same shared
+// and token-tile order (docs/SPEC.md section 4), reading the cache through the same shared
 // host-device code (kernels/common). CI has no GPU: these are what its differential tests run.
 //
 // - cpu-simt (Precision::kSimtFp32), the per-head SIMT kernel: q * sm_scale in fp32, K and V

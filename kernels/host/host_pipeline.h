@@ -56,7 +56,7 @@ struct HostCall {
 };
 
 // One index list of one query token and the cache it reads: the main list of token s of batch
-// row b, or its extra list (SPEC.md section 8; the same layout and dims, its own paging).
+// row b, or its extra list (docs/SPEC.md section 8; the same layout and dims, its own paging).
 struct ListSource {
   mla::CacheGeometry geom;
   const uint8_t* cache = nullptr;

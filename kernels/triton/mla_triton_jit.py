@@ -1,6 +1,6 @@
 """The Triton code of triton-simt and triton-mma (imports triton: load it only where it exists).
 
-Written from /work/shared/SPEC.md sections 2-4 and 6, not from any project's kernel:
+Written from docs/SPEC.md sections 2-4 and 6, not from any project's kernel:
 - cache bytes (section 2): MODEL1 page = [P x (nope e4m3 | rope bf16)] then [P x scale row of
   ue8m0 bytes, padded to a multiple of 8]; V32 token = [nope e4m3 | tiles x fp32 scale | rope
   bf16]. Every field is read byte by byte (a page stride may be odd, so no wider load is aligned)

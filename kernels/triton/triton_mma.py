@@ -1,4 +1,4 @@
-"""triton-mma: the head-tiled sparse-decode kernel in Triton, on tl.dot (SPEC.md section 4, MMA).
+"""triton-mma: the head-tiled sparse-decode kernel in Triton, on tl.dot (docs/SPEC.md 4, MMA).
 
     mlafuzz fuzz --backends triton-mma,triton-simt --time 5m
     (aliases of python:<mlafuzz>/kernels/triton/triton_mma.py:decode and triton_simt.py:decode)

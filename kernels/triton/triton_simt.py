@@ -1,4 +1,4 @@
-"""triton-simt: the old per-head sparse-decode kernel in Triton, fp32 throughout (SPEC.md 4).
+"""triton-simt: the old per-head sparse-decode kernel in Triton, fp32 throughout (docs/SPEC.md 4).
 
     mlafuzz fuzz --backends triton-simt --time 5m
     (the alias of python:<mlafuzz>/kernels/triton/triton_simt.py:decode)

@@ -303,7 +303,7 @@ def kernel(
         inexact: the invariants the kernel does NOT promise bit for bit: "batch" (a row alone
             gives the same bits), "head", "deterministic", "page_placement", "query". Those are
             checked within the tolerance bound instead (reported as bounded), never skipped.
-        extra_pipeline: how the kernel folds the extra cache in (SPEC.md section 8): "joint"
+        extra_pipeline: how the kernel folds the extra cache in (docs/SPEC.md section 8): "joint"
             (one online softmax over both lists, FlashMLA) or "lse_merged" (each list alone,
             stored in bf16 with its LSE, then merged and rounded again, SGLang's Triton path).
             It selects the extra-cache tolerance bound.
@@ -375,7 +375,7 @@ class DecodeCall:
     Arrays (B = batch, H = heads):
         q: ``[B, H, d_qk]`` bf16 bits, numpy uint16 (torch.bfloat16 on cuda); a strided view
             when the case pads heads (``q_head_stride > d_qk``).
-        kv_cache: ``[num_pages, page_stride]`` uint8, the paged FP8 cache (SPEC.md section 2).
+        kv_cache: ``[num_pages, page_stride]`` uint8, the paged FP8 cache (docs/SPEC.md section 2).
         indices: ``[B, topk]`` int32 global slots (page = idx // page_size).
         topk_length: ``[B]`` int32, or None (every top-k entry counts).
         sink: ``[H]`` float32 sink logits (may hold +inf or -inf), or None.
@@ -384,7 +384,7 @@ class DecodeCall:
             elements between heads are canaries: never write them).
         lse: ``[B, H]`` float32 natural-log LSE, written.
 
-    The production decode (ABI version 2, SPEC.md section 8): ``s_q`` query tokens per batch
+    The production decode (ABI version 2, docs/SPEC.md section 8): ``s_q`` query tokens per batch
     row and an optional extra cache, all in ONE softmax per (row, token, head) over the valid
     entries of both lists (a token in both counts twice). When ``s_q > 1``, q, indices, out and
     lse gain the token axis after the batch axis: ``[B, s_q, H, d_qk]``, ``[B, s_q, topk]``,

@@ -3,8 +3,8 @@
 // float64 oracle under a pipeline-derived bound, against their host models (cpu-simt, cpu-mma,
 // cpu-mma-small), bitwise
 // invariants (poisoned unread bytes, determinism, BLOCK_H 32 == 64, guard bands), the fast fp8
-// decode, the table of the five original shapes, and the production decode of SPEC.md section 8
-// (extra cache, s_q > 1, H = 128: CudaProduction*). Every test skips without a CUDA device.
+// decode, the table of the five original shapes, and the production decode of docs/SPEC.md section
+// 8 (extra cache, s_q > 1, H = 128: CudaProduction*). Every test skips without a CUDA device.
 //
 // MLAFUZZ_GPU_CASES=n lowers the number of random recipes (compute-sanitizer runs use a few).
 // MLAFUZZ_CORPUS_DIR names the corpus folder when the tree sits elsewhere (the GPU machine).
@@ -493,7 +493,7 @@ TEST(CudaCorpus, EveryCaseWithinBoundOfOracle) {
               dir.string().c_str(), ran, unsupported);
 }
 
-// ---- the production decode (SPEC.md section 8): extra cache, s_q > 1, H = 128 ----
+// ---- the production decode (docs/SPEC.md section 8): extra cache, s_q > 1, H = 128 ----
 
 // A production-shaped case: MODEL1 448 + 64, main topk 128 over P = 256 (4 pages), s_q query
 // tokens per row, and (extra_topk > 0) an extra cache of extra_topk entries over pages of
@@ -769,7 +769,7 @@ TEST(CudaProductionCorpus, ProductionAndExtraCasesAreSupported) {
   if (checked == 0) GTEST_SKIP() << "no production/extra corpus cases under " << dir;
 }
 
-// ---- the five original shapes (SPEC.md section 1): MMA vs SIMT vs oracle ----
+// ---- the five original shapes (docs/SPEC.md section 1): MMA vs SIMT vs oracle ----
 
 Case original_shape(int batch, int topk) {
   Case c;

@@ -1,6 +1,6 @@
 // Layout round trips: materialize, then read every field of every token back, both through
 // mla::token_address / dequant_k and through addresses computed here from the layout text
-// (SPEC.md section 2), and compare with an independent re-quantization of the drawn values.
+// (docs/SPEC.md section 2), and compare with an independent re-quantization of the drawn values.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The float64 oracles against hand-computed answers (SPEC.md section 3 and every edge
+// The float64 oracles against hand-computed answers (docs/SPEC.md section 3 and every edge
 // convention), against each other on random cases of both layouts, and as backends.
 #include "oracle/oracle.h"
 

@@ -103,7 +103,7 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
 
 def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
     # mma2_kernel's FP8CVT path (e4m3fn -> fp16 -> fp32 by the hardware conversion) must give
-    # the bits of _e4m3_to_f32 (SPEC.md section 2: subnormals kept, 0x7f/0xff NaN). The H200
+    # the bits of _e4m3_to_f32 (docs/SPEC.md section 2: subnormals kept, 0x7f/0xff NaN). The H200
     # runs of 2026-12-01 failed here on one byte, 0x80: the integer decode gave +0.0 (its sign
     # applied as -mag), the hardware -0.0; the integer decode now sets the sign bit.
     import torch  # noqa: PLC0415

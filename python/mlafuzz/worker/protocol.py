@@ -77,7 +77,7 @@ _SCALARS = (
     "indices_batch_stride", "out_head_stride", "out_batch_stride", "lse_batch_stride",
     "has_topk_length", "has_sink",
 )
-# ABI version 2 (SPEC.md section 8): query tokens and the extra cache; absent from requests of
+# ABI version 2 (docs/SPEC.md section 8): query tokens and the extra cache; absent from requests of
 # an older mlafuzz (the defaults then mean s_q = 1, no extra cache).
 _SCALARS_V2 = (
     "s_q", "q_token_stride", "indices_token_stride", "out_token_stride", "lse_token_stride",

@@ -12,7 +12,7 @@
  * evaluated on it, failures are shrunk and saved to the corpus. In `mlafuzz fuzz` a plugin runs
  * in an isolated worker process, so a crash or a hang becomes a finding, not a dead campaign.
  *
- * The problem (SPEC.md section 3, one query row b and head h, one shared KV head):
+ * The problem (docs/SPEC.md section 3, one query row b and head h, one shared KV head):
  *   valid(k)  = indices[b][k] is not invalid (see invalid_index_rule) and k < topk_length[b]
  *   x_k       = sm_scale * <q[b][h], K(indices[b][k])>          over all d_qk dims
  *   lse[b][h] = ln(sum over valid k of exp(x_k))                  (sink excluded unless
@@ -67,7 +67,7 @@ extern "C" {
 
 /* ---- Enumerations (stored as int32_t in the structs, so their size is fixed) ---- */
 
-/* KV cache layouts (SPEC.md section 2). Sizes below are for the production dims; every size is
+/* KV cache layouts (docs/SPEC.md section 2). Sizes below are for the production dims; every size is
  * a parameter of the call (nope_dim, rope_dim, scale_tile, page_size, page_stride).
  *
  * MODEL1 (DeepSeek-V4-Flash), per page at base = page * page_stride:
