@@ -4,8 +4,8 @@
     mlafuzz fuzz --backends python:examples/python/numpy_decode.py:decode_planted_bug --time 60s
 
 ``decode`` passes every property. ``decode_planted_bug`` is the same kernel with the bug
-docs/SPEC.md section 1 warns about: the last nope tile is scaled with its neighbour's scale; mlafuzz finds
-it and shrinks it to one row and one head.
+docs/SPEC.md section 1 warns about: the last nope tile is scaled with its neighbour's scale;
+mlafuzz finds it and shrinks it to one row and one head.
 
 Planted bugs for the mutation score (``MUTANTS`` below, one ``mutant_<name>`` each; backend
 ``python:examples/python/numpy_decode.py:decode~<name>``)::
