@@ -489,7 +489,8 @@ class Evaluator {
                          ctx_.backend_bounds(*a.be), &ctx_.backend_bounds(*b.be),
                          ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
         fill_from_check(o, bc);
-        locate(o, a.clean, true, b.clean.out, b.clean.lse, true, &bound);
+        locate(o, a.clean, true, b.clean.out, b.clean.lse, true, &ctx_.backend_bounds(*a.be),
+               &ctx_.backend_bounds(*b.be));
         ev_.outcomes.push_back(o);
       }
     }
@@ -502,10 +503,13 @@ class Evaluator {
   // o.wrong of a failed comparison of `got` with `want` over the whole case.
   void locate(PropertyOutcome& o, const RunResult& got, bool got_bf16,
               const std::vector<double>& want_out, const std::vector<double>& want_lse,
-              bool want_bf16, const Bounds* bound) {
+              bool want_bf16, const Bounds* bound, const Bounds* plus = nullptr) {
     if (!locating(o)) return;
-    note_wrong(o, got, got_bf16, want_out, want_lse, want_bf16, bound, ctx_.m.heads, ctx_.m.d_v(),
-               all(ctx_.m.query_rows()), all(ctx_.m.heads));
+    // The bound the check applied: bound + *plus, summed here only when a failure is located.
+    Bounds sum;
+    if (bound && plus) sum = add_bounds(*bound, *plus);
+    note_wrong(o, got, got_bf16, want_out, want_lse, want_bf16, bound && plus ? &sum : bound,
+               ctx_.m.heads, ctx_.m.d_v(), all(ctx_.m.query_rows()), all(ctx_.m.heads));
   }
 
   // o.wrong of a bitwise comparison of the raw-only run `r` of variant v with the clean run.
@@ -647,7 +651,8 @@ class Evaluator {
         check_bounds(check_side(st.clean, ctx_.m, is_bf16(be)), ref, ctx_.backend_bounds(be),
                      &ctx_.b64, ctx_.m.query_rows(), ctx_.m.heads, ctx_.m.d_v());
     fill_from_check(o, bc);
-    locate(o, st.clean, is_bf16(be), ctx_.ref.out, ctx_.ref.lse, false, &bound);
+    locate(o, st.clean, is_bf16(be), ctx_.ref.out, ctx_.ref.lse, false, &ctx_.backend_bounds(be),
+           &ctx_.b64);
     if (opt_.reference_metrics) {
       const AllcloseResult oc = check_allclose(st.clean.out, ctx_.ref.out, kFlashMlaOutTol);
       const AllcloseResult lc = check_allclose(st.clean.lse, ctx_.ref.lse, kFlashMlaLseTol);
@@ -967,7 +972,7 @@ class Evaluator {
       const double seconds = o.seconds;
       fill_from_check(o, bc);
       o.seconds = seconds;
-      locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &bound);
+      locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &clean, variant);
       if (!o.passed) o.detail = what + " moved the output beyond the bound: " + o.detail;
     }
     ev_.outcomes.push_back(o);
@@ -997,7 +1002,7 @@ class Evaluator {
       if (!bc.passed || bc.tightness >= o.tightness) fill_from_check(o, bc);
       o.seconds = seconds;
       if (!bc.passed) {
-        locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &bound);
+        locate(o, r, is_bf16(be), st.clean.out, st.clean.lse, is_bf16(be), &bound, &bound);
         o.detail = std::string(splits == 1 ? "1 split per row" : "one split per tile") +
                    " moved the output beyond the bound: " + o.detail;
         break;

@@ -1,6 +1,6 @@
 // The known-failure ledger: findings a team already knows about, each tied to a ticket.
 //
-// A ledger is a JSON file (docs/nightly.md, "Known failures"):
+// A ledger is a JSON file (docs/nightly.md, "The ledger file"):
 //
 //   {"format": "mlafuzz-known", "version": 1,
 //    "known": [{"id": "https://github.com/org/kernels/issues/212",
