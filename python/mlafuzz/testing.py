@@ -15,6 +15,7 @@ python: workers run the interpreter running the test (``sys.executable``) unless
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import os
 import re
@@ -274,7 +275,7 @@ def group_findings(findings: Sequence[Dict[str, Any]], undeclared: Sequence[str]
                     "properties": list(f.get("properties") or [f.get("property")]),
                     "hint": hint.format(s_q=case.get("s_q", "several")) if hint else "",
                     "case": case})
-    out.sort(key=lambda g: g["key"])
+    out.sort(key=lambda g: str(g["key"]))
     return out
 
 
@@ -314,6 +315,7 @@ class FuzzResult:
         report_dir: the report folder (deleted when it was a temporary one).
         corpus_dir: the kernel's corpus folder (its findings, replayed before each campaign).
         replayed: the earlier findings replayed first, each now passing ("fixed").
+        known: the findings (new or replayed) that the ``known`` ledger holds.
     """
 
     report: Dict[str, Any]
@@ -321,6 +323,7 @@ class FuzzResult:
     report_dir: str
     corpus_dir: str = ""
     replayed: List[str] = dataclasses.field(default_factory=list)
+    known: List[Dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _kernel_info(backend: str, kernel: Kernel) -> Any:
@@ -347,6 +350,37 @@ def _undeclared(info: Any) -> List[str]:
     if "extra_cache" not in (env.get("refuses") or []) and info.extra_cache is None:
         out.append("extra_cache")
     return out
+
+
+def _load_known(path: str) -> List[Dict[str, Any]]:
+    """The entries of a known-failure ledger (docs/nightly.md); mlafuzz itself checks the file."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    entries = data.get("known") if isinstance(data, dict) else None
+    if data.get("format") != "mlafuzz-known" or not isinstance(entries, list):
+        raise RuntimeError(f"{path}: not a known-failure ledger (format mlafuzz-known)")
+    return [e for e in entries if isinstance(e, dict)]
+
+
+def _known_id(finding: Dict[str, Any], entries: List[Dict[str, Any]]) -> str:
+    """The id of the first ledger entry matching the finding ("" when none), with the rules of
+    mlafuzz's own matching: globs over backend, signature, any failing property, and each cause
+    pattern against one cause."""
+    props = [finding.get("property", "")] + list(finding.get("properties") or [])
+    causes = list(finding.get("causes") or [])
+    for e in entries:
+        if not fnmatch.fnmatchcase(finding.get("backend", ""), e.get("backend", "*")):
+            continue
+        if e.get("signature") and not fnmatch.fnmatchcase(finding.get("signature", ""),
+                                                          e["signature"]):
+            continue
+        if e.get("property") and not any(fnmatch.fnmatchcase(p, e["property"]) for p in props):
+            continue
+        if not all(any(fnmatch.fnmatchcase(c, pat) for c in causes)
+                   for pat in e.get("causes") or []):
+            continue
+        return str(e.get("id", "?"))
+    return ""
 
 
 def _replay_corpus(corpus_dir: str, backend: str, env: Dict[str, str]
@@ -416,6 +450,7 @@ def fuzz(
     corpus: Optional[str] = None,
     report: Optional[str] = None,
     replay_corpus: bool = True,
+    known: Optional[str] = None,
     extra_args: Sequence[str] = (),
 ) -> FuzzResult:
     """Replays the kernel's earlier findings, then runs ``mlafuzz fuzz`` on it; fails the test
@@ -440,6 +475,9 @@ def fuzz(
             run replays them.
         report: report folder (default: a temporary folder, kept when something fails).
         replay_corpus: replay the corpus folder's findings before the campaign.
+        known: a known-failure ledger (``mlafuzz fuzz --known``, docs/nightly.md): findings an
+            entry holds do not fail the test; they are listed in ``FuzzResult.known``. An
+            expired entry fails it.
         extra_args: more ``mlafuzz fuzz`` options.
     Returns:
         FuzzResult when nothing failed.
@@ -465,8 +503,15 @@ def fuzz(
     undeclared = sorted({x for i in infos for x in _undeclared(i)})
 
     replayed: List[str] = []
+    known_path = os.path.abspath(os.path.join(base, known)) if known else ""
+    entries = _load_known(known_path) if known else []
+    known_found: List[Dict[str, Any]] = []
     if replay_corpus:
         failing, replayed = _replay_corpus(corpus_dir, ",".join(names), env)
+        for entry in failing:
+            entry["known"] = _known_id(entry, entries)
+        known_found += [x for x in failing if x["known"]]
+        failing = [x for x in failing if not x["known"]]
         if failing:
             groups = group_findings(failing, undeclared)
             raise _groups_error(
@@ -491,6 +536,8 @@ def fuzz(
         cmd += ["--cases", str(cases)]
     if jobs is not None:
         cmd += ["--jobs", str(jobs)]
+    if known:
+        cmd += ["--known", known_path]
     cmd += list(extra_args)
     proc = _run(cmd, env)
     if proc.returncode not in (0, 1):
@@ -505,6 +552,9 @@ def fuzz(
         raise RuntimeError(f"mlafuzz fuzz wrote no readable report ({e}):\n{proc.stdout}") from e
     findings = rep.get("findings", [])
     rows = rep.get("results", [])
+    if known:
+        known_found += [x for x in findings if x.get("known")]
+        findings = [x for x in findings if not x.get("known")]
     if proc.returncode == 0 and not findings:
         untested = rows and all(r.get("not_applicable", 0) >= r.get("cases", 0) for r in rows)
         if untested:
@@ -513,7 +563,12 @@ def fuzz(
                 f"{rows[0].get('cases')} cases (its supports() or envelope); report {report_dir}")
         if not report:
             shutil.rmtree(work, ignore_errors=True)
-        return FuzzResult(rep, proc.stdout, report_dir, corpus_dir, replayed)
+        return FuzzResult(rep, proc.stdout, report_dir, corpus_dir, replayed, known_found)
+    if not findings and known:
+        ledger = [x for x in proc.stdout.splitlines() if "known-failure ledger" in x
+                  or x.startswith("  expired:") or x.startswith("--strict-known")]
+        raise AssertionError("mlafuzz: the known-failure ledger fails the run:\n"
+                             + "\n".join(ledger))
     if not findings:
         raise AssertionError(f"mlafuzz fuzz failed without a finding:\n{proc.stdout[-3000:]}")
     groups = group_findings(findings, undeclared)

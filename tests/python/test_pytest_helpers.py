@@ -3,6 +3,7 @@ one paragraph per bug, the corpus replayed first, unsupported entries skipped.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -75,6 +76,30 @@ def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monke
     result = mlafuzz.testing.fuzz(numpy_decode.decode, cases=20, seed=3, jobs=2, corpus=corpus)
     assert result.replayed and len(result.replayed) == len(
         [n for n in os.listdir(corpus) if n.endswith(".json")]), result.replayed
+
+
+def test_known_bugs_in_the_ledger_do_not_fail_the_test(tmp_path) -> None:
+    corpus = str(tmp_path / "corpus")
+    ledger = tmp_path / "known.json"
+    entry = {"id": "T-1", "note": "the last nope tile takes its neighbour's scale",
+             "backend": "*:decode_planted_bug", "property": "*"}
+    ledger.write_text(json.dumps({"format": "mlafuzz-known", "version": 1, "known": [entry]}))
+    result = mlafuzz.testing.fuzz(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2,
+                                  corpus=corpus, known=str(ledger))
+    assert result.known and all(f["known"] == "T-1" for f in result.known), result.known
+    # Its corpus entries replay first next time, known too; the test still passes.
+    again = mlafuzz.testing.fuzz(numpy_decode.decode_planted_bug, cases=20, seed=3, jobs=2,
+                                 corpus=corpus, known=str(ledger))
+    assert again.known and not again.replayed, again
+    # An expired entry fails the test and says why.
+    entry["expires"] = "2000-01-01"
+    ledger.write_text(json.dumps({"format": "mlafuzz-known", "version": 1, "known": [entry]}))
+    message = _failure(numpy_decode.decode_planted_bug, cases=20, seed=3, jobs=2,
+                       corpus=str(tmp_path / "corpus2"), known=str(ledger))
+    assert "expired on 2000-01-01" in message, message
+    # Without the ledger the bug fails the test.
+    assert "bug(s) in python:" in _failure(numpy_decode.decode_planted_bug, cases=20, seed=3,
+                                           jobs=2, corpus=str(tmp_path / "corpus3"))
 
 
 def test_default_corpus_lives_under_the_root_per_kernel(tmp_path, monkeypatch) -> None:
