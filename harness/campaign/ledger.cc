@@ -6,7 +6,6 @@
 #include <sys/wait.h>
 
 #include <cerrno>
-#include <ctime>
 #include <filesystem>
 #include <sstream>
 
@@ -204,14 +203,7 @@ std::vector<int> replay_unseen(const Ledger& ledger, const LedgerResult& res,
   return out;
 }
 
-std::string utc_today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &tm);
-  return buf;
-}
+std::string utc_today() { return utc_now_iso8601().substr(0, 10); }  // YYYY-MM-DD
 
 std::string render_ledger(const Ledger& ledger, const LedgerResult& res,
                           const std::vector<int>& fixed) {
