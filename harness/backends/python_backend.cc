@@ -28,6 +28,8 @@ namespace mlafuzz {
 namespace {
 
 std::atomic<int> g_device_workers{0};  // set_python_device_workers
+std::mutex g_worker_log_mu;
+std::string g_worker_log;  // set_python_worker_log
 
 using json = nlohmann::json;
 
@@ -459,6 +461,10 @@ class PythonBackend final : public Backend {
       spec.argv.insert(spec.argv.end(), {"--arena-fd", std::to_string(ipc::kChildArenaFd)});
     }
     spec.label = "python worker for " + backend_;
+    {
+      std::lock_guard<std::mutex> lock(g_worker_log_mu);
+      spec.log_path = g_worker_log;
+    }
     spec.env.push_back("PYTHONUNBUFFERED=1");
     if (const int n = g_device_workers.load(); n > 0 && !settings::text("MLAFUZZ_DEVICE_WORKERS")) {
       spec.env.push_back("MLAFUZZ_DEVICE_WORKERS=" + std::to_string(n));
@@ -482,7 +488,8 @@ class PythonBackend final : public Backend {
       return r.fault + "; " + how +
              " did not answer: can that interpreter import the mlafuzz package and numpy? "
              "(pip install ./python, or set PYTHONPATH; choose another interpreter with "
-             "--python PATH or MLAFUZZ_PYTHON; its stderr above says more)";
+             "--python PATH or MLAFUZZ_PYTHON; its stderr " +
+             (spec.log_path.empty() ? std::string("above") : "in " + spec.log_path) + " says more)";
     }
     if (r.type == kMsgError) {
       child_.stop(0);
@@ -671,6 +678,11 @@ std::unique_ptr<Backend> make_python_backend(const std::string& backend_name) {
 }
 
 void set_python_device_workers(int n) { g_device_workers.store(n); }
+
+void set_python_worker_log(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_worker_log_mu);
+  g_worker_log = path;
+}
 
 PythonDescription describe_python_backend(const std::string& backend_name) {
   const PythonBackend b(backend_name);

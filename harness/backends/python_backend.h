@@ -80,6 +80,11 @@ PythonDescription describe_python_backend(const std::string& backend_name);
 // 0, the default, sends nothing: a worker then counts itself alone.
 void set_python_device_workers(int n);
 
+// Where the Python workers started afterwards write their stderr (a kernel's prints, warnings
+// and tracebacks): a campaign sets its report folder's workers.log, so that they do not
+// interleave with its progress lines. "" , the default: the worker inherits mlafuzz's stderr.
+void set_python_worker_log(const std::string& path);
+
 // The interpreter python: backends run: MLAFUZZ_PYTHON (set by --python), else python3, looked
 // up on PATH. Throws PythonBackendError when it is not an executable file.
 std::string python_interpreter();

@@ -441,6 +441,12 @@ int Campaign::finish(bool abandoned, Report* out) {
   if (case_errors > 0) log << case_errors << " case(s) could not be evaluated (see above)\n";
   if (!opts_.report_dir.empty()) {
     log << "report: " << opts_.report_dir << "/report.json, junit.xml, report.html\n";
+    const std::filesystem::path workers = std::filesystem::path(opts_.report_dir) / "workers.log";
+    std::error_code ec;
+    if (std::filesystem::file_size(workers, ec) > 0 && !ec) {
+      log << "the workers' stderr (kernels' prints, warnings, tracebacks): " << workers.string()
+          << "\n";
+    }
   }
   bool failed = !r.findings.empty() || stats_.totals().failing_outcomes > 0;
   if (opts_.known) {

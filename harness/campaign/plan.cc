@@ -37,6 +37,7 @@ BackendPool::BackendPool(const CampaignOptions& opts) : opts_(opts) {
     // The workers' log goes beside the report.
     make_dirs(opts_.report_dir);
     worker_log_ = (std::filesystem::path(opts_.report_dir) / "workers.log").string();
+    set_python_worker_log(worker_log_);  // kernels' prints and warnings stay off the terminal
   }
   probe_foreign();
   intersect_envelopes();
