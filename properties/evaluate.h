@@ -139,7 +139,7 @@ struct PropertyOutcome {
   WrongOutputs wrong;  // failed outcomes with EvalOptions::locus only
 };
 
-// Where one case's evaluation spent its (wall) time, step by step (issue 13: the campaign side
+// Where one case's evaluation spent its (wall) time, step by step (the campaign side
 // of a case; the report's "campaign.case_breakdown" sums them over cases). The steps follow
 // each other on the case's thread, so they add up to about `wall`; `thread_cpu` is that
 // thread's CPU time over the same span: wall minus thread_cpu is time spent waiting (for a

@@ -2,7 +2,7 @@
 //   family -> layout and dims -> page size, stride, pages and physical order -> B, H, topk ->
 //   index lists and topk_length -> scales and values -> sinks, conventions, padding, fills.
 // Choices are edge-weighted (rc::gen::weightedOneOf / weightedElement) toward what breaks
-// kernels (issue 4, "Generators"). Bulk data (index lists, page permutations, sinks) is drawn by
+// kernels. Bulk data (index lists, page permutations, sinks) is drawn by
 // CounterRng from a seed the generator draws, so a case stays small to describe.
 //
 // generate_case (evaluate.h) drives the generator deterministically: rc::Random keyed by

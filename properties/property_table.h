@@ -28,7 +28,7 @@ enum class PropertyId {
   kMmaVsSimt,
   kQueryAlone,  // the production decode (docs/SPEC.md section 8)
   kMoveToExtra,
-  kSplitAgree,  // split-KV backends (issue 17)
+  kSplitAgree,  // split-KV backends
 };
 
 enum class PropertyKind {

@@ -71,7 +71,7 @@ std::vector<BackendSpec> make_table() {
                "host model of an LSE-merged production decode: main and extra lists alone in the "
                "MMA pipeline, each stored bf16, merged by LSE (SGLang's Triton path)",
                false, [] { return make_cpu_mma_lse_merged_backend(); }});
-  // The split-KV pipeline (issue 17): 1 split, the automatic rule, one split per tile.
+  // The split-KV pipeline: 1 split, the automatic rule, one split per tile.
   t.push_back({"cpu-mma-split1", "host model of the split-KV MMA pipeline, 1 split per row", false,
                [] { return make_cpu_mma_split_backend(1); }});
   t.push_back({"cpu-mma-split",

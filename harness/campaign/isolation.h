@@ -1,4 +1,4 @@
-// Where a backend named on the command line runs, for every command (issue 14: isolation
+// Where a backend named on the command line runs, for every command (isolation
 // everywhere): foreign code (plugins) in a `mlafuzz worker` process, so that a crash, an exit()
 // or a hang in it is a fault outcome and never ends mlafuzz; python: kernels as themselves (each
 // already runs in its own Python worker: one hop, with the same fault handling); built-ins in

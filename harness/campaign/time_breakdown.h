@@ -1,4 +1,4 @@
-// Where a campaign's backend calls spent their time (issue 13): per backend, the number of calls
+// Where a campaign's backend calls spent their time: per backend, the number of calls
 // and the seconds of each Phase (harness/core/backend.h), summed over the calls. The report's
 // "campaign.time_breakdown" and the summary's "time per call" table come from here.
 #pragma once
@@ -29,7 +29,7 @@ void merge_time_breakdown(TimeBreakdown& a, const TimeBreakdown& b);
 // A table: per backend, calls and microseconds per call of each measured phase.
 std::string render_time_breakdown(const TimeBreakdown& t);
 
-// The campaign side of the cases (issue 13): every evaluated case's CaseSteps, summed, and how
+// The campaign side of the cases: every evaluated case's CaseSteps, summed, and how
 // many cases they cover. The report's "campaign.case_breakdown" and the summary's "time per
 // case" line come from here.
 struct CaseBreakdown {

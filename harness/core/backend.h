@@ -193,7 +193,7 @@ class Backend {
   // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
   virtual std::string simt_partner() const { return ""; }
   // Whether the backend cuts a row's token tiles into splits merged by a combine (split-KV,
-  // issue 17) and honours MaterializedCase::split_override: the `split-agree` property reruns
+  // and honours MaterializedCase::split_override: the `split-agree` property reruns
   // such a backend with other split counts (false: not applicable).
   virtual bool splits_kv() const { return false; }
   // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
@@ -224,7 +224,7 @@ class Backend {
   // check_and_run whose results may keep only their raw outputs (outputs_pending, with
   // guard_violations already counted: check_raw_outputs): for a caller that compares some
   // results bit for bit on the raw buffers and widens only those it reads values from
-  // (widen_raw_outputs; the properties, issue 13). The default is check_and_run.
+  // (widen_raw_outputs; the properties). The default is check_and_run.
   virtual std::vector<CheckedRun> check_and_run_raw(
       const std::vector<const MaterializedCase*>& cases) {
     return check_and_run(cases);

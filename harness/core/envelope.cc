@@ -314,7 +314,7 @@ std::optional<std::string> Envelope::rejects(const Case& c) const {
     return "page_stride " + std::to_string(stride) + " not a multiple of " +
            std::to_string(page_stride_multiple);
   }
-  // The production decode (issue 15): query tokens per row and the extra cache.
+  // The production decode: query tokens per row and the extra cache.
   if (auto r = set("s_q", c.s_q, s_q)) return r;
   if (c.extra) {
     if (refuses_feature(kFeatureExtraCache)) return "refuses an extra cache";

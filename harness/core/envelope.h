@@ -70,7 +70,7 @@ enum Invariant : uint32_t {
   kInvariantHead = 1u << 1,           // head-alone
   kInvariantDeterministic = 1u << 2,  // determinism
   kInvariantPagePlacement = 1u << 3,  // relocate
-  kInvariantQuery = 1u << 4,          // query-alone (s_q > 1, issue 15)
+  kInvariantQuery = 1u << 4,          // query-alone (s_q > 1)
   kInvariantAll = (1u << 5) - 1,
 };
 // "batch", "head", "deterministic", "page_placement", "query" (nullptr for another bit).
@@ -134,7 +134,7 @@ Envelope intersect(const Envelope& a, const Envelope& b);
 // launchers' limits (kernels/cuda/launch.h and device_common.cuh common_unsupported) -- 16 <= nope
 // <= 512 (a multiple of 16), rope <= 64 (a multiple of 16), scale tile a multiple of 8,
 // B <= 65535; both layouts, every convention, sinks (+-inf too), topk_length, padded strides,
-// s_q > 1 and the extra cache (the production decode, issue 15).
+// s_q > 1 and the extra cache (the production decode).
 // Every invalid-index rule (out_of_range too) and both V32 scale conventions.
 Envelope builtin_kernel_envelope();
 // Every case, out_of_range included: the float64 oracles, and where a campaign starts before

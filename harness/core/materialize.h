@@ -19,8 +19,8 @@ namespace mlafuzz {
 enum SpecialTag : uint64_t { kTagQ = 0, kTagNope = 1, kTagRope = 2 };
 // Element `element` of a buffer drawn per `s` (its own counter stream: random access), and
 // elements [first, first + count) of it as floats: the same bits as draw_value one by one,
-// computed eight streams side by side (the normal draws vectorize; issue 13: drawing the
-// values was the largest step of a case's materialization). Exposed for the tests.
+// computed eight streams side by side (the normal draws vectorize: drawing the values
+// is the largest step of a case's materialization). Exposed for the tests.
 double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t element,
                   SpecialTag tag);
 void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,

@@ -1,4 +1,4 @@
-// Mutation score (`mlafuzz mutants`, issue 6): how good is mlafuzz at catching real bugs?
+// Mutation score (`mlafuzz mutants`): how good is mlafuzz at catching real bugs?
 //
 // Every planted bug of kernels/common/mutants.h is built as a variant of the MMA kernel (GPU)
 // or of its host model cpu-mma (CPU). For each, a campaign of generated cases runs every

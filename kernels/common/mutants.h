@@ -1,4 +1,4 @@
-// Catalogue of planted bugs for mutation testing (`mlafuzz mutants`, issue 6).
+// Catalogue of planted bugs for mutation testing (`mlafuzz mutants`).
 //
 // Kernels and host models take the mutant as a template parameter and test it with
 // `if constexpr`, so the normal build instantiates only Mutant::kNone: no mutant code is compiled
@@ -27,7 +27,7 @@ enum class Mutant : int32_t {
   kDropPartialTile,       // the partial last token tile is skipped
   kMissingBarrier,        // the __syncthreads before a tile refills Ks removed (GPU only: race)
   kStorePaddedColumns,    // padded output columns stored past d_v (clobbers the guard / next row)
-  // Split-KV combine (issue 17; kernels/common/split_kv.h). Only the split pipeline has them:
+  // Split-KV combine (kernels/common/split_kv.h). Only the split pipeline has them:
   // their backends run it with one split per tile.
   kSplitEmptyNaN,   // the combine normalizes each split by its own l: 0/0 for an empty split
   kSinkPerSplit,    // every split adds the sink to its partial l (counted once per split)

@@ -1,4 +1,4 @@
-// Split-KV for the MMA kernel and its host model (issue 17): a query row's token tiles (the main
+// Split-KV for the MMA kernel and its host model: a query row's token tiles (the main
 // list's, then the extra list's: one "virtual" tile range) are cut into splits that different
 // thread blocks fold through their own online softmax, each writing an fp32 partial (m_i, l_i,
 // O_i: running max, row sum and unnormalized output, exactly the state the unsplit kernel holds

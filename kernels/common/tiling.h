@@ -10,7 +10,7 @@ inline constexpr int kSimtTokenTile = 32;
 inline constexpr int kMmaTokenTile = 64;
 // Default heads per MMA thread block (64 is the other supported value).
 inline constexpr int kMmaDefaultBlockH = 32;
-// The sm_120-sized MMA configuration (`cuda-mma-small`, host model `cpu-mma-small`; issue 17):
+// The sm_120-sized MMA configuration (`cuda-mma-small`, host model `cpu-mma-small`):
 // 32 selected tokens per tile, BLOCK_H 32, so that a block needs 97.25 KiB of shared memory
 // (kernels/cuda/mma_head_tiled.cuh has the arithmetic). Its online-softmax tile boundaries are
 // every 32 tokens, so its bits differ from the 64-token configuration's; the tolerance model

@@ -1,4 +1,4 @@
-// The split-KV combine kernel and the split launcher (issue 17; the merge is defined in
+// The split-KV combine kernel and the split launcher (the merge is defined in
 // kernels/common/split_kv.h, shared with the host model cpu-mma-split*).
 //
 // The split MMA kernel (mma_head_tiled.cuh, kSplit) writes one fp32 partial (m_i, l_i, O_i) per

@@ -138,7 +138,7 @@ RunResult failure(cudaError_t e, const std::string& what) {
 
 // Whether the campaign path (inputs resident on the device, pinned staging, one synchronization
 // per call) is on: MLAFUZZ_CUDA_RESIDENT=0 turns it off (every input copied from pageable memory
-// with one synchronizing cudaMemcpy each, as before issue 13: for before/after measurements).
+// with one synchronizing cudaMemcpy each, for before/after measurements).
 bool resident_inputs_enabled() {
   static const bool on = settings::flag("MLAFUZZ_CUDA_RESIDENT", true);
   return on && !exact_allocations();

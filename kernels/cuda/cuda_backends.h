@@ -22,7 +22,7 @@ std::unique_ptr<Backend> make_cuda_mma_backend(int block_h);
 // shared memory; kernels/cuda/mma_head_tiled.cuh) on any device, so that the H200 fuzzes and
 // measures it. Host model cpu-mma-small.
 std::unique_ptr<Backend> make_cuda_mma_small_backend();
-// The split-KV MMA kernel and its combine (issue 17), BLOCK_H 32, until it has passed on the
+// The split-KV MMA kernel and its combine, BLOCK_H 32, until it has passed on the
 // GPU a backend apart from cuda-mma: split 1 -> "cuda-mma-split1", 0 -> "cuda-mma-split" (the
 // automatic rule), -1 -> "cuda-mma-split-max" (one split per tile), n > 1 ->
 // "cuda-mma-split<n>". Throws std::invalid_argument below -1.

@@ -16,7 +16,7 @@ namespace mlafuzz::cuda_detail {
 using LaunchFn = std::function<int(const mla::DecodeParams&)>;
 using UnsupportedFn = std::function<std::optional<std::string>(const mla::DecodeParams&)>;
 
-// A split-KV launcher (issue 17): the workspace size a split setting needs, and the launch with
+// A split-KV launcher: the workspace size a split setting needs, and the launch with
 // the setting (the backend's own, or the case's split_override) and a device workspace the
 // backend keeps between calls (mla::cuda::launch_mma_split).
 struct SplitLaunch {

@@ -32,7 +32,7 @@ std::optional<std::string> simt_unsupported(const DecodeParams& p);
 // on a device whose opt-in shared memory is below the default configuration's 157.5 KiB (sm_120:
 // 99 KiB) checks the small configuration, which launch_mma_head_tiled then runs.
 std::optional<std::string> mma_unsupported(const DecodeParams& p, int block_h);
-// The sm_120-sized configuration (issue 17): BLOCK_H 32, 8 warps, 32-token tiles, 97.25 KiB of
+// The sm_120-sized configuration: BLOCK_H 32, 8 warps, 32-token tiles, 97.25 KiB of
 // shared memory per block (mma_head_tiled.cuh has the arithmetic). Its online-softmax tiles are
 // 32 tokens (mla::kMmaSmallTokenTile): host model cpu-mma-small.
 std::optional<std::string> mma_small_unsupported(const DecodeParams& p);
@@ -54,7 +54,7 @@ int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 int launch_mma_head_tiled_warps(const DecodeParams& p, int block_h, int warps_per_group,
                                 void* stream);
 
-// Split-KV (issue 17; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the MMA kernel
+// Split-KV (kernels/common/split_kv.h, kernels/cuda/combine.cuh): the MMA kernel
 // with each row's tiles cut into splits (split: n >= 1 forced, mla::kSplitAuto the row rule,
 // mla::kSplitMax one split per tile) writing fp32 partials to `workspace`, then the combine
 // kernel, both on `stream`. The workspace (device memory, at least mma_split_workspace_bytes)

@@ -39,7 +39,7 @@
 // Every sum is taken in an order that does not depend on BH or WG: the configurations give the
 // same bits, and the host model cpu-mma follows the same order (kernels/host/cpu_mma.h).
 //
-// Split-KV (kSplit, issue 17; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the grid
+// Split-KV (kSplit; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the grid
 // gains a z dimension of splits; block (hb, b, z) folds tiles [tile_begin, tile_end) of split z
 // of row b (the split count from the row's own tile count and the device's SM count, worked out
 // here and again in the combine by the same function), and instead of the bf16 epilogue writes
@@ -98,7 +98,7 @@ constexpr size_t mma_smem_bytes(int bh) { return mma_smem_bytes(bh, mma_default_
 static_assert(mma_smem_bytes(32) == 168960 && mma_smem_bytes(64) == 220672,
               "the sizes in the header comment");
 
-// The sm_120-sized configuration (issue 17; `cuda-mma-small`): BLOCK_H 32, 4 warps per head
+// The sm_120-sized configuration (`cuda-mma-small`): BLOCK_H 32, 4 warps per head
 // group (8 warps, 256 threads) and 32-token tiles (mla::kMmaSmallTokenTile). Its shared memory:
 //   raw 32*656 = 20992, Ks 32*584*2 = 37376, Qs 32*584*2 = 37376, Ps 32*40*2 = 2560,
 //   partial maxima 32*4*4 = 512, chunk sums 32*4*4 = 512, validity 2*32*4 = 256:

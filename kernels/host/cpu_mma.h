@@ -14,7 +14,7 @@
 // Heads never interact, so a head's result does not depend on its block or BLOCK_H.
 // The tile is a parameter (`tile`): 64, or mla::kMmaSmallTokenTile = 32 for the sm_120-sized
 // kernel configuration (cpu-mma-small: 4 chunk sums per tile, the rescales every 32 tokens).
-// Split-KV (issue 17, `split` != mla::kSplitOff): the row's virtual tile range (main tiles, then
+// Split-KV (`split` != mla::kSplitOff): the row's virtual tile range (main tiles, then
 // extra tiles, each list's tiles counted up to its topk_length as the kernel does) is cut into
 // mla::split_count splits; each split folds its tiles from a fresh softmax state into an fp32
 // partial (m, l, O), and the combine of kernels/common/split_kv.h merges them in split order

@@ -35,7 +35,7 @@ std::unique_ptr<Backend> make_cpu_mma_small_backend();
 // is computed alone and LSE-merged with the main list's result (two bf16 roundings; SGLang's
 // Triton path, ExtraPipeline::kLseMerged): the reference for the LSE-merged tolerance bound.
 std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend();
-// The split-KV host model (issue 17; kernels/common/split_kv.h), BLOCK_H 32: split 1 ->
+// The split-KV host model (kernels/common/split_kv.h), BLOCK_H 32: split 1 ->
 // "cpu-mma-split1" (the split pipeline with one split: cpu-mma's bits), 0 -> "cpu-mma-split"
 // (the automatic rule, for a 132-SM device), -1 -> "cpu-mma-split-max" (one split per tile),
 // n > 1 -> "cpu-mma-split<n>". Throws std::invalid_argument below -1.

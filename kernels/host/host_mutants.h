@@ -1,5 +1,5 @@
-// Planted-bug variants of the cpu-mma host model, for mutation testing only (`mlafuzz mutants`,
-// issue 6). Built into the separate target mlafuzz_host_mutants when MLAFUZZ_MUTANTS is ON;
+// Planted-bug variants of the cpu-mma host model, for mutation testing only (`mlafuzz mutants`).
+// Built into the separate target mlafuzz_host_mutants when MLAFUZZ_MUTANTS is ON;
 // never part of a normal code path. The mechanics of every mutant are documented beside its
 // `if constexpr` in kernels/host/host_pipeline.h and kernels/host/cpu_mma.h.
 #pragma once
