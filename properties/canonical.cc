@@ -157,8 +157,13 @@ std::optional<Case> merged_extra(const Case& c, bool own_tiles) {
       }
       const int32_t page = v / e.page_size, slot = v % e.page_size;
       const int32_t P = c.geom.page_size;
-      extra.push_back(page * P +
-                      (slot == e.page_size - 1 && e.page_size > 1 ? P - 1 : std::min(slot, P - 1)));
+      // In 64 bits: an entry past the cache (out_of_range, up to INT32_MAX) may map past 2^31;
+      // it stays past the cache's end as INT32_MAX.
+      const int64_t moved =
+          int64_t{page} * P +
+          (slot == e.page_size - 1 && e.page_size > 1 ? P - 1 : std::min(slot, P - 1));
+      extra.push_back(
+          static_cast<int32_t>(std::min<int64_t>(moved, std::numeric_limits<int32_t>::max())));
     }
     std::vector<int32_t> row;
     if (own_tiles) {
