@@ -34,11 +34,11 @@ const std::vector<std::string>& state_names() {
   return names;
 }
 
+}  // namespace
+
 bool is_open(const std::string& state) {
   return state == "new" || state == "open" || state == "regressed";
 }
-
-}  // namespace
 
 Lifecycle load_lifecycle(const std::string& path) {
   Lifecycle l;

@@ -48,6 +48,9 @@ struct Lifecycle {
   std::vector<GroupState> groups;  // sorted by signature
 };
 
+// new, open or regressed: the bug is there.
+bool is_open(const std::string& state);
+
 Lifecycle load_lifecycle(const std::string& path);  // ReportError naming the field
 void save_lifecycle(const Lifecycle& l, const std::string& path);
 

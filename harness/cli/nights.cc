@@ -64,10 +64,7 @@ int nights_command(const NightsOptions& o) {
     std::cout << cp::render_lifecycle(l) << "states: " << (here / "lifecycle.json").string()
               << "; report.json, report.html and junit.xml there show them\n";
     bool open = false;
-    for (const auto& g : l.groups) {
-      open = open ||
-             ((g.state == "new" || g.state == "open" || g.state == "regressed") && g.known.empty());
-    }
+    for (const auto& g : l.groups) open = open || (cp::is_open(g.state) && g.known.empty());
     return open ? kExitFailed : kExitOk;
   } catch (const std::exception& e) {
     std::cerr << "mlafuzz nights: " << e.what() << '\n';
