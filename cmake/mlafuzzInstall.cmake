@@ -3,32 +3,32 @@
 #   mlafuzz::core        case model, materialization, canary-guarded outputs, comparison metrics
 #   mlafuzz::oracle      the float64 oracles (Eigen and plain loops)
 #   mlafuzz::plugin_abi  the plugin C ABI header <mlafuzz/plugin.h>, to build a plugin
-# Headers install under include/mlafuzz/ with the source tree's folders (harness/core/,
-# oracle/, kernels/common/), so includes read the same in and out of this tree. Everything belongs to the
+# Headers install under include/mlafuzz/ with the source tree's folders (core/,
+# oracle/, mla/), so includes read the same in and out of this tree. Everything belongs to the
 # component mlafuzz_dev (besides the executable and plugins, installed by their own rules).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
 set(MLAFUZZ_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/mlafuzz)
-set(MLAFUZZ_EXPORTED_TARGETS mlafuzz_flags mla_kernels_common mlafuzz_core mlafuzz_oracle
+set(MLAFUZZ_EXPORTED_TARGETS mlafuzz_flags mla_common mlafuzz_core mlafuzz_oracle
     mlafuzz_plugin_abi)
 set_target_properties(mlafuzz_flags PROPERTIES EXPORT_NAME flags)
-set_target_properties(mla_kernels_common PROPERTIES EXPORT_NAME kernels_common)
+set_target_properties(mla_common PROPERTIES EXPORT_NAME mla)
 set_target_properties(mlafuzz_core PROPERTIES EXPORT_NAME core)
 set_target_properties(mlafuzz_oracle PROPERTIES EXPORT_NAME oracle)
 set_target_properties(mlafuzz_plugin_abi PROPERTIES EXPORT_NAME plugin_abi)
 
 install(TARGETS ${MLAFUZZ_EXPORTED_TARGETS} EXPORT mlafuzzTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT mlafuzz_dev)
-install(FILES harness/core/backend.h harness/core/case.h harness/core/compare.h
-              harness/core/envelope.h harness/core/fileio.h harness/core/materialize.h
-              harness/core/npy.h harness/core/shared_arena.h
-              harness/core/rng.h
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/harness/core COMPONENT mlafuzz_dev)
+install(FILES core/backend.h core/case.h core/compare.h
+              core/envelope.h core/fileio.h core/materialize.h
+              core/npy.h core/shared_arena.h
+              core/rng.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/core COMPONENT mlafuzz_dev)
 install(FILES oracle/oracle.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/oracle COMPONENT mlafuzz_dev)
-install(DIRECTORY kernels/common/
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/kernels/common COMPONENT mlafuzz_dev
+install(DIRECTORY mla/
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz/mla COMPONENT mlafuzz_dev
         FILES_MATCHING PATTERN "*.h")
 install(FILES include/mlafuzz/plugin.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/mlafuzz COMPONENT mlafuzz_dev)

@@ -1,6 +1,6 @@
 // Float64 reference implementations of sparse MLA decode (docs/SPEC.md section 3).
 //
-// Two oracles that share nothing but the number-format decoders of kernels/common/fp_formats.h:
+// Two oracles that share nothing but the number-format decoders of mla/fp_formats.h:
 // - the Eigen oracle (oracle_eigen.cc), written for speed: each batch row's selected keys are
 //   decoded once into a dense matrix and all heads are computed with two matrix products;
 // - the loop oracle (oracle_loop.cc), plain nested loops straight from the formulas with its own
@@ -17,8 +17,8 @@
 #include <memory>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
+#include "core/backend.h"
+#include "core/materialize.h"
 
 namespace mlafuzz {
 

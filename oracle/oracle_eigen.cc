@@ -16,8 +16,8 @@
 #include <system_error>
 #include <thread>
 
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/mla_params.h"
+#include "mla/fp_formats.h"
+#include "mla/mla_params.h"
 #include "oracle/oracle.h"
 
 namespace mlafuzz {

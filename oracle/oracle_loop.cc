@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/fp_formats.h"
+#include "mla/fp_formats.h"
 #include "oracle/oracle.h"
 
 namespace mlafuzz {

@@ -7,8 +7,8 @@
 #include <map>
 #include <set>
 
-#include "harness/core/materialize.h"
-#include "kernels/common/tiling.h"
+#include "core/materialize.h"
+#include "mla/tiling.h"
 #include "properties/case_edits.h"
 
 namespace mlafuzz {

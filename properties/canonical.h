@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
+#include "core/case.h"
+#include "core/envelope.h"
 #include "properties/evaluate.h"
 #include "properties/shrink.h"
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "harness/core/case.h"
+#include "core/case.h"
 
 namespace mlafuzz::edits {
 

@@ -10,10 +10,10 @@
 #include <ctime>
 #include <filesystem>
 
-#include "harness/core/command.h"
-#include "harness/core/fileio.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/tiling.h"
+#include "core/command.h"
+#include "core/fileio.h"
+#include "core/materialize.h"
+#include "mla/tiling.h"
 #include "mlafuzz_build_commit.h"  // MLAFUZZ_GIT_COMMIT, generated at build time
 #include "properties/triage.h"
 

@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "harness/core/json_fields.h"
+#include "core/json_fields.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -15,8 +15,8 @@
 #include <tuple>
 #include <utility>
 
-#include "harness/core/compare.h"
-#include "harness/core/rng.h"
+#include "core/compare.h"
+#include "core/rng.h"
 #include "oracle/oracle.h"
 #include "properties/properties.h"
 #include "properties/property_table.h"

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/envelope.h"
 #include "properties/property_table.h"
 
 namespace mlafuzz {
@@ -299,7 +299,7 @@ std::function<bool(const Case&)> same_failure_predicate(const PropertyOutcome& f
 // Corpus
 // ---------------------------------------------------------------------------------------------
 
-// kCorpusFormatVersion (harness/core/case.h) 2: the finding is a group (kind, causes,
+// kCorpusFormatVersion (core/case.h) 2: the finding is a group (kind, causes,
 // properties, locus, inputs) and the file is named by its signature; version-1 entries load and
 // replay unchanged (their group fields empty).
 
@@ -391,7 +391,7 @@ CorpusEntry load_corpus_entry(const std::string& path);
 std::vector<std::string> list_corpus(const std::string& dir);
 
 // "<this mlafuzz> repro /absolute/PATH --backends NAME" (backends omitted when empty), which
-// runs as pasted (command_to_run_again, harness/core/command.h).
+// runs as pasted (command_to_run_again, core/command.h).
 std::string repro_command(const std::string& path, const std::string& backends);
 
 // Build commit taken at every build (cmake/build_commit.cmake): 12 hex digits, "-dirty" when

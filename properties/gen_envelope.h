@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
+#include "core/case.h"
+#include "core/envelope.h"
 
 namespace mlafuzz::genv {
 

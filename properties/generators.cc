@@ -8,9 +8,9 @@
 #include <numeric>
 #include <sstream>
 
-#include "harness/core/rng.h"
-#include "kernels/common/mla_params.h"
-#include "kernels/common/tiling.h"
+#include "core/rng.h"
+#include "mla/mla_params.h"
+#include "mla/tiling.h"
 #include "properties/gen_envelope.h"
 
 namespace mlafuzz {

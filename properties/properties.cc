@@ -11,8 +11,8 @@
 #include <numeric>
 #include <sstream>
 
-#include "harness/core/rng.h"
-#include "harness/core/value_format.h"
+#include "core/rng.h"
+#include "core/value_format.h"
 
 namespace mlafuzz {
 namespace {

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
+#include "core/backend.h"
+#include "core/materialize.h"
 
 namespace mlafuzz {
 

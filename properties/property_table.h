@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz {
 

@@ -9,7 +9,7 @@
 #include <optional>
 #include <set>
 
-#include "harness/core/materialize.h"
+#include "core/materialize.h"
 #include "properties/case_edits.h"
 #include "properties/evaluate.h"
 #include "properties/triage.h"

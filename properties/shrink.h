@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.h"
+#include "core/case.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

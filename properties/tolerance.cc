@@ -12,10 +12,10 @@
 #include <limits>
 #include <sstream>
 
-#include "harness/core/value_format.h"
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/split_kv.h"
-#include "kernels/common/tiling.h"
+#include "core/value_format.h"
+#include "mla/fp_formats.h"
+#include "mla/split_kv.h"
+#include "mla/tiling.h"
 
 namespace mlafuzz {
 namespace {

@@ -75,7 +75,7 @@
 // |O|); the second rounding is modelled by the store interval as for every bf16 output. A list
 // without a valid token has weight exactly 0. The merged LSE is bounded as in the model with the
 // partials as tokens: max(log sum w'_i exp(e_i), -log sum w'_i exp(-e_i)) plus the merge's log.
-// Split-KV (kernels/common/split_kv.h; the MMA pipeline, Pipeline::split_kv): the
+// Split-KV (mla/split_kv.h; the MMA pipeline, Pipeline::split_kv): the
 // row's nt tiles are cut into ns <= min(nt, mla::kMaxSplits) splits, each folded by its own
 // online softmax into an fp32 partial (m_i, l_i, O_i), merged as M = max m_i, a_i = exp(m_i - M),
 // L = sum a_i l_i, O = sum a_i O_i, then the unsplit epilogue. Against the unsplit pipeline a
@@ -100,8 +100,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
+#include "core/backend.h"
+#include "core/materialize.h"
 #include "oracle/oracle.h"
 
 namespace mlafuzz {

@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "harness/core/materialize.h"
+#include "core/materialize.h"
 #include "properties/canonical.h"
 #include "properties/case_edits.h"
 #include "properties/property_table.h"

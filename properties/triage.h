@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/envelope.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -6,7 +6,7 @@
 Fails (exit 1, one line per problem) when
   - a source file reads an MLAFUZZ_* variable the table does not list,
   - code of mlafuzz or its Python package reads one without the accessors
-    (harness/core/settings.h, mlafuzz/_settings.py): std::getenv("MLAFUZZ_...") or
+    (core/settings.h, mlafuzz/_settings.py): std::getenv("MLAFUZZ_...") or
     os.environ.get("MLAFUZZ_..."),
   - the table lists a variable nothing reads or sets (a stale entry),
   - with MLAFUZZ (the built executable): docs/settings.md differs from `MLAFUZZ --help-env`.
@@ -26,7 +26,7 @@ EXEMPT = {
     # Owned by another change this session; reads MLAFUZZ_CORPUS_ROOT with os.environ.get.
     "python/mlafuzz/testing.py",
     # The accessors themselves.
-    "harness/core/settings.cc", "python/mlafuzz/_settings.py",
+    "core/settings.cc", "python/mlafuzz/_settings.py",
 }
 # CMake files hold build options (cache variables), not environment variables.
 SUFFIXES = (".cc", ".h", ".cu", ".cuh", ".py", ".sh")
@@ -70,7 +70,7 @@ def main(argv):
                 if strict and rel not in EXEMPT:
                     for name in DIRECT.findall(line):
                         problems.append(f"{rel}:{n}: {name} read without the settings accessor "
-                                        "(harness/core/settings.h, mlafuzz/_settings.py)")
+                                        "(core/settings.h, mlafuzz/_settings.py)")
     for name in sorted(names - seen):
         problems.append(f"{table_path}: {name} is listed but nothing reads it")
     if len(argv) > 2:

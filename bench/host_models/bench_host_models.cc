@@ -11,8 +11,8 @@
 #include <ctime>
 #include <string>
 
+#include "core/materialize.h"
 #include "harness/backends/registry.h"
-#include "harness/core/materialize.h"
 
 namespace {
 

@@ -33,9 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/mla_params.h"
 #include "kernels/cuda/launch.h"
+#include "mla/fp_formats.h"
+#include "mla/mla_params.h"
 
 namespace {
 

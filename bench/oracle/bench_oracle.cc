@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/core/materialize.h"
+#include "core/materialize.h"
 #include "oracle/oracle.h"
 
 namespace {

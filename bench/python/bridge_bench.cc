@@ -26,11 +26,11 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/materialize.h"
+#include "core/shared_arena.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/materialize.h"
-#include "harness/core/shared_arena.h"
 
 namespace {
 

@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "harness/core/compare.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/mla_params.h"
+#include "core/compare.h"
+#include "core/materialize.h"
+#include "mla/mla_params.h"
 #include "oracle/oracle.h"
 
 namespace {

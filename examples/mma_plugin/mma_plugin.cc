@@ -12,9 +12,9 @@
 #include <cstdio>
 #include <string>
 
-#include "kernels/common/mla_params.h"
-#include "kernels/common/tiling.h"
 #include "kernels/cuda/launch.h"
+#include "mla/mla_params.h"
+#include "mla/tiling.h"
 #include "mlafuzz/plugin.h"
 
 namespace {

@@ -25,7 +25,7 @@ inline constexpr uint32_t kFrameMagic = 0x57414c4d;  // "MLAW"
 inline constexpr uint64_t kMaxFrameBytes = uint64_t{1} << 36;
 // The file descriptor number the shared memory has in the child.
 inline constexpr int kChildShmFd = 3;
-// The file descriptor number the shared arena (harness/core/shared_arena.h) has in the child.
+// The file descriptor number the shared arena (core/shared_arena.h) has in the child.
 inline constexpr int kChildArenaFd = 4;
 
 // What a fault's description says when the child did not answer in time (Child::kill_and_describe).

@@ -15,8 +15,8 @@
 #include <sstream>
 #include <vector>
 
-#include "harness/core/envelope.h"
-#include "harness/core/settings.h"
+#include "core/envelope.h"
+#include "core/settings.h"
 
 #if MLAFUZZ_HAVE_CUDA
 #include "kernels/cuda/device_run.h"

@@ -16,7 +16,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 #include "mlafuzz/plugin.h"
 
 namespace mlafuzz {

@@ -18,11 +18,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/command.h"
+#include "core/settings.h"
+#include "core/shared_arena.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
-#include "harness/core/command.h"
-#include "harness/core/settings.h"
-#include "harness/core/shared_arena.h"
 
 namespace mlafuzz {
 namespace {
@@ -154,7 +154,7 @@ void token_dims(const MaterializedCase& m, int64_t batch_stride, int64_t token_s
 }
 
 // Where each buffer of a call lies, described for numpy: [offset, shape, strides in bytes, dtype,
-// region(, base)]. Inputs already in the shared arena (harness/core/shared_arena.h) are read there
+// region(, base)]. Inputs already in the shared arena (core/shared_arena.h) are read there
 // (region "arena", no copy); the others, and the outputs, get a place in the call's shared
 // memory (region "shm", 64-byte aligned), inputs copied in by copy_in().
 class CallLayout {

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz {
 

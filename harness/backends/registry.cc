@@ -10,8 +10,8 @@
 
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/python_backend.h"
-#include "kernels/common/mutants.h"
 #include "kernels/host/host_models.h"
+#include "mla/mutants.h"
 #include "oracle/oracle.h"
 #if MLAFUZZ_HAVE_CUDA
 #include "kernels/cuda/cuda_backends.h"

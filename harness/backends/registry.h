@@ -3,7 +3,7 @@
 //                  triton-simt, triton-mma (python: kernels shipped in kernels/triton)
 //   plugins        "plugin:/path/libk.so" or "plugin:<declared name>" (plugin_backend.h)
 //   mutants        "<base>~<mutant>": cpu-mma~<mutant> (host models), cuda-mma~<mutant> (CUDA),
-//                  in builds with MLAFUZZ_MUTANTS (kernels/common/mutants.h lists them);
+//                  in builds with MLAFUZZ_MUTANTS (mla/mutants.h lists them);
 //                  triton-mma~<mutant> (kernels/triton/triton_mma.py MUTANTS, every build)
 // A backend then says what it is itself (Backend::is_reference, simt_partner, on_device,
 // needs_worker); nothing above this layer recognises a backend by its name.
@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz {
 
@@ -61,7 +61,7 @@ std::vector<std::string> mutant_backend_names(bool gpu = false);
 // name -> description), for `backend` = "python:<file or module>:<func>" or a shipped alias
 // ("triton-mma", "triton-simt"). Each is the backend `backend + "~" + name`. Starts the kernel's
 // worker once to ask. Throws std::runtime_error when `backend` is not a python: kernel (the
-// built-in catalogue is kernels/common/mutants.h), already names a mutant, or cannot be loaded.
+// built-in catalogue is mla/mutants.h), already names a mutant, or cannot be loaded.
 std::vector<std::pair<std::string, std::string>> declared_python_mutants(
     const std::string& backend);
 

@@ -17,12 +17,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/fileio.h"
 #include "harness/campaign/findings.h"
 #include "harness/campaign/plan.h"
 #include "harness/campaign/progress.h"
 #include "harness/campaign/scheduler.h"
 #include "harness/campaign/stats.h"
-#include "harness/core/fileio.h"
 
 namespace mlafuzz::campaign {
 

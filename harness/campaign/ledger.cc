@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <sstream>
 
-#include "harness/core/command.h"
-#include "harness/core/fileio.h"
-#include "harness/core/json_fields.h"
+#include "core/command.h"
+#include "core/fileio.h"
+#include "core/json_fields.h"
 
 extern char** environ;
 

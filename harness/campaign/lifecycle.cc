@@ -4,8 +4,8 @@
 #include <map>
 #include <sstream>
 
-#include "harness/core/fileio.h"
-#include "harness/core/json_fields.h"
+#include "core/fileio.h"
+#include "core/json_fields.h"
 
 namespace mlafuzz::campaign {
 namespace {

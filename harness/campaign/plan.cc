@@ -5,10 +5,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/fileio.h"
 #include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
-#include "harness/core/fileio.h"
 
 namespace mlafuzz::campaign {
 

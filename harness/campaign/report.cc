@@ -8,10 +8,10 @@
 #include <set>
 #include <sstream>
 
-#include "harness/core/case.h"
-#include "harness/core/command.h"
-#include "harness/core/fileio.h"
-#include "harness/core/rng.h"
+#include "core/case.h"
+#include "core/command.h"
+#include "core/fileio.h"
+#include "core/rng.h"
 #include "properties/property_table.h"
 
 namespace mlafuzz::campaign {

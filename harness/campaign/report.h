@@ -156,7 +156,7 @@ struct Report {
 
 // Command that regenerates one case of a campaign and reruns it:
 // "<this mlafuzz> fuzz --seed S --replay-index K [--profile P] --backends B --properties P"
-// (command_to_run_again, harness/core/command.h).
+// (command_to_run_again, core/command.h).
 std::string replay_command(uint64_t seed, uint64_t case_index, const std::string& profile,
                            const std::string& backend, const std::string& property);
 

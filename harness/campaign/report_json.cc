@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "core/fileio.h"
+#include "core/json_fields.h"
 #include "harness/campaign/report.h"
-#include "harness/core/fileio.h"
-#include "harness/core/json_fields.h"
 #include "properties/corpus.h"
 
 namespace mlafuzz::campaign {

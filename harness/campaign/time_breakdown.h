@@ -1,5 +1,5 @@
 // Where a campaign's backend calls spent their time: per backend, the number of calls
-// and the seconds of each Phase (harness/core/backend.h), summed over the calls. The report's
+// and the seconds of each Phase (core/backend.h), summed over the calls. The report's
 // "campaign.time_breakdown" and the summary's "time per call" table come from here.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::campaign {

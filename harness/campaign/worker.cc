@@ -16,12 +16,12 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/command.h"
+#include "core/settings.h"
+#include "core/shared_arena.h"
 #include "harness/backends/device_query.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/registry.h"
-#include "harness/core/command.h"
-#include "harness/core/settings.h"
-#include "harness/core/shared_arena.h"
 
 extern char** environ;
 

@@ -7,7 +7,7 @@
 // a fresh worker. Any backend name the worker can construct works: CUDA kernels, plugins
 // ("plugin:/path.so"), mutants, host models.
 //
-// The worker's seams (WorkerHooks) let a test worker (tests/campaign/test_worker.cc, started
+// The worker's seams (WorkerHooks) let a test worker (tests/harness/test_worker.cc, started
 // through MLAFUZZ_WORKER_EXE) crash, hang or report a sticky device error where a case runs, so
 // that isolation is tested without a GPU; `mlafuzz worker` installs none.
 #pragma once
@@ -21,16 +21,16 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/campaign/worker_protocol.h"
-#include "harness/core/backend.h"
 
 namespace mlafuzz::campaign {
 
 // What a worker's INFO reply says about the backend it serves (Backend's declarations).
 WorkerInfo describe_backend(const Backend& backend);
 
-// Seams of the worker's main loop for a test worker (tests/campaign/test_worker.cc); each is
+// Seams of the worker's main loop for a test worker (tests/harness/test_worker.cc); each is
 // optional, and `mlafuzz worker` sets none.
 struct WorkerHooks {
   // Wraps the backend the worker serves (e.g. in one that overlaps two calls).

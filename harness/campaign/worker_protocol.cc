@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <type_traits>
 
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
-#include "harness/core/shared_arena.h"
+#include "core/case.h"
+#include "core/envelope.h"
+#include "core/shared_arena.h"
 
 namespace mlafuzz::campaign {
 namespace {

@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
+#include "core/backend.h"
+#include "core/materialize.h"
 
 namespace mlafuzz::campaign {
 
@@ -64,7 +64,7 @@ class ProtocolError : public std::runtime_error {
 // Without one (or when it is full) they travel inline in the frame.
 //
 // The arena (protocol 2): the parent's vectors that live in its shared arena
-// (harness/core/shared_arena.h) travel as their offset there (flag 3), not copied into the bulk
+// (core/shared_arena.h) travel as their offset there (flag 3), not copied into the bulk
 // area; the worker maps the arena read-only (`mlafuzz worker --arena-fd`) and copies them out
 // once. `arena` is the parent's SharedArena when writing (null: copy), the worker's read-only
 // mapping when reading (null: a flag 3 vector is a protocol error).

@@ -4,9 +4,9 @@
 #include <iostream>
 #include <string>
 
+#include "core/case.h"
+#include "core/settings.h"
 #include "harness/cli/commands.h"
-#include "harness/core/case.h"
-#include "harness/core/settings.h"
 
 int main(int argc, char** argv) {
   using namespace mlafuzz::cli;

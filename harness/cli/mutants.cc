@@ -1,7 +1,7 @@
 // `mlafuzz mutants`: the mutation score. Runs a campaign per planted bug and reports, per
 // mutant, killed or survived, the property that killed it, cases and seconds to the first
 // failure and the shrunk case's size. Exit 1 if any mutant survives (or a kill is suspect).
-// Without --backends, the catalogue of kernels/common/mutants.h on cpu-mma or cuda-mma; with
+// Without --backends, the catalogue of mla/mutants.h on cpu-mma or cuda-mma; with
 // --backends, the planted bugs python: kernels declare (their MUTANTS), each in a worker.
 #include <fmt/format.h>
 
@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "core/case.h"
+#include "core/fileio.h"
 #include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
-#include "harness/core/case.h"
-#include "harness/core/fileio.h"
 #include "harness/mutation/mutation.h"
 
 namespace mlafuzz::cli {

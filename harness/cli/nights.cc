@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "core/fileio.h"
 #include "harness/campaign/ledger.h"
 #include "harness/campaign/lifecycle.h"
 #include "harness/campaign/report.h"
 #include "harness/cli/commands.h"
-#include "harness/core/fileio.h"
 
 namespace mlafuzz::cli {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "core/fileio.h"
 #include "harness/campaign/ledger.h"
 #include "harness/cli/commands.h"
-#include "harness/core/fileio.h"
 
 namespace mlafuzz::cli {
 namespace {

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
 #include "harness/cli/commands.h"
-#include "harness/core/backend.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::cli {

@@ -18,16 +18,16 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/command.h"
+#include "core/compare.h"
+#include "core/fileio.h"
+#include "core/materialize.h"
+#include "core/npy.h"
 #include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/command.h"
-#include "harness/core/compare.h"
-#include "harness/core/fileio.h"
-#include "harness/core/materialize.h"
-#include "harness/core/npy.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
 

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/fileio.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
 #include "harness/campaign/worker.h"
-#include "harness/core/fileio.h"
 #include "kernels/host/host_mutants.h"
 #include "properties/shrink.h"
 

@@ -1,6 +1,6 @@
 // Mutation score (`mlafuzz mutants`): how good is mlafuzz at catching real bugs?
 //
-// Every planted bug of kernels/common/mutants.h is built as a variant of the MMA kernel (GPU)
+// Every planted bug of mla/mutants.h is built as a variant of the MMA kernel (GPU)
 // or of its host model cpu-mma (CPU). For each, a campaign of generated cases runs every
 // property on the mutant until the first failure or the budget; the failure is shrunk to a
 // minimal case. A mutant is KILLED when some property fails on it, SURVIVED when the budget runs
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/case.h"
-#include "kernels/common/mutants.h"
+#include "core/case.h"
+#include "mla/mutants.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -1,5 +1,5 @@
 // The split-KV combine kernel and the split launcher (the merge is defined in
-// kernels/common/split_kv.h, shared with the host model cpu-mma-split*).
+// mla/split_kv.h, shared with the host model cpu-mma-split*).
 //
 // The split MMA kernel (mma_head_tiled.cuh, kSplit) writes one fp32 partial (m_i, l_i, O_i) per
 // (query row, split, head); the combine reads them back. One block of kCombineThreads per
@@ -18,8 +18,8 @@
 
 #include <atomic>
 
-#include "kernels/common/split_kv.h"
 #include "kernels/cuda/mma_head_tiled.cuh"
+#include "mla/split_kv.h"
 
 namespace mla::cuda {
 

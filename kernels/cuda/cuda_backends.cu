@@ -7,13 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/settings.h"
-#include "kernels/common/split_kv.h"
+#include "core/settings.h"
 #include "kernels/cuda/cuda_backends.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/device_run.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/size_class_pool.h"
+#include "mla/split_kv.h"
 
 namespace mlafuzz::cuda_detail {
 namespace {

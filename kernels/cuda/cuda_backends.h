@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz {
 

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <memory>
 
-#include "harness/core/backend.h"
-#include "kernels/common/mutants.h"
+#include "core/backend.h"
+#include "mla/mutants.h"
 
 namespace mla::cuda {
 // Launches the BLOCK_H = 32 MMA kernel instantiated with mutant m (kNone gives the normal

@@ -2,7 +2,7 @@
 // raw bytes into shared memory (cp.async, 16/8/4-byte units or bytes when the stride forbids),
 // fp8 -> fp32 decode, tensor-core fragment loads and the envelope check.
 //
-// Address arithmetic mirrors kernels/common/mla_params.h (token_address) but uses 32-bit
+// Address arithmetic mirrors mla/mla_params.h (token_address) but uses 32-bit
 // division: indices are int32, so page = idx / P fits. Mutant hooks (mutants.h) sit exactly where
 // the planted bug would be.
 #pragma once
@@ -16,10 +16,10 @@
 #include <optional>
 #include <string>
 
-#include "kernels/common/mla_params.h"
-#include "kernels/common/mutants.h"
-#include "kernels/common/online_softmax.h"
-#include "kernels/common/tiling.h"
+#include "mla/mla_params.h"
+#include "mla/mutants.h"
+#include "mla/online_softmax.h"
+#include "mla/tiling.h"
 
 namespace mla::cuda {
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz::cuda_detail {
 

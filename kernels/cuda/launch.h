@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "kernels/common/mla_params.h"
+#include "mla/mla_params.h"
 
 namespace mla::cuda {
 
@@ -54,7 +54,7 @@ int launch_mma_head_tiled(const DecodeParams& p, int block_h, void* stream);
 int launch_mma_head_tiled_warps(const DecodeParams& p, int block_h, int warps_per_group,
                                 void* stream);
 
-// Split-KV (kernels/common/split_kv.h, kernels/cuda/combine.cuh): the MMA kernel
+// Split-KV (mla/split_kv.h, kernels/cuda/combine.cuh): the MMA kernel
 // with each row's tiles cut into splits (split: n >= 1 forced, mla::kSplitAuto the row rule,
 // mla::kSplitMax one split per tile) writing fp32 partials to `workspace`, then the combine
 // kernel, both on `stream`. The workspace (device memory, at least mma_split_workspace_bytes)

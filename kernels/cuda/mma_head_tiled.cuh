@@ -39,7 +39,7 @@
 // Every sum is taken in an order that does not depend on BH or WG: the configurations give the
 // same bits, and the host model cpu-mma follows the same order (kernels/host/cpu_mma.h).
 //
-// Split-KV (kSplit; kernels/common/split_kv.h, kernels/cuda/combine.cuh): the grid
+// Split-KV (kSplit; mla/split_kv.h, kernels/cuda/combine.cuh): the grid
 // gains a z dimension of splits; block (hb, b, z) folds tiles [tile_begin, tile_end) of split z
 // of row b (the split count from the row's own tile count and the device's SM count, worked out
 // here and again in the combine by the same function), and instead of the bf16 epilogue writes
@@ -57,9 +57,9 @@
 #include <atomic>
 #include <type_traits>
 
-#include "kernels/common/split_kv.h"
 #include "kernels/cuda/device_common.cuh"
 #include "kernels/cuda/launch.h"
+#include "mla/split_kv.h"
 
 namespace mla::cuda {
 

@@ -2,12 +2,12 @@
 #include <array>
 #include <utility>
 
-#include "harness/core/envelope.h"
-#include "kernels/common/split_kv.h"
+#include "core/envelope.h"
 #include "kernels/cuda/combine.cuh"
 #include "kernels/cuda/cuda_mutants.h"
 #include "kernels/cuda/device_run.h"
 #include "kernels/cuda/mma_head_tiled.cuh"
+#include "mla/split_kv.h"
 
 namespace mla::cuda {
 namespace {

@@ -17,7 +17,7 @@
 // Split-KV (`split` != mla::kSplitOff): the row's virtual tile range (main tiles, then
 // extra tiles, each list's tiles counted up to its topk_length as the kernel does) is cut into
 // mla::split_count splits; each split folds its tiles from a fresh softmax state into an fp32
-// partial (m, l, O), and the combine of kernels/common/split_kv.h merges them in split order
+// partial (m, l, O), and the combine of mla/split_kv.h merges them in split order
 // before the same store. With one split the result is the unsplit model's bit for bit.
 //
 // Where the bits can differ from the kernel's: the tensor core's summation inside Q*K^T and P*V
@@ -30,9 +30,9 @@
 #include <string>
 #include <vector>
 
-#include "kernels/common/split_kv.h"
-#include "kernels/common/tiling.h"
 #include "kernels/host/host_pipeline.h"
+#include "mla/split_kv.h"
+#include "mla/tiling.h"
 
 namespace mlafuzz::host {
 
@@ -73,7 +73,7 @@ struct MmaScratch {
   // The LSE-merged pipeline's second online softmax (the extra list alone).
   std::vector<float> o2;                  // [block_h, width]
   std::vector<mla::SoftmaxState> state2;  // [block_h]
-  // Split-KV partials (kernels/common/split_kv.h): [splits][block_h] m and l, [splits][block_h]
+  // Split-KV partials (mla/split_kv.h): [splits][block_h] m and l, [splits][block_h]
   // [width] O, as the kernel's workspace holds them.
   std::vector<float> part_m, part_l, part_o;
 };
@@ -289,7 +289,7 @@ void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool l
         std::copy(s.o.begin() + j * w, s.o.begin() + (j + 1) * w, s.part_o.begin() + at * w);
       }
     }
-    // The combine (kernels/common/split_kv.h), per head; the merged O goes to s.o.
+    // The combine (mla/split_kv.h), per head; the merged O goes to s.o.
     for (int32_t j = 0; j < nh; ++j) {
       const mla::SoftmaxState merged =
           mla::merge_split_states<M>(s.part_m.data() + j, s.part_l.data() + j, ns, block_h);

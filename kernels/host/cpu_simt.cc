@@ -18,9 +18,9 @@
 // kernel re-reads them per head and gets the same values).
 #include <cmath>
 
-#include "kernels/common/tiling.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_pipeline.h"
+#include "mla/tiling.h"
 
 namespace mlafuzz {
 namespace host {

@@ -1,6 +1,6 @@
 // Host models of the two CUDA kernels: CPU backends that follow each kernel's precision pipeline
 // and token-tile order (docs/SPEC.md section 4), reading the cache through the same shared
-// host-device code (kernels/common). CI has no GPU: these are what its differential tests run.
+// host-device code (mla). CI has no GPU: these are what its differential tests run.
 //
 // - cpu-simt (Precision::kSimtFp32), the per-head SIMT kernel: q * sm_scale in fp32, K and V
 //   dequantized to fp32, dot products, online softmax over tiles of mla::kSimtTokenTile tokens
@@ -18,7 +18,7 @@
 
 #include <memory>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 
 namespace mlafuzz {
 
@@ -35,7 +35,7 @@ std::unique_ptr<Backend> make_cpu_mma_small_backend();
 // is computed alone and LSE-merged with the main list's result (two bf16 roundings; SGLang's
 // Triton path, ExtraPipeline::kLseMerged): the reference for the LSE-merged tolerance bound.
 std::unique_ptr<Backend> make_cpu_mma_lse_merged_backend();
-// The split-KV host model (kernels/common/split_kv.h), BLOCK_H 32: split 1 ->
+// The split-KV host model (mla/split_kv.h), BLOCK_H 32: split 1 ->
 // "cpu-mma-split1" (the split pipeline with one split: cpu-mma's bits), 0 -> "cpu-mma-split"
 // (the automatic rule, for a 132-SM device), -1 -> "cpu-mma-split-max" (one split per tile),
 // n > 1 -> "cpu-mma-split<n>". Throws std::invalid_argument below -1.

@@ -6,8 +6,8 @@
 
 #include <memory>
 
-#include "harness/core/backend.h"
-#include "kernels/common/mutants.h"
+#include "core/backend.h"
+#include "mla/mutants.h"
 
 namespace mlafuzz {
 

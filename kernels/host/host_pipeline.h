@@ -1,9 +1,9 @@
 // Pieces shared by the two host models (cpu_simt.cc, cpu_mma.h): the kernels' padded column
 // layout, token decoding, masking, the final store, input checks and the guarded-run wrapper.
 //
-// Internal to kernels/host. Everything a planted bug (kernels/common/mutants.h) can change is a
+// Internal to kernels/host. Everything a planted bug (mla/mutants.h) can change is a
 // template on mla::Mutant tested with `if constexpr`, so the normal build compiles only kNone.
-// Cache addressing and number formats come from kernels/common (the code the CUDA kernels use);
+// Cache addressing and number formats come from mla (the code the CUDA kernels use);
 // a host model never reads outside the buffers it is given, even as a mutant.
 #pragma once
 
@@ -14,13 +14,13 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/mla_params.h"
-#include "kernels/common/mutants.h"
-#include "kernels/common/online_softmax.h"
-#include "kernels/common/tiling.h"
+#include "core/backend.h"
+#include "core/materialize.h"
+#include "mla/fp_formats.h"
+#include "mla/mla_params.h"
+#include "mla/mutants.h"
+#include "mla/online_softmax.h"
+#include "mla/tiling.h"
 
 namespace mlafuzz::host {
 

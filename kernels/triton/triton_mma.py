@@ -58,7 +58,7 @@ def _run(call: mlafuzz.DecodeCall, block_h: int, mutant: int = 0) -> None:
         launch2(call, block_h=block_h, mutant=mutant, fp8cvt=FP8CVT, prefetch=PREFETCH)
 
 #: The planted bugs of this kernel: name -> what is wrong (mutant names follow
-#: kernels/common/mutants.h where the class exists there).
+#: mla/mutants.h where the class exists there).
 MUTANTS: Dict[str, str] = {
     "unmasked-pad-columns": "q and K columns nope..NOPE_PAD-1 not masked on load (read from the "
                             "bytes after the nope part, with the scale byte past the last tile)",

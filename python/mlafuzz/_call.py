@@ -7,7 +7,7 @@ from typing import Any, Dict, Tuple
 import numpy as np
 
 #: Elements of canaries before and after each output buffer (OutputBuffers::kGuard of
-#: harness/core/backend.h, which the worker's calls have too).
+#: core/backend.h, which the worker's calls have too).
 GUARD = 64
 OUT_CANARY = 0x7FA5  # a bf16 NaN with a recognisable payload
 LSE_CANARY = 0x7FA5A5A5

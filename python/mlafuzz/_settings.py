@@ -1,6 +1,6 @@
 """The MLAFUZZ_* environment variables, read through one table (settings.json beside this file).
 
-The same table is compiled into the mlafuzz executable (harness/core/settings.h), which prints it
+The same table is compiled into the mlafuzz executable (core/settings.h), which prints it
 with ``mlafuzz --help-env``; docs/settings.md is that output. Reading a name the table does not
 list is an error, and so is a value that is not of the variable's type.
 """

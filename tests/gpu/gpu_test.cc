@@ -19,15 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/compare.h"
+#include "core/materialize.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/compare.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/tiling.h"
 #include "kernels/cuda/cuda_backends.h"
 #include "kernels/cuda/launch.h"
+#include "mla/fp_formats.h"
+#include "mla/tiling.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
 #include "properties/properties.h"

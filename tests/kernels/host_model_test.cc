@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/materialize.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/fp_formats.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_pipeline.h"
+#include "mla/fp_formats.h"
 #include "oracle/oracle.h"
 #include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"

@@ -5,12 +5,12 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/mutants.h"
-#include "kernels/common/split_kv.h"
+#include "core/backend.h"
+#include "core/materialize.h"
 #include "kernels/host/host_models.h"
 #include "kernels/host/host_mutants.h"
+#include "mla/mutants.h"
+#include "mla/split_kv.h"
 #include "tests/kernels/host_test_support.h"
 
 namespace mlafuzz {

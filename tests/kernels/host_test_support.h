@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/backend.h"
-#include "harness/core/case.h"
-#include "harness/core/materialize.h"
-#include "harness/core/rng.h"
-#include "kernels/common/mla_params.h"
+#include "core/backend.h"
+#include "core/case.h"
+#include "core/materialize.h"
+#include "core/rng.h"
+#include "mla/mla_params.h"
 
 namespace mlafuzz::testing {
 

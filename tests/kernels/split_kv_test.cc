@@ -1,7 +1,7 @@
-// Split-KV in the host model (issue 17; kernels/common/split_kv.h): the split rule, one split
+// Split-KV in the host model (issue 17; mla/split_kv.h): the split rule, one split
 // equal to the unsplit model bit for bit, empty splits, rows with every split empty and infinite
 // sinks through the combine, the split-agree property, and the bound with the most splits.
-#include "kernels/common/split_kv.h"
+#include "mla/split_kv.h"
 
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/materialize.h"
+#include "core/rng.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
-#include "harness/core/rng.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"

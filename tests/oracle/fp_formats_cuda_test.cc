@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/common/fp_formats.h"
+#include "mla/fp_formats.h"
 #include "oracle/oracle.h"
 
 namespace {

@@ -1,6 +1,6 @@
-// The number formats the oracle decodes with (kernels/common/fp_formats.h) against a fixed
+// The number formats the oracle decodes with (mla/fp_formats.h) against a fixed
 // table derived from the format definition, and rounding on hand-picked values.
-#include "kernels/common/fp_formats.h"
+#include "mla/fp_formats.h"
 
 #include <gtest/gtest.h>
 

@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "harness/core/materialize.h"
-#include "harness/core/rng.h"
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/mla_params.h"
+#include "core/materialize.h"
+#include "core/rng.h"
+#include "mla/fp_formats.h"
+#include "mla/mla_params.h"
 
 namespace mlafuzz::testing {
 

@@ -1,7 +1,7 @@
 // ABI version 2: a real version-1 plugin keeps working, envelopes constrain generation and
 // shrinking (the FlashMLA-like plugin gets >= 95% applicable cases with the edge classes still
 // reached), and invariance claims turn a bitwise check into a bounded one, never into none.
-#include "harness/core/envelope.h"
+#include "core/envelope.h"
 
 #include <gtest/gtest.h>
 
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "core/materialize.h"
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/worker.h"
 #include "harness/campaign/worker_protocol.h"
-#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -6,10 +6,10 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/backend.h"
+#include "core/materialize.h"
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -1,6 +1,6 @@
 # ctest script: `mlafuzz mutants` on the CPU kills every mutant of the catalogue that the host
 # model implements. The expected count is the catalogue's, read from the JSON report (which lists
-# every entry of kernels/common/mutants.h, killed, survived or skipped with a reason), so adding
+# every entry of mla/mutants.h, killed, survived or skipped with a reason), so adding
 # a mutant needs no edit here. Checks the exit code, the JSON and the table's summary line.
 cmake_minimum_required(VERSION 3.25)
 execute_process(COMMAND ${MLAFUZZ} mutants --backend-kind cpu --max-cases 200 --json ${JSON}

@@ -12,7 +12,7 @@
 
 #include "harness/backends/registry.h"
 #include "properties/shrink.h"
-#include "tests/harness/test_util.h"
+#include "tests/core/test_util.h"
 
 namespace mlafuzz {
 namespace {
@@ -56,7 +56,7 @@ TEST_F(CpuMutants, EveryHostMutantIsKilledAndOnlyTheRaceIsSkipped) {
 }
 
 // The score covers the catalogue: the mutants killed are exactly the cpu-mma variants the
-// registry can make in this build (kernels/common/mutants.h, less those the host model lacks).
+// registry can make in this build (mla/mutants.h, less those the host model lacks).
 TEST_F(CpuMutants, EveryMutantTheRegistryCanMakeIsKilled) {
   std::vector<std::string> killed;
   for (const MutantResult& r : *results_) {

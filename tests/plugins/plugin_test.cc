@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/compare.h"
+#include "core/materialize.h"
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/compare.h"
-#include "harness/core/materialize.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

@@ -13,14 +13,14 @@
 #include <string>
 #include <tuple>
 
+#include "core/backend.h"
+#include "core/fileio.h"
+#include "core/materialize.h"
+#include "core/rng.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/fileio.h"
-#include "harness/core/materialize.h"
-#include "harness/core/rng.h"
-#include "kernels/common/fp_formats.h"
-#include "kernels/common/mla_params.h"
-#include "kernels/common/tiling.h"
+#include "mla/fp_formats.h"
+#include "mla/mla_params.h"
+#include "mla/tiling.h"
 #include "oracle/oracle.h"
 #include "properties/corpus.h"
 #include "properties/evaluate.h"
@@ -28,7 +28,7 @@
 #include "properties/properties.h"
 #include "properties/shrink.h"
 #include "properties/tolerance.h"
-#include "tests/harness/test_util.h"
+#include "tests/core/test_util.h"
 #include "tests/properties/reference_bounds.h"
 
 namespace mlafuzz {

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <memory>
 
-#include "harness/core/backend.h"
+#include "core/backend.h"
 #include "kernels/host/host_mutants.h"
 #include "properties/evaluate.h"
 #include "properties/shrink.h"

@@ -7,9 +7,9 @@
 #include <memory>
 #include <string>
 
+#include "core/case.h"
+#include "core/materialize.h"
 #include "harness/backends/registry.h"
-#include "harness/core/case.h"
-#include "harness/core/materialize.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
 #include "properties/properties.h"

@@ -10,9 +10,9 @@
 #include <memory>
 #include <string>
 
+#include "core/backend.h"
+#include "core/settings.h"
 #include "harness/backends/registry.h"
-#include "harness/core/backend.h"
-#include "harness/core/settings.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz {

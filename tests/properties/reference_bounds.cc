@@ -9,7 +9,7 @@
 #include <limits>
 #include <sstream>
 
-#include "harness/core/value_format.h"
+#include "core/value_format.h"
 
 namespace mlafuzz::reference {
 namespace {

@@ -12,15 +12,15 @@
 #include <set>
 #include <string>
 
-#include "harness/core/envelope.h"
-#include "harness/core/materialize.h"
-#include "kernels/common/mla_params.h"
+#include "core/envelope.h"
+#include "core/materialize.h"
+#include "mla/mla_params.h"
 #include "properties/canonical.h"
 #include "properties/case_edits.h"
 #include "properties/evaluate.h"
 #include "properties/properties.h"
 #include "properties/shrink.h"
-#include "tests/harness/test_util.h"
+#include "tests/core/test_util.h"
 
 #if MLAFUZZ_TEST_HOST_MUTANTS
 #include "kernels/host/host_mutants.h"

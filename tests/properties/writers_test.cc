@@ -14,9 +14,9 @@
 #include <set>
 #include <sstream>
 
-#include "harness/core/case.h"
-#include "harness/core/envelope.h"
-#include "harness/core/materialize.h"
+#include "core/case.h"
+#include "core/envelope.h"
+#include "core/materialize.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"

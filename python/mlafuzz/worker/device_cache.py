@@ -60,7 +60,7 @@ class DeviceCache:
     """Device copies of input buffers kept across calls, by identity, within a byte budget.
 
     A key is (identity, byte length): the identity is what mlafuzz's shared arena gives a
-    block's bytes (``SharedArena::publish``, harness/core/shared_arena.h), new whenever they can
+    block's bytes (``SharedArena::publish``, core/shared_arena.h), new whenever they can
     have changed, so a hit is a copy of the very bytes the request names. Least recently used
     entries leave first; an entry larger than the whole budget is not kept.
     """

@@ -1,0 +1,244 @@
+// Backend helpers shared by every bf16 backend: canary-guarded output buffers and their
+// conversion into a RunResult.
+#include "core/backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace mlafuzz {
+
+const char* phase_name(Phase p) {
+  static constexpr const char* kNames[kPhaseCount] = {"queue",    "encode", "transport", "decode",
+                                                      "run",      "alloc",  "upload",    "kernel",
+                                                      "download", "stage",  "widen"};
+  const int i = static_cast<int>(p);
+  return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
+}
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFloat64:
+      return "float64";
+    case Precision::kSimtFp32:
+      return "simt-fp32";
+    case Precision::kMmaBf16:
+      return "mma-bf16";
+    case Precision::kCustom:
+      return "custom";
+  }
+  return "?";
+}
+
+const char* extra_pipeline_name(ExtraPipeline e) {
+  return e == ExtraPipeline::kLseMerged ? "lse_merged" : "joint";
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m)
+    : out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      out_token_stride(m.out_token_stride),
+      lse_token_stride(m.lse_token_stride),
+      lse_batch_stride(m.lse_batch_stride) {
+  // Canaries are NaNs with a payload no kernel produces: an element that still holds one after
+  // the call was never written, and a guard element that lost it was written out of bounds.
+  out.assign(out_elements(m), kCanaryBits);
+  lse.assign(lse_elements(m), mla::bits_to_float(kLseCanaryBits));
+}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw,
+                             const float* lse_raw)
+    : out(out_raw, out_raw + out_elements(m)),
+      lse(lse_raw, lse_raw + lse_elements(m)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      out_token_stride(m.out_token_stride),
+      lse_token_stride(m.lse_token_stride),
+      lse_batch_stride(m.lse_batch_stride) {}
+
+OutputBuffers::OutputBuffers(const MaterializedCase& m, std::vector<uint16_t>&& out_raw,
+                             std::vector<float>&& lse_raw)
+    : out(std::move(out_raw)),
+      lse(std::move(lse_raw)),
+      out_head_stride(m.out_head_stride),
+      out_batch_stride(m.out_batch_stride),
+      out_token_stride(m.out_token_stride),
+      lse_token_stride(m.lse_token_stride),
+      lse_batch_stride(m.lse_batch_stride) {}
+
+void OutputBuffers::fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n) {
+  std::fill_n(out_raw, out_n, kCanaryBits);
+  std::fill_n(lse_raw, lse_n, mla::bits_to_float(kLseCanaryBits));
+}
+
+int64_t OutputBuffers::guard_violations(const MaterializedCase& m) const {
+  // Walks only the guard ranges (no per-element modulo): the bands before and after the body,
+  // and inside each batch row the gap between d_v and the head stride, the gap after the last head
+  // of each query token and the gap after the last token. Writing any of them is a bug.
+  int64_t bad = 0;
+  const auto count = [&](int64_t from, int64_t to) {  // out elements [from, to) are guard
+    for (int64_t i = from; i < to; ++i) bad += out[static_cast<size_t>(i)] != kCanaryBits;
+  };
+  // Compare bits: the canary is a NaN, and NaN != NaN as floats.
+  const auto count_lse = [&](int64_t from, int64_t to) {
+    for (int64_t i = from; i < to; ++i) {
+      bad += mla::float_to_bits(lse[static_cast<size_t>(i)]) != kLseCanaryBits;
+    }
+  };
+  const int32_t dv = m.d_v();
+  const int64_t heads_span = int64_t{m.heads} * out_head_stride;
+  count(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * out_batch_stride;
+    for (int64_t s = 0; s < m.s_q; ++s) {
+      const int64_t token = row + s * out_token_stride;
+      if (out_head_stride > dv) {
+        for (int64_t h = 0; h < m.heads; ++h) {
+          const int64_t head = token + h * out_head_stride;
+          count(head + dv, head + out_head_stride);
+        }
+      }
+      count(token + heads_span, token + out_token_stride);
+    }
+    count(row + m.s_q * out_token_stride, row + out_batch_stride);
+  }
+  count(kGuard + int64_t{m.batch} * out_batch_stride, static_cast<int64_t>(out.size()));
+  count_lse(0, kGuard);
+  for (int64_t b = 0; b < m.batch; ++b) {
+    const int64_t row = kGuard + b * lse_batch_stride;
+    for (int64_t s = 0; s < m.s_q; ++s) {
+      const int64_t token = row + s * lse_token_stride;
+      count_lse(token + m.heads, token + lse_token_stride);
+    }
+    count_lse(row + m.s_q * lse_token_stride, row + lse_batch_stride);
+  }
+  count_lse(kGuard + int64_t{m.batch} * lse_batch_stride, static_cast<int64_t>(lse.size()));
+  return bad;
+}
+
+namespace {
+
+// The logical outputs, widened; the raw buffers are the caller's to fill.
+RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r;
+  const int32_t dv = m.d_v();
+  const int32_t rows = m.query_rows();
+  r.out.resize(static_cast<size_t>(int64_t{rows} * m.heads * dv));
+  r.lse.resize(static_cast<size_t>(int64_t{rows} * m.heads));
+  for (int32_t qr = 0; qr < rows; ++qr) {
+    const int32_t b = qr / m.s_q, t = qr % m.s_q;
+    for (int32_t h = 0; h < m.heads; ++h) {
+      const int64_t row = int64_t{qr} * m.heads + h;
+      const uint16_t* src = bufs.out.data() + OutputBuffers::kGuard + b * bufs.out_batch_stride +
+                            t * bufs.out_token_stride + h * bufs.out_head_stride;
+      double* dst = r.out.data() + row * dv;
+      for (int32_t d = 0; d < dv; ++d) dst[d] = mla::bf16_to_float(src[d]);  // exact widening
+      r.lse[static_cast<size_t>(row)] = bufs.lse[static_cast<size_t>(
+          OutputBuffers::kGuard + b * bufs.lse_batch_stride + t * bufs.lse_token_stride + h)];
+    }
+  }
+  r.guard_violations = bufs.guard_violations(m);
+  return r;
+}
+
+}  // namespace
+
+namespace {
+std::atomic<bool> g_raw_outputs_only{false};
+
+RunResult pending_outputs() {
+  RunResult r;
+  r.outputs_pending = true;
+  return r;
+}
+}  // namespace
+
+void set_raw_outputs_only(bool on) { g_raw_outputs_only.store(on); }
+bool raw_outputs_only() { return g_raw_outputs_only.load(); }
+
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
+  r.out_raw = bufs.out;
+  r.lse_raw = bufs.lse;
+  return r;
+}
+
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
+  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
+  return r;
+}
+
+namespace {
+// Whether r's raw buffers have the sizes of m's; otherwise r becomes the kFault saying so.
+bool raw_sizes_ok(const MaterializedCase& m, RunResult& r) {
+  if (r.out_raw.size() != OutputBuffers::out_elements(m) ||
+      r.lse_raw.size() != OutputBuffers::lse_elements(m)) {
+    const std::string what = "raw outputs of " + std::to_string(r.out_raw.size()) + " and " +
+                             std::to_string(r.lse_raw.size()) + " elements for a case of " +
+                             std::to_string(OutputBuffers::out_elements(m)) + " and " +
+                             std::to_string(OutputBuffers::lse_elements(m));
+    r = RunResult{};
+    r.status = RunStatus::kFault;
+    r.message = "worker sent " + what;
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
+void check_raw_outputs(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending || !raw_sizes_ok(m, r)) return;
+  OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
+  r.guard_violations = bufs.guard_violations(m);
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
+}
+
+void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
+  if (!r.outputs_pending) return;
+  r.outputs_pending = false;
+  if (!raw_sizes_ok(m, r)) return;
+  OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
+  RunResult w = widen_outputs(m, bufs);
+  r.out = std::move(w.out);
+  r.lse = std::move(w.lse);
+  r.guard_violations = w.guard_violations;
+  r.out_raw = std::move(bufs.out);
+  r.lse_raw = std::move(bufs.lse);
+}
+
+namespace {
+// What the default begin_run leaves: run()'s result, handed over by finish_run.
+struct RanAlready final : Backend::PendingRun {
+  RunResult result;
+};
+}  // namespace
+
+std::unique_ptr<Backend::PendingRun> Backend::begin_run(const MaterializedCase& m) {
+  auto p = std::make_unique<RanAlready>();
+  p->result = run(m);
+  return p;
+}
+
+RunResult Backend::finish_run(std::unique_ptr<PendingRun> pending) {
+  auto* p = dynamic_cast<RanAlready*>(pending.get());
+  if (p == nullptr) throw std::logic_error(name() + ": finish_run of a call begun elsewhere");
+  return std::move(p->result);
+}
+
+std::vector<CheckedRun> Backend::check_and_run(const std::vector<const MaterializedCase*>& cases) {
+  std::vector<CheckedRun> out(cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    out[i].unsupported = unsupported(*cases[i]);
+    if (!out[i].unsupported) out[i].result = run(*cases[i]);
+    out[i].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return out;
+}
+
+}  // namespace mlafuzz

@@ -1,0 +1,284 @@
+// One interface for every implementation under test: the float64 oracles, the host models of
+// the kernels, the CUDA kernels and user plugins.
+//
+// A Backend never exits or aborts: errors become RunResult statuses. The harness core includes
+// no CUDA header; CUDA backends are created through factory functions declared in plain headers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/envelope.h"
+#include "core/materialize.h"
+
+namespace mlafuzz {
+
+// The precision pipeline a backend implements; selects the error bound (properties/tolerance.h).
+enum class Precision {
+  kFloat64,   // oracles: exact up to float64 rounding
+  kSimtFp32,  // SPEC 4, SIMT: fp32 everywhere, bf16 store
+  kMmaBf16,   // SPEC 4, MMA: bf16 q and K, fp32 accumulate, bf16 p for P*V, bf16 store
+  kCustom,    // plugin with explicit abs/rel tolerances
+};
+
+const char* precision_name(Precision p);
+
+// How a backend folds the extra cache into the result (docs/SPEC.md section 8; plugin.h,
+// MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
+// alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
+// selects the tolerance model's extra-cache bound (properties/tolerance.h).
+enum class ExtraPipeline {
+  kJoint = 0,
+  kLseMerged = 1,
+};
+
+const char* extra_pipeline_name(ExtraPipeline e);  // "joint", "lse_merged"
+
+enum class RunStatus {
+  kOk,
+  kUnsupported,  // the backend cannot run this case by design; `message` says why
+  kError,        // a launch or API error (the case is not at fault... or is: see message)
+  kFault,        // device fault, crash or hang (set by the isolation layer)
+};
+
+// Canary-guarded output buffers. `out` holds kGuard elements before and after the strided
+// [B, out_batch_stride] region: a batch row holds s_q tokens out_token_stride apart, each H heads
+// out_head_stride apart. Elements between d_v and out_head_stride, after the H heads of a token
+// and after the s_q tokens of a batch row are guard too. `lse` likewise: kGuard before and after
+// [B, lse_batch_stride], tokens lse_token_stride apart; every element of a row that is not
+// (token, head) is guard.
+struct OutputBuffers {
+  static constexpr int64_t kGuard = 64;
+  static constexpr uint16_t kCanaryBits = 0x7fa5;  // a bf16 NaN with a recognisable payload
+  static constexpr uint32_t kLseCanaryBits = 0x7fa5a5a5u;
+  std::vector<uint16_t> out;  // kGuard + B*out_batch_stride + kGuard
+  std::vector<float> lse;     // kGuard + B*lse_batch_stride + kGuard
+  int64_t out_head_stride = 0, out_batch_stride = 0, out_token_stride = 0;
+  int64_t lse_token_stride = 0, lse_batch_stride = 0;
+
+  explicit OutputBuffers(const MaterializedCase& m);
+  // The buffers as a kernel left them in memory elsewhere (a worker's shared memory): `out_raw`
+  // and `lse_raw` hold out_elements(m) and lse_elements(m) elements, guards included.
+  OutputBuffers(const MaterializedCase& m, const uint16_t* out_raw, const float* lse_raw);
+  // Takes the raw buffers of a result (widen_raw_outputs); sizes as above, checked by the caller.
+  OutputBuffers(const MaterializedCase& m, std::vector<uint16_t>&& out_raw,
+                std::vector<float>&& lse_raw);
+  static size_t out_elements(const MaterializedCase& m) {
+    return static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.out_batch_stride);
+  }
+  static size_t lse_elements(const MaterializedCase& m) {
+    return static_cast<size_t>(2 * kGuard + int64_t{m.batch} * m.lse_batch_stride);
+  }
+  // Fills buffers of those sizes with the canaries, as the constructor does.
+  static void fill_canaries(uint16_t* out_raw, size_t out_n, float* lse_raw, size_t lse_n);
+  uint16_t* out_begin() { return out.data() + kGuard; }
+  float* lse_begin() { return lse.data() + kGuard; }
+  // Points p's out and lse (and their strides) at these buffers.
+  void attach(mla::DecodeParams& p) {
+    p.out = out_begin();
+    p.out_head_stride = out_head_stride;
+    p.out_token_stride = out_token_stride;
+    p.out_batch_stride = out_batch_stride;
+    p.lse = lse_begin();
+    p.lse_token_stride = lse_token_stride;
+    p.lse_batch_stride = lse_batch_stride;
+  }
+  // Number of guard elements (out and lse) that no longer hold their canary.
+  int64_t guard_violations(const MaterializedCase& m) const;
+};
+
+// Where the time of one backend call went, in seconds, filled by each layer the call passes
+// through: the worker proxy (waiting for a free worker, encoding the case, the round trip through
+// the transport less the worker's own time), the worker (decoding the case), and the CUDA staging
+// (device allocation, copies to and from the device, the kernel with its synchronization). What a
+// backend does not measure stays 0; `run` is the backend's whole run() as the worker saw it.
+// A CUDA backend's resident path (one synchronization per call) measures upload, kernel and
+// download as device-side durations between CUDA events, alloc and stage as host wall time.
+enum class Phase : int {
+  kQueue,      // waiting for a free worker (another thread's call in flight)
+  kEncode,     // case -> frame (proxy side)
+  kTransport,  // request and reply through the transport, less the worker's decode and run
+  kDecode,     // frame -> case (worker side)
+  kRun,        // the backend's run() inside the worker: alloc + upload + kernel + download + rest
+  kAlloc,      // device allocation (cudaMalloc) inside kRun
+  kUpload,     // host -> device copies inside kRun
+  kKernel,     // launch and synchronize inside kRun
+  kDownload,   // device -> host copies inside kRun
+  kStage,      // inside kRun, host side: inputs compared with the device-resident copies, changed
+               // ones and the output canaries copied into pinned memory (cuda_backends.cu)
+  kWiden,      // campaign side, after the reply: raw outputs widened to float64 and the guard
+               // bands checked (worker protocol 2; inside the worker's kRun before it)
+  kCount,
+};
+inline constexpr int kPhaseCount = static_cast<int>(Phase::kCount);
+const char* phase_name(Phase p);
+
+struct CallPhases {
+  std::array<double, kPhaseCount> seconds{};
+  double& operator[](Phase p) { return seconds[static_cast<int>(p)]; }
+  double operator[](Phase p) const { return seconds[static_cast<int>(p)]; }
+  CallPhases& operator+=(const CallPhases& o) {
+    for (int i = 0; i < kPhaseCount; ++i) seconds[i] += o.seconds[i];
+    return *this;
+  }
+};
+
+struct RunResult {
+  RunStatus status = RunStatus::kOk;
+  std::string message;
+  std::vector<double> out;  // [B * s_q, H, d_v] logical output (bf16 values widened exactly)
+  std::vector<double> lse;  // [B * s_q, H]
+  // Raw strided output of bf16 backends, guard bands included (empty for float64 backends):
+  // the bitwise invariants compare these bits.
+  std::vector<uint16_t> out_raw;
+  std::vector<float> lse_raw;
+  int64_t guard_violations = 0;
+  // Set by collect_outputs in raw-outputs mode (a `mlafuzz worker`): out, lse and
+  // guard_violations are not computed yet; widen_raw_outputs fills them from the raw buffers.
+  bool outputs_pending = false;
+  double seconds = 0;  // wall time of the call, for reports
+  CallPhases phases;   // where `seconds` went, as far as the layers measured it
+
+  bool ok() const { return status == RunStatus::kOk; }
+};
+
+// One call of a batch (Backend::check_and_run): the case's unsupported() verdict, and run()'s
+// result when the case is supported.
+struct CheckedRun {
+  std::optional<std::string> unsupported;  // set: run() was not called for this case
+  RunResult result;
+  double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
+};
+
+struct Availability {
+  bool available = true;
+  std::string reason;  // why not, when unavailable
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual Precision precision() const = 0;
+  virtual Availability availability() const { return {}; }
+  // Reason the backend cannot run this case by design, or nullopt if it can.
+  virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
+    (void)m;
+    return std::nullopt;
+  }
+  // What the backend accepts (envelope.h): the generator draws inside the intersection of the
+  // selected backends' envelopes; unsupported() stays the final word. Default: anything.
+  virtual Envelope envelope() const { return {}; }
+  // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
+  // properties are checked within the tolerance bound instead. Default 0: every one exact.
+  virtual uint32_t inexact_invariants() const { return 0; }
+  // How the backend combines the main and the extra cache (default: one joint softmax).
+  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
+  // Explicit tolerances for kCustom backends.
+  virtual double abs_tol() const { return 0; }
+  virtual double rel_tol() const { return 0; }
+  // Whether the backend runs on a GPU (the campaign isolates those in worker processes).
+  virtual bool on_device() const { return false; }
+  // Whether the backend must run in a worker process by default: device kernels (a fault
+  // poisons the CUDA context) and foreign code (plugins, Python kernels: may crash or hang).
+  virtual bool needs_worker() const { return on_device(); }
+  // Whether this backend is the float64 reference the others are checked against (the Eigen
+  // oracle): its own tolerance is not checked, and bitwise invariants are off for it by design.
+  virtual bool is_reference() const { return false; }
+  // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
+  // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
+  virtual std::string simt_partner() const { return ""; }
+  // Whether the backend cuts a row's token tiles into splits merged by a combine (split-KV,
+  // and honours MaterializedCase::split_override: the `split-agree` property reruns
+  // such a backend with other split counts (false: not applicable).
+  virtual bool splits_kv() const { return false; }
+  // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
+  // default (properties/tolerance.cc, pipeline_for: 64 for kMmaBf16, 32 for kSimtFp32), or 0
+  // for the default. The tolerance model counts the tiles (pipeline_of): cpu-mma-small and
+  // cuda-mma-small fold 32-token tiles, and so does cuda-mma on a device that runs its small
+  // configuration (sm_120).
+  virtual int token_tile() const { return 0; }
+  virtual RunResult run(const MaterializedCase& m) = 0;
+  // Two-phase run, so that a caller serving a batch (`mlafuzz worker`, harness/campaign/
+  // worker.cc) can prepare the next case while this one runs on the device: begin_run(m)
+  // prepares and queues the call and returns at once; finish_run waits for it and gives what
+  // run(m) would. After begin_run returns, the call reads nothing of m but its scalar fields
+  // (the input vectors may be moved away; m itself must live until finish_run). At most
+  // max_in_flight() calls are begun and not finished, finished in the order begun. The defaults
+  // run the case in begin_run (max_in_flight 1: no overlap).
+  class PendingRun {
+   public:
+    virtual ~PendingRun() = default;
+  };
+  virtual int max_in_flight() const { return 1; }
+  virtual std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m);
+  virtual RunResult finish_run(std::unique_ptr<PendingRun> pending);
+  // unsupported() and, when supported, run() for each case in order: the property variants of
+  // a case. The default calls them one by one; a worker proxy sends all cases in one request
+  // (harness/campaign/worker.h), its results the same as the calls one by one.
+  virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
+  // check_and_run whose results may keep only their raw outputs (outputs_pending, with
+  // guard_violations already counted: check_raw_outputs): for a caller that compares some
+  // results bit for bit on the raw buffers and widens only those it reads values from
+  // (widen_raw_outputs; the properties). The default is check_and_run.
+  virtual std::vector<CheckedRun> check_and_run_raw(
+      const std::vector<const MaterializedCase*>& cases) {
+    return check_and_run(cases);
+  }
+};
+
+// A wrapper that describes itself exactly as the backend it wraps (every description method
+// forwarded: name, precision, envelope, invariance claims, extra pipeline, tolerances, device,
+// split-KV, token tile) and runs through it; a wrapper overrides only what it changes.
+// Base is Backend or an interface derived from it (campaign::IsolatedBackend).
+template <class Base = Backend>
+class ForwardingBackend : public Base {
+ public:
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return inner_->name(); }
+  Precision precision() const override { return inner_->precision(); }
+  Availability availability() const override { return inner_->availability(); }
+  std::optional<std::string> unsupported(const MaterializedCase& m) const override {
+    return inner_->unsupported(m);
+  }
+  Envelope envelope() const override { return inner_->envelope(); }
+  uint32_t inexact_invariants() const override { return inner_->inexact_invariants(); }
+  ExtraPipeline extra_pipeline() const override { return inner_->extra_pipeline(); }
+  double abs_tol() const override { return inner_->abs_tol(); }
+  double rel_tol() const override { return inner_->rel_tol(); }
+  bool on_device() const override { return inner_->on_device(); }
+  bool needs_worker() const override { return inner_->needs_worker(); }
+  bool is_reference() const override { return inner_->is_reference(); }
+  std::string simt_partner() const override { return inner_->simt_partner(); }
+  bool splits_kv() const override { return inner_->splits_kv(); }
+  int token_tile() const override { return inner_->token_tile(); }
+  RunResult run(const MaterializedCase& m) override { return inner_->run(m); }
+
+ protected:
+  std::unique_ptr<Backend> inner_;
+};
+
+// Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload
+// moves the raw buffers into the result instead of copying them).
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
+RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs);
+
+// Raw-outputs mode (process-wide; `mlafuzz worker` turns it on, harness/campaign/worker.cc):
+// collect_outputs then keeps only the raw buffers and sets outputs_pending, so that a worker,
+// which serves many evaluation threads one call at a time, neither widens the output to float64
+// nor sends the widened copy; the campaign side calls widen_raw_outputs on the reply.
+void set_raw_outputs_only(bool on);
+bool raw_outputs_only();
+// Computes out, lse and guard_violations from out_raw and lse_raw as collect_outputs does (the
+// same values bit for bit) and clears outputs_pending; does nothing when it is not set.
+void widen_raw_outputs(const MaterializedCase& m, RunResult& r);
+// The cheap half of widen_raw_outputs for a pending result: the raw buffers' sizes checked (a
+// mismatch makes r a kFault, as there) and guard_violations counted; out and lse stay empty
+// and outputs_pending set, for widen_raw_outputs later. Does nothing when nothing is pending.
+void check_raw_outputs(const MaterializedCase& m, RunResult& r);
+
+}  // namespace mlafuzz

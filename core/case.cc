@@ -1,0 +1,963 @@
+// Case <-> JSON, validation and case files.
+//
+// The parser is strict on purpose: a typo in a field name would otherwise silently fall back to
+// a default and test something other than what the author meant.
+#include "core/case.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "core/fileio.h"
+
+namespace mlafuzz {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+constexpr const char* kCaseFormat = "mlafuzz-case";
+constexpr const char* kCorpusFormat = "mlafuzz-corpus";
+
+// Limits that keep one case within the memory of a CI machine; a larger case is almost
+// certainly a typo, and it would otherwise die in an allocation far from the field at fault.
+constexpr int64_t kMaxCacheBytes = int64_t{1} << 32;
+constexpr int64_t kMaxElements = int64_t{1} << 28;  // q, out, indices elements each
+constexpr int32_t kMaxHeadPad = 1 << 16;
+constexpr int32_t kMaxQueryTokens = 1024;
+// Keeps every drawn value, including the 4*magnitude specials and 6-sigma normal tails, finite
+// in bf16 and fp32 (largest finite ~3.4e38).
+constexpr double kMaxMagnitude = 1e30;
+
+// ---- enum names: one table per enum, used both ways ----
+
+template <typename E>
+struct EnumName {
+  E value;
+  const char* name;
+};
+
+constexpr EnumName<mla::Layout> kLayouts[] = {{mla::Layout::kModel1, "model1"},
+                                              {mla::Layout::kV32, "v32"}};
+constexpr EnumName<mla::InvalidIndexRule> kInvalidRules[] = {
+    {mla::InvalidIndexRule::kMinusOneOnly, "minus_one_only"},
+    {mla::InvalidIndexRule::kAnyNegative, "any_negative"},
+    {mla::InvalidIndexRule::kOutOfRange, "out_of_range"}};
+constexpr EnumName<mla::EmptyRowLse> kEmptyLse[] = {{mla::EmptyRowLse::kPosInf, "+inf"},
+                                                    {mla::EmptyRowLse::kNegInf, "-inf"}};
+constexpr EnumName<ValueDist> kDists[] = {{ValueDist::kNormal, "normal"},
+                                          {ValueDist::kUniform, "uniform"},
+                                          {ValueDist::kSmallInt, "small_int"},
+                                          {ValueDist::kZeros, "zeros"},
+                                          {ValueDist::kTies, "ties"}};
+constexpr EnumName<ScaleMode> kScaleModes[] = {
+    {ScaleMode::kWriter, "writer"}, {ScaleMode::kFixed, "fixed"}, {ScaleMode::kRandom, "random"}};
+constexpr EnumName<ScaleConvention> kScaleConventions[] = {
+    {ScaleConvention::kPowerOfTwo, "power_of_two"}, {ScaleConvention::kFp32, "fp32"}};
+constexpr EnumName<Fill> kFills[] = {
+    {Fill::kZero, "zero"}, {Fill::kNaN, "nan"}, {Fill::kGarbage, "garbage"}};
+constexpr EnumName<IndexRule> kIndexRules[] = {{IndexRule::kRandom, "random"},
+                                               {IndexRule::kSequential, "sequential"},
+                                               {IndexRule::kPageRuns, "page_runs"}};
+
+template <typename E, size_t N>
+const char* enum_name(const EnumName<E> (&table)[N], E v) {
+  for (const auto& e : table) {
+    if (e.value == v) return e.name;
+  }
+  return "?";
+}
+
+// ---- strict reading ----
+
+std::string type_name(const json& j) { return j.type_name(); }
+
+// One JSON object being read: remembers which keys were consumed so that finish() can reject
+// the rest by name.
+class ObjectReader {
+ public:
+  ObjectReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
+    if (!j.is_object()) {
+      throw CaseError(path_.empty() ? "(top level)" : path_,
+                      "expected a JSON object, got " + type_name(j));
+    }
+  }
+  // Calls f(value, field_path) when the key is present.
+  template <typename F>
+  void optional(const char* key, F&& f) {
+    const auto it = j_.find(key);
+    if (it == j_.end()) return;
+    used_.insert(key);
+    f(*it, field(key));
+  }
+  template <typename F>
+  void required(const char* key, F&& f) {
+    if (j_.find(key) == j_.end()) throw CaseError(field(key), "required field is missing");
+    optional(key, std::forward<F>(f));
+  }
+  void finish() const {
+    for (const auto& [key, value] : j_.items()) {
+      (void)value;
+      if (!used_.count(key)) throw CaseError(field(key), "unknown field");
+    }
+  }
+  std::string field(const std::string& key) const {
+    return path_.empty() ? key : path_ + "." + key;
+  }
+
+ private:
+  const json& j_;
+  std::string path_;
+  std::set<std::string> used_;
+};
+
+int64_t read_int(const json& j, const std::string& path, int64_t lo, int64_t hi) {
+  if (!j.is_number_integer()) throw CaseError(path, "expected an integer, got " + type_name(j));
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    throw CaseError(path, "out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  const int64_t v = j.get<int64_t>();
+  if (v < lo || v > hi) {
+    throw CaseError(path, std::to_string(v) + " is out of range [" + std::to_string(lo) + ", " +
+                              std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+int32_t read_i32(const json& j, const std::string& path) {
+  return static_cast<int32_t>(
+      read_int(j, path, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+}
+
+// Numbers, or the strings "inf", "+inf", "-inf", "nan" (JSON has no literal for them).
+double read_double(const json& j, const std::string& path) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    const auto& s = j.get_ref<const std::string&>();
+    if (s == "inf" || s == "+inf") return std::numeric_limits<double>::infinity();
+    if (s == "-inf") return -std::numeric_limits<double>::infinity();
+    if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+    throw CaseError(path, "expected a number or \"inf\", \"-inf\", \"nan\", got \"" + s + "\"");
+  }
+  throw CaseError(path, "expected a number, got " + type_name(j));
+}
+
+json write_double(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+std::string read_string(const json& j, const std::string& path) {
+  if (!j.is_string()) throw CaseError(path, "expected a string, got " + type_name(j));
+  return j.get<std::string>();
+}
+
+bool read_bool(const json& j, const std::string& path) {
+  if (!j.is_boolean()) throw CaseError(path, "expected true or false, got " + type_name(j));
+  return j.get<bool>();
+}
+
+template <typename E, size_t N>
+E read_enum(const json& j, const std::string& path, const EnumName<E> (&table)[N]) {
+  const std::string s = read_string(j, path);
+  std::string known;
+  for (const auto& e : table) {
+    if (s == e.name) return e.value;
+    known += known.empty() ? "" : ", ";
+    known += std::string("\"") + e.name + "\"";
+  }
+  throw CaseError(path, "unknown value \"" + s + "\" (expected one of " + known + ")");
+}
+
+const json& read_array(const json& j, const std::string& path) {
+  if (!j.is_array()) throw CaseError(path, "expected an array, got " + type_name(j));
+  return j;
+}
+
+std::vector<int32_t> read_i32_list(const json& j, const std::string& path) {
+  std::vector<int32_t> v;
+  const json& a = read_array(j, path);
+  v.reserve(a.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    v.push_back(read_i32(a[i], path + "[" + std::to_string(i) + "]"));
+  return v;
+}
+
+ValueSpec read_value_spec(const json& j, const std::string& path) {
+  ValueSpec s;
+  ObjectReader r(j, path);
+  r.optional("dist",
+             [&](const json& v, const std::string& p) { s.dist = read_enum(v, p, kDists); });
+  r.optional("magnitude",
+             [&](const json& v, const std::string& p) { s.magnitude = read_double(v, p); });
+  r.optional("special_fraction",
+             [&](const json& v, const std::string& p) { s.special_fraction = read_double(v, p); });
+  r.finish();
+  return s;
+}
+
+json write_value_spec(const ValueSpec& s) {
+  json j;
+  j["dist"] = enum_name(kDists, s.dist);
+  j["magnitude"] = write_double(s.magnitude);
+  j["special_fraction"] = write_double(s.special_fraction);
+  return j;
+}
+
+void read_geometry(const json& j, const std::string& path, Case& c) {
+  ObjectReader r(j, path);
+  auto& g = c.geom;
+  r.optional("layout", [&](const json& v, const std::string& p) {
+    g.layout = read_enum(v, p, kLayouts);
+    // V32 defaults (FlashMLA README): 512 nope dims, one fp32 scale per 128 dims.
+    if (g.layout == mla::Layout::kV32) {
+      g.nope_dim = 512;
+      g.scale_tile = 128;
+    }
+  });
+  r.optional("nope_dim", [&](const json& v, const std::string& p) { g.nope_dim = read_i32(v, p); });
+  r.optional("rope_dim", [&](const json& v, const std::string& p) { g.rope_dim = read_i32(v, p); });
+  r.optional("scale_tile",
+             [&](const json& v, const std::string& p) { g.scale_tile = read_i32(v, p); });
+  r.optional("page_size",
+             [&](const json& v, const std::string& p) { g.page_size = read_i32(v, p); });
+  r.optional("page_stride", [&](const json& v, const std::string& p) {
+    g.page_stride = read_int(v, p, 0, std::numeric_limits<int64_t>::max());
+  });
+  r.optional("num_pages",
+             [&](const json& v, const std::string& p) { g.num_pages = read_i32(v, p); });
+  r.optional("page_order",
+             [&](const json& v, const std::string& p) { c.page_order = read_i32_list(v, p); });
+  r.finish();
+}
+
+// Index lists of `s_q` query tokens per batch row: [B][s_q][topk], or [B][topk] when s_q = 1.
+// Returns them flattened to [B * s_q][topk].
+std::vector<std::vector<int32_t>> read_index_lists(const json& v, const std::string& p,
+                                                   int32_t s_q) {
+  const json& rows = read_array(v, p);
+  std::vector<std::vector<int32_t>> lists;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    const std::string pb = p + "[" + std::to_string(b) + "]";
+    const json& row = read_array(rows[b], pb);
+    const bool nested = !row.empty() && row[0].is_array();
+    if (s_q == 1 && !nested) {
+      lists.push_back(read_i32_list(row, pb));
+      continue;
+    }
+    if (row.size() != static_cast<size_t>(s_q)) {
+      throw CaseError(pb, "has " + std::to_string(row.size()) +
+                              " query-token lists, expected s_q = " + std::to_string(s_q) +
+                              " (indices are [batch][s_q][topk])");
+    }
+    for (size_t s = 0; s < row.size(); ++s) {
+      lists.push_back(read_i32_list(row[s], pb + "[" + std::to_string(s) + "]"));
+    }
+  }
+  return lists;
+}
+
+json write_index_lists(const std::vector<std::vector<int32_t>>& lists, int32_t s_q) {
+  if (s_q == 1) return lists;
+  json rows = json::array();
+  for (size_t r = 0; r < lists.size(); r += static_cast<size_t>(s_q)) {
+    json row = json::array();
+    for (int32_t s = 0; s < s_q && r + s < lists.size(); ++s) row.push_back(lists[r + s]);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+IndexSpec read_index_spec(const json& v, const std::string& p) {
+  IndexSpec spec;
+  ObjectReader s(v, p);
+  s.optional("rule", [&](const json& x, const std::string& q) {
+    spec.rule = read_enum(x, q, kIndexRules);
+  });
+  s.optional("invalid_fraction", [&](const json& x, const std::string& q) {
+    spec.invalid_fraction = read_double(x, q);
+  });
+  s.optional("duplicate_fraction", [&](const json& x, const std::string& q) {
+    spec.duplicate_fraction = read_double(x, q);
+  });
+  s.finish();
+  return spec;
+}
+
+json write_index_spec(const IndexSpec& spec) {
+  return json{{"rule", index_rule_name(spec.rule)},
+              {"invalid_fraction", write_double(spec.invalid_fraction)},
+              {"duplicate_fraction", write_double(spec.duplicate_fraction)}};
+}
+
+ExtraCache read_extra(const json& j, const std::string& path, int32_t s_q) {
+  ExtraCache e;
+  ObjectReader r(j, path);
+  r.optional("geometry", [&](const json& v, const std::string& p) {
+    ObjectReader g(v, p);
+    g.optional("page_size",
+               [&](const json& x, const std::string& q) { e.page_size = read_i32(x, q); });
+    g.optional("page_stride", [&](const json& x, const std::string& q) {
+      e.page_stride = read_int(x, q, 0, std::numeric_limits<int64_t>::max());
+    });
+    g.optional("num_pages",
+               [&](const json& x, const std::string& q) { e.num_pages = read_i32(x, q); });
+    g.optional("page_order",
+               [&](const json& x, const std::string& q) { e.page_order = read_i32_list(x, q); });
+    g.finish();
+  });
+  r.optional("topk", [&](const json& v, const std::string& p) { e.topk = read_i32(v, p); });
+  r.optional("indices",
+             [&](const json& v, const std::string& p) { e.indices = read_index_lists(v, p, s_q); });
+  r.optional("index_spec",
+             [&](const json& v, const std::string& p) { e.index_spec = read_index_spec(v, p); });
+  r.optional("topk_length",
+             [&](const json& v, const std::string& p) { e.topk_length = read_i32_list(v, p); });
+  r.optional("same_values",
+             [&](const json& v, const std::string& p) { e.same_values = read_bool(v, p); });
+  r.finish();
+  return e;
+}
+
+json write_extra(const ExtraCache& e, int32_t s_q) {
+  json j;
+  json g;
+  g["page_size"] = e.page_size;
+  g["page_stride"] = e.page_stride;
+  g["num_pages"] = e.num_pages;
+  if (!e.page_order.empty()) g["page_order"] = e.page_order;
+  j["geometry"] = std::move(g);
+  j["topk"] = e.topk;
+  if (!e.indices.empty()) j["indices"] = write_index_lists(e.indices, s_q);
+  j["index_spec"] = write_index_spec(e.index_spec);
+  if (e.topk_length) j["topk_length"] = *e.topk_length;
+  if (e.same_values) j["same_values"] = true;
+  return j;
+}
+
+Case read_case(const json& j, const std::string& prefix) {
+  Case c;
+  int file_version = kCaseFormatVersion;
+  ObjectReader r(j, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
+  r.optional("format", [&](const json& v, const std::string& p) {
+    const std::string s = read_string(v, p);
+    if (s != kCaseFormat) {
+      throw CaseError(p, "expected \"" + std::string(kCaseFormat) + "\", got \"" + s + "\"");
+    }
+  });
+  r.required("version", [&](const json& v, const std::string& p) {
+    file_version = static_cast<int>(read_int(v, p, 0, std::numeric_limits<int32_t>::max()));
+    if (file_version < kOldestCaseFormatVersion || file_version > kCaseFormatVersion) {
+      throw CaseError(p, "unsupported case format version " + std::to_string(file_version) +
+                             " (this build reads versions " +
+                             std::to_string(kOldestCaseFormatVersion) + " to " +
+                             std::to_string(kCaseFormatVersion) + ")");
+    }
+  });
+  // A version-1 file means exactly what it meant: it loads as the same case of version 2.
+  c.version = kCaseFormatVersion;
+  auto since_v2 = [&](const std::string& p) {
+    if (file_version < 2) {
+      throw CaseError(p, "needs case format version 2 (the file says version " +
+                             std::to_string(file_version) + ")");
+    }
+  };
+  r.optional("s_q", [&](const json& v, const std::string& p) {
+    since_v2(p);
+    c.s_q = read_i32(v, p);
+    if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
+  });
+  r.optional("name", [&](const json& v, const std::string& p) { c.name = read_string(v, p); });
+  r.optional("description",
+             [&](const json& v, const std::string& p) { c.description = read_string(v, p); });
+  r.optional("geometry", [&](const json& v, const std::string& p) { read_geometry(v, p, c); });
+  r.optional("batch", [&](const json& v, const std::string& p) { c.batch = read_i32(v, p); });
+  r.optional("heads", [&](const json& v, const std::string& p) { c.heads = read_i32(v, p); });
+  r.optional("topk", [&](const json& v, const std::string& p) { c.topk = read_i32(v, p); });
+  r.optional("indices", [&](const json& v, const std::string& p) {
+    c.indices = read_index_lists(v, p, c.s_q);
+  });
+  r.optional("index_spec",
+             [&](const json& v, const std::string& p) { c.index_spec = read_index_spec(v, p); });
+  r.optional("extra", [&](const json& v, const std::string& p) {
+    since_v2(p);
+    c.extra = read_extra(v, p, c.s_q);
+  });
+  r.optional("topk_length",
+             [&](const json& v, const std::string& p) { c.topk_length = read_i32_list(v, p); });
+  r.optional("sink", [&](const json& v, const std::string& p) {
+    const json& a = read_array(v, p);
+    std::vector<double> s;
+    for (size_t i = 0; i < a.size(); ++i) {
+      s.push_back(read_double(a[i], p + "[" + std::to_string(i) + "]"));
+    }
+    c.sink = std::move(s);
+  });
+  r.optional("sm_scale",
+             [&](const json& v, const std::string& p) { c.sm_scale = read_double(v, p); });
+  r.optional("conventions", [&](const json& v, const std::string& p) {
+    ObjectReader s(v, p);
+    s.optional("invalid_index", [&](const json& x, const std::string& q) {
+      c.conventions.invalid_index = read_enum(x, q, kInvalidRules);
+    });
+    s.optional("empty_lse", [&](const json& x, const std::string& q) {
+      c.conventions.empty_lse = read_enum(x, q, kEmptyLse);
+    });
+    s.optional("sink_in_lse", [&](const json& x, const std::string& q) {
+      c.conventions.sink_in_lse = read_bool(x, q);
+    });
+    s.finish();
+  });
+  r.optional("q_source", [&](const json& v, const std::string& p) {
+    ObjectReader s(v, p);
+    Case::QSource q;
+    s.required("heads", [&](const json& x, const std::string& w) { q.heads = read_i32(x, w); });
+    s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
+    s.required("head_ids",
+               [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
+    s.optional("s_q", [&](const json& x, const std::string& w) { q.s_q = read_i32(x, w); });
+    s.optional("token_ids",
+               [&](const json& x, const std::string& w) { q.token_ids = read_i32_list(x, w); });
+    s.finish();
+    c.q_source = std::move(q);
+  });
+  r.optional("q_head_pad",
+             [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
+  r.optional("out_head_pad",
+             [&](const json& v, const std::string& p) { c.out_head_pad = read_i32(v, p); });
+  r.optional("q_batch_pad",
+             [&](const json& v, const std::string& p) { c.q_batch_pad = read_i32(v, p); });
+  r.optional("out_batch_pad",
+             [&](const json& v, const std::string& p) { c.out_batch_pad = read_i32(v, p); });
+  r.optional("indices_row_pad",
+             [&](const json& v, const std::string& p) { c.indices_row_pad = read_i32(v, p); });
+  r.optional("lse_row_pad",
+             [&](const json& v, const std::string& p) { c.lse_row_pad = read_i32(v, p); });
+  r.optional("q_values",
+             [&](const json& v, const std::string& p) { c.q_values = read_value_spec(v, p); });
+  r.optional("kv_values",
+             [&](const json& v, const std::string& p) { c.kv_values = read_value_spec(v, p); });
+  r.optional("rope_values",
+             [&](const json& v, const std::string& p) { c.rope_values = read_value_spec(v, p); });
+  r.optional("scales", [&](const json& v, const std::string& p) {
+    ObjectReader s(v, p);
+    s.optional("mode", [&](const json& x, const std::string& q) {
+      c.scales.mode = read_enum(x, q, kScaleModes);
+    });
+    s.optional("exp_lo", [&](const json& x, const std::string& q) {
+      c.scales.exp_lo = static_cast<int>(read_i32(x, q));
+    });
+    s.optional("exp_hi", [&](const json& x, const std::string& q) {
+      c.scales.exp_hi = static_cast<int>(read_i32(x, q));
+    });
+    s.optional("convention", [&](const json& x, const std::string& q) {
+      c.scales.convention = read_enum(x, q, kScaleConventions);
+    });
+    s.optional("mantissa",
+               [&](const json& x, const std::string& q) { c.scales.mantissa = read_double(x, q); });
+    s.finish();
+  });
+  r.optional("pad_fill",
+             [&](const json& v, const std::string& p) { c.pad_fill = read_enum(v, p, kFills); });
+  r.optional("data_seed", [&](const json& v, const std::string& p) {
+    if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
+      throw CaseError(p, "expected an integer in [0, 2^64), got " + v.dump());
+    }
+    c.data_seed = v.get<uint64_t>();
+  });
+  r.finish();
+  // A version-1 file means what it always meant (every version-2 field absent is 0); the case
+  // is upgraded in memory and written back as the current version.
+  if (file_version < 2) {
+    for (const auto& [value, field] :
+         {std::pair{c.q_batch_pad, "q_batch_pad"}, std::pair{c.out_batch_pad, "out_batch_pad"},
+          std::pair{c.indices_row_pad, "indices_row_pad"},
+          std::pair{c.lse_row_pad, "lse_row_pad"}}) {
+      if (value != 0) {
+        throw CaseError(prefix + field, "needs case format version 2 (the file says version " +
+                                            std::to_string(file_version) + ")");
+      }
+    }
+  }
+  c.version = kCaseFormatVersion;
+  return c;
+}
+
+// ---- pretty printing ----
+
+bool is_flat_array(const json& j) {
+  if (!j.is_array()) return false;
+  for (const auto& e : j) {
+    if (e.is_array() || e.is_object()) return false;
+  }
+  return true;
+}
+
+void print(const json& j, int indent, std::string& out) {
+  const std::string pad(static_cast<size_t>(indent) + 2, ' ');
+  if (j.is_object() && !j.empty()) {
+    out += "{\n";
+    size_t i = 0;
+    for (const auto& [key, value] : j.items()) {
+      out += pad + json(key).dump() + ": ";
+      print(value, indent + 2, out);
+      out += ++i < j.size() ? ",\n" : "\n";
+    }
+    out += std::string(static_cast<size_t>(indent), ' ') + "}";
+  } else if (j.is_array() && !j.empty() && !is_flat_array(j)) {
+    out += "[\n";
+    for (size_t i = 0; i < j.size(); ++i) {
+      out += pad;
+      print(j[i], indent + 2, out);
+      out += i + 1 < j.size() ? ",\n" : "\n";
+    }
+    out += std::string(static_cast<size_t>(indent), ' ') + "]";
+  } else if (j.is_array()) {
+    out += "[";
+    for (size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + j[i].dump();
+    out += "]";
+  } else {
+    out += j.dump();
+  }
+}
+
+void check(bool ok, const std::string& field, const std::string& reason) {
+  if (!ok) throw CaseError(field, reason);
+}
+
+void check_fraction(double v, const std::string& field) {
+  check(v >= 0 && v <= 1, field, "must be a fraction in [0, 1], got " + std::to_string(v));
+}
+
+void check_value_spec(const ValueSpec& s, const std::string& field) {
+  check(std::isfinite(s.magnitude) && s.magnitude >= 0 && s.magnitude <= kMaxMagnitude,
+        field + ".magnitude",
+        "must be finite and in [0, 1e30] so that every drawn value stays finite in bf16");
+  check_fraction(s.special_fraction, field + ".special_fraction");
+}
+
+std::string at(const std::string& base, size_t i) { return base + "[" + std::to_string(i) + "]"; }
+
+}  // namespace
+
+double Case::effective_sm_scale() const {
+  // FlashMLA's default softmax scale: 1 / sqrt(d_qk).
+  return sm_scale ? *sm_scale : 1.0 / std::sqrt(static_cast<double>(d_qk()));
+}
+
+namespace {
+
+// c.q_source, or the identity map of c's own rows and heads when it has none.
+Case::QSource explicit_q_source(const Case& c) {
+  if (c.q_source) return *c.q_source;
+  Case::QSource q;
+  q.heads = c.heads;
+  for (int32_t b = 0; b < c.batch; ++b) q.rows.push_back(b);
+  for (int32_t h = 0; h < c.heads; ++h) q.head_ids.push_back(h);
+  q.s_q = c.s_q;
+  return q;
+}
+
+std::vector<int32_t> pick(const std::vector<int32_t>& from, const std::vector<int>& which) {
+  std::vector<int32_t> v;
+  for (int i : which) v.push_back(from[static_cast<size_t>(i)]);
+  return v;
+}
+
+}  // namespace
+
+Case::QSource q_source_of_rows(const Case& c, const std::vector<int>& rows) {
+  Case::QSource q = explicit_q_source(c);
+  q.rows = pick(q.rows, rows);
+  return q;
+}
+
+Case::QSource q_source_of_heads(const Case& c, const std::vector<int>& heads) {
+  Case::QSource q = explicit_q_source(c);
+  q.head_ids = pick(q.head_ids, heads);
+  return q;
+}
+
+Case::QSource q_source_of_tokens(const Case& c, const std::vector<int>& tokens) {
+  Case::QSource q = explicit_q_source(c);
+  if (q.token_ids.empty()) {
+    for (int32_t s = 0; s < c.s_q; ++s) q.token_ids.push_back(s);
+  }
+  q.token_ids = pick(q.token_ids, tokens);
+  return q;
+}
+
+namespace {
+
+// Geometry and page order of one cache; `prefix` is "geometry" or "extra.geometry".
+void validate_geometry(const mla::CacheGeometry& g, const std::vector<int32_t>& page_order,
+                       const std::string& prefix) {
+  const int64_t min_stride = mla::min_page_stride(g);
+  check(g.page_size > 0, prefix + ".page_size", "must be > 0");
+  check(g.num_pages > 0, prefix + ".num_pages", "must be > 0");
+  check(g.page_stride == 0 || g.page_stride >= min_stride, prefix + ".page_stride",
+        std::to_string(g.page_stride) +
+            " is below the layout's minimum page_size * token_bytes = " +
+            std::to_string(min_stride) + " (0 means that minimum)");
+  const int64_t stride = g.page_stride == 0 ? min_stride : g.page_stride;
+  check(stride <= kMaxCacheBytes / g.num_pages, prefix + ".num_pages",
+        "cache of " + std::to_string(g.num_pages) + " pages of " + std::to_string(stride) +
+            " bytes exceeds the 4 GiB limit");
+  check(mla::num_slots(g) <= std::numeric_limits<int32_t>::max(), prefix + ".num_pages",
+        "page_size * num_pages must fit in int32 (indices are int32)");
+  if (!page_order.empty()) {
+    check(page_order.size() == static_cast<size_t>(g.num_pages), prefix + ".page_order",
+          "has " + std::to_string(page_order.size()) + " entries, expected num_pages = " +
+              std::to_string(g.num_pages) + " (or none for identity)");
+    std::vector<bool> seen(static_cast<size_t>(g.num_pages), false);
+    for (size_t i = 0; i < page_order.size(); ++i) {
+      const int32_t p = page_order[i];
+      check(p >= 0 && p < g.num_pages, at(prefix + ".page_order", i),
+            std::to_string(p) + " is not a page in [0, " + std::to_string(g.num_pages) + ")");
+      check(!seen[static_cast<size_t>(p)], at(prefix + ".page_order", i),
+            "page " + std::to_string(p) + " appears twice (page_order must be a permutation)");
+      seen[static_cast<size_t>(p)] = true;
+    }
+  }
+}
+
+// Explicit index lists [batch * s_q][topk] of one cache, named `name` ("indices",
+// "extra.indices"): entry k of token s of row b is "name[b][s][k]" ("name[b][k]" when s_q = 1).
+void validate_lists(const Case& c, const std::vector<std::vector<int32_t>>& lists, int32_t topk,
+                    int64_t slots, const std::string& name) {
+  if (lists.empty()) return;
+  check(lists.size() == static_cast<size_t>(c.query_rows()), name,
+        "has " + std::to_string(lists.size() / static_cast<size_t>(c.s_q)) +
+            " rows, expected batch = " + std::to_string(c.batch));
+  const bool minus_one_only = c.conventions.invalid_index == mla::InvalidIndexRule::kMinusOneOnly;
+  const bool out_of_range = c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    const auto& row = lists[r];
+    const size_t b = r / static_cast<size_t>(c.s_q), s = r % static_cast<size_t>(c.s_q);
+    const std::string list = c.s_q == 1 ? at(name, b) : at(at(name, b), s);
+    check(row.size() == static_cast<size_t>(topk), list,
+          "has " + std::to_string(row.size()) + " entries, expected " +
+              (name == "indices" ? "topk" : name.substr(0, name.size() - 7) + "topk") + " = " +
+              std::to_string(topk));
+    for (size_t k = 0; k < row.size(); ++k) {
+      const int32_t idx = row[k];
+      const std::string field = at(list, k);
+      // Positive out-of-range indices are undefined behaviour unless the convention makes them
+      // invalid entries.
+      check(out_of_range || idx < slots, field,
+            std::to_string(idx) +
+                " is out of range: the cache has num_pages * page_size = " + std::to_string(slots) +
+                " slots (only conventions.invalid_index \"out_of_range\" makes it an invalid "
+                "entry)");
+      // FlashMLA treats only -1 as invalid; other negatives are undefined behaviour there.
+      check(!(minus_one_only && idx < -1), field,
+            std::to_string(idx) +
+                " is negative but not -1, undefined behaviour under "
+                "conventions.invalid_index \"minus_one_only\"");
+    }
+  }
+}
+
+void validate_lengths(const Case& c, const std::optional<std::vector<int32_t>>& lengths,
+                      int32_t topk, const std::string& name, const std::string& topk_name) {
+  if (!lengths) return;
+  check(lengths->size() == static_cast<size_t>(c.batch), name,
+        "has " + std::to_string(lengths->size()) +
+            " entries, expected batch = " + std::to_string(c.batch));
+  for (size_t b = 0; b < lengths->size(); ++b) {
+    const int32_t len = (*lengths)[b];
+    check(
+        len >= 0 && len <= topk, at(name, b),
+        std::to_string(len) + " is outside [0, " + topk_name + " = " + std::to_string(topk) + "]");
+  }
+}
+
+}  // namespace
+
+mla::CacheGeometry Case::extra_geom() const {
+  mla::CacheGeometry g = geom;
+  if (extra) {
+    g.page_size = extra->page_size;
+    g.page_stride = extra->page_stride;
+    g.num_pages = extra->num_pages;
+  }
+  return g;
+}
+
+Case extra_as_main(const Case& c) {
+  Case e = c;
+  e.extra.reset();
+  if (!c.extra) return e;
+  e.geom = c.extra_geom();
+  e.page_order = c.extra->page_order;
+  e.topk = c.extra->topk;
+  e.indices = c.extra->indices;
+  e.index_spec = c.extra->index_spec;
+  e.topk_length = c.extra->topk_length;
+  return e;
+}
+
+void validate(const Case& c) {
+  check(c.version >= kOldestCaseFormatVersion && c.version <= kCaseFormatVersion, "version",
+        "unsupported case format version " + std::to_string(c.version));
+  const auto& g = c.geom;
+  check(g.layout == mla::Layout::kModel1 || g.layout == mla::Layout::kV32, "geometry.layout",
+        "unknown layout");
+  check(g.nope_dim > 0, "geometry.nope_dim", "must be > 0");
+  check(g.rope_dim >= 0, "geometry.rope_dim", "must be >= 0");
+  check(g.scale_tile > 0, "geometry.scale_tile", "must be > 0");
+  check(g.nope_dim % g.scale_tile == 0, "geometry.nope_dim",
+        std::to_string(g.nope_dim) + " is not a multiple of geometry.scale_tile " +
+            std::to_string(g.scale_tile) + " (one scale per tile)");
+  check(g.nope_dim <= (1 << 16) && g.rope_dim <= (1 << 16), "geometry.nope_dim",
+        "nope_dim and rope_dim must be <= 65536");
+  validate_geometry(g, c.page_order, "geometry");
+  const int64_t slots = mla::num_slots(g);
+  if (c.extra) validate_geometry(c.extra_geom(), c.extra->page_order, "extra.geometry");
+
+  check(c.batch > 0, "batch", "must be > 0");
+  check(c.heads > 0, "heads", "must be > 0");
+  check(c.topk > 0, "topk", "must be > 0");
+  check(c.s_q >= 1 && c.s_q <= kMaxQueryTokens, "s_q",
+        std::to_string(c.s_q) + " is outside [1, " + std::to_string(kMaxQueryTokens) + "]");
+  check(c.q_head_pad >= 0 && c.q_head_pad <= kMaxHeadPad, "q_head_pad", "must be in [0, 65536]");
+  check(c.out_head_pad >= 0 && c.out_head_pad <= kMaxHeadPad, "out_head_pad",
+        "must be in [0, 65536]");
+  const struct {
+    int32_t value;
+    const char* field;
+  } row_pads[] = {{c.q_batch_pad, "q_batch_pad"},
+                  {c.out_batch_pad, "out_batch_pad"},
+                  {c.indices_row_pad, "indices_row_pad"},
+                  {c.lse_row_pad, "lse_row_pad"}};
+  for (const auto& rp : row_pads) {
+    check(rp.value >= 0 && rp.value <= kMaxHeadPad, rp.field, "must be in [0, 65536]");
+  }
+  const int64_t nb = c.batch;
+  const int64_t sh = int64_t{c.s_q} * c.heads;
+  check(nb * (sh * (c.d_qk() + c.q_head_pad) + c.q_batch_pad) <= kMaxElements, "batch",
+        "batch * (s_q * heads * (d_qk + q_head_pad) + q_batch_pad) exceeds 2^28 elements");
+  check(nb * (sh * (c.d_v() + c.out_head_pad) + c.out_batch_pad) <= kMaxElements, "batch",
+        "batch * (s_q * heads * (d_v + out_head_pad) + out_batch_pad) exceeds 2^28 elements");
+  check(nb * (int64_t{c.s_q} * c.topk + c.indices_row_pad) <= kMaxElements, "topk",
+        "batch * (s_q * topk + indices_row_pad) exceeds 2^28 elements");
+  check(nb * (sh + c.lse_row_pad) <= kMaxElements, "lse_row_pad",
+        "batch * (s_q * heads + lse_row_pad) exceeds 2^28 elements");
+
+  validate_lists(c, c.indices, c.topk, slots, "indices");
+  check_fraction(c.index_spec.invalid_fraction, "index_spec.invalid_fraction");
+  check_fraction(c.index_spec.duplicate_fraction, "index_spec.duplicate_fraction");
+  validate_lengths(c, c.topk_length, c.topk, "topk_length", "topk");
+  if (c.extra) {
+    const ExtraCache& e = *c.extra;
+    check(e.topk > 0, "extra.topk", "must be > 0");
+    check(nb * (int64_t{c.s_q} * e.topk + c.indices_row_pad) <= kMaxElements, "extra.topk",
+          "batch * (s_q * extra.topk + indices_row_pad) exceeds 2^28 elements");
+    validate_lists(c, e.indices, e.topk, mla::num_slots(c.extra_geom()), "extra.indices");
+    check_fraction(e.index_spec.invalid_fraction, "extra.index_spec.invalid_fraction");
+    check_fraction(e.index_spec.duplicate_fraction, "extra.index_spec.duplicate_fraction");
+    validate_lengths(c, e.topk_length, e.topk, "extra.topk_length", "extra.topk");
+  }
+  if (c.sink) {
+    check(c.sink->size() == static_cast<size_t>(c.heads), "sink",
+          "has " + std::to_string(c.sink->size()) +
+              " entries, expected heads = " + std::to_string(c.heads));
+    for (size_t h = 0; h < c.sink->size(); ++h) {
+      // +-inf are meaningful (+inf: output 0; -inf: no sink); NaN has no defined result.
+      check(!std::isnan((*c.sink)[h]), at("sink", h), "is NaN (only finite values or +-inf)");
+    }
+  }
+  if (c.q_source) {
+    const Case::QSource& q = *c.q_source;
+    check(q.heads >= 1, "q_source.heads", "must be >= 1");
+    check(q.rows.size() == static_cast<size_t>(c.batch), "q_source.rows",
+          "has " + std::to_string(q.rows.size()) +
+              " entries, expected batch = " + std::to_string(c.batch));
+    for (size_t b = 0; b < q.rows.size(); ++b) {
+      check(q.rows[b] >= 0, at("q_source.rows", b), "must be >= 0");
+    }
+    check(q.head_ids.size() == static_cast<size_t>(c.heads), "q_source.head_ids",
+          "has " + std::to_string(q.head_ids.size()) +
+              " entries, expected heads = " + std::to_string(c.heads));
+    for (size_t h = 0; h < q.head_ids.size(); ++h) {
+      check(q.head_ids[h] >= 0 && q.head_ids[h] < q.heads, at("q_source.head_ids", h),
+            std::to_string(q.head_ids[h]) +
+                " is outside [0, q_source.heads = " + std::to_string(q.heads) + ")");
+    }
+    check(q.s_q >= 1, "q_source.s_q", "must be >= 1");
+    check(q.token_ids.empty() || q.token_ids.size() == static_cast<size_t>(c.s_q),
+          "q_source.token_ids",
+          "has " + std::to_string(q.token_ids.size()) +
+              " entries, expected s_q = " + std::to_string(c.s_q) + " (or none)");
+    check(!q.token_ids.empty() || q.s_q == c.s_q, "q_source.token_ids",
+          "is required when q_source.s_q differs from s_q");
+    for (size_t s = 0; s < q.token_ids.size(); ++s) {
+      check(q.token_ids[s] >= 0 && q.token_ids[s] < q.s_q, at("q_source.token_ids", s),
+            std::to_string(q.token_ids[s]) +
+                " is outside [0, q_source.s_q = " + std::to_string(q.s_q) + ")");
+    }
+  }
+  if (c.sm_scale) {
+    const double s = *c.sm_scale;
+    check(std::isfinite(s) && std::isfinite(static_cast<float>(s)), "sm_scale",
+          "must be finite in fp32 (the kernels receive it as a float)");
+  }
+  check_value_spec(c.q_values, "q_values");
+  check_value_spec(c.kv_values, "kv_values");
+  check_value_spec(c.rope_values, "rope_values");
+  // ue8m0 byte 255 is NaN, so stored exponents live in [0, 254].
+  check(c.scales.exp_lo >= 0 && c.scales.exp_lo <= 254, "scales.exp_lo",
+        std::to_string(c.scales.exp_lo) + " is outside the ue8m0 range [0, 254]");
+  check(c.scales.exp_hi >= 0 && c.scales.exp_hi <= 254, "scales.exp_hi",
+        std::to_string(c.scales.exp_hi) + " is outside the ue8m0 range [0, 254]");
+  check(c.scales.exp_lo <= c.scales.exp_hi, "scales.exp_hi", "must be >= scales.exp_lo");
+  const bool fp32 = c.scales.convention == ScaleConvention::kFp32;
+  check(!fp32 || g.layout == mla::Layout::kV32, "scales.convention",
+        "\"fp32\" applies to the v32 layout only (MODEL1 stores ue8m0 bytes)");
+  const double mant = c.scales.mantissa;
+  check(mant == 1.0 || (fp32 && c.scales.mode == ScaleMode::kFixed), "scales.mantissa",
+        "is used by mode \"fixed\" under convention \"fp32\" only (leave it out otherwise)");
+  check(mant >= 1.0 && mant < 2.0 && static_cast<double>(static_cast<float>(mant)) == mant,
+        "scales.mantissa", "must be in [1, 2) and exact in float32");
+}
+
+nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g) {
+  json j;
+  j["layout"] = layout_name(g.layout);
+  j["nope_dim"] = g.nope_dim;
+  j["rope_dim"] = g.rope_dim;
+  j["scale_tile"] = g.scale_tile;
+  j["page_size"] = g.page_size;
+  j["page_stride"] = g.page_stride;
+  j["num_pages"] = g.num_pages;
+  return j;
+}
+
+nlohmann::ordered_json case_to_json_value(const Case& c) {
+  json j;
+  j["format"] = kCaseFormat;
+  j["version"] = c.version;
+  j["name"] = c.name;
+  if (!c.description.empty()) j["description"] = c.description;
+  json g = geometry_to_json(c.geom);
+  if (!c.page_order.empty()) g["page_order"] = c.page_order;
+  j["geometry"] = std::move(g);
+  j["batch"] = c.batch;
+  j["heads"] = c.heads;
+  j["topk"] = c.topk;
+  if (c.s_q != 1) j["s_q"] = c.s_q;
+  if (!c.indices.empty()) j["indices"] = write_index_lists(c.indices, c.s_q);
+  j["index_spec"] = write_index_spec(c.index_spec);
+  if (c.extra) j["extra"] = write_extra(*c.extra, c.s_q);
+  if (c.topk_length) j["topk_length"] = *c.topk_length;
+  if (c.sink) {
+    json s = json::array();
+    for (double v : *c.sink) s.push_back(write_double(v));
+    j["sink"] = std::move(s);
+  }
+  if (c.sm_scale) j["sm_scale"] = write_double(*c.sm_scale);
+  j["conventions"] = json{{"invalid_index", enum_name(kInvalidRules, c.conventions.invalid_index)},
+                          {"empty_lse", enum_name(kEmptyLse, c.conventions.empty_lse)},
+                          {"sink_in_lse", c.conventions.sink_in_lse}};
+  if (c.q_source) {
+    j["q_source"] = json{{"heads", c.q_source->heads},
+                         {"rows", c.q_source->rows},
+                         {"head_ids", c.q_source->head_ids}};
+    if (c.q_source->s_q != 1) j["q_source"]["s_q"] = c.q_source->s_q;
+    if (!c.q_source->token_ids.empty()) j["q_source"]["token_ids"] = c.q_source->token_ids;
+  }
+  j["q_head_pad"] = c.q_head_pad;
+  j["out_head_pad"] = c.out_head_pad;
+  // Version-2 fields only when set (0 is their meaning in a version-1 file).
+  if (c.q_batch_pad) j["q_batch_pad"] = c.q_batch_pad;
+  if (c.out_batch_pad) j["out_batch_pad"] = c.out_batch_pad;
+  if (c.indices_row_pad) j["indices_row_pad"] = c.indices_row_pad;
+  if (c.lse_row_pad) j["lse_row_pad"] = c.lse_row_pad;
+  j["q_values"] = write_value_spec(c.q_values);
+  j["kv_values"] = write_value_spec(c.kv_values);
+  j["rope_values"] = write_value_spec(c.rope_values);
+  j["scales"] = json{{"mode", scale_mode_name(c.scales.mode)},
+                     {"exp_lo", c.scales.exp_lo},
+                     {"exp_hi", c.scales.exp_hi}};
+  // Written only when set, so that a case without them reads as before in every build.
+  if (c.scales.convention != ScaleConvention::kPowerOfTwo) {
+    j["scales"]["convention"] = enum_name(kScaleConventions, c.scales.convention);
+  }
+  if (c.scales.mantissa != 1.0) j["scales"]["mantissa"] = write_double(c.scales.mantissa);
+  j["pad_fill"] = fill_name(c.pad_fill);
+  j["data_seed"] = c.data_seed;
+  return j;
+}
+
+Case case_from_json_value(const nlohmann::ordered_json& j, const std::string& path_prefix) {
+  Case c = read_case(j, path_prefix);
+  try {
+    validate(c);
+  } catch (const CaseError& e) {
+    throw CaseError(path_prefix + e.field(), e.reason());
+  }
+  return c;
+}
+
+std::string json_to_text(const nlohmann::ordered_json& j) {
+  std::string out;
+  print(j, 0, out);
+  out += '\n';
+  return out;
+}
+
+std::string to_json(const Case& c) { return json_to_text(case_to_json_value(c)); }
+
+Case case_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw CaseError("(json)", std::string("not valid JSON: ") + e.what());
+  }
+  // A corpus entry wraps the case; take it and report its fields as "case.<field>".
+  if (j.is_object() && j.contains("format") && j.at("format") == kCorpusFormat) {
+    check_corpus_entry_version(j);
+    if (!j.contains("case")) throw CaseError("case", "corpus entry has no \"case\" field");
+    return case_from_json_value(j.at("case"), "case.");
+  }
+  return case_from_json_value(j, "");
+}
+
+void check_corpus_entry_version(const json& entry) {
+  const bool known = entry.contains("version") && entry.at("version").is_number_integer() &&
+                     entry.at("version").get<int>() >= kOldestCorpusFormatVersion &&
+                     entry.at("version").get<int>() <= kCorpusFormatVersion;
+  if (!known) {
+    throw CaseError("version", "unsupported corpus entry version (this build reads versions " +
+                                   std::to_string(kOldestCorpusFormatVersion) + " to " +
+                                   std::to_string(kCorpusFormatVersion) + ")");
+  }
+}
+
+Case load_case(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return case_from_json(text);
+  } catch (const CaseError& e) {
+    // Keep the field path as is, so tools can match it; the message names the file.
+    throw CaseError(e.field(), e.reason() + " (in " + path + ")");
+  }
+}
+
+void save_case(const Case& c, const std::string& path) {
+  validate(c);  // before anything is written: an invalid case leaves no file behind
+  write_file_atomic(path, to_json(c));
+}
+
+const char* layout_name(mla::Layout l) { return enum_name(kLayouts, l); }
+const char* value_dist_name(ValueDist d) { return enum_name(kDists, d); }
+const char* scale_mode_name(ScaleMode m) { return enum_name(kScaleModes, m); }
+const char* scale_convention_name(ScaleConvention c) { return enum_name(kScaleConventions, c); }
+const char* invalid_index_rule_name(mla::InvalidIndexRule r) { return enum_name(kInvalidRules, r); }
+const char* fill_name(Fill f) { return enum_name(kFills, f); }
+const char* index_rule_name(IndexRule r) { return enum_name(kIndexRules, r); }
+
+}  // namespace mlafuzz
