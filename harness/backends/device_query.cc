@@ -6,7 +6,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace mlafuzz::campaign {
+namespace mlafuzz {
 namespace {
 
 [[maybe_unused]] std::string version_text(int v) {
@@ -72,4 +72,4 @@ DeviceInfo device_info_from_json(const std::string& text) {
   return d;
 }
 
-}  // namespace mlafuzz::campaign
+}  // namespace mlafuzz

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace mlafuzz::campaign {
+namespace mlafuzz {
 
 struct DeviceInfo {
   int count = 0;
@@ -27,4 +27,4 @@ std::optional<std::string> sticky_device_error();
 std::string device_info_to_json(const DeviceInfo& d);
 DeviceInfo device_info_from_json(const std::string& text);
 
-}  // namespace mlafuzz::campaign
+}  // namespace mlafuzz

@@ -24,11 +24,11 @@ struct WorkerOptions {
 
 int worker_command(const WorkerOptions& o) {
   if (o.device_info || o.count_devices) {
-    const campaign::DeviceInfo d = campaign::query_devices();
+    const DeviceInfo d = query_devices();
     if (o.count_devices) {
       std::cout << d.count << '\n';
     } else {
-      std::cout << campaign::device_info_to_json(d);
+      std::cout << device_info_to_json(d);
     }
     return kExitOk;
   }
