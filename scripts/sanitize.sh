@@ -22,6 +22,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
 # The property test on a few dozen generated cases (600 unsanitized): the same code paths.
 export MLAFUZZ_PROPERTY_CASES=${MLAFUZZ_PROPERTY_CASES:-48}
 
+# Longest tests first (see .ci/run): seeded from the sanitized build's measured costs.
+mkdir -p "$build_dir/Testing/Temporary"
+[ -f "$build_dir/Testing/Temporary/CTestCostData.txt" ] ||
+  cp .ci/ctest_costs_sanitized.txt "$build_dir/Testing/Temporary/CTestCostData.txt"
 t1=$SECONDS
 status=0
 # Not the Slurm test: it checks daemons and the nightly script over a minute of campaigns, which
