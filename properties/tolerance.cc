@@ -967,7 +967,7 @@ Side raw_side(const RunResult& r, const MaterializedCase& m) {
 std::string BoundCheck::describe() const {
   // Every number with all its digits: the value in the backend's format with its bits, the
   // float64 reference and the error with 17 digits, the distance in ulps of the backend's
-  // format (two LSEs that differ in the last bit no longer read "8.66268 vs 8.66268").
+  // format (two LSEs that differ in the last bit never read "8.66268 vs 8.66268").
   std::ostringstream os;
   if (!nonfinite_match) os << "non-finite position mismatch: " << nonfinite_detail << "; ";
   if (b < 0) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The sanitized host build (README "Sanitized build"): the host code, the tests and the plugins
-# built with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer, CUDA off, then
-# the fast tests: everything but the GPU tests and the tests labelled slow (the corpus replay).
+# The sanitized host build (docs/testing.md, "Sanitized build"): the host code, the tests and
+# the plugins built with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer,
+# CUDA off, then the fast tests: everything but the GPU tests and the tests labelled slow (the
+# corpus replay).
 # Fails when a test fails and when any sanitizer report shows in the tests' output.
 # Usage: scripts/sanitize.sh [BUILD_DIR]   (default: build-san). Run by .ci/run.
 set -euo pipefail

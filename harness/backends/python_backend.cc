@@ -211,7 +211,7 @@ json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strid
 }
 
 // MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
-// input to the device on every call (and uploads the canaries), as before the cache existed.
+// input to the device on every call (and uploads the canaries): no device cache.
 bool device_cache_enabled() { return settings::flag("MLAFUZZ_DEVICE_CACHE", true); }
 
 class PythonBackend final : public Backend {

@@ -728,7 +728,7 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
 namespace mlafuzz {
 namespace {
 
-// bf16_rounding_interval reads the exponent from the bits (issue 13: check_bounds calls it for
+// bf16_rounding_interval reads the exponent from the bits (check_bounds calls it for
 // every element); the interval must be the ilogb/ldexp one for every bf16 value.
 TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
@@ -758,7 +758,7 @@ TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
   }
 }
 
-// compute_bounds_set shares the pipeline-free work of several bounds (issue 13); each bound must
+// compute_bounds_set shares the pipeline-free work of several bounds; each bound must
 // be the one compute_bounds gives alone, bit for bit, for every pipeline (joint and LSE-merged,
 // split-KV or not) and tile_topk, on generated cases of every family (sinks, extra caches, s_q > 1,
 // empty rows, special values).
