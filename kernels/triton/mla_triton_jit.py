@@ -31,8 +31,8 @@ LAYOUT_MODEL1 = 0
 LAYOUT_V32 = 1
 
 # Planted bugs of triton-mma (kernels/triton/triton_mma.py MUTANTS gives names and descriptions).
-# tl.constexpr: a JIT function may read only constexpr globals (the H200 run of a plain int
-# failed with "Cannot access global variable").
+# tl.constexpr: a JIT function may read only constexpr globals (a plain int fails to compile
+# with "Cannot access global variable").
 M_NONE = tl.constexpr(0)
 M_UNMASKED_PAD_COLUMNS = tl.constexpr(1)
 M_WRONG_SCALE_GROUP = tl.constexpr(2)
