@@ -111,7 +111,11 @@ struct HeadShared {
   double x_max = 0, x_min = 0, M = 0, Z = 0, w_s = 0;
   Eigen::VectorXd w, under;
   bool any_under = false;
-  std::vector<double> wvd, uvd;  // [d_v] sum_k w_k |V_kd|, sum_k under_k |V_kd|
+  // [d_v] sum_k w_k |V_kd| and sum_k under_k |V_kd|: rows of the products over every head of
+  // a row (compute_bounds_set), or this head's own sums (share_head with sums).
+  const double* wvd = nullptr;
+  const double* uvd = nullptr;
+  std::vector<double> wvd_own, uvd_own;
   bool ready = false;
   // The LSE weights w'_k (and the sink's, when it is folded into the lse) of head_prepare.
   Eigen::VectorXd wl;
@@ -138,7 +142,8 @@ const Eigen::VectorXd& exp_of(const RowTerms& rt, int h, const HeadSubset& hs, d
   return sh.ex;
 }
 
-void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
+// The weights of share_head, without the sums over V.
+void share_weights(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
   const Eigen::Index n = hs.n;
   const auto x_row = rt.X.row(h).segment(hs.k0, n);
   const double sink = hs.sink;
@@ -157,14 +162,34 @@ void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh)
     sh.under(k) = x_row(k) - sh.x_max < kUnderflowArg ? 0x1p-126 : 0.0;
   }
   sh.any_under = (sh.under.array() != 0.0).any();
-  sh.wvd.assign(static_cast<size_t>(rt.dv), 0.0);
-  sh.uvd.assign(static_cast<size_t>(rt.dv), 0.0);
+}
+
+// The weights and this head's sums over V (one head alone: an LSE-merged kernel's partials).
+void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
+  share_weights(rt, h, hs, sh);
+  const Eigen::Index n = hs.n;
+  sh.wvd_own.assign(static_cast<size_t>(rt.dv), 0.0);
+  sh.uvd_own.assign(static_cast<size_t>(rt.dv), 0.0);
   for (int32_t d = 0; d < rt.dv; ++d) {
     const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
-    sh.wvd[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
-    sh.uvd[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
+    sh.wvd_own[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
+    sh.uvd_own[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
   }
+  sh.wvd = sh.wvd_own.data();
+  sh.uvd = sh.uvd_own.data();
   sh.ready = true;
+}
+
+// expm1(e) for e >= 0 given ex = exp(e) (Eigen's vectorized exp): the Taylor polynomial of degree
+// 8 below 2^-5 (truncation below 2^-40 e), ex - 1 above (no cancellation beyond a factor 32): a
+// few ulps from std::expm1, in vector registers.
+Eigen::ArrayXd expm1_of(const Eigen::ArrayXd& e, const Eigen::ArrayXd& ex) {
+  const Eigen::ArrayXd poly =
+      e * (1.0 + e * (1.0 / 2 +
+                      e * (1.0 / 6 +
+                           e * (1.0 / 24 + e * (1.0 / 120 +
+                                                e * (1.0 / 720 + e * (1.0 / 5040 + e / 40320)))))));
+  return (e < 0x1p-5).select(poly, ex - 1.0);
 }
 
 // One pipeline's terms of a head between its scalar work (head_prepare) and the pass over V
@@ -175,6 +200,12 @@ struct HeadTail {
   double uk = 0, etak = 0;  // dequantization rounding of V (RowTerms)
   bool bf16_p = false, sink_overflow = false;
   double* ob = nullptr;
+  // A pipeline whose logit errors are another's (`base`, in the same head_finish call) plus
+  // delta >= 0 (the same pipeline over a longer list: more tiles, more exp ulps): its weights
+  // w_k expm1(e_k + delta) = exp(delta) c_k + expm1(delta) w_k, so its sum over V is
+  // exp(delta) (the base's) + expm1(delta) sum_k w_k |V_kd - O_d|, without a pass of its own.
+  const HeadTail* base = nullptr;
+  double delta = 0;
 };
 
 // The bound of head h of a row for one pipeline up to the pass over V: *lb, and either ob
@@ -203,14 +234,12 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   const double sink = hs.sink;
   const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
   const double R = x_max - x_min;
-  Eigen::VectorXd e(n), c(n);
-  // Logit errors e_k (model steps 1 and 2).
-  for (Eigen::Index k = 0; k < n; ++k) {
-    const double x = x_row(k);
-    double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
-    if (rt.uk > 0) dx += rt.uk * a_row(k) + s * rt.etak * rt.qn1[h];
-    e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
-  }
+  // Logit errors e_k (model steps 1 and 2), in the order of the terms of the derivation.
+  const Eigen::ArrayXd x = x_row.transpose().array();
+  const Eigen::ArrayXd a = a_row.transpose().array();
+  Eigen::ArrayXd e = g_dot * a + 2 * u * x.abs() + s * (dqk + 2) * p.eta;
+  if (rt.uk > 0) e = e + (rt.uk * a + s * rt.etak * rt.qn1[h]);
+  e = e + 2 * u * ((x - x_max).abs() + r_mult * R) + exp_ulps;
   const bool sink_pos_inf = sink == kInf;
   const bool sink_finite = std::isfinite(sink);
   const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
@@ -225,6 +254,7 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
 
   // LSE weights w' (tokens; the sink too when it is folded into the lse).
   const bool lse_sink = hs.sink_in_lse && sink_finite;
+  Eigen::ArrayXd ex_e;  // exp(e_k)
   {
     if (!sh.lse_ready) {  // no pipeline changes them: once per head
       const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
@@ -236,11 +266,15 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
       for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = ex(k) / zl;
       sh.lse_ready = true;
     }
+    // Sequential sums of ~1 whose rounding is of the order of a float64 pipeline's bound: kept in
+    // this order (std::exp, token by token) so that the LSE bounds do not move with it.
     double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
     double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
+    ex_e.resize(n);
     for (Eigen::Index k = 0; k < n; ++k) {
       const double wk = sh.wl(k);
-      up += wk * std::exp(e(k));
+      ex_e(k) = std::exp(e(k));
+      up += wk * ex_e(k);
       down += wk * std::exp(-e(k));
     }
     const double lw = std::max(std::log(up), -std::log(down));
@@ -249,16 +283,14 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
             2 * u * std::fabs(hs.lse_ref) + T * p.eta;
     }
   }
-  double e_max = e_s;
-  for (Eigen::Index k = 0; k < n; ++k) e_max = std::max(e_max, e(k));
+  const double e_max = std::max(e_s, e.maxCoeff());
   if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
 
   // Output weights w (sink in the denominator), shared by the pipelines.
   if (!sh.ready) share_head(rt, h, hs, sh);
-  const Eigen::VectorXd& w = sh.w;
   const double w_s = sh.w_s;
-  for (Eigen::Index k = 0; k < n; ++k) c(k) = w(k) * std::expm1(e(k));
-  tail->c.swap(c);
+  tail->c.resize(n);
+  tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
   tail->grow = std::exp(e_max);
   tail->sink_term = w_s * std::expm1(e_s);
   tail->g_num = g_num;
@@ -354,15 +386,42 @@ void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
   if (count == 0) return;
   const Eigen::Index n = hs.n;
   const double* O = hs.O;
-  wt.resize(count);
+  // The passes over V: every tail whose base is not in the call, and the weights w when some
+  // tail is derived from its base (at[i]: tail i's sum in wt, or -1 for a derived one).
+  std::vector<HeadTail*> own;
+  std::vector<int> at(count, -1), base_at(count, -1);  // in own / in tails
+  HeadTail w_tail;
+  for (size_t i = 0; i < count; ++i) {
+    const auto b = std::find(tails, tails + count, tails[i]->base);
+    if (tails[i]->base != nullptr && b != tails + count) {
+      base_at[i] = static_cast<int>(b - tails);
+      continue;
+    }
+    at[i] = static_cast<int>(own.size());
+    own.push_back(tails[i]);
+  }
+  int w_at = -1;
+  if (own.size() < count) {
+    w_tail.c = sh.w;
+    w_at = static_cast<int>(own.size());
+    own.push_back(&w_tail);
+  }
+  std::vector<double> scale(count), shift(count);
+  for (size_t i = 0; i < count; ++i) {
+    scale[i] = std::exp(tails[i]->delta);
+    shift[i] = std::expm1(tails[i]->delta);
+  }
+  wt.resize(own.size());
   for (int32_t d = 0; d < rt.dv; ++d) {
     const double od = std::fabs(O[d]);
-    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, tails, count, wt.data());
-    const double wvd = sh.wvd[static_cast<size_t>(d)];
-    const double uvd = sh.uvd[static_cast<size_t>(d)];
+    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, own.data(), own.size(), wt.data());
+    const double wvd = sh.wvd[d];
+    const double uvd = sh.uvd[d];
     for (size_t i = 0; i < count; ++i) {
       const HeadTail& tl = *tails[i];
-      double first = tl.grow * (wt[i] + tl.sink_term * od);
+      const double l1 =
+          at[i] >= 0 ? wt[at[i]] : scale[i] * wt[at[base_at[i]]] + shift[i] * wt[w_at];
+      double first = tl.grow * (l1 + tl.sink_term * od);
       first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
       if (tl.bf16_p) first += tl.grow * kU16 * wvd;
       // V's dequantization rounding (V32: every V dim is quantized): sum_k w_k |dV_kd|.
@@ -567,11 +626,37 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
   }
   if (requests.empty()) return out;
   // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
-  // pipeline-free terms once (HeadShared).
-  HeadShared sh;
+  // pipeline-free terms once (HeadShared), their sums over V for every head of the row at once
+  // (two matrix products: W |V| and, where a token may underflow, U |V|).
+  bool any_joint = false;
+  for (const Plan& pl : plans) any_joint |= !pl.merged;
+  std::vector<HeadShared> shared(static_cast<size_t>(H));
+  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::MatrixXd W, U, absV;
+  RowMajor WV, UV;
   std::vector<HeadTail> tails(plans.size());
   std::vector<HeadSubset> subsets(plans.size());
   std::vector<HeadTail*> tail_ptrs(plans.size());
+  // A joint plan that differs from an earlier one only in its list length (insert-invalid's
+  // longer list) takes its sums over V from that one's (HeadTail::base).
+  const auto same_pipeline = [](const Pipeline& a, const Pipeline& b) {
+    return a.precision == b.precision && a.u == b.u && a.u_acc == b.u_acc && a.bf16_p == b.bf16_p &&
+           a.bf16_out == b.bf16_out && a.token_tile == b.token_tile && a.eta == b.eta &&
+           a.c_exp == b.c_exp && a.lse_merged == b.lse_merged && a.split_kv == b.split_kv &&
+           a.u_k == b.u_k;
+  };
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (size_t j = 0; j < i && !plans[i].merged; ++j) {
+      if (plans[j].merged || tails[j].base != nullptr || plans[j].nt > plans[i].nt ||
+          !same_pipeline(*plans[i].p, *plans[j].p)) {
+        continue;
+      }
+      const Pipeline& p = *plans[i].p;
+      tails[i].base = &tails[j];
+      tails[i].delta = (plans[i].nt + 2) * p.c_exp * p.u - (plans[j].nt + 2) * p.c_exp * p.u;
+      break;
+    }
+  }
   size_t n_tails = 0;
   std::vector<double> wt_buf;
   Eigen::VectorXd qn1;
@@ -584,11 +669,41 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
     const bool rounds = dequant_rounds(m, b, row);
     if (rounds) qn1 = Q.leftCols(m.geom.nope_dim).cwiseAbs().rowwise().sum();
+    if (any_joint) {
+      const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
+      W.resize(H, n);
+      U.resize(H, n);
+      bool any_under = false;
+      for (int32_t h = 0; h < H; ++h) {
+        HeadShared& sh = shared[static_cast<size_t>(h)];
+        sh.reset();
+        HeadSubset hs;
+        hs.n = n;
+        hs.sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
+        share_weights(rt, h, hs, sh);
+        W.row(h) = sh.w.transpose();
+        U.row(h) = sh.under.transpose();
+        any_under |= sh.any_under;
+      }
+      absV = row.K.leftCols(dv).cwiseAbs();
+      WV.noalias() = W * absV;
+      if (any_under) {
+        UV.noalias() = U * absV;
+      } else {
+        UV.setZero(H, dv);
+      }
+      for (int32_t h = 0; h < H; ++h) {
+        HeadShared& sh = shared[static_cast<size_t>(h)];
+        sh.wvd = WV.row(h).data();
+        sh.uvd = UV.row(h).data();
+        sh.ready = true;
+      }
+    }
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
       const double* O = ref.out.data() + rh * dv;
-      sh.reset();
+      HeadShared& sh = shared[static_cast<size_t>(h)];
       n_tails = 0;
       const HeadSubset* joint = nullptr;
       for (size_t i = 0; i < plans.size(); ++i) {
