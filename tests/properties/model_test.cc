@@ -857,7 +857,7 @@ TEST(Tolerance, BoundsEqualTheTokenByTokenForm) {
     cfg.max_work = int64_t{1} << 15;
     if (production) cfg.families = {"production"};
     const uint64_t seed = production ? 37 : 36;
-    for (uint64_t i = 0; i < (production ? 3u : 40u); ++i) {
+    for (uint64_t i = 0; i < (production ? 2u : 24u); ++i) {
       cases.emplace_back("seed " + std::to_string(seed) + " case " + std::to_string(i) +
                              (production ? " (production family)" : ""),
                          materialize(generate_case(seed, i, cfg, nullptr)));
