@@ -758,13 +758,8 @@ TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
   }
 }
 
-// compute_bounds_set shares the pipeline-free work of several bounds; each bound must be the one
-// compute_bounds gives alone, bit for bit (up to rounding for a pipeline repeated over a longer
-// list), for every pipeline (joint and LSE-merged, split-KV or not) and tile_topk, on generated
-// cases of every family (sinks, extra caches, s_q > 1, empty rows, special values).
-TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
-  GenConfig cfg;
-  cfg.max_work = int64_t{1} << 15;
+// Every pipeline of every precision: joint, LSE-merged, and with split-KV toggled.
+std::vector<BoundsRequest> every_pipeline() {
   std::vector<BoundsRequest> req;
   for (const Precision p : {Precision::kFloat64, Precision::kSimtFp32, Precision::kMmaBf16}) {
     Pipeline pl = pipeline_for(p);
@@ -775,6 +770,17 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
     pl.split_kv = !pl.split_kv;
     req.push_back({pl, 0});
   }
+  return req;
+}
+
+// compute_bounds_set shares the pipeline-free work of several bounds; each bound must be the one
+// compute_bounds gives alone, bit for bit (up to rounding for a pipeline repeated over a longer
+// list), for every pipeline (joint and LSE-merged, split-KV or not) and tile_topk, on generated
+// cases of every family (sinks, extra caches, s_q > 1, empty rows, special values).
+TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
+  GenConfig cfg;
+  cfg.max_work = int64_t{1} << 15;
+  const std::vector<BoundsRequest> req = every_pipeline();
   int compared = 0;
   for (uint64_t i = 0; i < 40; ++i) {
     const MaterializedCase m = materialize(generate_case(31, i, cfg, nullptr));
@@ -834,16 +840,7 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
 // tile lists) on generated cases of every family and on the corpus. Prints the largest relative
 // difference seen.
 TEST(Tolerance, BoundsEqualTheTokenByTokenForm) {
-  std::vector<BoundsRequest> req;
-  for (const Precision p : {Precision::kFloat64, Precision::kSimtFp32, Precision::kMmaBf16}) {
-    Pipeline pl = pipeline_for(p);
-    req.push_back({pl, 0});
-    pl.lse_merged = true;
-    req.push_back({pl, 0});
-    pl.lse_merged = false;
-    pl.split_kv = !pl.split_kv;
-    req.push_back({pl, 0});
-  }
+  const std::vector<BoundsRequest> req = every_pipeline();
   std::vector<std::pair<std::string, MaterializedCase>> cases;
   for (const char* dir : {"/corpus/cases", "/corpus/regression"}) {
     for (const std::string& path : list_corpus(std::string(MLAFUZZ_SOURCE_DIR) + dir)) {
