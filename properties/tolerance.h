@@ -152,9 +152,9 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
 // derived from the shorter one's (exp(delta) S + expm1(delta) sum_k w_k |V_kd - O_d|, the same
 // value up to rounding). The sums are dense products and passes over the row's V in token
 // order, not the token-by-token loops the formulas above read as: the output bounds equal
-// those loops' within a relative 1e-12 (6.7e-15 measured;
-// Tolerance.BoundsEqualTheTokenByTokenForm), the LSE bounds bit for bit. A campaign bounds every
-// case for the float64 oracle and each backend's pipeline, twice for insert-invalid's longer lists.
+// those loops' within a relative 1e-12 (Tolerance.BoundsEqualTheTokenByTokenForm), the LSE
+// bounds bit for bit. A campaign bounds every case for the float64 oracle and each backend's
+// pipeline, twice for insert-invalid's longer lists.
 struct BoundsRequest {
   Pipeline pipeline;
   int tile_topk = 0;

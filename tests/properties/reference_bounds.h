@@ -15,7 +15,7 @@ namespace mlafuzz::reference {
 BoundCheck reference_check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                                   int32_t heads, int32_t d_v);
 
-// compute_bounds_set as it computed every bound token by token, per head and pipeline: the
+// The bounds of compute_bounds_set computed token by token, per head and pipeline: the
 // values the dense form must give up to the rounding of its sums.
 std::vector<Bounds> reference_compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
                                                  const std::vector<BoundsRequest>& requests);

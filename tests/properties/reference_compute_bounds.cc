@@ -1,7 +1,6 @@
-// The bound formulas of the tolerance model as compute_bounds_set evaluated them token by token
-// (properties/tolerance.cc before its bounds were computed as dense products shared per row):
-// frozen here as the reference the bounds are pinned against (tests/properties/model_test.cc,
-// Tolerance.BoundsEqualTheTokenByTokenForm).
+// The bound formulas of the tolerance model evaluated token by token, per head and pipeline,
+// with per-vector reductions: the reference compute_bounds_set's dense form is pinned against
+// (tests/properties/model_test.cc, Tolerance.BoundsEqualTheTokenByTokenForm).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
