@@ -881,7 +881,7 @@ nlohmann::ordered_json case_to_json_value(const Case& c) {
   j["scales"] = json{{"mode", scale_mode_name(c.scales.mode)},
                      {"exp_lo", c.scales.exp_lo},
                      {"exp_hi", c.scales.exp_hi}};
-  // Written only when set, so that a case without them reads as before in every build.
+  // Written only when set, so that a case without them reads the same in every build.
   if (c.scales.convention != ScaleConvention::kPowerOfTwo) {
     j["scales"]["convention"] = enum_name(kScaleConventions, c.scales.convention);
   }

@@ -1,8 +1,8 @@
 // A sparse-decode case as a small recipe: shapes, layout, index lists, conventions and how the
 // values are drawn. Materialization (materialize.h) turns it into exact input bytes.
 //
-// Recipes are saved as versioned, human-readable JSON (format documented in README.md, "Case
-// and corpus format"). Loading validates everything and names the offending field on error.
+// Recipes are saved as versioned, human-readable JSON (format documented in
+// docs/case-format.md). Loading validates everything and names the offending field on error.
 #pragma once
 
 #include <cstdint>

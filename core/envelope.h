@@ -6,7 +6,7 @@
 // `mlafuzz fuzz --envelope FILE.json`. The generator draws inside the intersection of the selected
 // backends' envelopes and the shrinker never leaves it; Backend::unsupported stays the final word.
 //
-// The JSON form (README.md, "Envelopes") is the C struct's: every key optional, a missing key
+// The JSON form (docs/plugins.md, "Envelopes") is the C struct's: every key optional, a missing key
 // means "no constraint", unknown keys are rejected with the field named.
 #pragma once
 
@@ -146,8 +146,8 @@ Envelope any_case_envelope();
 // (cuda-mma~<mutant>) refuse the extra cache on top of it.
 Envelope cuda_kernel_envelope();
 
-// JSON (README.md, "Envelopes"). from_json is strict: unknown keys, wrong types, unknown names,
-// negative numbers raise std::invalid_argument naming the field ("envelope.heads.max: ...").
+// JSON (docs/plugins.md, "Envelopes"). from_json is strict: unknown keys, wrong types, unknown
+// names, negative numbers raise std::invalid_argument naming the field ("envelope.heads.max: ...").
 nlohmann::ordered_json envelope_to_json(const Envelope& e);
 Envelope envelope_from_json(const nlohmann::ordered_json& j, const std::string& path = "envelope");
 // Reads and parses FILE (errors name the file and the field).

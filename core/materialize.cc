@@ -620,7 +620,7 @@ MaterializedCase materialize(const Case& c) {
   m.out_head_stride = m.d_v() + c.out_head_pad;
   m.extra_topk = c.extra ? c.extra->topk : 0;
   m.set_contiguous_strides();
-  // A batch row spans its s_q tokens, then its pad (README, "Case and corpus format").
+  // A batch row spans its s_q tokens, then its pad (docs/case-format.md).
   m.q_batch_stride += c.q_batch_pad;
   m.out_batch_stride += c.out_batch_pad;
   m.indices_batch_stride += c.indices_row_pad;
@@ -780,8 +780,8 @@ uint64_t content_hash(const MaterializedCase& m) {
     hash_vector(h, m.extra_indices);
     hash_vector(h, m.extra_topk_length);
   }
-  // The batch strides count only when they leave the contiguous minimum, so every hash of a
-  // case without row pads stays what it was before the strides existed.
+  // The batch strides count only when they leave the contiguous minimum, so a case without row
+  // pads hashes as a case written without stride fields does.
   const bool padded = m.q_batch_stride != m.s_q * m.q_token_stride ||
                       m.out_batch_stride != m.s_q * m.out_token_stride ||
                       m.indices_batch_stride != m.s_q * m.indices_token_stride ||

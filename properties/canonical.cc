@@ -9,6 +9,7 @@
 
 #include "core/materialize.h"
 #include "mla/tiling.h"
+#include "oracle/oracle.h"
 #include "properties/case_edits.h"
 
 namespace mlafuzz {
@@ -293,10 +294,6 @@ int value_rank(const ValueSpec& v) {
 
 std::vector<std::string> describe_values(const Case& c) {
   std::vector<std::string> d;
-  const double logit_scale = c.q_values.magnitude * c.kv_values.magnitude;
-  const bool zero = c.q_values.dist == ValueDist::kZeros || c.kv_values.dist == ValueDist::kZeros;
-  if (logit_scale >= 32) d.push_back("large logits");
-  if (logit_scale <= 1.0 / 8 && !zero) d.push_back("small logits");
   const struct {
     const ValueSpec& v;
     const char* what;
@@ -333,6 +330,55 @@ std::vector<Case> toward_values(const Case& c) {
     }
   }
   return out;
+}
+
+// ---- logit range ----
+
+// The logits' range, decided on the logits themselves (whatever values and scales give them),
+// and moved by scaling q by a power of two: the same draws, every logit scaled exactly.
+constexpr double kLargeLogit = 64;       // exp(64) is within a factor 2^36 of fp32's overflow
+constexpr double kSmallLogit = 1.0 / 4;  // every softmax weight within a factor e^0.5 of another
+constexpr double kLogitStep = 8;         // one move scales q by 8 (or 1/8)
+
+enum class LogitRange { kNormal, kLarge, kSmall };
+
+LogitRange logit_range(double most) {
+  if (most >= kLargeLogit) return LogitRange::kLarge;
+  if (most > 0 && most <= kSmallLogit) return LogitRange::kSmall;
+  return LogitRange::kNormal;
+}
+
+std::vector<std::string> describe_logits(const Case& c) {
+  switch (logit_range(max_abs_logit(c))) {
+    case LogitRange::kLarge:
+      return {"large logits"};
+    case LogitRange::kSmall:
+      return {"small logits"};
+    case LogitRange::kNormal:
+      break;
+  }
+  return {};
+}
+
+Case with_q_scaled(const Case& c, double factor) {
+  Case r = c;
+  r.q_values.magnitude *= factor;
+  return r;
+}
+
+// q scaled by 1/8 (large logits) or 8 (small logits).
+std::vector<Case> toward_logits(const Case& c) {
+  const double most = max_abs_logit(c);
+  if (!std::isfinite(most)) return {};
+  switch (logit_range(most)) {
+    case LogitRange::kLarge:
+      return {with_q_scaled(c, 1 / kLogitStep)};
+    case LogitRange::kSmall:
+      return {with_q_scaled(c, kLogitStep)};
+    case LogitRange::kNormal:
+      break;
+  }
+  return {};
 }
 
 // The simplest fixed scale of a convention: 1, or for fp32 V32 scales 1.5 (the simplest that is
@@ -906,6 +952,7 @@ std::vector<Entry> make_features() {
       {{"sm_scale", describe_sm_scale, toward_sm_scale}, 41},
       {{"conventions", describe_conventions, default_conventions}, 42},
       {{"values", describe_values, toward_values, kValues}, 11},
+      {{"logit range", describe_logits, toward_logits}, 14},
       {{"scales", describe_scales, toward_scales, kValues}, 12},
       {{"scale convention", describe_scale_convention, toward_scale_convention, kValues}, 13},
       {{"pad fill", describe_fill, toward_fill}, 43},
@@ -949,23 +996,64 @@ std::vector<ShrinkStep> canonical_steps() {
     // A move that changes values may lose a failure that needs particular values: each
     // candidate also with the canonical draws (data_seed 0 to 5), so that the walk can take
     // the move where the failure needs the feature's values only by chance.
+    // Where the case's logits are large or small, each candidate also with q scaled back to
+    // that range (keeping_logit_range): a failure that needs the range, not the values, keeps it.
     auto toward = e->feature.toward;
     steps.push_back({e->feature.name, [toward](const Case& c) {
                        std::vector<Case> out;
+                       const double most = max_abs_logit(c);
+                       const auto add = [&](Case m) {
+                         std::optional<Case> kept = keeping_logit_range(most, m);
+                         out.push_back(std::move(m));
+                         if (kept) out.push_back(std::move(*kept));
+                       };
                        for (Case& m : toward(c)) {
-                         out.push_back(m);
+                         add(m);
                          for (const uint64_t s : kRerolls) {
                            if (s == m.data_seed) continue;
                            Case r = m;
                            r.data_seed = s;
                            r.q_source.reset();
-                           out.push_back(std::move(r));
+                           add(std::move(r));
                          }
                        }
                        return out;
                      }});
   }
   return steps;
+}
+
+// The largest |x| over the valid entries of every query row (x = sm_scale q . K, the oracle's
+// logits): +inf when one is not finite, 0 for none or a case that cannot be materialized.
+double max_abs_logit(const Case& c) {
+  double most = 0;
+  try {
+    const MaterializedCase m = materialize(c);
+    for (int r = 0; r < c.query_rows(); ++r) {
+      const OracleRow row = gather_row(m, r);
+      if (row.k.empty()) continue;
+      const Eigen::MatrixXd x = row_logits(m, r, row);
+      for (Eigen::Index i = 0; i < x.size(); ++i) {
+        const double v = std::abs(x.data()[i]);
+        most = std::isfinite(v) ? std::max(most, v) : HUGE_VAL;
+      }
+    }
+  } catch (const std::exception&) {
+    return 0;
+  }
+  return most;
+}
+
+std::optional<Case> keeping_logit_range(double most, const Case& m) {
+  const LogitRange range = logit_range(most);
+  if (range == LogitRange::kNormal || !std::isfinite(most)) return std::nullopt;
+  const double now = max_abs_logit(m);
+  if (now <= 0 || !std::isfinite(now) || logit_range(now) == range) return std::nullopt;
+  // The power of two that brings m's largest logit back to the case's (at least, for large
+  // logits; at most, for small ones).
+  const double k = range == LogitRange::kLarge ? std::ceil(std::log2(most / now))
+                                               : std::floor(std::log2(most / now));
+  return with_q_scaled(m, std::exp2(k));
 }
 
 ShrinkResult canonicalize_case(const Case& c, const std::function<bool(const Case&)>& still_fails,

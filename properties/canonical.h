@@ -10,7 +10,10 @@
 //              valid entries (each made -1 in place, then fewer positions), few pages
 //   data       data_seed 0 then 1, q values of the case's own positions; values small integers,
 //              then small integers of 1/16, then normal; scales 1, then random around 1
-//              (tiles differ), then the writer's
+//              (tiles differ), then the writer's; logits neither large (|x| >= 64) nor small
+//              (|x| <= 1/4), decided on the logits themselves and moved by scaling q by 8 or
+//              1/8; a value move from large or small logits also tried with q scaled back to
+//              them (keeping_logit_range)
 //   geometry   MODEL1 with nope 512 and rope 64 (a padded nope: 448), identity page order,
 //              minimum page stride, page size 64 (else 61, 1, 2: an entry keeps its page and
 //              slot), each valid entry on the lowest unused slot (else the last slot of page 0,
@@ -30,6 +33,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -58,6 +62,19 @@ const std::vector<CanonicalFeature>& canonical_features();
 
 // The walk's steps: every feature's moves, sizes first, then the data, then the structure.
 std::vector<ShrinkStep> canonical_steps();
+
+// The largest |logit| of a case (sm_scale q . K over every row's valid entries, the oracle's):
+// +inf when one is not finite, 0 for none. A case is said to have large logits from 64 on, small
+// ones up to 1/4 (the feature "logit range", moved by scaling q by 8 or 1/8: the same draws).
+double max_abs_logit(const Case& c);
+
+// `m`, a move that changes values from a case whose largest |logit| is `most`, with q scaled by
+// a power of two so that its logits are in that case's range again: when the case's logits are
+// large (small) and m's are not. nullopt otherwise. The walk tries it after `m`, and a
+// value-changing feature is a cause only when this candidate loses the failure too: a failure that
+// needs large logits, not the particular values or scales that gave them, walks to the canonical
+// values and names "large logits" whichever draw found it.
+std::optional<Case> keeping_logit_range(double most, const Case& m);
 
 // The walk from `c` (explicit indices) within `limits`: greedy_shrink over canonical_steps(),
 // remembering rejected candidates (`still_fails` must be deterministic). `rejected` may be

@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 #include <Eigen/Core>
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -94,6 +97,11 @@ struct RowTerms {
   const Eigen::MatrixXd& X;  // [H, n_valid] logits
   const Eigen::MatrixXd& A;  // [H, n_valid] s * |q| . |K|
   const Eigen::MatrixXd& K;  // [n_valid, d_qk]
+  // [n_valid, d_v] row-major, vt_ld doubles per token: V = K.leftCols(d_v), token by token (the
+  // rows padded so that a row's stride is not a power of two: the rows of a column block do not
+  // share a cache set).
+  const double* VT = nullptr;
+  Eigen::Index vt_ld = 0;
   // Dequantization rounding of the row's K (tolerance.h, step 1, "Dequantization"): relative
   // uk and absolute etak per element of K, 0 where every selected scale is exact; qn1[h] the
   // sum of |q_hd| over the quantized dims.
@@ -111,7 +119,11 @@ struct HeadShared {
   double x_max = 0, x_min = 0, M = 0, Z = 0, w_s = 0;
   Eigen::VectorXd w, under;
   bool any_under = false;
-  std::vector<double> wvd, uvd;  // [d_v] sum_k w_k |V_kd|, sum_k under_k |V_kd|
+  // [d_v] sum_k w_k |V_kd| and sum_k under_k |V_kd|: rows of the products over every head of
+  // a row (compute_bounds_set), or this head's own sums (share_head with sums).
+  const double* wvd = nullptr;
+  const double* uvd = nullptr;
+  std::vector<double> wvd_own, uvd_own;
   bool ready = false;
   // The LSE weights w'_k (and the sink's, when it is folded into the lse) of head_prepare.
   Eigen::VectorXd wl;
@@ -138,7 +150,8 @@ const Eigen::VectorXd& exp_of(const RowTerms& rt, int h, const HeadSubset& hs, d
   return sh.ex;
 }
 
-void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
+// The weights of share_head, without the sums over V.
+void share_weights(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
   const Eigen::Index n = hs.n;
   const auto x_row = rt.X.row(h).segment(hs.k0, n);
   const double sink = hs.sink;
@@ -157,14 +170,34 @@ void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh)
     sh.under(k) = x_row(k) - sh.x_max < kUnderflowArg ? 0x1p-126 : 0.0;
   }
   sh.any_under = (sh.under.array() != 0.0).any();
-  sh.wvd.assign(static_cast<size_t>(rt.dv), 0.0);
-  sh.uvd.assign(static_cast<size_t>(rt.dv), 0.0);
+}
+
+// The weights and this head's sums over V (one head alone: an LSE-merged kernel's partials).
+void share_head(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared& sh) {
+  share_weights(rt, h, hs, sh);
+  const Eigen::Index n = hs.n;
+  sh.wvd_own.assign(static_cast<size_t>(rt.dv), 0.0);
+  sh.uvd_own.assign(static_cast<size_t>(rt.dv), 0.0);
   for (int32_t d = 0; d < rt.dv; ++d) {
     const Eigen::Map<const Eigen::ArrayXd> v(rt.K.col(d).data() + hs.k0, n);
-    sh.wvd[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
-    sh.uvd[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
+    sh.wvd_own[static_cast<size_t>(d)] = (sh.w.array() * v.abs()).sum();
+    sh.uvd_own[static_cast<size_t>(d)] = sh.any_under ? (sh.under.array() * v.abs()).sum() : 0.0;
   }
+  sh.wvd = sh.wvd_own.data();
+  sh.uvd = sh.uvd_own.data();
   sh.ready = true;
+}
+
+// expm1(e) for e >= 0 given ex = exp(e) (Eigen's vectorized exp): the Taylor polynomial of degree
+// 8 below 2^-5 (truncation below 2^-40 e), ex - 1 above (no cancellation beyond a factor 32): a
+// few ulps from std::expm1, in vector registers.
+Eigen::ArrayXd expm1_of(const Eigen::ArrayXd& e, const Eigen::ArrayXd& ex) {
+  const Eigen::ArrayXd poly =
+      e * (1.0 + e * (1.0 / 2 +
+                      e * (1.0 / 6 +
+                           e * (1.0 / 24 + e * (1.0 / 120 +
+                                                e * (1.0 / 720 + e * (1.0 / 5040 + e / 40320)))))));
+  return (e < 0x1p-5).select(poly, ex - 1.0);
 }
 
 // One pipeline's terms of a head between its scalar work (head_prepare) and the pass over V
@@ -175,6 +208,12 @@ struct HeadTail {
   double uk = 0, etak = 0;  // dequantization rounding of V (RowTerms)
   bool bf16_p = false, sink_overflow = false;
   double* ob = nullptr;
+  // A pipeline whose logit errors are another's (`base`, in the same head_finish call) plus
+  // delta >= 0 (the same pipeline over a longer list: more tiles, more exp ulps): its weights
+  // w_k expm1(e_k + delta) = exp(delta) c_k + expm1(delta) w_k, so its sum over V is
+  // exp(delta) (the base's) + expm1(delta) sum_k w_k |V_kd - O_d|, without a pass of its own.
+  const HeadTail* base = nullptr;
+  double delta = 0;
 };
 
 // The bound of head h of a row for one pipeline up to the pass over V: *lb, and either ob
@@ -203,14 +242,12 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   const double sink = hs.sink;
   const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
   const double R = x_max - x_min;
-  Eigen::VectorXd e(n), c(n);
-  // Logit errors e_k (model steps 1 and 2).
-  for (Eigen::Index k = 0; k < n; ++k) {
-    const double x = x_row(k);
-    double dx = g_dot * a_row(k) + 2 * u * std::fabs(x) + s * (dqk + 2) * p.eta;
-    if (rt.uk > 0) dx += rt.uk * a_row(k) + s * rt.etak * rt.qn1[h];
-    e(k) = dx + 2 * u * (std::fabs(x - x_max) + r_mult * R) + exp_ulps;
-  }
+  // Logit errors e_k (model steps 1 and 2), in the order of the terms of the derivation.
+  const Eigen::ArrayXd x = x_row.transpose().array();
+  const Eigen::ArrayXd a = a_row.transpose().array();
+  Eigen::ArrayXd e = g_dot * a + 2 * u * x.abs() + s * (dqk + 2) * p.eta;
+  if (rt.uk > 0) e = e + (rt.uk * a + s * rt.etak * rt.qn1[h]);
+  e = e + 2 * u * ((x - x_max).abs() + r_mult * R) + exp_ulps;
   const bool sink_pos_inf = sink == kInf;
   const bool sink_finite = std::isfinite(sink);
   const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
@@ -225,6 +262,7 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
 
   // LSE weights w' (tokens; the sink too when it is folded into the lse).
   const bool lse_sink = hs.sink_in_lse && sink_finite;
+  Eigen::ArrayXd ex_e;  // exp(e_k)
   {
     if (!sh.lse_ready) {  // no pipeline changes them: once per head
       const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
@@ -236,11 +274,15 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
       for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = ex(k) / zl;
       sh.lse_ready = true;
     }
+    // Sequential sums of ~1 whose rounding is of the order of a float64 pipeline's bound: kept in
+    // this order (std::exp, token by token) so that the LSE bounds do not move with it.
     double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
     double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
+    ex_e.resize(n);
     for (Eigen::Index k = 0; k < n; ++k) {
       const double wk = sh.wl(k);
-      up += wk * std::exp(e(k));
+      ex_e(k) = std::exp(e(k));
+      up += wk * ex_e(k);
       down += wk * std::exp(-e(k));
     }
     const double lw = std::max(std::log(up), -std::log(down));
@@ -249,16 +291,14 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
             2 * u * std::fabs(hs.lse_ref) + T * p.eta;
     }
   }
-  double e_max = e_s;
-  for (Eigen::Index k = 0; k < n; ++k) e_max = std::max(e_max, e(k));
+  const double e_max = std::max(e_s, e.maxCoeff());
   if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
 
   // Output weights w (sink in the denominator), shared by the pipelines.
   if (!sh.ready) share_head(rt, h, hs, sh);
-  const Eigen::VectorXd& w = sh.w;
   const double w_s = sh.w_s;
-  for (Eigen::Index k = 0; k < n; ++k) c(k) = w(k) * std::expm1(e(k));
-  tail->c.swap(c);
+  tail->c.resize(n);
+  tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
   tail->grow = std::exp(e_max);
   tail->sink_term = w_s * std::expm1(e_s);
   tail->g_num = g_num;
@@ -273,14 +313,13 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   return e_max;
 }
 
-// sum_k c_i[k] |v[k] - o| for the weights c_i of N tails at once, in one pass over v: per vector
-// the order of Eigen's (c.array() * t).sum() with 4-double packets (two accumulators over blocks of
-// 8, then a last block of 4, (a0 + a2) + (a1 + a3), then the rest one by one), so the bits of the
-// per-vector reductions this replaced on an AVX build; fixed whatever the build, so that one
-// pipeline's bound and a set's are the same bits. The products are never negative (c >= 0, |v - o|
-// >= 0): starting the sums at +0 changes nothing. Four doubles (GCC/Clang vector extensions: AVX
-// registers on x86-64-v3, pairs of SSE ones otherwise); lane-wise IEEE operations, so the same bits
-// on every build.
+// sum_k c_i[k] |V_kd - o_d| for the weights c_i of N tails at once and the elements d in [d0, d1)
+// (out[i][d]), in one pass over the rows of V (vt: row-major, ld doubles per token): eight
+// elements at a time in two vectors of four doubles (GCC/Clang vector extensions: AVX registers
+// on x86-64-v3, pairs of SSE ones otherwise), each sum taken token by token in order, each
+// product added with one rounding (a fused multiply-add) where the build has FMA, with two
+// otherwise: the same bits for every call of one build, within a rounding of each other between
+// builds.
 typedef double Lanes4 __attribute__((vector_size(32)));
 typedef uint64_t Bits4 __attribute__((vector_size(32)));
 
@@ -290,6 +329,26 @@ inline Lanes4 load4(const double* p) {
   return r;
 }
 
+inline void store4(double* p, Lanes4 x) { std::memcpy(p, &x, sizeof x); }
+
+// acc + c * t.
+inline Lanes4 fma4(Lanes4 c, Lanes4 t, Lanes4 acc) {
+#ifdef __FMA__
+  return reinterpret_cast<Lanes4>(_mm256_fmadd_pd(
+      reinterpret_cast<__m256d>(c), reinterpret_cast<__m256d>(t), reinterpret_cast<__m256d>(acc)));
+#else
+  return acc + c * t;
+#endif
+}
+
+inline double fma1(double c, double t, double acc) {
+#ifdef __FMA__
+  return std::fma(c, t, acc);
+#else
+  return acc + c * t;
+#endif
+}
+
 inline Lanes4 abs4(Lanes4 x) {
   const Bits4 mask = {~(uint64_t{1} << 63), ~(uint64_t{1} << 63), ~(uint64_t{1} << 63),
                       ~(uint64_t{1} << 63)};
@@ -297,48 +356,53 @@ inline Lanes4 abs4(Lanes4 x) {
 }
 
 template <int N>
-void weighted_l1(const double* v, double o, Eigen::Index n, HeadTail* const* tails, double* out) {
-  const double* c[N];
-  for (int i = 0; i < N; ++i) c[i] = tails[i]->c.data();
-  Lanes4 a0[N] = {}, a1[N] = {};
-  const Lanes4 o4 = {o, o, o, o};
-  const Eigen::Index n8 = n / 8 * 8, n4 = n / 4 * 4;
-  for (Eigen::Index k = 0; k < n8; k += 8) {
-    const Lanes4 t0 = abs4(load4(v + k) - o4), t1 = abs4(load4(v + k + 4) - o4);
+void weighted_l1(const double* vt, Eigen::Index ld, const double* o, Eigen::Index n, int32_t d0,
+                 int32_t d1, const double* const* c, double* const* out) {
+  int32_t d = d0;
+  for (; d + 8 <= d1; d += 8) {
+    Lanes4 a0[N], a1[N];
+    for (int i = 0; i < N; ++i) a0[i] = a1[i] = Lanes4{0, 0, 0, 0};
+    const Lanes4 o0 = load4(o + d), o1 = load4(o + d + 4);
+    for (Eigen::Index k = 0; k < n; ++k) {
+      const double* v = vt + k * ld + d;
+      const Lanes4 t0 = abs4(load4(v) - o0), t1 = abs4(load4(v + 4) - o1);
+      for (int i = 0; i < N; ++i) {
+        const double ck = c[i][k];
+        const Lanes4 c4 = {ck, ck, ck, ck};
+        a0[i] = fma4(c4, t0, a0[i]);
+        a1[i] = fma4(c4, t1, a1[i]);
+      }
+    }
     for (int i = 0; i < N; ++i) {
-      a0[i] += load4(c[i] + k) * t0;
-      a1[i] += load4(c[i] + k + 4) * t1;
+      store4(out[i] + d, a0[i]);
+      store4(out[i] + d + 4, a1[i]);
     }
   }
-  if (n8 > 0) {
-    for (int i = 0; i < N; ++i) a0[i] += a1[i];
-  }
-  if (n4 > n8) {
-    const Lanes4 t = abs4(load4(v + n8) - o4);
-    for (int i = 0; i < N; ++i) a0[i] += load4(c[i] + n8) * t;
-  }
-  for (int i = 0; i < N; ++i) {
-    double r = (a0[i][0] + a0[i][2]) + (a0[i][1] + a0[i][3]);
-    for (Eigen::Index k = n4; k < n; ++k) r += c[i][k] * std::fabs(v[k] - o);
-    out[i] = r;
+  for (; d < d1; ++d) {
+    double a[N] = {};
+    for (Eigen::Index k = 0; k < n; ++k) {
+      const double t = std::fabs(vt[k * ld + d] - o[d]);
+      for (int i = 0; i < N; ++i) a[i] = fma1(c[i][k], t, a[i]);
+    }
+    for (int i = 0; i < N; ++i) out[i][d] = a[i];
   }
 }
 
-void weighted_l1_any(const double* v, double o, Eigen::Index n, HeadTail* const* tails,
-                     size_t count, double* out) {
+void weighted_l1_any(const double* vt, Eigen::Index ld, const double* o, Eigen::Index n, int32_t d0,
+                     int32_t d1, const double* const* c, double* const* out, size_t count) {
   for (size_t i = 0; i < count; i += 4) {
     switch (std::min<size_t>(count - i, 4)) {
       case 1:
-        weighted_l1<1>(v, o, n, tails + i, out + i);
+        weighted_l1<1>(vt, ld, o, n, d0, d1, c + i, out + i);
         break;
       case 2:
-        weighted_l1<2>(v, o, n, tails + i, out + i);
+        weighted_l1<2>(vt, ld, o, n, d0, d1, c + i, out + i);
         break;
       case 3:
-        weighted_l1<3>(v, o, n, tails + i, out + i);
+        weighted_l1<3>(vt, ld, o, n, d0, d1, c + i, out + i);
         break;
       default:
-        weighted_l1<4>(v, o, n, tails + i, out + i);
+        weighted_l1<4>(vt, ld, o, n, d0, d1, c + i, out + i);
         break;
     }
   }
@@ -349,30 +413,93 @@ void weighted_l1_any(const double* v, double o, Eigen::Index n, HeadTail* const*
 // over V_d for all pipelines), with the shared sum_k w_k |V_kd| and, when a token may
 // underflow, sum_k under_k |V_kd|. V = K.leftCols(dv), column-major: column d is contiguous over
 // the tokens. The same expressions per pipeline as one pipeline alone: the same bits.
-void head_finish(const RowTerms& rt, const HeadSubset& hs, const HeadShared& sh,
-                 HeadTail* const* tails, size_t count, std::vector<double>& wt) {
-  if (count == 0) return;
-  const Eigen::Index n = hs.n;
-  const double* O = hs.O;
-  wt.resize(count);
-  for (int32_t d = 0; d < rt.dv; ++d) {
-    const double od = std::fabs(O[d]);
-    weighted_l1_any(rt.K.col(d).data() + hs.k0, O[d], n, tails, count, wt.data());
-    const double wvd = sh.wvd[static_cast<size_t>(d)];
-    const double uvd = sh.uvd[static_cast<size_t>(d)];
+struct HeadFinish {
+  const HeadSubset* hs = nullptr;
+  const HeadShared* sh = nullptr;
+  std::vector<HeadTail*> tails;  // every pipeline's of the head
+  // The passes over V: every tail whose base is not among tails, and the weights w when some
+  // tail is derived from its base (at[i]: tail i's sum in wt, -1 for a derived one, whose base
+  // is tails[base_at[i]]).
+  std::vector<HeadTail*> own;
+  std::vector<int> at, base_at;
+  int w_at = -1;
+  HeadTail w_tail;
+  std::vector<double> scale, shift;  // exp(delta), expm1(delta)
+  Eigen::MatrixXd sums;              // [d_v, own]: sum_k c_k |V_kd - O_d| of each pass
+  std::vector<const double*> c;
+  std::vector<double*> sum_at;
+
+  // Sets up the passes of tails (each after its head_prepare) for head hs.
+  void plan(const HeadSubset& subset, const HeadShared& shared, HeadTail* const* t, size_t count) {
+    hs = &subset;
+    sh = &shared;
+    tails.assign(t, t + count);
+    own.clear();
+    at.assign(count, -1);
+    base_at.assign(count, -1);
     for (size_t i = 0; i < count; ++i) {
+      const auto b = std::find(tails.begin(), tails.end(), tails[i]->base);
+      if (tails[i]->base != nullptr && b != tails.end()) {
+        base_at[i] = static_cast<int>(b - tails.begin());
+        continue;
+      }
+      at[i] = static_cast<int>(own.size());
+      own.push_back(tails[i]);
+    }
+    w_at = -1;
+    if (own.size() < count) {
+      w_tail.c = shared.w;
+      w_at = static_cast<int>(own.size());
+      own.push_back(&w_tail);
+    }
+    scale.resize(count);
+    shift.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      scale[i] = std::exp(tails[i]->delta);
+      shift[i] = std::expm1(tails[i]->delta);
+    }
+    c.clear();
+    for (const HeadTail* t2 : own) c.push_back(t2->c.data());
+  }
+
+  // The output bounds of elements [d0, d1): per element, sum_k c_k |V_kd - O_d| (the
+  // weight-error term of step 2, exact in |V - O|; one pass over V_d for all pipelines), with
+  // the shared sum_k w_k |V_kd| and, when a token may underflow, sum_k under_k |V_kd|. V =
+  // K.leftCols(dv), column-major: column d is contiguous over the tokens.
+  void run(const RowTerms& rt, int32_t d0, int32_t d1) {
+    if (tails.empty()) return;
+    const Eigen::Index n = hs->n;
+    const auto nd = static_cast<Eigen::Index>(d1 - d0);
+    if (sums.rows() != rt.dv || sums.cols() != static_cast<Eigen::Index>(own.size())) {
+      sums.resize(rt.dv, static_cast<Eigen::Index>(own.size()));
+    }
+    sum_at.clear();
+    for (Eigen::Index i = 0; i < sums.cols(); ++i) sum_at.push_back(sums.col(i).data());
+    weighted_l1_any(rt.VT + hs->k0 * rt.vt_ld, rt.vt_ld, hs->O, n, d0, d1, c.data(), sum_at.data(),
+                    own.size());
+    using Seg = Eigen::Map<const Eigen::ArrayXd>;
+    const Eigen::ArrayXd od = Seg(hs->O + d0, nd).abs();
+    const Seg wvd(sh->wvd + d0, nd), uvd(sh->uvd + d0, nd);
+    Eigen::ArrayXd l1, first, abs_terms;
+    for (size_t i = 0; i < tails.size(); ++i) {
       const HeadTail& tl = *tails[i];
-      double first = tl.grow * (wt[i] + tl.sink_term * od);
-      first += tl.grow * (tl.g_num * wvd + tl.g_den * od);
-      if (tl.bf16_p) first += tl.grow * kU16 * wvd;
+      if (at[i] >= 0) {
+        l1 = sums.col(at[i]).segment(d0, nd).array();
+      } else {
+        l1 = scale[i] * sums.col(at[base_at[i]]).segment(d0, nd).array() +
+             shift[i] * sums.col(w_at).segment(d0, nd).array();
+      }
+      first = tl.grow * (l1 + tl.sink_term * od);
+      first = first + tl.grow * (tl.g_num * wvd + tl.g_den * od);
+      if (tl.bf16_p) first = first + tl.grow * kU16 * wvd;
       // V's dequantization rounding (V32: every V dim is quantized): sum_k w_k |dV_kd|.
-      if (tl.uk > 0) first += tl.grow * (tl.uk * wvd + tl.etak);
-      double abs_terms = tl.abs_base + uvd;
-      if (tl.sink_overflow) abs_terms += od + wvd;
-      tl.ob[d] = first * kSecondOrder + abs_terms;
+      if (tl.uk > 0) first = first + tl.grow * (tl.uk * wvd + tl.etak);
+      abs_terms = tl.abs_base + uvd;
+      if (tl.sink_overflow) abs_terms = abs_terms + (od + wvd);
+      Eigen::Map<Eigen::ArrayXd>(tl.ob + d0, nd) = first * kSecondOrder + abs_terms;
     }
   }
-}
+};
 
 // One pipeline's bound of head h: ob[d_v] and *lb; returns e_max.
 double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, double* lb) {
@@ -382,8 +509,9 @@ double head_bound(const RowTerms& rt, int h, const HeadSubset& hs, double* ob, d
   const double e_max = head_prepare(rt, h, hs, sh, ob, lb, &tail, &needs_tail);
   if (needs_tail) {
     HeadTail* tails[1] = {&tail};
-    std::vector<double> wt;
-    head_finish(rt, hs, sh, tails, 1, wt);
+    HeadFinish finish;
+    finish.plan(hs, sh, tails, 1);
+    finish.run(rt, 0, rt.dv);
   }
   return e_max;
 }
@@ -567,13 +695,48 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
   }
   if (requests.empty()) return out;
   // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
-  // pipeline-free terms once (HeadShared).
-  HeadShared sh;
-  std::vector<HeadTail> tails(plans.size());
-  std::vector<HeadSubset> subsets(plans.size());
-  std::vector<HeadTail*> tail_ptrs(plans.size());
+  // pipeline-free terms once (HeadShared), their sums over V for every head of the row at once
+  // (two matrix products: W |V| and, where a token may underflow, U |V|).
+  bool any_joint = false;
+  for (const Plan& pl : plans) any_joint |= !pl.merged;
+  std::vector<HeadShared> shared(static_cast<size_t>(H));
+  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::MatrixXd W, U, absV;
+  RowMajor WV, UV;
+  Eigen::MatrixXd VT;  // RowTerms::VT
+  // Per head of a row: each pipeline's tail (tails[h * plans + i]), the joint subset and the
+  // head's passes over V, run for every head after the row's head_prepare calls, a block of V's
+  // columns at a time (the block stays in cache while every head reads it).
+  const size_t P = plans.size();
+  std::vector<HeadTail> tails(static_cast<size_t>(H) * P);
+  std::vector<HeadSubset> subsets(static_cast<size_t>(H));
+  std::vector<HeadTail*> tail_ptrs(P);
+  std::vector<HeadFinish> finish(static_cast<size_t>(H));
+  std::vector<char> has_finish(static_cast<size_t>(H));
+  // A joint plan that differs from an earlier one only in its list length (insert-invalid's
+  // longer list) takes its sums over V from that one's (HeadTail::base).
+  const auto same_pipeline = [](const Pipeline& a, const Pipeline& b) {
+    return a.precision == b.precision && a.u == b.u && a.u_acc == b.u_acc && a.bf16_p == b.bf16_p &&
+           a.bf16_out == b.bf16_out && a.token_tile == b.token_tile && a.eta == b.eta &&
+           a.c_exp == b.c_exp && a.lse_merged == b.lse_merged && a.split_kv == b.split_kv &&
+           a.u_k == b.u_k;
+  };
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (size_t j = 0; j < i && !plans[i].merged; ++j) {
+      if (plans[j].merged || (H > 0 && tails[j].base != nullptr) || plans[j].nt > plans[i].nt ||
+          !same_pipeline(*plans[i].p, *plans[j].p)) {
+        continue;
+      }
+      const Pipeline& p = *plans[i].p;
+      for (size_t h = 0; h < static_cast<size_t>(H); ++h) {
+        tails[h * P + i].base = &tails[h * P + j];
+        tails[h * P + i].delta =
+            (plans[i].nt + 2) * p.c_exp * p.u - (plans[j].nt + 2) * p.c_exp * p.u;
+      }
+      break;
+    }
+  }
   size_t n_tails = 0;
-  std::vector<double> wt_buf;
   Eigen::VectorXd qn1;
   for (int32_t b = 0; b < B; ++b) {
     const OracleRow row = gather_row(m, b);
@@ -584,16 +747,50 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
     const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
     const bool rounds = dequant_rounds(m, b, row);
     if (rounds) qn1 = Q.leftCols(m.geom.nope_dim).cwiseAbs().rowwise().sum();
+    VT.resize(dv + 8, n);
+    VT.topRows(dv) = row.K.leftCols(dv).transpose();
+    if (any_joint) {
+      const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
+      W.resize(H, n);
+      U.resize(H, n);
+      bool any_under = false;
+      for (int32_t h = 0; h < H; ++h) {
+        HeadShared& sh = shared[static_cast<size_t>(h)];
+        sh.reset();
+        HeadSubset hs;
+        hs.n = n;
+        hs.sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
+        share_weights(rt, h, hs, sh);
+        W.row(h) = sh.w.transpose();
+        U.row(h) = sh.under.transpose();
+        any_under |= sh.any_under;
+      }
+      absV = row.K.leftCols(dv).cwiseAbs();
+      WV.noalias() = W * absV;
+      if (any_under) {
+        UV.noalias() = U * absV;
+      } else {
+        UV.setZero(H, dv);
+      }
+      for (int32_t h = 0; h < H; ++h) {
+        HeadShared& sh = shared[static_cast<size_t>(h)];
+        sh.wvd = WV.row(h).data();
+        sh.uvd = UV.row(h).data();
+        sh.ready = true;
+      }
+    }
     for (int32_t h = 0; h < H; ++h) {
       const size_t rh = static_cast<size_t>(b) * H + h;
       const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
       const double* O = ref.out.data() + rh * dv;
-      sh.reset();
+      HeadShared& sh = shared[static_cast<size_t>(h)];
       n_tails = 0;
-      const HeadSubset* joint = nullptr;
+      bool joint = false;
       for (size_t i = 0; i < plans.size(); ++i) {
         const Plan& pl = plans[i];
         RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
+        rt.VT = VT.data();
+        rt.vt_ld = VT.rows();
         if (rounds && pl.p->u_k > 0) {
           rt.uk = pl.p->u_k;
           rt.etak = 2 * pl.p->eta;
@@ -608,18 +805,34 @@ std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleRe
           merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob,
                             &out[i].lse[rh]);
         } else {
-          subsets[i] = HeadSubset{
-              0, n, pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse, O, ref.lse[rh]};
+          // Every joint pipeline's subset has the same entries, O and sink (its T and nt are
+          // the last pipeline's: the pass over V reads neither).
+          HeadSubset& hs = subsets[static_cast<size_t>(h)];
+          hs = HeadSubset{0, n,          pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse,
+                          O, ref.lse[rh]};
           bool needs_tail = false;
-          head_prepare(rt, h, subsets[i], sh, ob, &out[i].lse[rh], &tails[i], &needs_tail);
-          if (needs_tail) tail_ptrs[n_tails++] = &tails[i];
-          joint = &subsets[i];
+          HeadTail* tail = &tails[static_cast<size_t>(h) * P + i];
+          head_prepare(rt, h, hs, sh, ob, &out[i].lse[rh], tail, &needs_tail);
+          if (needs_tail) tail_ptrs[n_tails++] = tail;
+          joint = true;
         }
       }
-      // Every joint pipeline's subset has the same entries, O and sink: one pass over V.
-      if (joint != nullptr) {
-        const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
-        head_finish(rt, *joint, sh, tail_ptrs.data(), n_tails, wt_buf);
+      has_finish[static_cast<size_t>(h)] = joint && n_tails > 0;
+      if (has_finish[static_cast<size_t>(h)]) {
+        finish[static_cast<size_t>(h)].plan(subsets[static_cast<size_t>(h)], sh, tail_ptrs.data(),
+                                            n_tails);
+      }
+    }
+    // The passes over V of every head, a block of columns (about 128 KiB of V, a multiple of 8) at
+    // a time.
+    RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
+    rt.VT = VT.data();
+    rt.vt_ld = VT.rows();
+    const int32_t block = static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / n / 8 * 8, 8, 512));
+    for (int32_t d0 = 0; d0 < dv; d0 += block) {
+      const int32_t d1 = std::min(dv, d0 + block);
+      for (int32_t h = 0; h < H; ++h) {
+        if (has_finish[static_cast<size_t>(h)]) finish[static_cast<size_t>(h)].run(rt, d0, d1);
       }
     }
   }
@@ -967,7 +1180,7 @@ Side raw_side(const RunResult& r, const MaterializedCase& m) {
 std::string BoundCheck::describe() const {
   // Every number with all its digits: the value in the backend's format with its bits, the
   // float64 reference and the error with 17 digits, the distance in ulps of the backend's
-  // format (two LSEs that differ in the last bit no longer read "8.66268 vs 8.66268").
+  // format (two LSEs that differ in the last bit never read "8.66268 vs 8.66268").
   std::ostringstream os;
   if (!nonfinite_match) os << "non-finite position mismatch: " << nonfinite_detail << "; ";
   if (b < 0) {

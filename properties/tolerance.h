@@ -145,10 +145,16 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
                       int tile_topk = 0);
 
 // The bounds of one case for several pipelines (each with its tile_topk, as compute_bounds),
-// in the order asked: the same values bit for bit as one compute_bounds call each, with the
-// work no pipeline changes (the rows' cache gathers and logits, the oracle's softmax weights
-// and the pass over V that reads them) done once. A campaign bounds every case for the float64
-// oracle and each backend's pipeline, twice for insert-invalid's longer lists.
+// in the order asked, with the work no pipeline changes (the rows' cache gathers and logits,
+// the oracle's softmax weights, sum_k w_k |V_kd| as one product W |V| per query row, and the
+// pass over V that reads them) done once: the same values bit for bit as one compute_bounds
+// call each, except a pipeline asked again with a longer list, whose sums over |V - O| are
+// derived from the shorter one's (exp(delta) S + expm1(delta) sum_k w_k |V_kd - O_d|, the same
+// value up to rounding). The sums are dense products and passes over the row's V in token
+// order, not the token-by-token loops the formulas above read as: the output bounds equal
+// those loops' within a relative 1e-12 (Tolerance.BoundsEqualTheTokenByTokenForm), the LSE
+// bounds bit for bit. A campaign bounds every case for the float64 oracle and each backend's
+// pipeline, twice for insert-invalid's longer lists.
 struct BoundsRequest {
   Pipeline pipeline;
   int tile_topk = 0;

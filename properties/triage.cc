@@ -711,6 +711,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
   // the features whose moves change the values: those moves draw other values.
   const bool values_decide = 3 * base < 2 * static_cast<int>(draws.size());
   std::vector<std::string> causes;
+  const double most_logit = max_abs_logit(e);
   for (const CanonicalFeature& f : canonical_features()) {
     const std::vector<std::string> d = f.describe(e);
     if (d.empty()) continue;
@@ -725,6 +726,13 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
       }
       moves.push_back(std::move(cand));
       if (moves.size() == kCauseMoves) break;
+    }
+    // A move that changes values also with q scaled back to the case's large or small logits:
+    // the feature is no cause when the logit range alone keeps the failure.
+    if (f.changes_values) {
+      for (size_t i = 0, n = moves.size(); i < n; ++i) {
+        if (auto kept = keeping_logit_range(most_logit, moves[i])) moves.push_back(*kept);
+      }
     }
     if (moves.empty()) continue;
     // Needed when every move fails with less than half the draws the case fails with: a feature

@@ -23,7 +23,7 @@ ACCESSOR_ONLY = ("harness", "properties", "oracle", "kernels", "python", "includ
 NAMES_ONLY = ("tests", "scripts", "bench", ".ci", "examples")
 # Files that still read the environment themselves, with the reason.
 EXEMPT = {
-    # Owned by another change this session; reads MLAFUZZ_CORPUS_ROOT with os.environ.get.
+    # Reads MLAFUZZ_CORPUS_ROOT with os.environ.get itself.
     "python/mlafuzz/testing.py",
     # The accessors themselves.
     "core/settings.cc", "python/mlafuzz/_settings.py",

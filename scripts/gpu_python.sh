@@ -1,5 +1,5 @@
 #!/bin/bash
-# The python: bridge on the GPU machine (issue 12): the PyTorch example kernel
+# The python: bridge on the GPU machine: the PyTorch example kernel
 # (examples/python/torch_decode.py) through every property, a 5-minute campaign, and the
 # bridge's per-call cost with a torch kernel that returns at once; plus the CPU pytest suite.
 # Logs go to $OUT (default ./gpu_python_out). Needs python3 with torch (CUDA), numpy, pytest.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# triton-simt and triton-mma on the GPU machine in one device call (issue 16): the corpus through
+# triton-simt and triton-mma on the GPU machine in one device call: the corpus through
 # `mlafuzz run` (each against the oracle, triton-mma vs triton-simt), a short campaign with every
 # property, and the kernel timing. Run from the root of a checkout, with CARRY a folder laid out
 # as an install tree (bin/mlafuzz, share/mlafuzz/{python,triton}) plus bench_triton.py:

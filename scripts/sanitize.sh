@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The sanitized host build (README "Sanitized build"): the host code, the tests and the plugins
-# built with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer, CUDA off, then
-# the fast tests: everything but the GPU tests and the tests labelled slow (the corpus replay).
+# The sanitized host build (docs/testing.md, "Sanitized build"): the host code, the tests and
+# the plugins built with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer,
+# CUDA off, then the fast tests: everything but the GPU tests and the tests labelled slow (the
+# corpus replay).
 # Fails when a test fails and when any sanitizer report shows in the tests' output.
 # Usage: scripts/sanitize.sh [BUILD_DIR]   (default: build-san). Run by .ci/run.
 set -euo pipefail
@@ -22,6 +23,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
 # The property test on a few dozen generated cases (600 unsanitized): the same code paths.
 export MLAFUZZ_PROPERTY_CASES=${MLAFUZZ_PROPERTY_CASES:-48}
 
+# Longest tests first (see .ci/run): seeded from the sanitized build's measured costs.
+mkdir -p "$build_dir/Testing/Temporary"
+[ -f "$build_dir/Testing/Temporary/CTestCostData.txt" ] ||
+  cp .ci/ctest_costs_sanitized.txt "$build_dir/Testing/Temporary/CTestCostData.txt"
 t1=$SECONDS
 status=0
 # Not the Slurm test: it checks daemons and the nightly script over a minute of campaigns, which

@@ -1,6 +1,6 @@
 #!/bin/bash
-# GPU campaign throughput (issue 13): cases/s of `mlafuzz fuzz` on the GPU kernels for the
-# configurations the README's table lists, one after another on the same GPU with the same seed,
+# GPU campaign throughput: cases/s of `mlafuzz fuzz` on the GPU kernels for the configurations
+# bench/RESULTS.md's table lists, one after another on the same GPU with the same seed,
 # plus the time breakdown of the worker calls (report.json campaign.time_breakdown).
 #
 #   bench/campaign/gpu_throughput.sh MLAFUZZ SECONDS CONFIG...
@@ -43,7 +43,7 @@ except (OSError, ValueError) as e:
 line = (f"{name:>16}: {c['cases']:>6} cases in {c['duration_s']:6.1f} s = "
         f"{c['cases_per_s']:7.1f} cases/s (exit {rc})")
 cb = c.get("case_breakdown", {})
-if cb.get("cases"):  # the campaign side of a case (reports from 2026-12-04 on)
+if cb.get("cases"):  # the campaign side of a case (absent from older reports)
     n = cb["cases"]
     steps = " ".join(f"{k}={1e3 * v / n:.1f}" for k, v in cb.items() if k != "cases")
     line += f"\n{'':>18}per case (ms): {steps}"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Campaign throughput (cases/s) for the default case mix and for the original production shapes
-# (H = 64; topk 128 with P = 256, topk 512 with P = 64; B up to 32), as README "Results
-# measured" quotes it. Usage: bench/campaign/throughput.sh [MLAFUZZ] [SECONDS] [BACKENDS]
+# (H = 64; topk 128 with P = 256, topk 512 with P = 64; B up to 32), as bench/RESULTS.md
+# quotes it. Usage: bench/campaign/throughput.sh [MLAFUZZ] [SECONDS] [BACKENDS]
 set -euo pipefail
 MLAFUZZ=${1:-build/mlafuzz}
 SECONDS_PER_RUN=${2:-60}

@@ -1,7 +1,7 @@
 // Timing of the SIMT per-head and head-tiled MMA kernels on the production shapes (docs/SPEC.md
 // sections 1 and 7): H = 64, MODEL1, topk 128 with P = 256 and topk 512 with P = 64,
 // B in {1, 4, 16, 32, 64, 128}; with --production (or --all) the production decode of
-// DeepSeek-V4-Flash (docs/SPEC.md section 8, issue 15): H 64 and 128, s_q 1-4, main topk 128 over P
+// DeepSeek-V4-Flash (docs/SPEC.md section 8): H 64 and 128, s_q 1-4, main topk 128 over P
 // = 256 with an extra cache of topk 512 over P = 64 or 1024 over P = 2 in the same softmax, B in
 // {1, 16, 64, 128} for s_q 1 and 3 and B = 64 for s_q 2 and 4.
 //
@@ -20,8 +20,8 @@
 //          (default: the first table, as scripts/gpu_check.sh times it; --production: the
 //          production table alone, SIMT timed with the --quick repetitions there (it is only the
 //          speedup's reference and takes most of the time); --all: both tables)
-//        bench_kernels --split [--quick]   (only the split-KV rows, issue 17)
-//        bench_kernels --small [--quick]   (only the sm_120-sized configuration's rows, issue 17)
+//        bench_kernels --split [--quick]   (only the split-KV rows)
+//        bench_kernels --small [--quick]   (only the sm_120-sized configuration's rows)
 //        bench_kernels --profile   (B=32, topk=512: two launches of each kernel, for ncu)
 #include <cuda_runtime.h>
 
@@ -475,7 +475,7 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
   return line;
 }
 
-// Split-KV rows (issue 17): the unsplit MMA kernel (BLOCK_H 32) beside the split kernel with one
+// Split-KV rows: the unsplit MMA kernel (BLOCK_H 32) beside the split kernel with one
 // split, the automatic count and one split per tile (each call: the split kernel and the
 // combine), on B=1 topk=512, B=1..32 topk=128 and B=128 topk=512. Before timing, the split
 // outputs are checked: one split bitwise equal to the unsplit kernel, the others within 2% of
@@ -550,7 +550,7 @@ std::string split_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
   return md;
 }
 
-// The sm_120-sized configuration (issue 17: cuda-mma-small, 32-token tiles, BLOCK_H 32, 97.25
+// The sm_120-sized configuration (cuda-mma-small, 32-token tiles, BLOCK_H 32, 97.25
 // KiB of shared memory) beside the default MMA kernel (BLOCK_H 32, 64-token tiles), H = 64, on
 // B = 1, 32, 128 at topk 512 (P = 64) and B = 1, 32 at topk 128 (P = 256). The target: within
 // 1.5x of the default on the H200. Before timing, the small output is checked within 2% of

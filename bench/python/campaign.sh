@@ -1,7 +1,7 @@
 #!/bin/bash
-# A campaign on a Python kernel against the same campaign on the C example plugin (README
-# "Testing a Python kernel"): same seed, cases, one thread, no shrinking. Twice: with the real
-# kernels (numpy fp32 vs examples/cpu_plugin), and with kernels that only write zeros
+# A campaign on a Python kernel against the same campaign on the C example plugin
+# (bench/RESULTS.md, "Python bridge"): same seed, cases, one thread, no shrinking. Twice: with
+# the real kernels (numpy fp32 vs examples/cpu_plugin), and with kernels that only write zeros
 # (numpy_decode.py:decode_zeros vs tests/plugins' faulty_zeros), which takes the kernels' own
 # time out and leaves the harness plus the bridge.
 # Usage (source root): bench/python/campaign.sh [BUILD_DIR] [CASES]

@@ -94,7 +94,7 @@ VARIANTS = {
     "mma2-s64-h64": ("launch2", dict(split_tokens=64, block_h=64)),
     "mma2-s256-h64": ("launch2", dict(split_tokens=256, block_h=64)),
     "mma2": ("launch2", dict(block_h=64)),  # what triton-mma runs (triton_mma.py, PATH mma2)
-    "mma2-n32": ("launch2", dict(block_h=64, block_n=32)),  # triton-mma until 2026-12-04
+    "mma2-n32": ("launch2", dict(block_h=64, block_n=32)),  # 32-token tiles against mma2's 64
     "mma2-h32-fp8": ("launch2", dict(block_h=32, fp8cvt=True)),
     "mma2-h64-w4": ("launch2", dict(block_h=64, num_warps=4)),
     "mma2-h64-n64": ("launch2", dict(block_h=64, block_n=64)),
@@ -110,7 +110,7 @@ VARIANTS = {
     "mma2-fp8-w16-n64": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=64)),
     "mma2-fp8-w16-n16": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, block_n=16)),
     "mma2-fp8-w16-st1": ("launch2", dict(block_h=64, fp8cvt=True, num_warps=16, num_stages=1)),
-    # 2026-12-04: the split length against the tile length (topk 128 rows are one split at 128)
+    # The split length against the tile length (topk 128 rows are one split at 128)
     "mma2-s32": ("launch2", dict(block_h=64, split_tokens=32)),
     "mma2-s64b": ("launch2", dict(block_h=64, split_tokens=64)),
     "mma2-n64-s64": ("launch2", dict(block_h=64, block_n=64, split_tokens=64)),

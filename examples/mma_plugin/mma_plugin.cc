@@ -107,7 +107,7 @@ MLAFUZZ_PLUGIN_EXPORT int mlafuzz_plugin_envelope(MlafuzzEnvelope* env) {
   env->rope_dim.max = 64;
   env->rope_dim.multiple_of = 16;
   env->scale_tile.multiple_of = 8;
-  env->batch.max = 65535;  // any s_q, the extra cache, any H (issue 15)
+  env->batch.max = 65535;  // any s_q, the extra cache, any H
   return 0;
 }
 

@@ -37,6 +37,25 @@ using json = nlohmann::json;
 constexpr int kProtocolVersion = 3;
 constexpr uint32_t kMsgInfo = 1, kMsgSupports = 2, kMsgRun = 3, kMsgQuit = 4, kMsgError = 5;
 constexpr double kStartTimeoutS = 120;  // importing torch and initializing CUDA is slow
+// What the interpreter runs (`python -c` this, then the worker's arguments): mlafuzz._worker's
+// main, or, when the interpreter cannot import the package or numpy, one ERROR frame naming the
+// missing module (frame layout: docs/WORKER_PROTOCOL.md) instead of a traceback among the
+// progress lines. Only the standard library runs before the import; `-m mlafuzz._worker` could
+// not catch that error, since running a package's module imports the package first.
+constexpr const char* kWorkerBootstrap = R"py(import os, struct, sys
+try:
+    from mlafuzz.worker.server import main
+except ImportError as e:
+    name = e.name or str(e)
+    what = ("the mlafuzz Python package" if name.split(".")[0] == "mlafuzz" else
+            f"the module {name!r}, which the mlafuzz Python package needs")
+    m = (f"{sys.executable} cannot import {what} ({e}); choose an interpreter that has numpy "
+         "and the package with --python PATH or MLAFUZZ_PYTHON (on Debian: /usr/bin/python3)"
+         ).encode()
+    os.write(1, struct.pack("<IIQ", 0x57414C4D, 5, len(m)) + m)
+    sys.exit(4)
+sys.exit(main(sys.argv[1:]))
+)py";
 
 bool executable_file(const std::string& path) {
   struct stat st {};
@@ -211,7 +230,7 @@ json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strid
 }
 
 // MLAFUZZ_DEVICE_CACHE=0: no identities in requests, so a device="cuda" worker copies every
-// input to the device on every call (and uploads the canaries), as before the cache existed.
+// input to the device on every call (and uploads the canaries): no device cache.
 bool device_cache_enabled() { return settings::flag("MLAFUZZ_DEVICE_CACHE", true); }
 
 class PythonBackend final : public Backend {
@@ -447,8 +466,8 @@ class PythonBackend final : public Backend {
     }
     ipc::ChildSpec spec;
     spec.argv = {interpreter,
-                 "-m",
-                 "mlafuzz._worker",
+                 "-c",
+                 kWorkerBootstrap,
                  "--backend",
                  spec_,
                  "--shm-fd",

@@ -56,8 +56,8 @@ struct PythonDescription {
   // what is generated; a kernel that raised on one is not told to declare extra_cache=False).
   bool declares_extra_cache = false;
   // The module's planted bugs (its MUTANTS dict, in declaration order): name -> description.
-  // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (README, "Mutation
-  // score"; docs/WORKER_PROTOCOL.md).
+  // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (docs/mutation.md;
+  // docs/WORKER_PROTOCOL.md).
   std::vector<std::pair<std::string, std::string>> mutants;
 };
 

@@ -1,6 +1,6 @@
 // The campaign report: a mergeable summary of everything a campaign ran and found.
 //
-// Schema "mlafuzz-report", version 2 (README.md, "Campaigns"): version 2 lists findings as groups,
+// Schema "mlafuzz-report", version 2 (docs/report.md): version 2 lists findings as groups,
 // one per bug (Finding: signature backend | failure kind | cause set, the properties failing on
 // the canonical minimal case, locus, inputs, and the raw failure classes folded in); version-1
 // reports load (their findings keep their ungrouped signatures). Every statistic is chosen so that

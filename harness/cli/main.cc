@@ -40,9 +40,8 @@ int main(int argc, char** argv) {
 #if MLAFUZZ_HAVE_MUTATION
   register_mutants(app, table);
 #else
-  // Listed, and answered before parsing (its options would otherwise be reported as unexpected
-  // arguments): the H200 runs of 2026-12-04 met "A subcommand is required" in a
-  // -DMLAFUZZ_MUTANTS=OFF build.
+  // Listed, and answered before parsing: otherwise its options would be reported as unexpected
+  // arguments and a -DMLAFUZZ_MUTANTS=OFF build would answer "A subcommand is required".
   app.add_subcommand("mutants",
                      "Mutation score: not in this build (configured with -DMLAFUZZ_MUTANTS=OFF)");
   for (int i = 1; i < argc; ++i) {

@@ -3,8 +3,10 @@
 #include <sstream>
 #include <string>
 
+#include "core/command.h"
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/python_backend.h"
+#include "harness/backends/registry.h"
 #include "harness/cli/commands.h"
 
 namespace mlafuzz::cli {
@@ -28,6 +30,12 @@ std::string extra_pipeline_text(ExtraPipeline e) {
   return e == ExtraPipeline::kLseMerged
              ? "lse_merged (each list alone, stored bf16, merged by LSE: the LSE-merged bound)"
              : "joint (one online softmax over both lists)";
+}
+
+// The campaign command for `backend`, as pasted from any directory: this mlafuzz as it runs now
+// and the backend's file made absolute.
+std::string fuzz_command(const std::string& backend) {
+  return command_to_run_again() + " fuzz --backends " + shell_word(absolute_backend_name(backend));
 }
 
 // `mlafuzz plugin-info python:FILE.py:FUNC`: what a Python kernel declares.
@@ -60,7 +68,7 @@ int python_info(const std::string& name) {
   std::cout << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
             << d.numpy_version << ")\n"
             << "  available:   " << (d.available ? "yes" : "no: " + d.reason) << '\n'
-            << "use it as: mlafuzz fuzz --backends " << d.backend << '\n';
+            << "use it as: " << fuzz_command(d.backend) << '\n';
   return kExitOk;
 }
 
@@ -95,7 +103,7 @@ int plugin_info(const std::string& path) {
             << '\n';
   print_envelope(d.has_envelope ? "exported" : "", d.envelope);
   std::cout << "  available:   " << (a.available ? "yes" : "no: " + a.reason) << '\n'
-            << "use it as: mlafuzz fuzz --backends plugin:" << d.path << '\n';
+            << "use it as: " << fuzz_command("plugin:" + d.path) << '\n';
   return kExitOk;
 }
 

@@ -386,7 +386,9 @@ int run_command(const RunOptions& o) {
   return failed ? kExitFailed : kExitOk;
 }
 
-void print_backend_row(const std::string& name, const std::string& summary,
+// One row of list-backends; `width`: the name column's width (the longest name listed), so the
+// columns line up whatever the names.
+void print_backend_row(const std::string& name, size_t width, const std::string& summary,
                        const std::function<std::unique_ptr<Backend>()>& make) {
   std::string precision = "?", state;
   try {
@@ -397,28 +399,33 @@ void print_backend_row(const std::string& name, const std::string& summary,
   } catch (const std::exception& e) {
     state = std::string("unavailable: ") + e.what();
   }
-  std::cout << fmt::format("{:<14} {:<10} {:<13} {}\n", name, precision,
+  std::cout << fmt::format("{:<{}} {:<10} {:<11} {}\n", name, width, precision,
                            state.rfind("available", 0) == 0 ? "available" : "unavailable", summary);
-  if (state.rfind("unavailable", 0) == 0) std::cout << fmt::format("{:<14} {}\n", "", state);
+  if (state.rfind("unavailable", 0) == 0) std::cout << fmt::format("{:<{}} {}\n", "", width, state);
 }
 
 // Every built-in backend, or the ones named (python: and plugin: backends are described by
 // what they declare).
 int list_backends_command(const std::string& names) {
   if (names.empty()) {
+    size_t width = 0;
+    for (const BackendSpec& info : builtin_backends()) width = std::max(width, info.name.size());
     for (const BackendSpec& info : builtin_backends()) {
-      print_backend_row(info.name, info.summary, info.make);
+      print_backend_row(info.name, width, info.summary, info.make);
     }
     return kExitOk;
   }
-  for (const std::string& name : parse_backend_list(names)) {
+  const std::vector<std::string> listed = parse_backend_list(names);
+  size_t width = 0;
+  for (const std::string& name : listed) width = std::max(width, name.size());
+  for (const std::string& name : listed) {
     std::string summary;
     if (name.rfind(kPythonPrefix, 0) == 0) {
       const PythonDescription d = describe_python_backend(name);  // throws: exit 2
       summary = "Python kernel '" + d.name + "' on " + d.device +
                 (d.description.empty() ? "" : ": " + d.description);
     }
-    print_backend_row(name, summary, [&name] { return make_backend(name); });
+    print_backend_row(name, width, summary, [&name] { return make_backend(name); });
   }
   return kExitOk;
 }

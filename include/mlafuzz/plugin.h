@@ -131,7 +131,7 @@ typedef enum MlafuzzRunsOn {
 } MlafuzzRunsOn;
 
 /* The precision pipeline the kernel implements; it selects the per-element error bound that
- * the tolerance property applies (README, "Properties and tolerance model"). */
+ * the tolerance property applies (docs/concepts.md). */
 typedef enum MlafuzzPrecision {
   MLAFUZZ_PRECISION_FP32_SIMT = 0, /* fp32 dequant, dots, softmax and P*V; bf16 store */
   MLAFUZZ_PRECISION_BF16_MMA = 1,  /* bf16 q and K, fp32 accumulation, fp32 logit scaling,

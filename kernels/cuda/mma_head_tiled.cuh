@@ -45,7 +45,7 @@
 // here and again in the combine by the same function), and instead of the bf16 epilogue writes
 // its fp32 partial (m, l, O over the V columns of the padded layout) to the workspace; blocks
 // whose z is past the row's split count return at once. kSplit = false compiles the unsplit
-// kernel exactly as before (tile range [0, n_tiles), the bf16 epilogue).
+// kernel (tile range [0, n_tiles), the bf16 epilogue).
 //
 // Shared memory (dynamic): raw staging 64*656, Ks 64*584*2, Qs BH*584*2, Ps BH*72*2, partial
 // maxima BH*WG*4, chunk sums BH*8*4, validity 2*64*4, the S pairs' exchange (warps)*TOK/8*512:
@@ -70,10 +70,9 @@ __host__ __device__ constexpr int mma_p_stride(int t) { return t + 8; }
 // 8-token chunks of a T-token tile (the row sums).
 __host__ __device__ constexpr int mma_chunks(int t) { return t / 8; }
 
-// Warps per head group: 4 (8 warps for BH = 32, 16 for BH = 64). 16 warps for BH = 32 were
-// faster while the S phase reloaded Q in every warp; with the S phase's warp pairs 8 warps are
-// (H200, same call: 47.5 against 50.0 us at B=1 topk=512, 96.8 against 101.6 at B=128; README,
-// "Kernel speed on the H200"). The configurations give the same bits.
+// Warps per head group: 4 (8 warps for BH = 32, 16 for BH = 64). With the S phase's warp pairs,
+// 8 warps for BH = 32 are faster than 16 (H200, same call: 47.5 against 50.0 us at B=1
+// topk=512, 96.8 against 101.6 at B=128). The configurations give the same bits.
 constexpr int mma_default_wg(int /*bh*/) { return 4; }
 
 // Whether the S phase runs as warp pairs (64-token tiles): each warp of a pair folds one parity
@@ -140,8 +139,8 @@ __device__ __forceinline__ void group_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// EX: the call has an extra cache (a template flag, so that the one-cache kernel is the same code
-// as before the production decode). kSplit: the split-KV kernel (see the header).
+// EX: the call has an extra cache (a template flag, so that the one-cache kernel compiles without
+// any extra-cache code). kSplit: the split-KV kernel (see the header).
 // T: tokens per tile (kMmaTokenTile = 64, or kMmaSmallTile = 32 for the sm_120-sized
 // configuration; the online-softmax tile boundaries follow it, and so does the host model).
 // Launch bounds: one block per SM for 64-token tiles (their shared memory); two for the small

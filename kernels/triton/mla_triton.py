@@ -16,9 +16,9 @@ from mlafuzz import _settings
 
 SIMT_BLOCK_N = 16  # tokens per tile, triton-simt
 MMA_BLOCK_N = 32  # tokens per tile, mma_kernel (triton-mma-v1)
-#: Tokens per tile of mma2_kernel (what triton-mma runs): 64 was faster than 32 at every batch of
-#: the H200 bench (topk 512, B = 1..128: 44.1-211.7 us against 52.6-246.5; README, "H200 run of
-#: 2026-12-04"); its 180.7 KiB of shared memory fit the H200's 227.
+#: Tokens per tile of mma2_kernel (what triton-mma runs): 64 is faster than 32 at every batch of
+#: the H200 bench (topk 512, B = 1..128: 44.1-211.7 us against 52.6-246.5; bench/RESULTS.md);
+#: its 180.7 KiB of shared memory fit the H200's 227.
 MMA2_BLOCK_N = 64
 MMA_BLOCK_H = (16, 32, 64)
 #: Tokens per split of mma2_kernel (flash-decoding): a function of the row's topk only, never of
@@ -32,7 +32,7 @@ COMBINE_SB = 4
 MAX_NOPE = 512
 MAX_ROPE = 64
 
-#: What both kernels accept, declared so that mlafuzz generates only such cases (README,
+#: What both kernels accept, declared so that mlafuzz generates only such cases (docs/plugins.md,
 #: "Envelopes"): supports() below checks the same limits; one query token, no extra cache.
 ENVELOPE = mlafuzz.Envelope(nope_dim=range(1, MAX_NOPE + 1), rope_dim=range(0, MAX_ROPE + 1),
                             s_q=[1], refuses=["extra_cache", "extra_topk_length"])

@@ -31,8 +31,8 @@ LAYOUT_MODEL1 = 0
 LAYOUT_V32 = 1
 
 # Planted bugs of triton-mma (kernels/triton/triton_mma.py MUTANTS gives names and descriptions).
-# tl.constexpr: a JIT function may read only constexpr globals (the H200 run of a plain int
-# failed with "Cannot access global variable").
+# tl.constexpr: a JIT function may read only constexpr globals (a plain int fails to compile
+# with "Cannot access global variable").
 M_NONE = tl.constexpr(0)
 M_UNMASKED_PAD_COLUMNS = tl.constexpr(1)
 M_WRONG_SCALE_GROUP = tl.constexpr(2)
@@ -229,7 +229,7 @@ def _load_k_tile_fast(cache_ptr, idx, valid, page_size, page_size_pow2, page_str
     is a power of two >= 16 (``STILE``): the nope bytes are then read as [N, tiles, STILE]
     with 16-byte vector loads, one scale per (token, tile) instead of one per element, and the
     rope dims as bf16 words. FP8CVT decodes e4m3 with the hardware conversion (e4m3fn -> fp16
-    -> fp32); see the README for what the H200 showed of its exactness.
+    -> fp32), which gives the integer decode's bits for all 256 bytes (a GPU test checks it).
     """
     nb, sraw, kr, tmask = _gather_fast(cache_ptr, idx, valid, page_size, page_size_pow2,
                                        page_stride, row_bytes, scale_base, scale_row, nope,
@@ -548,8 +548,8 @@ def combine_kernel(ws_ptr, wml_ptr, sink_ptr, out_ptr, lse_ptr,
     rules of _finish and the bf16 store, as in mma_kernel. Column chunk c covers workspace
     columns [c * CW, (c + 1) * CW): nope columns below NOPE_PAD, rope columns above (the
     workspace keeps rope at NOPE_PAD + r). The splits are read SB at a time, their loads in
-    flight together (one per split in turn left each program waiting on memory n_splits times:
-    14.9 us at B=1 and 72.7 at B=128 for four splits on the H200, 2026-12-04).
+    flight together (one split at a time leaves each program waiting on memory n_splits times:
+    14.9 us at B=1 and 72.7 at B=128 for four splits on the H200).
     """
     DW: tl.constexpr = NOPE_PAD + ROPE_PAD
     hb = tl.program_id(0)

@@ -4,8 +4,9 @@
     (aliases of python:<mlafuzz>/kernels/triton/triton_mma.py:decode and triton_simt.py:decode)
 
 One program per (batch row, block of BLOCK_H heads; BLOCK_H a tl.constexpr, 16, 32 or 64: 64
-for triton-mma on the mma2 path, 32 on v1; see PATH below and the README for the split). Each tile of 32 tokens is gathered from the paged cache and dequantized once for all
-heads of the block: K in bf16 (exact with power-of-two scales), Q*K^T with tl.dot (bf16 inputs,
+for triton-mma on the mma2 path, 32 on v1; see PATH below and docs/backends.md for the split).
+Each tile of 32 tokens is gathered from the paged cache and dequantized once for all heads of
+the block: K in bf16 (exact with power-of-two scales), Q*K^T with tl.dot (bf16 inputs,
 fp32 accumulation), logits scaled by sm_scale in fp32 after the product, online softmax with
 p = exp(x - m) in fp32, p rounded to bf16 for the P*V tl.dot while the row sum adds the fp32 p,
 O in fp32, divided by l plus the sink term and rounded to bf16. Nope is padded to NOPE_PAD (the
@@ -27,8 +28,8 @@ from mla_triton import supports as _supports
 
 #: The kernel that triton-mma (and its mutants, h16, h64) runs: "mma2" (mma2_kernel: the token
 #: list split in SPLIT_TOKENS pieces merged by combine_kernel, the 16-byte gather and hardware
-#: e4m3 decode where rows are aligned) or "v1" (mma_kernel, as first shipped: one program per
-#: row and head block, byte-wise gather). MLAFUZZ_TRITON_MMA_PATH=v1 picks the old one.
+#: e4m3 decode where rows are aligned) or "v1" (mma_kernel: one program per row and head
+#: block, byte-wise gather). MLAFUZZ_TRITON_MMA_PATH=v1 picks v1.
 PATH = _settings.text("MLAFUZZ_TRITON_MMA_PATH") or "mma2"
 if PATH not in ("mma2", "v1"):
     raise ValueError(f"MLAFUZZ_TRITON_MMA_PATH={PATH!r}: use mma2 or v1")
@@ -44,8 +45,8 @@ TOKEN_TILE = MMA2_BLOCK_N if PATH == "mma2" else MMA_BLOCK_N
 
 #: mma2 options, on the aligned fast gather only. FP8CVT, the hardware e4m3 decode, is on unless
 #: MLAFUZZ_TRITON_MMA_FP8CVT=0: it gives the integer decode's bits for all 256 bytes (a GPU test
-#: checks it) and was 12-14 % faster on the H200 (README, "H200 run of 2026-12-03, second
-#: session"). PREFETCH (MLAFUZZ_TRITON_MMA_PREFETCH=1: the next tile's loads issued before this
+#: checks it) and is 12-14 % faster on the H200 (bench/RESULTS.md, Triton kernel speed).
+#: PREFETCH (MLAFUZZ_TRITON_MMA_PREFETCH=1: the next tile's loads issued before this
 #: tile's math) is off: it was slower.
 FP8CVT = _settings.flag("MLAFUZZ_TRITON_MMA_FP8CVT", True)
 PREFETCH = _settings.flag("MLAFUZZ_TRITON_MMA_PREFETCH", False)

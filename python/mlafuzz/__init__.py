@@ -164,7 +164,7 @@ def _names(field: str, given: Iterable[str], known: Sequence[str]) -> List[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Envelope:
-    """What a kernel accepts; mlafuzz generates cases inside it (README, "Envelopes").
+    """What a kernel accepts; mlafuzz generates cases inside it (docs/plugins.md, "Envelopes").
 
     Every field left ``None`` accepts anything. Integer fields take an int, a list of ints, a
     ``range`` or :class:`Multiple`; e.g. a FlashMLA-like kernel::

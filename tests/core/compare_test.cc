@@ -106,7 +106,7 @@ TEST(Compare, FlashMlaTolerances) {
 }
 
 // Failure details print every digit: fp32 with %.9g and its bits, bf16 with its bits, and the
-// distance in ulps (two LSEs one bit apart no longer both read "8.66268").
+// distance in ulps (two LSEs one bit apart never both read "8.66268").
 TEST(ValueFormat, FullPrecisionBitsAndUlps) {
   const float a = 8.66268063f;
   const float b = std::nextafter(a, 100.0f);

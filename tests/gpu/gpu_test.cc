@@ -195,7 +195,7 @@ TEST_P(CudaKernel, DeterministicAndGuardsIntact) {
   }
 }
 
-// One backend object across cases of changing sizes (issue 13: every buffer from the caching
+// One backend object across cases of changing sizes (every buffer from the caching
 // pool, blocks reused by later cases of another size, canaries filled on the device, out and lse
 // downloaded as one block) gives the bits of a fresh backend per case, guards intact, and with
 // every body element written (no canary left where the kernel must store).
@@ -292,7 +292,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, CudaKernel,
                            return s;
                          });
 
-// ---- split-KV (issue 17): split counts 1, automatic and one per tile ----
+// ---- split-KV: split counts 1, automatic and one per tile ----
 
 // The split pipeline with one split is the unsplit kernel's arithmetic (a_0 = exp(0) = 1): the
 // same bits as cuda-mma, through the partials and the combine kernel.

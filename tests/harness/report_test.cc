@@ -47,7 +47,7 @@ TEST(LogHistogram, BinsAndQuantiles) {
   EXPECT_EQ(h.total(), 101);
 }
 
-// A percentile is never above the maximum: the bin of 0.721 reaches 0.794, and the p99 used to
+// A percentile is never above the maximum: the bin of 0.721 reaches 0.794, and the p99 must not
 // print that edge beside "max 0.721". Inside a bin the rank is interpolated on the log scale.
 TEST(LogHistogram, PercentilesNeverExceedTheMaximumAndInterpolate) {
   LogHistogram h;
@@ -417,9 +417,9 @@ TEST(ReportMerge, ShardsMergeToTheSingleRun) {
   EXPECT_EQ(statistics_difference(single, reloaded), "");
 }
 
-// The campaign side of the cases (issue 13): a campaign fills case_breakdown for every case
-// it evaluated, with steps that fit inside the cases' wall time; the field survives JSON,
-// shards add up, the summary shows it, and reports written before it existed still load.
+// The campaign side of the cases: a campaign fills case_breakdown for every case it
+// evaluated, with steps that fit inside the cases' wall time; the field survives JSON, shards
+// add up, the summary shows it, and reports without the field still load.
 TEST(ReportCaseBreakdown, FilledByTheCampaignRoundTripsAndMerges) {
   CampaignOptions o;
   o.backends = {"cpu-simt", "cpu-mma"};

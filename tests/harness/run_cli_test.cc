@@ -5,6 +5,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <set>
+#include <sstream>
 
 #include "core/case.h"
 #include "core/fileio.h"
@@ -58,6 +60,14 @@ TEST(Cli, ListBackends) {
     EXPECT_NE(o.text.find(name), std::string::npos) << name << "\n" << o.text;
   }
   EXPECT_NE(o.text.find("float64"), std::string::npos);
+  // The columns line up whatever the names: every row's precision starts at the same column.
+  std::set<size_t> columns;
+  std::istringstream lines(o.text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == ' ') continue;
+    columns.insert(line.find_first_not_of(' ', line.find(' ')));
+  }
+  EXPECT_EQ(columns.size(), 1u) << o.text;
 }
 
 TEST(Cli, RunsEveryCorpusCaseWithTheOracle) {

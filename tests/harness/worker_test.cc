@@ -104,7 +104,7 @@ TEST(WorkerProtocol, CaseAndResultRoundTrip) {
 }
 
 // Every vector of a frame empty (a result with no output, a case stripped of its buffers): the
-// decoder must not hand a null data() to memcpy (caught by the sanitized build, see README).
+// decoder must not hand a null data() to memcpy (caught by the sanitized build, docs/testing.md).
 TEST(WorkerProtocol, EmptyVectorsRoundTrip) {
   MaterializedCase m = small_case(2);
   m.q.clear();
@@ -177,7 +177,7 @@ TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
   EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
 }
 
-// check_raw_outputs (lazy widening, issue 13): a pending result gets its guard count and keeps
+// check_raw_outputs (lazy widening): a pending result gets its guard count and keeps
 // its raw buffers only; widening it later gives collect_outputs' bits.
 TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
   const MaterializedCase m = small_case(3);
@@ -682,7 +682,7 @@ TEST(Worker, DeviceInfoAnswers) {
 
 // A campaign tells the Python device workers it starts how many of them share the GPU
 // (MLAFUZZ_DEVICE_WORKERS), so that their device caches together keep a bounded part of its
-// memory: 32 workers of 4 GiB each ran an H200 out of memory on 2026-12-04. The kernel below
+// memory: 32 workers of 4 GiB each would exhaust an H200's memory. The kernel below
 // reports the variable it sees through its exception (a kError result carries the traceback).
 TEST(PythonWorkers, WorkersStartedAfterTheCountIsSetAreToldIt) {
   const char* python = std::getenv("MLAFUZZ_PYTHON");

@@ -122,7 +122,7 @@ std::string backend_test_name(const std::string& b) {
   if (b == "cpu-simt") return "Simt";
   if (b == "cpu-mma") return "Mma";
   if (b == "cpu-mma-small") return "MmaSmall";  // 32-token tiles (the sm_120 configuration)
-  return "MmaSplitMax";                         // cpu-mma-split-max: one split per tile (issue 17)
+  return "MmaSplitMax";                         // cpu-mma-split-max: one split per tile
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HostModelVsOracle,
@@ -406,7 +406,7 @@ TEST(HostModels, SinkInfinitiesAndEmptyRows) {
   }
 }
 
-// ---- cpu-mma-small: the sm_120-sized configuration's 32-token tiles (issue 17) ----
+// ---- cpu-mma-small: the sm_120-sized configuration's 32-token tiles ----
 
 // A MODEL1 case of B = 2, H = 16 and `topk` random valid entries over 8 pages of 64 tokens.
 Case small_tile_case(int topk, uint64_t seed) {

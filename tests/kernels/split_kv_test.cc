@@ -1,4 +1,4 @@
-// Split-KV in the host model (issue 17; mla/split_kv.h): the split rule, one split
+// Split-KV in the host model (mla/split_kv.h): the split rule, one split
 // equal to the unsplit model bit for bit, empty splits, rows with every split empty and infinite
 // sinks through the combine, the split-agree property, and the bound with the most splits.
 #include "mla/split_kv.h"

@@ -260,7 +260,7 @@ TEST(Envelope, EmptyIntersectionIsAnError) {
   }
 }
 
-// The CUDA kernels run the production decode (issue 15): their envelope is the host models', so
+// The CUDA kernels run the production decode: their envelope is the host models', so
 // the production family (s_q 1-4, extra caches, H 64 and 128) lies inside it.
 TEST(Envelope, CudaKernelsAcceptTheProductionDecode) {
   const Envelope e = cuda_kernel_envelope();
@@ -368,7 +368,7 @@ TEST(Invariance, GrosslyWrongInexactKernelStillFailsTheBoundedCheck) {
   EXPECT_GT(o->tightness, 1);
 }
 
-// ---- the extra-cache pipeline (issue 15) ----
+// ---- the extra-cache pipeline ----
 
 // A plugin's extra_pipeline reaches the tolerance model, in the campaign process and across the
 // worker's INFO reply (plugins run behind a `mlafuzz worker`).

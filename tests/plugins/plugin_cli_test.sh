@@ -37,6 +37,9 @@ expect 2 "plugin $faulty/libfaulty_missing_run.so: missing symbol mlafuzz_plugin
   "$mlafuzz" plugin-info "$faulty/libfaulty_missing_run.so"
 expect 2 "plugin /nonexistent/libk.so: cannot open: No such file or directory" \
   "$mlafuzz" plugin-info /nonexistent/libk.so
+# plugin-info's "use it as" line runs as pasted, from another directory.
+use=$(cd / && "$mlafuzz" plugin-info "$cpu" | sed -n 's/^use it as: //p')
+expect 0 "^0 finding(s)" sh -c "cd / && $use --cases 2 --report $work/use --corpus $work/use-corpus"
 
 # run: the plugin next to the oracle; a correct plugin passes, a wrong one fails the case.
 expect 0 "verdict PASS" "$mlafuzz" run --case "$case" --backends "plugin:$cpu"

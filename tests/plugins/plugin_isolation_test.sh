@@ -2,7 +2,7 @@
 # A plugin that crashes, hangs or calls exit(3), fuzzed next to a correct one, through the
 # campaign's worker isolation: each call becomes a fault finding, the campaign runs every case and
 # writes its report, the correct plugin is evaluated throughout. Exit 1 from mlafuzz fuzz =
-# findings. Then `run` and `repro` (issue 14, isolation everywhere): the exit(3) plugin is a
+# findings. Then `run` and `repro` (isolated as well): the exit(3) plugin is a
 # FAULT and exit 1, never 3; with --in-process it ends mlafuzz with its 3.
 # Usage: plugin_isolation_test.sh MLAFUZZ CPU_PLUGIN FAULTY_DIR
 set -u

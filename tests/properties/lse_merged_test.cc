@@ -1,4 +1,4 @@
-// The LSE-merged production pipeline (issue 15; docs/SPEC.md section 8; properties/tolerance.h):
+// The LSE-merged production pipeline (docs/SPEC.md section 8; properties/tolerance.h):
 // the host model cpu-mma-lse-merged (main and extra lists computed alone, each stored in bf16 with
 // its LSE, then merged) and the tolerance bound of such a pipeline, which a plugin or a python:
 // kernel selects with extra_pipeline = lse_merged.

@@ -728,7 +728,7 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
 namespace mlafuzz {
 namespace {
 
-// bf16_rounding_interval reads the exponent from the bits (issue 13: check_bounds calls it for
+// bf16_rounding_interval reads the exponent from the bits (check_bounds calls it for
 // every element); the interval must be the ilogb/ldexp one for every bf16 value.
 TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
@@ -758,13 +758,8 @@ TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
   }
 }
 
-// compute_bounds_set shares the pipeline-free work of several bounds (issue 13); each bound must
-// be the one compute_bounds gives alone, bit for bit, for every pipeline (joint and LSE-merged,
-// split-KV or not) and tile_topk, on generated cases of every family (sinks, extra caches, s_q > 1,
-// empty rows, special values).
-TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
-  GenConfig cfg;
-  cfg.max_work = int64_t{1} << 15;
+// Every pipeline of every precision: joint, LSE-merged, and with split-KV toggled.
+std::vector<BoundsRequest> every_pipeline() {
   std::vector<BoundsRequest> req;
   for (const Precision p : {Precision::kFloat64, Precision::kSimtFp32, Precision::kMmaBf16}) {
     Pipeline pl = pipeline_for(p);
@@ -775,6 +770,17 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
     pl.split_kv = !pl.split_kv;
     req.push_back({pl, 0});
   }
+  return req;
+}
+
+// compute_bounds_set shares the pipeline-free work of several bounds; each bound must be the one
+// compute_bounds gives alone, bit for bit (up to rounding for a pipeline repeated over a longer
+// list), for every pipeline (joint and LSE-merged, split-KV or not) and tile_topk, on generated
+// cases of every family (sinks, extra caches, s_q > 1, empty rows, special values).
+TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
+  GenConfig cfg;
+  cfg.max_work = int64_t{1} << 15;
+  const std::vector<BoundsRequest> req = every_pipeline();
   int compared = 0;
   for (uint64_t i = 0; i < 40; ++i) {
     const MaterializedCase m = materialize(generate_case(31, i, cfg, nullptr));
@@ -788,6 +794,27 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
       const Bounds one = compute_bounds(m, ref, r[k].pipeline, r[k].tile_topk);
       ASSERT_EQ(one.out.size(), set[k].out.size());
       ASSERT_EQ(one.lse.size(), set[k].lse.size());
+      // The last two are the same pipelines as requests 6 and 3 over longer lists: their sums
+      // over V come from those requests' (exp(delta) S + expm1(delta) S_w), the same value up
+      // to rounding.
+      if (k + 2 >= r.size()) {
+        for (size_t j = 0; j < one.out.size(); ++j) {
+          const double a = one.out[j], b = set[k].out[j];
+          if (!std::isfinite(a) || a == 0) {
+            ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b));
+          } else {
+            ASSERT_LE(std::fabs(a - b), 1e-12 * std::fabs(a))
+                << "case " << i << " request " << k << " out[" << j << "]: " << a << " vs " << b
+                << "; rerun: property_model_tests "
+                << "--gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
+          }
+        }
+        ASSERT_EQ(one.lse, set[k].lse) << "case " << i << " request " << k << "; rerun: "
+                                       << "property_model_tests "
+                                       << "--gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
+        ++compared;
+        continue;
+      }
       for (size_t j = 0; j < one.out.size(); ++j) {
         ASSERT_EQ(std::bit_cast<uint64_t>(one.out[j]), std::bit_cast<uint64_t>(set[k].out[j]))
             << "case " << i << " request " << k << " out[" << j << "]: " << one.out[j] << " vs "
@@ -803,6 +830,79 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
     }
   }
   EXPECT_EQ(compared, 40 * 11);
+}
+
+// The bounds are the formulas of tolerance.h evaluated with their sums over the tokens as matrix
+// products shared by the row's heads: each equals the token-by-token form (frozen in
+// reference_compute_bounds.cc) up to the rounding of those sums, within a relative 1e-12 (or both
+// are below 2^-1000, where absolute allowances of 2^-1074 per operation dominate), with the same
+// +inf, NaN and zero positions, for every pipeline (joint and LSE-merged, split-KV or not, longer
+// tile lists) on generated cases of every family and on the corpus. Prints the largest relative
+// difference seen.
+TEST(Tolerance, BoundsEqualTheTokenByTokenForm) {
+  const std::vector<BoundsRequest> req = every_pipeline();
+  std::vector<std::pair<std::string, MaterializedCase>> cases;
+  for (const char* dir : {"/corpus/cases", "/corpus/regression"}) {
+    for (const std::string& path : list_corpus(std::string(MLAFUZZ_SOURCE_DIR) + dir)) {
+      cases.emplace_back(path, materialize(load_corpus_entry(path).c));
+    }
+  }
+  const size_t corpus_cases = cases.size();
+  EXPECT_GE(corpus_cases, 20u) << "the corpus folders were not found";
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 15;
+    if (production) cfg.families = {"production"};
+    const uint64_t seed = production ? 37 : 36;
+    for (uint64_t i = 0; i < (production ? 2u : 24u); ++i) {
+      cases.emplace_back("seed " + std::to_string(seed) + " case " + std::to_string(i) +
+                             (production ? " (production family)" : ""),
+                         materialize(generate_case(seed, i, cfg, nullptr)));
+    }
+  }
+  double worst = 0;
+  std::string worst_at = "none";
+  int compared = 0;
+  for (const auto& [name, m] : cases) {
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    std::vector<BoundsRequest> r = req;
+    r.push_back({pipeline_for(Precision::kMmaBf16), m.topk + 3});
+    r.push_back({pipeline_for(Precision::kSimtFp32), m.topk + 64});
+    const std::vector<Bounds> got = compute_bounds_set(m, ref, r);
+    const std::vector<Bounds> want = reference::reference_compute_bounds_set(m, ref, r);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t k = 0; k < r.size(); ++k) {
+      for (const bool lse : {false, true}) {
+        const std::vector<double>& g = lse ? got[k].lse : got[k].out;
+        const std::vector<double>& w = lse ? want[k].lse : want[k].out;
+        ASSERT_EQ(g.size(), w.size());
+        for (size_t j = 0; j < g.size(); ++j) {
+          const std::string where = name + " request " + std::to_string(k) +
+                                    (lse ? " lse[" : " out[") + std::to_string(j) + "]";
+          const std::string rerun =
+              "; rerun: property_model_tests "
+              "--gtest_filter=Tolerance.BoundsEqualTheTokenByTokenForm";
+          if (!std::isfinite(w[j]) || w[j] == 0) {
+            ASSERT_EQ(std::bit_cast<uint64_t>(g[j]), std::bit_cast<uint64_t>(w[j]))
+                << where << ": " << g[j] << " vs the reference's " << w[j] << rerun;
+            continue;
+          }
+          ASSERT_TRUE(std::isfinite(g[j])) << where << ": " << g[j] << rerun;
+          if (std::fabs(w[j]) < 0x1p-1000 && std::fabs(g[j]) < 0x1p-1000) continue;
+          const double rel = std::fabs(g[j] - w[j]) / std::fabs(w[j]);
+          if (rel > worst) {
+            worst = rel;
+            worst_at = where;
+          }
+          ASSERT_LE(rel, 1e-12) << where << ": " << g[j] << " vs the reference's " << w[j] << rerun;
+        }
+      }
+      ++compared;
+    }
+  }
+  std::printf("largest relative difference to the token-by-token form: %.3g (%s)\n", worst,
+              worst_at.c_str());
+  EXPECT_EQ(compared, static_cast<int>(cases.size()) * 11);
 }
 
 // Backends of one precision whose pipelines differ (cpu-mma folds 64-token tiles, cpu-mma-small

@@ -1,6 +1,6 @@
-// The production decode of DeepSeek-V4-Flash (docs/SPEC.md section 8, issue 15) on the CPU: case
-// format version 2, the joint softmax in both oracles and both host models, the s_q axis, and
-// the new properties on generated cases.
+// The production decode of DeepSeek-V4-Flash (docs/SPEC.md section 8) on the CPU: case format
+// version 2, the joint softmax in both oracles and both host models, the s_q axis, and the
+// production properties on generated cases.
 #include <gtest/gtest.h>
 
 #include <cmath>

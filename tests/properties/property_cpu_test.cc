@@ -45,7 +45,7 @@ TEST_P(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
     owned.push_back(make_backend(n));
     backends.push_back(owned.back().get());
   }
-  // Worst tightness per backend and property, printed at the end (the README quotes it).
+  // Worst tightness per backend and property, printed at the end.
   std::map<std::string, double> worst;
   std::map<std::string, uint64_t> worst_case;
   std::map<std::string, int> outcomes;

@@ -1,5 +1,5 @@
-// check_bounds as the element-by-element loop it was before it worked row by row: frozen here as
-// the reference the row-wise check_bounds is pinned against (tests/properties/model_test.cc,
+// check_bounds written as an element-by-element loop: the reference the row-wise check_bounds is
+// pinned against (tests/properties/model_test.cc,
 // Tolerance.CheckBoundsRowWiseEqualsTheElementLoop): every figure, the worst element and the
 // message bit for bit.
 #include "tests/properties/reference_bounds.h"

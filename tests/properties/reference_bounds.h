@@ -1,7 +1,10 @@
-// check_bounds as an element-by-element loop, frozen as a test reference (reference_bounds.cc).
+// Test references frozen from earlier forms of the tolerance code: check_bounds as an
+// element-by-element loop (reference_bounds.cc) and the bounds computed token by token
+// (reference_compute_bounds.cc).
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "properties/tolerance.h"
 
@@ -11,5 +14,10 @@ namespace mlafuzz::reference {
 // Sides a and b hold widened values (out, lse).
 BoundCheck reference_check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
                                   int32_t heads, int32_t d_v);
+
+// The bounds of compute_bounds_set computed token by token, per head and pipeline: the
+// values the dense form must give up to the rounding of its sums.
+std::vector<Bounds> reference_compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
+                                                 const std::vector<BoundsRequest>& requests);
 
 }  // namespace mlafuzz::reference

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -15,6 +16,7 @@
 #include "core/envelope.h"
 #include "core/materialize.h"
 #include "mla/mla_params.h"
+#include "oracle/oracle.h"
 #include "properties/canonical.h"
 #include "properties/case_edits.h"
 #include "properties/evaluate.h"
@@ -23,6 +25,7 @@
 #include "tests/core/test_util.h"
 
 #if MLAFUZZ_TEST_HOST_MUTANTS
+#include "kernels/host/host_models.h"
 #include "kernels/host/host_mutants.h"
 #endif
 
@@ -429,6 +432,131 @@ TEST(Triage, TwoBugsAreTwoGroupsAndTheLocusNamesTheWrongColumns) {
 }
 
 #endif
+
+// Two planted bugs in one backend: where bug a's output differs from the correct model's, a's
+// element, else b's (out, lse and their raw buffers alike).
+class TwoBugs : public ForwardingBackend<> {
+ public:
+  TwoBugs(mla::Mutant a, mla::Mutant b)
+      : ForwardingBackend<>(make_cpu_mma_backend()),
+        a_(make_cpu_mma_mutant_backend(a)),
+        b_(make_cpu_mma_mutant_backend(b)),
+        name_(std::string("two-bugs~") + mla::mutant_name(a) + "+" + mla::mutant_name(b)) {}
+  std::string name() const override { return name_; }
+  RunResult run(const MaterializedCase& m) override {
+    const RunResult good = inner_->run(m);
+    const RunResult a = a_->run(m);
+    RunResult r = b_->run(m);
+    if (good.status != RunStatus::kOk || a.status != RunStatus::kOk) return a;
+    take_where_differs(good.out, a.out, r.out);
+    take_where_differs(good.lse, a.lse, r.lse);
+    take_where_differs(good.out_raw, a.out_raw, r.out_raw);
+    take_where_differs(good.lse_raw, a.lse_raw, r.lse_raw);
+    return r;
+  }
+
+ private:
+  template <typename T>
+  static void take_where_differs(const std::vector<T>& good, const std::vector<T>& a,
+                                 std::vector<T>& out) {
+    if (good.size() != a.size() || a.size() != out.size()) return;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (std::memcmp(&good[i], &a[i], sizeof(T)) != 0) out[i] = a[i];
+    }
+  }
+  std::unique_ptr<Backend> a_, b_;
+  std::string name_;
+};
+
+// A kernel without the softmax's max subtraction, as far as the result goes. Every (row, head)
+// whose largest logit is above 88.72 (exp overflows fp32) or below -87.33 (every exp underflows: 0
+// / 0) gets NaN outputs and LSE; the rest is the correct model's.
+class ExpOverflows : public ForwardingBackend<> {
+ public:
+  ExpOverflows() : ForwardingBackend<>(make_cpu_mma_backend()) {}
+  std::string name() const override { return "exp-overflows"; }
+  RunResult run(const MaterializedCase& m) override {
+    RunResult r = inner_->run(m);
+    if (r.status != RunStatus::kOk) return r;
+    const int32_t H = m.heads, dv = m.d_v();
+    for (int32_t q = 0; q < m.query_rows(); ++q) {
+      const OracleRow row = gather_row(m, q);
+      if (row.k.empty()) continue;
+      const Eigen::MatrixXd x = row_logits(m, q, row);
+      for (int32_t h = 0; h < H; ++h) {
+        const double top = x.row(h).maxCoeff();
+        if (top <= 88.72 && top >= -87.33) continue;
+        const size_t rh = static_cast<size_t>(q) * H + h;
+        std::fill_n(r.out.begin() + static_cast<std::ptrdiff_t>(rh * dv), dv, std::nan(""));
+        r.lse[rh] = std::nan("");
+        // The raw buffers too (bound checks read a bf16 backend's in place).
+        const int64_t b = q / m.s_q, s = q % m.s_q, G = OutputBuffers::kGuard;
+        const int64_t o =
+            G + b * m.out_batch_stride + s * m.out_token_stride + h * m.out_head_stride;
+        std::fill_n(r.out_raw.begin() + o, dv, uint16_t{0x7FC0});
+        r.lse_raw[static_cast<size_t>(G + b * m.lse_batch_stride + s * m.lse_token_stride + h)] =
+            std::nanf("");
+      }
+    }
+    return r;
+  }
+};
+
+TEST(Triage, ALogitRangeCauseIsTheSameWhicheverSeedFindsIt) {
+  // The failure needs logits beyond exp's range, whatever values and scales give them: the first
+  // case of each seed with q large enough to overflow (other shapes, scales and draws each time)
+  // walks to the group that names "large logits".
+  ExpOverflows backend;
+  GenConfig cfg;
+  int triaged = 0;
+  for (uint64_t seed = 1; seed <= 16 && triaged < 3; ++seed) {
+    Case c = generate_case(seed, 0, cfg, nullptr);
+    c.q_values = ValueSpec{ValueDist::kNormal, 32.0, 0.0};
+    c.scales = ScaleSpec{ScaleMode::kRandom, 124, 130};
+    const CaseEvaluation ev = evaluate_case(c, {&backend}, {"tolerance"});
+    if (!ev.failed()) continue;
+    ++triaged;
+    const Triage t = triage_failure(c, *ev.failures().front(), {&backend}, TriageOptions{});
+    std::cout << "seed " << seed << " -> " << t.signature << "\n  " << t.locus.text() << "\n";
+    EXPECT_EQ(t.signature, "exp-overflows | non-finite mismatch | large logits")
+        << "seed " << seed << "; rerun: " << kRerun
+        << " --gtest_filter=Triage.ALogitRangeCauseIsTheSameWhicheverSeedFindsIt";
+  }
+  EXPECT_EQ(triaged, 3) << "rerun: " << kRerun;
+}
+
+// The group of every case of the first 40 of `seed` that fails tolerance (one triage each).
+std::set<std::string> groups_of(Backend& backend, uint64_t seed) {
+  GenConfig cfg;
+  std::set<std::string> groups;
+  for (uint64_t i = 0; i < 40; ++i) {
+    const Case c = generate_case(seed, i, cfg, nullptr);
+    const CaseEvaluation ev = evaluate_case(c, {&backend}, {});
+    if (!ev.failed() || ev.failures().front()->property != "tolerance") continue;
+    const PropertyOutcome& o = *ev.failures().front();
+    const Triage t = triage_failure(c, o, {&backend}, TriageOptions{});
+    std::cout << backend.name() << " seed " << seed << " case " << i << ": " << o.property << " -> "
+              << t.signature << "\n";
+    groups.insert(t.signature.substr(t.signature.find(" | ")));
+  }
+  return groups;
+}
+
+TEST(Triage, TwoBugsPlantedTogetherGiveTheirTwoGroups) {
+  // invalid-index-unmasked fails on every row the walk leaves without a valid entry (the walk's
+  // own moves can make one); a walk from sink-ignored's failure must not end on it.
+  const std::pair<mla::Mutant, mla::Mutant> pairs[] = {
+      {mla::Mutant::kSplitEmptyNaN, mla::Mutant::kWrongScaleGroup}};
+  for (const auto& [a, b] : pairs) {
+    const auto causes = [](const std::string& sig) { return sig.substr(sig.find(" | ")); };
+    const std::set<std::string> alone{causes(signature_of(a, 1)), causes(signature_of(b, 1))};
+    ASSERT_EQ(alone.size(), 2u);
+    TwoBugs both(a, b);
+    std::set<std::string> groups = groups_of(both, 2);
+    EXPECT_EQ(groups, alone) << both.name() << ", seeds 1 and 2; rerun: " << kRerun
+                             << " --gtest_filter=Triage.TwoBugsPlantedTogetherGiveTheirTwoGroups";
+  }
+}
 
 }  // namespace
 }  // namespace mlafuzz

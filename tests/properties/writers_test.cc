@@ -58,7 +58,7 @@ TEST(WritersCase, AFileWithoutTheNewFieldsMeansPowerOfTwoScalesAndIsWrittenAsBef
   const std::string text = to_json(c);
   EXPECT_EQ(text.find("\"convention\""), std::string::npos) << text;
   EXPECT_EQ(text.find("\"mantissa\""), std::string::npos) << text;
-  // Its stored V32 scales are powers of two, as before.
+  // Its stored V32 scales are powers of two (the default convention).
   const MaterializedCase m = materialize(c);
   for (int64_t s = 0; s < mla::num_slots(m.geom); ++s) {
     for (int t = 0; t < mla::num_scale_tiles(m.geom); ++t) {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import venv
 
 import pytest
 
@@ -162,3 +163,20 @@ def test_worker_profile_is_written(tmp_path, monkeypatch: pytest.MonkeyPatch) ->
     stats = pstats.Stats(str(profile))
     # The kernel's own function is in it: the profile covers the calls, not just the start.
     assert any(name == "attend" for (_, _, name) in stats.stats), sorted(stats.stats)[:20]
+
+
+def test_an_interpreter_without_numpy_is_one_message_not_a_traceback(tmp_path) -> None:
+    """An interpreter that cannot import numpy (pyenv, conda): the reason names the module and
+    --python, on one line, and the worker's traceback does not reach the terminal."""
+    venv.create(tmp_path / "bare", with_pip=False, system_site_packages=False)
+    bare = str(tmp_path / "bare" / "bin" / "python3")
+    proc = mlafuzz_cmd("--python", bare, "list-backends", "--backends", "triton-simt,oracle")
+    assert proc.returncode == 0, describe(proc)
+    assert "cannot import the module 'numpy'" in proc.stdout, describe(proc)
+    assert "--python PATH or MLAFUZZ_PYTHON" in proc.stdout, describe(proc)
+    assert "Traceback" not in proc.stdout, describe(proc)
+    proc = mlafuzz_cmd("--python", bare, "run", "--case", SMALL_CASE,
+                       "--backends", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 2, describe(proc)
+    assert "cannot import the module 'numpy'" in proc.stdout, describe(proc)
+    assert "Traceback" not in proc.stdout, describe(proc)

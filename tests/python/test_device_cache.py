@@ -727,10 +727,10 @@ class OutOfMemoryError(RuntimeError):  # the name torch gives its error
 @pytest.mark.parametrize("failures, status", [(1, "ok"), (2, "fault")])
 def test_out_of_memory_in_the_staging_releases_what_the_worker_keeps_and_retries_once(
         failures: int, status: str) -> None:
-    # The H200 campaign of 2026-12-04 (64 workers on one GPU) ran out of device memory while
-    # staging cases: each became a fault finding of the kernel. Now the worker drops its cache,
-    # its kept buffers and torch's unused memory, and stages again; only a second failure is a
-    # fault, and its message says that other processes hold the memory.
+    # Many workers on one GPU (64 in an H200 campaign) can run out of device memory while
+    # staging cases, which must not become fault findings of the kernel: the worker drops its
+    # cache, its kept buffers and torch's unused memory, and stages again; only a second failure
+    # is a fault, and its message says that other processes hold the memory.
     fake = FakeTorch()
     emptied: list = []
     fake.cuda.empty_cache = lambda: emptied.append(1)

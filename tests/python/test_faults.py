@@ -1,4 +1,4 @@
-"""Kernels that raise, exit, hang or write between heads: each handled as issue 12 says."""
+"""Kernels that raise, exit, hang or write between heads: each a run failure or a finding."""
 
 from __future__ import annotations
 

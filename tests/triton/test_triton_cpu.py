@@ -212,9 +212,9 @@ def mutant_wrong_scale_group(call):
 
 
 def test_wrong_scale_group_is_killed_within_the_h200_runs_case_budget(tmp_path):
-    # The H200 run of `mlafuzz mutants --backends triton-mma` let wrong-scale-group survive 24
-    # cases: the alias did not forward the kernel's envelope then (fixed in d8eaf46), so most
-    # cases were s_q > 1 or extra-cache ones the kernel refuses. Through the alias, with
+    # The alias must forward the kernel's envelope: without it most cases are s_q > 1 or
+    # extra-cache ones the kernel refuses, and wrong-scale-group survives the 24 cases of
+    # `mlafuzz mutants --backends triton-mma` on the H200. Through the alias, with
     # triton-mma's real ENVELOPE and supports() and a numpy stand-in of the same bug, the same
     # seed and the same 24 cases must kill it (seed 1: the third case; seeds 1-8: 2-14 cases).
     kdir = tmp_path / "kernels"

@@ -84,9 +84,10 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
     # BLOCK_H 16 and 32 lower tl.dot to mma.sync: the same bits.
     assert torch.equal(outs[32][0], outs[16][0])
     assert torch.equal(outs[32][1].view(torch.int32), outs[16][1].view(torch.int32))
-    # BLOCK_H 64 most likely lowers it to wgmma on sm_90 (the H200's Triton cache of 2026-12-02
-    # holds mma2_kernel builds with wgmma and others with mma.sync only; not confirmed per
-    # configuration), whose summation inside the products is another: at this seed 19 of 61,440 outputs 1 bf16 ulp apart and 78 of 120 LSEs
+    # BLOCK_H 64 most likely lowers it to wgmma on sm_90 (an H200's Triton cache held
+    # mma2_kernel builds with wgmma and others with mma.sync only; not confirmed per
+    # configuration), whose summation inside the products is another: at this seed 19 of
+    # 61,440 outputs 1 bf16 ulp apart and 78 of 120 LSEs
     # in the last fp32 bits. Both orders are inside the MMA pipeline's bound (the corpus cases
     # and campaigns above check BLOCK_H 64, triton-mma's default, against the oracle).
     o64, l64 = outs[64]
@@ -103,9 +104,9 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
 
 def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
     # mma2_kernel's FP8CVT path (e4m3fn -> fp16 -> fp32 by the hardware conversion) must give
-    # the bits of _e4m3_to_f32 (docs/SPEC.md section 2: subnormals kept, 0x7f/0xff NaN). The H200
-    # runs of 2026-12-01 failed here on one byte, 0x80: the integer decode gave +0.0 (its sign
-    # applied as -mag), the hardware -0.0; the integer decode now sets the sign bit.
+    # the bits of _e4m3_to_f32 (docs/SPEC.md section 2: subnormals kept, 0x7f/0xff NaN). Byte 0x80
+    # is the one to watch: the hardware gives -0.0, so the integer decode sets the sign bit
+    # (applying the sign as -mag would give +0.0).
     import torch  # noqa: PLC0415
 
     import mla_triton_jit  # noqa: PLC0415
@@ -126,8 +127,8 @@ def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
 @pytest.mark.parametrize("page", [64, 61])  # 64: aligned rows (fast gather); 61: byte-wise
 def test_mma2_without_split_matches_mma_kernel(page):
     # mma2_kernel with mma_kernel's 32-token tiles (triton-mma runs 64-token tiles, tested below).
-    # Byte-wise gather: mma_kernel's bits. Fast gather: the same K and q values, but the H200 run
-    # of 2026-12-01 saw 183 of 1M outputs 1 bf16 ulp apart at B=32 (LSE 1 fp32 ulp): tl.dot's
+    # Byte-wise gather: mma_kernel's bits. Fast gather: the same K and q values, but on the H200
+    # 183 of 1M outputs came out 1 bf16 ulp apart at B=32 (LSE 1 fp32 ulp): tl.dot's
     # fp32 accumulation order differs with the operand layout, so at most 1 ulp is asked.
     import torch  # noqa: PLC0415
 

@@ -37,8 +37,8 @@ def device_cache_share(budget: int, total_bytes: int,
 
     mlafuzz runs one device="cuda" worker per evaluation thread and Python backend, all on one
     GPU, and tells each how many they are (``MLAFUZZ_DEVICE_WORKERS``): their caches together
-    keep at most a quarter of the GPU's memory. An H200 campaign of 16 threads and two Triton
-    backends had 32 workers of 4G each and ran out of device memory (2026-12-04). A budget set
+    keep at most a quarter of the GPU's memory (16 threads and two Triton backends make 32
+    workers: at 4G each they would exhaust an H200's memory). A budget set
     with ``MLAFUZZ_DEVICE_CACHE_BYTES`` is kept as it is.
     Raises:
         ValueError: MLAFUZZ_DEVICE_WORKERS is not a positive integer.

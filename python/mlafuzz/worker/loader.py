@@ -100,7 +100,7 @@ def mutant_function_name(mutant: str) -> str:
 def _mutant_function(spec: str, target: str, module: Any, func: str, mutant: str) -> str:
     """``func~mutant`` -> the name of the function to load; LoadError for an unknown mutant.
 
-    The convention (README, "Mutation score"): the module declares ``MUTANTS = {name:
+    The convention (docs/mutation.md): the module declares ``MUTANTS = {name:
     description}`` and one function ``mutant_<name>`` per planted bug, decorated as a kernel.
     """
     declared = declared_mutants(module)

@@ -656,7 +656,7 @@ class Server:
         if "extra_kv_cache" in inputs:
             call.extra_kv_cache = shaped("extra_kv_cache", torch.uint8,
                                          tuple(a["extra_kv_cache"].shape))
-            # Compacted (contiguous) on the device, as before the cache.
+            # The extra index rows are compact (contiguous, no row gaps) on the device.
             call.extra_indices = shaped("extra_indices", torch.int32,
                                         tuple(a["extra_indices"].shape))
             call.extra_topk_length = shaped("extra_topk_length", torch.int32, (b,))

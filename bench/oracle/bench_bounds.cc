@@ -1,0 +1,123 @@
+// The tolerance model's speed against the oracle's on the cases a campaign evaluates: the first
+// N generated cases of a seed (default profile, or production shapes only), bounded as a
+// cpu-mma + cpu-simt campaign bounds them (compute_bounds_set: float64, bf16_mma and fp32_simt,
+// and the two backends' pipelines again at insert-invalid's longer list).
+//
+// Usage: bench_bounds [--seed N] [--cases N] [--profile default|production] [--repeats R]
+// Prints thread CPU ms per case (the fastest of R repeats: on a shared machine CPU time only
+// grows), the bounds' ratio to the oracle, and a hash of every bound's bits (two builds meant
+// to give the same bounds give the same hash).
+#include <malloc.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <vector>
+
+#include "core/materialize.h"
+#include "oracle/oracle.h"
+#include "properties/evaluate.h"
+#include "properties/tolerance.h"
+
+namespace {
+
+using mlafuzz::MaterializedCase;
+
+double cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// FNV-1a over the bits of every bound.
+void hash_into(uint64_t& h, const std::vector<double>& v) {
+  for (const double x : v) {
+    uint64_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    for (int i = 0; i < 8; ++i) {
+      h ^= (bits >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  uint64_t seed = 21;
+  int cases = 100, repeats = 3;
+  std::string profile = "default";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--seed" && i + 1 < argc) {
+      seed = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--cases" && i + 1 < argc) {
+      cases = std::atoi(argv[++i]);
+    } else if (a == "--repeats" && i + 1 < argc) {
+      repeats = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--profile" && i + 1 < argc) {
+      profile = argv[++i];
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_bounds [--seed N] [--cases N] [--profile default|production] "
+                   "[--repeats R]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  if (profile != "default" && profile != "production") {
+    std::fprintf(stderr, "bench_bounds: --profile must be default or production, not '%s'\n",
+                 profile.c_str());
+    return 2;
+  }
+  // The steady state of a long campaign (bench_oracle.cc says why).
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  mlafuzz::GenConfig cfg;
+  if (profile == "production") cfg.families = {"production"};
+  std::vector<MaterializedCase> ms;
+  for (int i = 0; i < cases; ++i) {
+    ms.push_back(
+        mlafuzz::materialize(mlafuzz::generate_case(seed, static_cast<uint64_t>(i), cfg, nullptr)));
+  }
+  using mlafuzz::Precision;
+  double best_oracle = 1e300, best_bounds = 1e300;
+  uint64_t hash = 1469598103934665603ull;
+  for (int r = 0; r < repeats; ++r) {
+    double oracle = 0, bounds = 0;
+    hash = 1469598103934665603ull;
+    for (const MaterializedCase& m : ms) {
+      double t0 = cpu_now();
+      const mlafuzz::OracleResult ref = mlafuzz::run_oracle_eigen(m, 1);
+      oracle += cpu_now() - t0;
+      const int insert = m.topk + 2;
+      const mlafuzz::Pipeline mma = mlafuzz::pipeline_for(Precision::kMmaBf16);
+      const mlafuzz::Pipeline simt = mlafuzz::pipeline_for(Precision::kSimtFp32);
+      t0 = cpu_now();
+      const std::vector<mlafuzz::Bounds> set =
+          mlafuzz::compute_bounds_set(m, ref,
+                                      {{mlafuzz::pipeline_for(Precision::kFloat64), 0},
+                                       {mma, 0},
+                                       {simt, 0},
+                                       {mma, insert},
+                                       {simt, insert}});
+      bounds += cpu_now() - t0;
+      for (const mlafuzz::Bounds& b : set) {
+        hash_into(hash, b.out);
+        hash_into(hash, b.lse);
+      }
+    }
+    best_oracle = std::min(best_oracle, oracle);
+    best_bounds = std::min(best_bounds, bounds);
+  }
+  const double n = static_cast<double>(ms.size());
+  std::printf(
+      "seed %llu %s, %d cases: oracle %.3f ms/case, bounds %.3f ms/case (%.2fx the oracle), "
+      "bits hash %016llx\n",
+      static_cast<unsigned long long>(seed), profile.c_str(), cases, 1e3 * best_oracle / n,
+      1e3 * best_bounds / n, best_bounds / best_oracle, static_cast<unsigned long long>(hash));
+  return 0;
+}
