@@ -337,25 +337,126 @@ json write_extra(const ExtraCache& e, int32_t s_q) {
   return j;
 }
 
+// Checks the optional "format" tag of a case file.
+void check_case_format(const json& v, const std::string& p) {
+  const std::string s = read_string(v, p);
+  if (s != kCaseFormat) {
+    throw CaseError(p, "expected \"" + std::string(kCaseFormat) + "\", got \"" + s + "\"");
+  }
+}
+
+// Reads the "version" field: a case format version this build reads.
+int read_case_version(const json& v, const std::string& p) {
+  const int file_version = static_cast<int>(read_int(v, p, 0, std::numeric_limits<int32_t>::max()));
+  if (file_version < kOldestCaseFormatVersion || file_version > kCaseFormatVersion) {
+    throw CaseError(p, "unsupported case format version " + std::to_string(file_version) +
+                           " (this build reads versions " +
+                           std::to_string(kOldestCaseFormatVersion) + " to " +
+                           std::to_string(kCaseFormatVersion) + ")");
+  }
+  return file_version;
+}
+
+std::vector<double> read_sink(const json& v, const std::string& p) {
+  const json& a = read_array(v, p);
+  std::vector<double> s;
+  for (size_t i = 0; i < a.size(); ++i) {
+    s.push_back(read_double(a[i], p + "[" + std::to_string(i) + "]"));
+  }
+  return s;
+}
+
+void read_conventions(const json& v, const std::string& p, mla::Conventions& conventions) {
+  ObjectReader s(v, p);
+  s.optional("invalid_index", [&](const json& x, const std::string& q) {
+    conventions.invalid_index = read_enum(x, q, kInvalidRules);
+  });
+  s.optional("empty_lse", [&](const json& x, const std::string& q) {
+    conventions.empty_lse = read_enum(x, q, kEmptyLse);
+  });
+  s.optional("sink_in_lse", [&](const json& x, const std::string& q) {
+    conventions.sink_in_lse = read_bool(x, q);
+  });
+  s.finish();
+}
+
+Case::QSource read_q_source(const json& v, const std::string& p) {
+  ObjectReader s(v, p);
+  Case::QSource q;
+  s.required("heads", [&](const json& x, const std::string& w) { q.heads = read_i32(x, w); });
+  s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
+  s.required("head_ids",
+             [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
+  s.optional("s_q", [&](const json& x, const std::string& w) { q.s_q = read_i32(x, w); });
+  s.optional("token_ids",
+             [&](const json& x, const std::string& w) { q.token_ids = read_i32_list(x, w); });
+  s.finish();
+  return q;
+}
+
+// Reads the padding fields of the tensor layouts (q, out, indices and lse rows).
+void read_pads(ObjectReader& r, Case& c) {
+  r.optional("q_head_pad",
+             [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
+  r.optional("out_head_pad",
+             [&](const json& v, const std::string& p) { c.out_head_pad = read_i32(v, p); });
+  r.optional("q_batch_pad",
+             [&](const json& v, const std::string& p) { c.q_batch_pad = read_i32(v, p); });
+  r.optional("out_batch_pad",
+             [&](const json& v, const std::string& p) { c.out_batch_pad = read_i32(v, p); });
+  r.optional("indices_row_pad",
+             [&](const json& v, const std::string& p) { c.indices_row_pad = read_i32(v, p); });
+  r.optional("lse_row_pad",
+             [&](const json& v, const std::string& p) { c.lse_row_pad = read_i32(v, p); });
+}
+
+void read_scales(const json& v, const std::string& p, ScaleSpec& scales) {
+  ObjectReader s(v, p);
+  s.optional("mode", [&](const json& x, const std::string& q) {
+    scales.mode = read_enum(x, q, kScaleModes);
+  });
+  s.optional("exp_lo", [&](const json& x, const std::string& q) {
+    scales.exp_lo = static_cast<int>(read_i32(x, q));
+  });
+  s.optional("exp_hi", [&](const json& x, const std::string& q) {
+    scales.exp_hi = static_cast<int>(read_i32(x, q));
+  });
+  s.optional("convention", [&](const json& x, const std::string& q) {
+    scales.convention = read_enum(x, q, kScaleConventions);
+  });
+  s.optional("mantissa",
+             [&](const json& x, const std::string& q) { scales.mantissa = read_double(x, q); });
+  s.finish();
+}
+
+uint64_t read_data_seed(const json& v, const std::string& p) {
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
+    throw CaseError(p, "expected an integer in [0, 2^64), got " + v.dump());
+  }
+  return v.get<uint64_t>();
+}
+
+// Rejects a version-1 file that sets a row padding, a version-2 field (every version-2 field
+// absent is 0 in version 1).
+void check_v1_row_pads(const Case& c, int file_version, const std::string& prefix) {
+  if (file_version >= 2) return;
+  for (const auto& [value, field] :
+       {std::pair{c.q_batch_pad, "q_batch_pad"}, std::pair{c.out_batch_pad, "out_batch_pad"},
+        std::pair{c.indices_row_pad, "indices_row_pad"}, std::pair{c.lse_row_pad, "lse_row_pad"}}) {
+    if (value != 0) {
+      throw CaseError(prefix + field, "needs case format version 2 (the file says version " +
+                                          std::to_string(file_version) + ")");
+    }
+  }
+}
+
 Case read_case(const json& j, const std::string& prefix) {
   Case c;
   int file_version = kCaseFormatVersion;
   ObjectReader r(j, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
-  r.optional("format", [&](const json& v, const std::string& p) {
-    const std::string s = read_string(v, p);
-    if (s != kCaseFormat) {
-      throw CaseError(p, "expected \"" + std::string(kCaseFormat) + "\", got \"" + s + "\"");
-    }
-  });
-  r.required("version", [&](const json& v, const std::string& p) {
-    file_version = static_cast<int>(read_int(v, p, 0, std::numeric_limits<int32_t>::max()));
-    if (file_version < kOldestCaseFormatVersion || file_version > kCaseFormatVersion) {
-      throw CaseError(p, "unsupported case format version " + std::to_string(file_version) +
-                             " (this build reads versions " +
-                             std::to_string(kOldestCaseFormatVersion) + " to " +
-                             std::to_string(kCaseFormatVersion) + ")");
-    }
-  });
+  r.optional("format", check_case_format);
+  r.required("version",
+             [&](const json& v, const std::string& p) { file_version = read_case_version(v, p); });
   // A version-1 file means exactly what it meant: it loads as the same case of version 2.
   c.version = kCaseFormatVersion;
   auto since_v2 = [&](const std::string& p) {
@@ -387,100 +488,29 @@ Case read_case(const json& j, const std::string& prefix) {
   });
   r.optional("topk_length",
              [&](const json& v, const std::string& p) { c.topk_length = read_i32_list(v, p); });
-  r.optional("sink", [&](const json& v, const std::string& p) {
-    const json& a = read_array(v, p);
-    std::vector<double> s;
-    for (size_t i = 0; i < a.size(); ++i) {
-      s.push_back(read_double(a[i], p + "[" + std::to_string(i) + "]"));
-    }
-    c.sink = std::move(s);
-  });
+  r.optional("sink", [&](const json& v, const std::string& p) { c.sink = read_sink(v, p); });
   r.optional("sm_scale",
              [&](const json& v, const std::string& p) { c.sm_scale = read_double(v, p); });
-  r.optional("conventions", [&](const json& v, const std::string& p) {
-    ObjectReader s(v, p);
-    s.optional("invalid_index", [&](const json& x, const std::string& q) {
-      c.conventions.invalid_index = read_enum(x, q, kInvalidRules);
-    });
-    s.optional("empty_lse", [&](const json& x, const std::string& q) {
-      c.conventions.empty_lse = read_enum(x, q, kEmptyLse);
-    });
-    s.optional("sink_in_lse", [&](const json& x, const std::string& q) {
-      c.conventions.sink_in_lse = read_bool(x, q);
-    });
-    s.finish();
-  });
-  r.optional("q_source", [&](const json& v, const std::string& p) {
-    ObjectReader s(v, p);
-    Case::QSource q;
-    s.required("heads", [&](const json& x, const std::string& w) { q.heads = read_i32(x, w); });
-    s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
-    s.required("head_ids",
-               [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
-    s.optional("s_q", [&](const json& x, const std::string& w) { q.s_q = read_i32(x, w); });
-    s.optional("token_ids",
-               [&](const json& x, const std::string& w) { q.token_ids = read_i32_list(x, w); });
-    s.finish();
-    c.q_source = std::move(q);
-  });
-  r.optional("q_head_pad",
-             [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
-  r.optional("out_head_pad",
-             [&](const json& v, const std::string& p) { c.out_head_pad = read_i32(v, p); });
-  r.optional("q_batch_pad",
-             [&](const json& v, const std::string& p) { c.q_batch_pad = read_i32(v, p); });
-  r.optional("out_batch_pad",
-             [&](const json& v, const std::string& p) { c.out_batch_pad = read_i32(v, p); });
-  r.optional("indices_row_pad",
-             [&](const json& v, const std::string& p) { c.indices_row_pad = read_i32(v, p); });
-  r.optional("lse_row_pad",
-             [&](const json& v, const std::string& p) { c.lse_row_pad = read_i32(v, p); });
+  r.optional("conventions",
+             [&](const json& v, const std::string& p) { read_conventions(v, p, c.conventions); });
+  r.optional("q_source",
+             [&](const json& v, const std::string& p) { c.q_source = read_q_source(v, p); });
+  read_pads(r, c);
   r.optional("q_values",
              [&](const json& v, const std::string& p) { c.q_values = read_value_spec(v, p); });
   r.optional("kv_values",
              [&](const json& v, const std::string& p) { c.kv_values = read_value_spec(v, p); });
   r.optional("rope_values",
              [&](const json& v, const std::string& p) { c.rope_values = read_value_spec(v, p); });
-  r.optional("scales", [&](const json& v, const std::string& p) {
-    ObjectReader s(v, p);
-    s.optional("mode", [&](const json& x, const std::string& q) {
-      c.scales.mode = read_enum(x, q, kScaleModes);
-    });
-    s.optional("exp_lo", [&](const json& x, const std::string& q) {
-      c.scales.exp_lo = static_cast<int>(read_i32(x, q));
-    });
-    s.optional("exp_hi", [&](const json& x, const std::string& q) {
-      c.scales.exp_hi = static_cast<int>(read_i32(x, q));
-    });
-    s.optional("convention", [&](const json& x, const std::string& q) {
-      c.scales.convention = read_enum(x, q, kScaleConventions);
-    });
-    s.optional("mantissa",
-               [&](const json& x, const std::string& q) { c.scales.mantissa = read_double(x, q); });
-    s.finish();
-  });
+  r.optional("scales", [&](const json& v, const std::string& p) { read_scales(v, p, c.scales); });
   r.optional("pad_fill",
              [&](const json& v, const std::string& p) { c.pad_fill = read_enum(v, p, kFills); });
-  r.optional("data_seed", [&](const json& v, const std::string& p) {
-    if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
-      throw CaseError(p, "expected an integer in [0, 2^64), got " + v.dump());
-    }
-    c.data_seed = v.get<uint64_t>();
-  });
+  r.optional("data_seed",
+             [&](const json& v, const std::string& p) { c.data_seed = read_data_seed(v, p); });
   r.finish();
-  // A version-1 file means what it always meant (every version-2 field absent is 0); the case
-  // is upgraded in memory and written back as the current version.
-  if (file_version < 2) {
-    for (const auto& [value, field] :
-         {std::pair{c.q_batch_pad, "q_batch_pad"}, std::pair{c.out_batch_pad, "out_batch_pad"},
-          std::pair{c.indices_row_pad, "indices_row_pad"},
-          std::pair{c.lse_row_pad, "lse_row_pad"}}) {
-      if (value != 0) {
-        throw CaseError(prefix + field, "needs case format version 2 (the file says version " +
-                                            std::to_string(file_version) + ")");
-      }
-    }
-  }
+  // A version-1 file means what it always meant; the case is upgraded in memory and written back
+  // as the current version.
+  check_v1_row_pads(c, file_version, prefix);
   c.version = kCaseFormatVersion;
   return c;
 }
@@ -674,34 +704,8 @@ void validate_lengths(const Case& c, const std::optional<std::vector<int32_t>>& 
   }
 }
 
-}  // namespace
-
-mla::CacheGeometry Case::extra_geom() const {
-  mla::CacheGeometry g = geom;
-  if (extra) {
-    g.page_size = extra->page_size;
-    g.page_stride = extra->page_stride;
-    g.num_pages = extra->num_pages;
-  }
-  return g;
-}
-
-Case extra_as_main(const Case& c) {
-  Case e = c;
-  e.extra.reset();
-  if (!c.extra) return e;
-  e.geom = c.extra_geom();
-  e.page_order = c.extra->page_order;
-  e.topk = c.extra->topk;
-  e.indices = c.extra->indices;
-  e.index_spec = c.extra->index_spec;
-  e.topk_length = c.extra->topk_length;
-  return e;
-}
-
-void validate(const Case& c) {
-  check(c.version >= kOldestCaseFormatVersion && c.version <= kCaseFormatVersion, "version",
-        "unsupported case format version " + std::to_string(c.version));
+// Checks the main cache geometry and, when the case has one, the extra cache's.
+void validate_geometries(const Case& c) {
   const auto& g = c.geom;
   check(g.layout == mla::Layout::kModel1 || g.layout == mla::Layout::kV32, "geometry.layout",
         "unknown layout");
@@ -714,9 +718,11 @@ void validate(const Case& c) {
   check(g.nope_dim <= (1 << 16) && g.rope_dim <= (1 << 16), "geometry.nope_dim",
         "nope_dim and rope_dim must be <= 65536");
   validate_geometry(g, c.page_order, "geometry");
-  const int64_t slots = mla::num_slots(g);
   if (c.extra) validate_geometry(c.extra_geom(), c.extra->page_order, "extra.geometry");
+}
 
+// Checks batch, heads, topk, s_q and the paddings, and that no tensor exceeds kMaxElements.
+void validate_shape(const Case& c) {
   check(c.batch > 0, "batch", "must be > 0");
   check(c.heads > 0, "heads", "must be > 0");
   check(c.topk > 0, "topk", "must be > 0");
@@ -745,60 +751,118 @@ void validate(const Case& c) {
         "batch * (s_q * topk + indices_row_pad) exceeds 2^28 elements");
   check(nb * (sh + c.lse_row_pad) <= kMaxElements, "lse_row_pad",
         "batch * (s_q * heads + lse_row_pad) exceeds 2^28 elements");
+}
 
-  validate_lists(c, c.indices, c.topk, slots, "indices");
+// Checks the index lists, index spec and topk lengths of the main cache and the extra cache.
+void validate_indices(const Case& c) {
+  validate_lists(c, c.indices, c.topk, mla::num_slots(c.geom), "indices");
   check_fraction(c.index_spec.invalid_fraction, "index_spec.invalid_fraction");
   check_fraction(c.index_spec.duplicate_fraction, "index_spec.duplicate_fraction");
   validate_lengths(c, c.topk_length, c.topk, "topk_length", "topk");
-  if (c.extra) {
-    const ExtraCache& e = *c.extra;
-    check(e.topk > 0, "extra.topk", "must be > 0");
-    check(nb * (int64_t{c.s_q} * e.topk + c.indices_row_pad) <= kMaxElements, "extra.topk",
-          "batch * (s_q * extra.topk + indices_row_pad) exceeds 2^28 elements");
-    validate_lists(c, e.indices, e.topk, mla::num_slots(c.extra_geom()), "extra.indices");
-    check_fraction(e.index_spec.invalid_fraction, "extra.index_spec.invalid_fraction");
-    check_fraction(e.index_spec.duplicate_fraction, "extra.index_spec.duplicate_fraction");
-    validate_lengths(c, e.topk_length, e.topk, "extra.topk_length", "extra.topk");
+  if (!c.extra) return;
+  const ExtraCache& e = *c.extra;
+  check(e.topk > 0, "extra.topk", "must be > 0");
+  check(int64_t{c.batch} * (int64_t{c.s_q} * e.topk + c.indices_row_pad) <= kMaxElements,
+        "extra.topk", "batch * (s_q * extra.topk + indices_row_pad) exceeds 2^28 elements");
+  validate_lists(c, e.indices, e.topk, mla::num_slots(c.extra_geom()), "extra.indices");
+  check_fraction(e.index_spec.invalid_fraction, "extra.index_spec.invalid_fraction");
+  check_fraction(e.index_spec.duplicate_fraction, "extra.index_spec.duplicate_fraction");
+  validate_lengths(c, e.topk_length, e.topk, "extra.topk_length", "extra.topk");
+}
+
+void validate_sink(const Case& c) {
+  if (!c.sink) return;
+  check(c.sink->size() == static_cast<size_t>(c.heads), "sink",
+        "has " + std::to_string(c.sink->size()) +
+            " entries, expected heads = " + std::to_string(c.heads));
+  for (size_t h = 0; h < c.sink->size(); ++h) {
+    // +-inf are meaningful (+inf: output 0; -inf: no sink); NaN has no defined result.
+    check(!std::isnan((*c.sink)[h]), at("sink", h), "is NaN (only finite values or +-inf)");
   }
-  if (c.sink) {
-    check(c.sink->size() == static_cast<size_t>(c.heads), "sink",
-          "has " + std::to_string(c.sink->size()) +
-              " entries, expected heads = " + std::to_string(c.heads));
-    for (size_t h = 0; h < c.sink->size(); ++h) {
-      // +-inf are meaningful (+inf: output 0; -inf: no sink); NaN has no defined result.
-      check(!std::isnan((*c.sink)[h]), at("sink", h), "is NaN (only finite values or +-inf)");
-    }
+}
+
+void validate_q_source(const Case& c) {
+  if (!c.q_source) return;
+  const Case::QSource& q = *c.q_source;
+  check(q.heads >= 1, "q_source.heads", "must be >= 1");
+  check(q.rows.size() == static_cast<size_t>(c.batch), "q_source.rows",
+        "has " + std::to_string(q.rows.size()) +
+            " entries, expected batch = " + std::to_string(c.batch));
+  for (size_t b = 0; b < q.rows.size(); ++b) {
+    check(q.rows[b] >= 0, at("q_source.rows", b), "must be >= 0");
   }
-  if (c.q_source) {
-    const Case::QSource& q = *c.q_source;
-    check(q.heads >= 1, "q_source.heads", "must be >= 1");
-    check(q.rows.size() == static_cast<size_t>(c.batch), "q_source.rows",
-          "has " + std::to_string(q.rows.size()) +
-              " entries, expected batch = " + std::to_string(c.batch));
-    for (size_t b = 0; b < q.rows.size(); ++b) {
-      check(q.rows[b] >= 0, at("q_source.rows", b), "must be >= 0");
-    }
-    check(q.head_ids.size() == static_cast<size_t>(c.heads), "q_source.head_ids",
-          "has " + std::to_string(q.head_ids.size()) +
-              " entries, expected heads = " + std::to_string(c.heads));
-    for (size_t h = 0; h < q.head_ids.size(); ++h) {
-      check(q.head_ids[h] >= 0 && q.head_ids[h] < q.heads, at("q_source.head_ids", h),
-            std::to_string(q.head_ids[h]) +
-                " is outside [0, q_source.heads = " + std::to_string(q.heads) + ")");
-    }
-    check(q.s_q >= 1, "q_source.s_q", "must be >= 1");
-    check(q.token_ids.empty() || q.token_ids.size() == static_cast<size_t>(c.s_q),
-          "q_source.token_ids",
-          "has " + std::to_string(q.token_ids.size()) +
-              " entries, expected s_q = " + std::to_string(c.s_q) + " (or none)");
-    check(!q.token_ids.empty() || q.s_q == c.s_q, "q_source.token_ids",
-          "is required when q_source.s_q differs from s_q");
-    for (size_t s = 0; s < q.token_ids.size(); ++s) {
-      check(q.token_ids[s] >= 0 && q.token_ids[s] < q.s_q, at("q_source.token_ids", s),
-            std::to_string(q.token_ids[s]) +
-                " is outside [0, q_source.s_q = " + std::to_string(q.s_q) + ")");
-    }
+  check(q.head_ids.size() == static_cast<size_t>(c.heads), "q_source.head_ids",
+        "has " + std::to_string(q.head_ids.size()) +
+            " entries, expected heads = " + std::to_string(c.heads));
+  for (size_t h = 0; h < q.head_ids.size(); ++h) {
+    check(q.head_ids[h] >= 0 && q.head_ids[h] < q.heads, at("q_source.head_ids", h),
+          std::to_string(q.head_ids[h]) +
+              " is outside [0, q_source.heads = " + std::to_string(q.heads) + ")");
   }
+  check(q.s_q >= 1, "q_source.s_q", "must be >= 1");
+  check(q.token_ids.empty() || q.token_ids.size() == static_cast<size_t>(c.s_q),
+        "q_source.token_ids",
+        "has " + std::to_string(q.token_ids.size()) +
+            " entries, expected s_q = " + std::to_string(c.s_q) + " (or none)");
+  check(!q.token_ids.empty() || q.s_q == c.s_q, "q_source.token_ids",
+        "is required when q_source.s_q differs from s_q");
+  for (size_t s = 0; s < q.token_ids.size(); ++s) {
+    check(q.token_ids[s] >= 0 && q.token_ids[s] < q.s_q, at("q_source.token_ids", s),
+          std::to_string(q.token_ids[s]) +
+              " is outside [0, q_source.s_q = " + std::to_string(q.s_q) + ")");
+  }
+}
+
+void validate_scales(const Case& c) {
+  // ue8m0 byte 255 is NaN, so stored exponents live in [0, 254].
+  check(c.scales.exp_lo >= 0 && c.scales.exp_lo <= 254, "scales.exp_lo",
+        std::to_string(c.scales.exp_lo) + " is outside the ue8m0 range [0, 254]");
+  check(c.scales.exp_hi >= 0 && c.scales.exp_hi <= 254, "scales.exp_hi",
+        std::to_string(c.scales.exp_hi) + " is outside the ue8m0 range [0, 254]");
+  check(c.scales.exp_lo <= c.scales.exp_hi, "scales.exp_hi", "must be >= scales.exp_lo");
+  const bool fp32 = c.scales.convention == ScaleConvention::kFp32;
+  check(!fp32 || c.geom.layout == mla::Layout::kV32, "scales.convention",
+        "\"fp32\" applies to the v32 layout only (MODEL1 stores ue8m0 bytes)");
+  const double mant = c.scales.mantissa;
+  check(mant == 1.0 || (fp32 && c.scales.mode == ScaleMode::kFixed), "scales.mantissa",
+        "is used by mode \"fixed\" under convention \"fp32\" only (leave it out otherwise)");
+  check(mant >= 1.0 && mant < 2.0 && static_cast<double>(static_cast<float>(mant)) == mant,
+        "scales.mantissa", "must be in [1, 2) and exact in float32");
+}
+
+}  // namespace
+
+mla::CacheGeometry Case::extra_geom() const {
+  mla::CacheGeometry g = geom;
+  if (extra) {
+    g.page_size = extra->page_size;
+    g.page_stride = extra->page_stride;
+    g.num_pages = extra->num_pages;
+  }
+  return g;
+}
+
+Case extra_as_main(const Case& c) {
+  Case e = c;
+  e.extra.reset();
+  if (!c.extra) return e;
+  e.geom = c.extra_geom();
+  e.page_order = c.extra->page_order;
+  e.topk = c.extra->topk;
+  e.indices = c.extra->indices;
+  e.index_spec = c.extra->index_spec;
+  e.topk_length = c.extra->topk_length;
+  return e;
+}
+
+void validate(const Case& c) {
+  check(c.version >= kOldestCaseFormatVersion && c.version <= kCaseFormatVersion, "version",
+        "unsupported case format version " + std::to_string(c.version));
+  validate_geometries(c);
+  validate_shape(c);
+  validate_indices(c);
+  validate_sink(c);
+  validate_q_source(c);
   if (c.sm_scale) {
     const double s = *c.sm_scale;
     check(std::isfinite(s) && std::isfinite(static_cast<float>(s)), "sm_scale",
@@ -807,20 +871,7 @@ void validate(const Case& c) {
   check_value_spec(c.q_values, "q_values");
   check_value_spec(c.kv_values, "kv_values");
   check_value_spec(c.rope_values, "rope_values");
-  // ue8m0 byte 255 is NaN, so stored exponents live in [0, 254].
-  check(c.scales.exp_lo >= 0 && c.scales.exp_lo <= 254, "scales.exp_lo",
-        std::to_string(c.scales.exp_lo) + " is outside the ue8m0 range [0, 254]");
-  check(c.scales.exp_hi >= 0 && c.scales.exp_hi <= 254, "scales.exp_hi",
-        std::to_string(c.scales.exp_hi) + " is outside the ue8m0 range [0, 254]");
-  check(c.scales.exp_lo <= c.scales.exp_hi, "scales.exp_hi", "must be >= scales.exp_lo");
-  const bool fp32 = c.scales.convention == ScaleConvention::kFp32;
-  check(!fp32 || g.layout == mla::Layout::kV32, "scales.convention",
-        "\"fp32\" applies to the v32 layout only (MODEL1 stores ue8m0 bytes)");
-  const double mant = c.scales.mantissa;
-  check(mant == 1.0 || (fp32 && c.scales.mode == ScaleMode::kFixed), "scales.mantissa",
-        "is used by mode \"fixed\" under convention \"fp32\" only (leave it out otherwise)");
-  check(mant >= 1.0 && mant < 2.0 && static_cast<double>(static_cast<float>(mant)) == mant,
-        "scales.mantissa", "must be in [1, 2) and exact in float32");
+  validate_scales(c);
 }
 
 nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g) {

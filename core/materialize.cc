@@ -599,10 +599,10 @@ Case with_explicit_indices(const Case& c) {
   return e;
 }
 
-MaterializedCase materialize(const Case& c) {
-  validate(c);
-  MaterializedCase m;
-  m.recipe = with_explicit_indices(c);
+namespace {
+
+// Sets m's geometry, sizes, scale, conventions and strides (pads included) from the case.
+void set_shape(const Case& c, MaterializedCase& m) {
   m.geom = c.geom;
   if (m.geom.page_stride == 0) m.geom.page_stride = mla::min_page_stride(m.geom);
   m.recipe.geom.page_stride = m.geom.page_stride;
@@ -614,9 +614,8 @@ MaterializedCase materialize(const Case& c) {
   m.sm_scale64 = static_cast<double>(m.sm_scale);
   m.conv = c.conventions;
 
-  const int32_t dqk = m.d_qk();
   m.s_q = c.s_q;
-  m.q_head_stride = dqk + c.q_head_pad;
+  m.q_head_stride = m.d_qk() + c.q_head_pad;
   m.out_head_stride = m.d_v() + c.out_head_pad;
   m.extra_topk = c.extra ? c.extra->topk : 0;
   m.set_contiguous_strides();
@@ -626,6 +625,11 @@ MaterializedCase materialize(const Case& c) {
   m.indices_batch_stride += c.indices_row_pad;
   m.extra_indices_batch_stride += c.extra ? c.indices_row_pad : 0;
   m.lse_batch_stride += c.lse_row_pad;
+}
+
+// Fills m.q: the bf16 queries, then each head's and each batch row's pad.
+void fill_q(const Case& c, MaterializedCase& m) {
+  const int32_t dqk = m.d_qk();
   m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
   for (int32_t b = 0; b < m.batch; ++b) {
     const int64_t row = int64_t{b} * m.q_batch_stride;
@@ -645,7 +649,10 @@ MaterializedCase materialize(const Case& c) {
       m.q[static_cast<size_t>(i)] = q_pad_bits(c.pad_fill, c.data_seed, static_cast<uint64_t>(i));
     }
   }
+}
 
+// Fills m.cache (tokens, padding, guard) and m.indices (physical slots, then each row's pad).
+void fill_main_cache(const Case& c, MaterializedCase& m) {
   m.cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
   fill_cache_padding(m.cache, c.pad_fill, c.data_seed);
   add_cache_guard(m.cache, m.geom, m.conv);
@@ -667,41 +674,53 @@ MaterializedCase materialize(const Case& c) {
       m.indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, slots));
     }
   }
+}
+
+// Fills the extra cache and its indices the way fill_main_cache fills the main ones.
+void fill_extra_cache(const Case& c, MaterializedCase& m) {
+  m.has_extra = true;
+  m.extra_geom = c.extra_geom();
+  if (m.extra_geom.page_stride == 0) m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
+  m.recipe.extra->page_stride = m.extra_geom.page_stride;
+  m.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
+  // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
+  // repeats the other's garbage.
+  fill_cache_padding(m.extra_cache, c.pad_fill, c.data_seed, 3);
+  add_cache_guard(m.extra_cache, m.extra_geom, m.conv);
+  Case view = extra_as_main(c);
+  view.geom = m.extra_geom;
+  write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));
+  m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
+  const int64_t extra_slots = mla::num_slots(m.extra_geom);
+  for (int32_t b = 0; b < m.batch; ++b) {
+    for (int32_t t = 0; t < m.s_q; ++t) {
+      for (int32_t x : m.recipe.extra->indices[static_cast<size_t>(b * m.s_q + t)]) {
+        m.extra_indices.push_back(static_cast<int32_t>(extra_physical_slot(c, x)));
+      }
+    }
+    for (int64_t k = int64_t{m.s_q} * m.extra_topk; k < m.extra_indices_batch_stride; ++k) {
+      // Element numbers past the main lists', so that the two pads differ.
+      const auto e = static_cast<uint64_t>(m.indices.size() + m.extra_indices.size());
+      m.extra_indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, extra_slots));
+    }
+  }
+  if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
+}
+
+}  // namespace
+
+MaterializedCase materialize(const Case& c) {
+  validate(c);
+  MaterializedCase m;
+  m.recipe = with_explicit_indices(c);
+  set_shape(c, m);
+  fill_q(c, m);
+  fill_main_cache(c, m);
   if (c.topk_length) m.topk_length = *c.topk_length;
   if (c.sink) {
     for (double s : *c.sink) m.sink.push_back(static_cast<float>(s));  // +-inf stay +-inf
   }
-
-  if (c.extra) {
-    m.has_extra = true;
-    m.extra_geom = c.extra_geom();
-    if (m.extra_geom.page_stride == 0)
-      m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
-    m.recipe.extra->page_stride = m.extra_geom.page_stride;
-    m.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
-    // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
-    // repeats the other's garbage.
-    fill_cache_padding(m.extra_cache, c.pad_fill, c.data_seed, 3);
-    add_cache_guard(m.extra_cache, m.extra_geom, m.conv);
-    Case view = extra_as_main(c);
-    view.geom = m.extra_geom;
-    write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));
-    m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
-    const int64_t extra_slots = mla::num_slots(m.extra_geom);
-    for (int32_t b = 0; b < m.batch; ++b) {
-      for (int32_t t = 0; t < m.s_q; ++t) {
-        for (int32_t x : m.recipe.extra->indices[static_cast<size_t>(b * m.s_q + t)]) {
-          m.extra_indices.push_back(static_cast<int32_t>(extra_physical_slot(c, x)));
-        }
-      }
-      for (int64_t k = int64_t{m.s_q} * m.extra_topk; k < m.extra_indices_batch_stride; ++k) {
-        // Element numbers past the main lists', so that the two pads differ.
-        const auto e = static_cast<uint64_t>(m.indices.size() + m.extra_indices.size());
-        m.extra_indices.push_back(index_pad_value(c.pad_fill, c.data_seed, e, extra_slots));
-      }
-    }
-    if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
-  }
+  if (c.extra) fill_extra_cache(c, m);
   return m;
 }
 

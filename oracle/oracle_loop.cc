@@ -145,9 +145,8 @@ void check(const MaterializedCase& m, const std::vector<LoopCache>& caches) {
   }
 }
 
-}  // namespace
-
-OracleResult run_oracle_loop(const MaterializedCase& m) {
+// The main cache and, when the case has one, the extra cache, as the loops read them.
+std::vector<LoopCache> loop_caches(const MaterializedCase& m) {
   std::vector<LoopCache> caches;
   caches.push_back({LoopLayout(m.geom), &m.cache, m.geom.num_pages, &m.indices, &m.topk_length,
                     m.topk, m.indices_token_stride, m.indices_batch_stride, "indices"});
@@ -156,13 +155,95 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
                       &m.extra_indices, &m.extra_topk_length, m.extra_topk,
                       m.extra_indices_token_stride, m.extra_indices_batch_stride, "extra_indices"});
   }
+  return caches;
+}
+
+// Logits x_k = sm_scale * <q, K_k> over T(b, s): the valid entries of every list (a token in two
+// lists counts twice), stored in x[list][k]. Returns false when no entry is valid; otherwise mx
+// is their max, NaN when any logit is NaN.
+bool row_logits(const MaterializedCase& m, const std::vector<LoopCache>& caches, const uint16_t* q,
+                int64_t b, int64_t s, int64_t dqk, std::vector<std::vector<double>>& x,
+                double& mx) {
+  const double scale = m.sm_scale64;
+  mx = -kInf;
+  bool any = false, nan = false;
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const LoopCache& C = caches[c];
+    for (int64_t k = 0; k < C.topk; ++k) {
+      if (!entry_valid(m, C, b, s, k)) continue;
+      const Where w = C.L.locate(entry(C, b, s, k));
+      double dot = 0;
+      for (int64_t d = 0; d < dqk; ++d) {
+        dot += mla::bf16_to_float(q[d]) * key(C.L, C.bytes->data(), w, d);
+      }
+      double& xk = x[c][static_cast<size_t>(k)];
+      xk = scale * dot;
+      nan = nan || std::isnan(xk);
+      if (!any || xk > mx) mx = xk;
+      any = true;
+    }
+  }
+  if (nan) mx = std::numeric_limits<double>::quiet_NaN();  // NaN inputs give a NaN row
+  return any;
+}
+
+// Returns l = sum exp(x_k - mx) and sets acc = sum exp(x_k - mx) V_k over the valid entries of
+// row (b, s), list by list; duplicates are separate entries.
+double row_weighted_sum(const MaterializedCase& m, const std::vector<LoopCache>& caches, int64_t b,
+                        int64_t s, int64_t dv, const std::vector<std::vector<double>>& x, double mx,
+                        std::vector<double>& acc) {
+  double l = 0;
+  for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const LoopCache& C = caches[c];
+    for (int64_t k = 0; k < C.topk; ++k) {
+      if (!entry_valid(m, C, b, s, k)) continue;
+      const Where w = C.L.locate(entry(C, b, s, k));
+      const double p = std::exp(x[c][static_cast<size_t>(k)] - mx);
+      l += p;
+      for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(C.L, C.bytes->data(), w, d);
+    }
+  }
+  return l;
+}
+
+// Writes out = acc / (l + sink term) and the row's lse, folding head h's sink in as the case's
+// conventions say.
+void finish_row(const MaterializedCase& m, int64_t h, double l, double mx,
+                const std::vector<double>& acc, int64_t dv, double* out, double& lse) {
+  // Sink: exp(sink) on the same shifted scale. -inf (or absent) contributes nothing;
+  // +inf makes the output exactly 0 (and the folded lse +inf).
+  const bool has_sink = !m.sink.empty();
+  const double sink = has_sink ? m.sink[h] : -kInf;
+  if (sink == kInf) {
+    for (int64_t d = 0; d < dv; ++d) out[d] = 0;
+  } else {
+    const double denom = l + (sink == -kInf ? 0.0 : std::exp(sink - mx));
+    for (int64_t d = 0; d < dv; ++d) out[d] = acc[d] / denom;
+  }
+  if (m.conv.sink_in_lse && has_sink && sink != -kInf) {
+    if (sink == kInf) {
+      lse = kInf;
+    } else if (sink > mx) {
+      lse = sink + std::log(l * std::exp(mx - sink) + 1.0);
+    } else {
+      lse = mx + std::log(l + std::exp(sink - mx));
+    }
+  } else {
+    lse = mx + std::log(l);
+  }
+}
+
+}  // namespace
+
+OracleResult run_oracle_loop(const MaterializedCase& m) {
+  const std::vector<LoopCache> caches = loop_caches(m);
   check(m, caches);
   const LoopLayout& L = caches[0].L;
   const int64_t B = m.batch, H = m.heads, S = m.s_q;
   const int64_t dqk = L.nope + L.rope;
   // MODEL1: V is the whole dequantized vector; V32: the nope part only.
   const int64_t dv = L.model1 ? dqk : L.nope;
-  const double scale = m.sm_scale64;
 
   OracleResult res;
   res.out.assign(B * S * H * dv, 0.0);
@@ -178,66 +259,14 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
         const int64_t row = (b * S + s) * H + h;
         double* out = res.out.data() + row * dv;
         double& lse = res.lse[row];
-        // Logits x_k = sm_scale * <q, K_k> over T(b, s): the valid entries of every list (a token
-        // in two lists counts twice); the max m of them.
-        double mx = -kInf;
-        bool any = false, nan = false;
-        for (size_t c = 0; c < caches.size(); ++c) {
-          const LoopCache& C = caches[c];
-          for (int64_t k = 0; k < C.topk; ++k) {
-            if (!entry_valid(m, C, b, s, k)) continue;
-            const Where w = C.L.locate(entry(C, b, s, k));
-            double dot = 0;
-            for (int64_t d = 0; d < dqk; ++d) {
-              dot += mla::bf16_to_float(q[d]) * key(C.L, C.bytes->data(), w, d);
-            }
-            double& xk = x[c][static_cast<size_t>(k)];
-            xk = scale * dot;
-            nan = nan || std::isnan(xk);
-            if (!any || xk > mx) mx = xk;
-            any = true;
-          }
-        }
-        if (!any) {
+        double mx;
+        if (!row_logits(m, caches, q, b, s, dqk, x, mx)) {
           // No valid entry: out stays 0; lse is the convention's infinity, sink or not.
           lse = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
           continue;
         }
-        if (nan) mx = std::numeric_limits<double>::quiet_NaN();  // NaN inputs give a NaN row
-        // l = sum exp(x_k - m) and acc = sum exp(x_k - m) V_k; duplicates are separate entries.
-        double l = 0;
-        for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
-        for (size_t c = 0; c < caches.size(); ++c) {
-          const LoopCache& C = caches[c];
-          for (int64_t k = 0; k < C.topk; ++k) {
-            if (!entry_valid(m, C, b, s, k)) continue;
-            const Where w = C.L.locate(entry(C, b, s, k));
-            const double p = std::exp(x[c][static_cast<size_t>(k)] - mx);
-            l += p;
-            for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(C.L, C.bytes->data(), w, d);
-          }
-        }
-        // Sink: exp(sink) on the same shifted scale. -inf (or absent) contributes nothing;
-        // +inf makes the output exactly 0 (and the folded lse +inf).
-        const bool has_sink = !m.sink.empty();
-        const double sink = has_sink ? m.sink[h] : -kInf;
-        if (sink == kInf) {
-          for (int64_t d = 0; d < dv; ++d) out[d] = 0;
-        } else {
-          const double denom = l + (sink == -kInf ? 0.0 : std::exp(sink - mx));
-          for (int64_t d = 0; d < dv; ++d) out[d] = acc[d] / denom;
-        }
-        if (m.conv.sink_in_lse && has_sink && sink != -kInf) {
-          if (sink == kInf) {
-            lse = kInf;
-          } else if (sink > mx) {
-            lse = sink + std::log(l * std::exp(mx - sink) + 1.0);
-          } else {
-            lse = mx + std::log(l + std::exp(sink - mx));
-          }
-        } else {
-          lse = mx + std::log(l);
-        }
+        const double l = row_weighted_sum(m, caches, b, s, dv, x, mx, acc);
+        finish_row(m, h, l, mx, acc, dv, out, lse);
       }
     }
   }

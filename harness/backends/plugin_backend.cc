@@ -160,8 +160,8 @@ void read_v2_info(const MlafuzzPluginInfo& info, const std::string& who, PluginD
   d.extra_pipeline = info.extra_pipeline;
 }
 
-LoadedPlugin load(const std::string& path) {
-  const std::string who = "plugin " + path;
+// Checks that path names a regular file and dlopens it.
+void* open_library(const std::string& path, const std::string& who) {
   struct stat st {};
   if (stat(path.c_str(), &st) != 0) {
     throw PluginError(who + ": cannot open: " + std::strerror(errno));
@@ -174,27 +174,19 @@ LoadedPlugin load(const std::string& path) {
     const char* e = dlerror();
     throw PluginError(who + ": cannot load: " + (e != nullptr ? e : "unknown dlopen error"));
   }
-  auto symbol = [&](const char* name, bool required) -> void* {
-    dlerror();
-    void* s = dlsym(handle, name);
-    if (s == nullptr && required) throw PluginError(who + ": missing symbol " + name);
-    return s;
-  };
-  const auto abi =
-      reinterpret_cast<MlafuzzPluginAbiVersionFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ABI_VERSION, true));
-  const auto info_fn =
-      reinterpret_cast<MlafuzzPluginInfoFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_INFO, true));
-  LoadedPlugin p;
-  p.run = reinterpret_cast<MlafuzzPluginRunFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_RUN, true));
-  p.supports =
-      reinterpret_cast<MlafuzzPluginSupportsFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_SUPPORTS, false));
+  return handle;
+}
 
-  // The version is checked before any struct crosses the boundary: layouts may differ.
-  const int version = abi();
-  if (version < MLAFUZZ_PLUGIN_ABI_VERSION_MIN || version > MLAFUZZ_PLUGIN_ABI_VERSION) {
-    throw PluginError(who + ": ABI version " + std::to_string(version) + ", mlafuzz supports " +
-                      supported_versions());
-  }
+// The plugin's symbol `name`, or nullptr when it lacks an optional one.
+void* find_symbol(void* handle, const std::string& who, const char* name, bool required) {
+  dlerror();
+  void* s = dlsym(handle, name);
+  if (s == nullptr && required) throw PluginError(who + ": missing symbol " + name);
+  return s;
+}
+
+// Calls the plugin's info function with the struct of its ABI version and checks the answer.
+MlafuzzPluginInfo query_info(MlafuzzPluginInfoFn info_fn, int version, const std::string& who) {
   // A version-1 plugin gets the version-1 part of the struct, and says so in struct_size.
   MlafuzzPluginInfo info;
   std::memset(&info, 0, sizeof info);
@@ -208,17 +200,10 @@ LoadedPlugin load(const std::string& path) {
     throw PluginError(who + ": info declares ABI version " + std::to_string(info.abi_version) +
                       " but mlafuzz_plugin_abi_version() returns " + std::to_string(version));
   }
+  return info;
+}
 
-  PluginDescription& d = p.desc;
-  d.path = path;
-  d.abi_version = version;
-  d.name = bounded(info.name, sizeof info.name);
-  d.description = bounded(info.description, sizeof info.description);
-  d.has_supports = p.supports != nullptr;
-  if (!valid_name(d.name)) {
-    throw PluginError(who + ": invalid name '" + d.name +
-                      "' (use letters, digits, '.', '_' and '-')");
-  }
+void read_runs_on(const MlafuzzPluginInfo& info, const std::string& who, PluginDescription& d) {
   switch (info.runs_on) {
     case MLAFUZZ_RUNS_ON_HOST:
       d.runs_on_device = false;
@@ -230,6 +215,10 @@ LoadedPlugin load(const std::string& path) {
       throw PluginError(who + ": unknown runs_on " + std::to_string(info.runs_on) +
                         " (0 host, 1 device)");
   }
+}
+
+// The precision pipeline the plugin declares, with its tolerances when custom.
+void read_precision(const MlafuzzPluginInfo& info, const std::string& who, PluginDescription& d) {
   switch (info.precision) {
     case MLAFUZZ_PRECISION_FP32_SIMT:
       d.precision = Precision::kSimtFp32;
@@ -253,27 +242,67 @@ LoadedPlugin load(const std::string& path) {
       throw PluginError(who + ": unknown precision " + std::to_string(info.precision) +
                         " (0 fp32-simt, 1 bf16-mma, 2 custom)");
   }
+}
+
+// Calls the plugin's optional envelope function (ABI version 2 on) and keeps its envelope.
+void read_envelope(MlafuzzPluginEnvelopeFn env_fn, int version, const std::string& who,
+                   PluginDescription& d) {
+  MlafuzzEnvelope env;
+  std::memset(&env, 0, sizeof env);
+  env.struct_size = sizeof env;
+  const int erc = env_fn(&env);
+  if (erc != 0) {
+    throw PluginError(who + ": mlafuzz_plugin_envelope failed (returned " + std::to_string(erc) +
+                      ")");
+  }
+  if (env.abi_version != static_cast<uint32_t>(version)) {
+    throw PluginError(who + ": envelope declares ABI version " + std::to_string(env.abi_version) +
+                      ", the plugin " + std::to_string(version));
+  }
+  d.envelope = envelope_from_c(env, who);
+  d.has_envelope = true;
+}
+
+LoadedPlugin load(const std::string& path) {
+  const std::string who = "plugin " + path;
+  void* handle = open_library(path, who);
+  auto symbol = [&](const char* name, bool required) {
+    return find_symbol(handle, who, name, required);
+  };
+  const auto abi =
+      reinterpret_cast<MlafuzzPluginAbiVersionFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ABI_VERSION, true));
+  const auto info_fn =
+      reinterpret_cast<MlafuzzPluginInfoFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_INFO, true));
+  LoadedPlugin p;
+  p.run = reinterpret_cast<MlafuzzPluginRunFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_RUN, true));
+  p.supports =
+      reinterpret_cast<MlafuzzPluginSupportsFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_SUPPORTS, false));
+
+  // The version is checked before any struct crosses the boundary: layouts may differ.
+  const int version = abi();
+  if (version < MLAFUZZ_PLUGIN_ABI_VERSION_MIN || version > MLAFUZZ_PLUGIN_ABI_VERSION) {
+    throw PluginError(who + ": ABI version " + std::to_string(version) + ", mlafuzz supports " +
+                      supported_versions());
+  }
+  const MlafuzzPluginInfo info = query_info(info_fn, version, who);
+
+  PluginDescription& d = p.desc;
+  d.path = path;
+  d.abi_version = version;
+  d.name = bounded(info.name, sizeof info.name);
+  d.description = bounded(info.description, sizeof info.description);
+  d.has_supports = p.supports != nullptr;
+  if (!valid_name(d.name)) {
+    throw PluginError(who + ": invalid name '" + d.name +
+                      "' (use letters, digits, '.', '_' and '-')");
+  }
+  read_runs_on(info, who, d);
+  read_precision(info, who, d);
   if (version >= 2) {
     read_v2_info(info, who, d);
     const auto env_fn =
         reinterpret_cast<MlafuzzPluginEnvelopeFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ENVELOPE, false));
-    if (env_fn != nullptr) {
-      MlafuzzEnvelope env;
-      std::memset(&env, 0, sizeof env);
-      env.struct_size = sizeof env;
-      const int erc = env_fn(&env);
-      if (erc != 0) {
-        throw PluginError(who + ": mlafuzz_plugin_envelope failed (returned " +
-                          std::to_string(erc) + ")");
-      }
-      if (env.abi_version != static_cast<uint32_t>(version)) {
-        throw PluginError(who + ": envelope declares ABI version " +
-                          std::to_string(env.abi_version) + ", the plugin " +
-                          std::to_string(version));
-      }
-      d.envelope = envelope_from_c(env, who);
-      d.has_envelope = true;
-    }
+    if (env_fn != nullptr) read_envelope(env_fn, version, who, d);
   }
   {
     std::unique_lock<std::mutex> lock;

@@ -54,8 +54,8 @@ class UnavailableBackend final : public Backend {
 };
 #endif
 
-std::vector<BackendSpec> make_table() {
-  std::vector<BackendSpec> t;
+// The oracles and the host models of the kernels.
+void add_host_backends(std::vector<BackendSpec>& t) {
   t.push_back({"oracle", "CPU float64 oracle (Eigen: gathered K, all heads as one product)", false,
                [] { return make_oracle_backend(); }});
   t.push_back({"oracle-loop", "CPU float64 oracle written as plain loops from the formulas", false,
@@ -79,6 +79,10 @@ std::vector<BackendSpec> make_table() {
                [] { return make_cpu_mma_split_backend(0); }});
   t.push_back({"cpu-mma-split-max", "host model of the split-KV MMA pipeline, 1 split per tile",
                false, [] { return make_cpu_mma_split_backend(-1); }});
+}
+
+// The CUDA kernels, or stand-ins that say why they are missing in a build without nvcc.
+void add_cuda_backends(std::vector<BackendSpec>& t) {
   const std::string simt = "CUDA SIMT per-head kernel (fp32)";
   const std::string mma =
       "CUDA tensor-core head-tiled kernel (mma.sync bf16, BLOCK_H 32; runs the 97.25 KiB "
@@ -121,6 +125,9 @@ std::vector<BackendSpec> make_table() {
   t.push_back({"cuda-mma-split-max", split_max, false,
                unavailable("cuda-mma-split-max", Precision::kMmaBf16, "cuda-simt")});
 #endif
+}
+
+void add_triton_backends(std::vector<BackendSpec>& t) {
   // The story's kernels in Triton (kernels/triton, python: backends under short names; they
   // need python3 with torch, triton and a GPU, and say which is missing otherwise).
   t.push_back({"triton-simt", "Triton SIMT per-head kernel (fp32; kernels/triton/triton_simt.py)",
@@ -138,6 +145,13 @@ std::vector<BackendSpec> make_table() {
                                                     Precision::kMmaBf16, "triton-simt");
                },
                /*isolates_itself=*/true});
+}
+
+std::vector<BackendSpec> make_table() {
+  std::vector<BackendSpec> t;
+  add_host_backends(t);
+  add_cuda_backends(t);
+  add_triton_backends(t);
   return t;
 }
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -278,6 +278,50 @@ def _valid_name(name: str) -> bool:
     return bool(name) and all(c.isascii() and (c.isalnum() or c in "._-") for c in name)
 
 
+def _kernel_precision(precision: Union[str, Tolerance]) -> Tuple[str, float, float]:
+    """(precision name, abs_tol, rel_tol) of ``kernel(precision=...)``."""
+    if isinstance(precision, Tolerance):
+        return "custom", float(precision.abs), float(precision.rel)
+    if precision in _PRECISIONS:
+        return str(precision), 0.0, 0.0
+    raise ValueError(
+        f"mlafuzz.kernel(precision={precision!r}): use 'bf16_mma', 'fp32_simt' or "
+        "mlafuzz.Tolerance(abs=..., rel=...)"
+    )
+
+
+def _check_pipeline_and_tile(extra_pipeline: str, token_tile: int) -> None:
+    """Checks ``kernel(extra_pipeline=..., token_tile=...)``."""
+    if extra_pipeline not in _EXTRA_PIPELINES:
+        raise ValueError(
+            f"mlafuzz.kernel(extra_pipeline={extra_pipeline!r}): use 'joint' or 'lse_merged'"
+        )
+    if isinstance(token_tile, bool) or not isinstance(token_tile, int) or token_tile < 0:
+        raise ValueError(
+            f"mlafuzz.kernel(token_tile={token_tile!r}): use a positive number of tokens, or 0 "
+            "for the precision's default"
+        )
+
+
+def _kernel_inexact(inexact: Sequence[str]) -> Sequence[str]:
+    """``kernel(inexact=...)`` as a sequence of known invariant names (one name alone too)."""
+    if isinstance(inexact, str):
+        inexact = [inexact]
+    for inv in inexact:
+        if inv not in _INVARIANTS:
+            raise ValueError(
+                f"mlafuzz.kernel(inexact=[{inv!r}]): unknown invariant (known: "
+                f"{', '.join(_INVARIANTS)})"
+            )
+    return inexact
+
+
+def _first_doc_line(func: Callable[..., Any]) -> str:
+    """The first line of ``func``'s docstring ("" without one)."""
+    lines = (func.__doc__ or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
 def kernel(
     *,
     name: str,
@@ -316,45 +360,19 @@ def kernel(
         raise ValueError(
             f"mlafuzz.kernel(name={name!r}): use letters, digits, '.', '_' and '-' only"
         )
-    if isinstance(precision, Tolerance):
-        prec, abs_tol, rel_tol = "custom", float(precision.abs), float(precision.rel)
-    elif precision in _PRECISIONS:
-        prec, abs_tol, rel_tol = str(precision), 0.0, 0.0
-    else:
-        raise ValueError(
-            f"mlafuzz.kernel(precision={precision!r}): use 'bf16_mma', 'fp32_simt' or "
-            "mlafuzz.Tolerance(abs=..., rel=...)"
-        )
+    prec, abs_tol, rel_tol = _kernel_precision(precision)
     if device not in _DEVICES:
         raise ValueError(f"mlafuzz.kernel(device={device!r}): use 'cpu' or 'cuda'")
     if envelope is not None and not isinstance(envelope, Envelope):
         raise TypeError("mlafuzz.kernel(envelope=...): use mlafuzz.Envelope(...)")
     env_json = envelope.to_json() if envelope is not None else None
-    if extra_pipeline not in _EXTRA_PIPELINES:
-        raise ValueError(
-            f"mlafuzz.kernel(extra_pipeline={extra_pipeline!r}): use 'joint' or 'lse_merged'"
-        )
-    if isinstance(token_tile, bool) or not isinstance(token_tile, int) or token_tile < 0:
-        raise ValueError(
-            f"mlafuzz.kernel(token_tile={token_tile!r}): use a positive number of tokens, or 0 "
-            "for the precision's default"
-        )
-    if isinstance(inexact, str):
-        inexact = [inexact]
-    for inv in inexact:
-        if inv not in _INVARIANTS:
-            raise ValueError(
-                f"mlafuzz.kernel(inexact=[{inv!r}]): unknown invariant (known: "
-                f"{', '.join(_INVARIANTS)})"
-            )
+    _check_pipeline_and_tile(extra_pipeline, token_tile)
+    inexact = _kernel_inexact(inexact)
 
     def wrap(func: Callable[["DecodeCall"], None]) -> Callable[["DecodeCall"], None]:
         if not callable(func):
             raise TypeError("@mlafuzz.kernel(...) decorates a function taking one call argument")
-        doc = description
-        if doc is None:
-            lines = (func.__doc__ or "").strip().splitlines()
-            doc = lines[0].strip() if lines else ""
+        doc = description if description is not None else _first_doc_line(func)
         func.__mlafuzz_kernel__ = KernelInfo(  # type: ignore[attr-defined]
             name, prec, abs_tol, rel_tol, device, doc, env_json, tuple(inexact), extra_pipeline,
             token_tile, envelope.extra_cache if envelope is not None else None,

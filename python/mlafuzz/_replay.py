@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -270,6 +270,72 @@ def load_call(dump: Union[str, "os.PathLike[str]", Any]) -> Any:
     return _host_call(dump, where)[0]
 
 
+def _load_or_write_dump(source: str, backend: str, timeout: str) -> Tuple[Any, str]:
+    """(the dump to replay, its folder): ``source`` itself when it is a dump folder with the
+    bound for ``backend``, else a dump that ``mlafuzz run --dump`` writes of its case."""
+    from mlafuzz import testing  # noqa: PLC0415 - testing imports this package
+    work = tempfile.mkdtemp(prefix="mlafuzz-replay-")
+    try:
+        folder = source
+        have_bound = os.path.isfile(os.path.join(source, f"bound_out{_suffix(backend)}.npy"))
+        if not os.path.isdir(source) or not have_bound:
+            case = os.path.join(source, "case.json") if os.path.isdir(source) else source
+            if not os.path.isfile(case):
+                raise FileNotFoundError(f"mlafuzz.replay: {source} is neither a case file nor a "
+                                        "`mlafuzz run --dump` folder (no case.json)")
+            folder = os.path.join(work, "dump")
+            _dump_case(testing.find_mlafuzz(), case, backend, folder, timeout)
+        dump = mlafuzz.load_dump(folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # load_dump read every array
+    return dump, folder
+
+
+def _run_kernel(decode: Callable[..., Any], info: Any, dump: Any, folder: str) -> Any:
+    """(the call, its arrays by name) after ``decode`` ran on the dump's call, on the device
+    when the kernel declares one (its outputs copied back into the host arrays)."""
+    __tracebackhide__ = True  # noqa: F841 - pytest: show the test's line, not this helper's
+    call, a = _host_call(dump, folder)
+    back = None
+    if info.device != "cpu":
+        call.memory = "device"
+        back = _to_device(call, a)
+    decode(call)
+    if back is not None:
+        back()
+    return call, a
+
+
+def _same_bits_as_worker(dump: Any, a: Any, sfx: str) -> Optional[bool]:
+    """Whether the kernel's out has the bits of the worker's run in the dump (None: no such
+    run)."""
+    worker = dump.arrays.get("out" + sfx)
+    if worker is None:
+        return None
+    return bool(np.array_equal(
+        worker.astype(np.float32).view(np.uint32),
+        mlafuzz.bf16_to_float32(np.asarray(a["out"])).view(np.uint32)))
+
+
+def _failure_message(name: str, source: str, check: Dict[str, Any], total: int,
+                     guards: List[str], same: Optional[bool], s_q: int) -> str:
+    """The text of the ReplayFailure of kernel ``name`` on ``source``."""
+    lines = [f"mlafuzz.replay: {name} fails the tolerance property on {source}:"]
+    if check["first"] is not None:
+        lines.append("  first failing element: " + describe(check["first"], s_q))
+    if check["worst"] is not None and check["worst"]["ratio"] > 1:
+        lines.append("  worst (as mlafuzz repro reports it): " + describe(check["worst"], s_q))
+    if check["failing"]:
+        lines.append(f"  {check['failing']} of {total} elements fail")
+    lines += [f"  wrote outside its outputs: {g}" for g in guards]
+    if same is False:
+        lines.append("  (mlafuzz's worker run of this case gave other bits: the kernel is not "
+                     "deterministic, or depends on the process)")
+    lines.append("  the call, the outputs and the reference: this exception's .result "
+                 "(.call, .out, .dump['out64'])")
+    return "\n".join(lines)
+
+
 def replay(entry_or_dump: Union[str, "os.PathLike[str]"], decode: Callable[..., Any], *,
            timeout: str = "60s") -> Replay:
     """Runs ``decode`` in this process on a corpus entry (or case file) or a ``run --dump``
@@ -301,58 +367,20 @@ def replay(entry_or_dump: Union[str, "os.PathLike[str]"], decode: Callable[..., 
         raise TypeError("mlafuzz.replay(..., decode): decorate decode with @mlafuzz.kernel")
     backend = testing.backend_name(decode)
     source = os.path.abspath(os.fspath(entry_or_dump))
-    work = tempfile.mkdtemp(prefix="mlafuzz-replay-")
-    try:
-        folder = source
-        have_bound = os.path.isfile(os.path.join(source, f"bound_out{_suffix(backend)}.npy"))
-        if not os.path.isdir(source) or not have_bound:
-            case = os.path.join(source, "case.json") if os.path.isdir(source) else source
-            if not os.path.isfile(case):
-                raise FileNotFoundError(f"mlafuzz.replay: {source} is neither a case file nor a "
-                                        "`mlafuzz run --dump` folder (no case.json)")
-            folder = os.path.join(work, "dump")
-            _dump_case(testing.find_mlafuzz(), case, backend, folder, timeout)
-        dump = mlafuzz.load_dump(folder)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # load_dump read every array
-    call, a = _host_call(dump, folder)
+    dump, folder = _load_or_write_dump(source, backend, timeout)
+    call, a = _run_kernel(decode, info, dump, folder)
     fields = dump.params["call"]
-    back = None
-    if info.device != "cpu":
-        call.memory = "device"
-        back = _to_device(call, a)
-    decode(call)
-    if back is not None:
-        back()
     sfx = _suffix(backend)
     s_q = int(fields["s_q"])
     check = _compare(np.asarray(a["out"]), a["lse"], dump["out64"], dump["lse64"],
                      dump["bound_out" + sfx], dump["bound_lse" + sfx], int(fields["heads"]), s_q)
-    worker = dump.arrays.get("out" + sfx)
-    same = None
-    if worker is not None:
-        same = bool(np.array_equal(
-            worker.astype(np.float32).view(np.uint32),
-            mlafuzz.bf16_to_float32(np.asarray(a["out"])).view(np.uint32)))
+    same = _same_bits_as_worker(dump, a, sfx)
     result = Replay(call, dump, backend, mlafuzz.bf16_to_float32(np.asarray(a["out"]))
                     .astype(np.float64), np.asarray(a["lse"], dtype=np.float64),
                     check["failing"], check["first"], check["worst"], check["tightness"], same)
     guards = _canaries_changed(a)
     if check["failing"] or guards:
-        total = a["out"].size + a["lse"].size
-        lines = [f"mlafuzz.replay: {getattr(decode, '__name__', 'decode')} fails the tolerance "
-                 f"property on {source}:"]
-        if check["first"] is not None:
-            lines.append("  first failing element: " + describe(check["first"], s_q))
-        if check["worst"] is not None and check["worst"]["ratio"] > 1:
-            lines.append("  worst (as mlafuzz repro reports it): " + describe(check["worst"], s_q))
-        if check["failing"]:
-            lines.append(f"  {check['failing']} of {total} elements fail")
-        lines += [f"  wrote outside its outputs: {g}" for g in guards]
-        if same is False:
-            lines.append("  (mlafuzz's worker run of this case gave other bits: the kernel is not "
-                         "deterministic, or depends on the process)")
-        lines.append("  the call, the outputs and the reference: this exception's .result "
-                     "(.call, .out, .dump['out64'])")
-        raise ReplayFailure("\n".join(lines), check["first"], check["worst"], result)
+        message = _failure_message(getattr(decode, '__name__', 'decode'), source, check,
+                                   a["out"].size + a["lse"].size, guards, same, s_q)
+        raise ReplayFailure(message, check["first"], check["worst"], result)
     return result

@@ -307,21 +307,34 @@ class Server:
         (an int, or a device tensor queued after its copy) and the int64 words it is summed over
         (_check_sums, after the kernel: a kernel that wrote an input would spoil later calls).
         """
-        torch = self.torch
-        kept = self.device_buffers
+        out, keys, misses = self._cached_inputs(call_inputs, req, dev)
+        if not misses:
+            return out, keys
+        puts = self._copy_misses(misses, keys)
+        if puts:  # one launch for the new entries, into the "before" slots
+            dst = self._sums_buffer(dev)
+            assert self.cu is not None  # puts only when _sum_kernel() (the driver's kernel)
+            self.cu.sum64(self._word_spans(puts), self._data_ptr("sums", dst) + 8 * _SUM_BEFORE,
+                          self.stream)
+        return out, keys
+
+    def _cached_inputs(self, call_inputs: Dict[str, np.ndarray], req: Dict[str, Any],
+                       dev: Any) -> Tuple[Dict[str, Any], list, list]:
+        """(tensors by name, keys, misses) of the call's inputs: the device cache's tensor of
+        each input it holds (its (name, key, checksum, words) in keys), else the device tensor
+        the input is to be copied into, listed in misses as (name, host bytes, tensor, key or
+        None, words or None)."""
         cache = self.device_cache
         ids = req.get("ids") or {}
         out: Dict[str, Any] = {}
         keys = []
-        misses = []  # (name, host bytes, device tensor, key or None)
-        puts = []  # (name, words) of the entries put by this call, summed by the driver
+        misses = []
         for name in _DEVICE_INPUTS:
             x = call_inputs.get(name)
             if x is None:
                 continue
             n = x.nbytes
             key = (int(ids[name]), n) if cache is not None and name in ids else None
-            words = None
             if key is not None:
                 assert cache is not None  # a key only when there is a cache
                 hit = cache.get(key)
@@ -331,64 +344,79 @@ class Server:
                     continue
                 self.timer.cold = True
             host = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
-            if key is not None:
-                # Whole int64 words, the tail past n zeroed: the checksum sums 8 bytes at a time
-                # (a uint8 sum widened to int64 cost ~8x the device work and host time).
-                n_words = (n + 7) // 8
-                full = torch.empty(max(n_words, 1) * 8, dtype=torch.uint8, device=dev)
-                if n_words * 8 > n:
-                    full[n:].zero_()
-                t, words = full[:n], full.view(torch.int64)
-            else:
-                buf = kept.get(name)
-                if buf is None or buf.numel() < n:
-                    buf = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
-                    kept[name] = buf
-                t = self._kept_view(name, n, buf, lambda u: u[:n])
+            t, words = self._device_buffer(name, n, key is not None, dev)
             out[name] = t
             misses.append((name, host, t, key, words))
-        if not misses:
-            return out, keys
+        return out, keys, misses
+
+    def _device_buffer(self, name: str, n: int, cached: bool, dev: Any) -> Tuple[Any, Any]:
+        """(the n-byte device tensor an input is copied into, its int64 words or None): a new
+        tensor for an input the cache is to keep, else the buffer kept for the name."""
+        torch = self.torch
+        if cached:
+            # Whole int64 words, the tail past n zeroed: the checksum sums 8 bytes at a time
+            # (a uint8 sum widened to int64 cost ~8x the device work and host time).
+            n_words = (n + 7) // 8
+            full = torch.empty(max(n_words, 1) * 8, dtype=torch.uint8, device=dev)
+            if n_words * 8 > n:
+                full[n:].zero_()
+            return full[:n], full.view(torch.int64)
+        kept = self.device_buffers
+        buf = kept.get(name)
+        if buf is None or buf.numel() < n:
+            buf = torch.empty(max(n, 1), dtype=torch.uint8, device=dev)
+            kept[name] = buf
+        return self._kept_view(name, n, buf, lambda u: u[:n]), None
+
+    def _copy_misses(self, misses: list, keys: list) -> list:
+        """Copies each missed input to its device tensor and puts those with a key in the
+        device cache (appending them to keys); returns the (name, words) of the entries whose
+        checksum the driver's kernel is to compute."""
+        torch = self.torch
+        cache = self.device_cache
+        puts = []
         direct = [self._registered_ptr(m[1]) or self._registered_bytes(m[1]) for m in misses]
         total = sum((m[1].nbytes + 63) // 64 * 64 for m, d in zip(misses, direct) if d is None)
         staging = self._stage(total) if total else None
         offset = 0
         for (name, host, t, key, words), src in zip(misses, direct):
-            n = host.nbytes
-            if isinstance(src, int):  # fd 3 through the driver (CudaDriver)
-                assert self.cu is not None  # an int source only with the driver
-                self.cu.htod(self._data_ptr(name, t), src, n, self.stream)
-            elif src is not None:
-                # In page-locked fd 3 (the inputs mlafuzz copies into the call's shared memory):
-                # straight to the device by DMA, no memcpy into the staging. fd 3 is not written
-                # again before this call's reply, and the call synchronizes before it.
-                t.copy_(src, non_blocking=True)
-            elif staging is not None:
-                dst = staging[offset:offset + n]
-                np.copyto(dst.numpy(), host)  # the arena is pageable: one memcpy into pinned
-                t.copy_(dst, non_blocking=True)
-                offset += (n + 63) // 64 * 64
-            else:
-                with warnings.catch_warnings():
-                    # The inputs are read-only numpy arrays; torch only reads them here.
-                    warnings.simplefilter("ignore", UserWarning)
-                    t.copy_(torch.from_numpy(host))
+            offset = self._copy_input(name, host, t, src, staging, offset)
             if key is not None:
                 # The checksum before the kernel: on the device, queued after the copy (wraps
                 # modulo 2^64); read back with the outputs (_queue_sums, _check_sums).
                 on_device = self._sum_kernel()
                 checksum = _SUM_PENDING if on_device else torch.sum(words)
                 assert cache is not None  # a key only when there is a cache
-                if cache.put(key, (t, words), n, checksum):
+                if cache.put(key, (t, words), host.nbytes, checksum):
                     keys.append((name, key, checksum, words))
                     if on_device:
                         puts.append((name, words))
-        if puts:  # one launch for the new entries, into the "before" slots
-            dst = self._sums_buffer(dev)
-            assert self.cu is not None  # puts only when _sum_kernel() (the driver's kernel)
-            self.cu.sum64(self._word_spans(puts), self._data_ptr("sums", dst) + 8 * _SUM_BEFORE,
-                          self.stream)
-        return out, keys
+        return puts
+
+    def _copy_input(self, name: str, host: np.ndarray, t: Any, src: Any, staging: Any,
+                    offset: int) -> int:
+        """Copies one input's bytes to its device tensor t, from fd 3 (src) when registered,
+        else through the pinned staging at offset; returns the staging offset after it."""
+        n = host.nbytes
+        if isinstance(src, int):  # fd 3 through the driver (CudaDriver)
+            assert self.cu is not None  # an int source only with the driver
+            self.cu.htod(self._data_ptr(name, t), src, n, self.stream)
+        elif src is not None:
+            # In page-locked fd 3 (the inputs mlafuzz copies into the call's shared memory):
+            # straight to the device by DMA, no memcpy into the staging. fd 3 is not written
+            # again before this call's reply, and the call synchronizes before it.
+            t.copy_(src, non_blocking=True)
+        elif staging is not None:
+            dst = staging[offset:offset + n]
+            np.copyto(dst.numpy(), host)  # the arena is pageable: one memcpy into pinned
+            t.copy_(dst, non_blocking=True)
+            offset += (n + 63) // 64 * 64
+        else:
+            with warnings.catch_warnings():
+                # The inputs are read-only numpy arrays; torch only reads them here.
+                warnings.simplefilter("ignore", UserWarning)
+                t.copy_(self.torch.from_numpy(host))
+        return offset
 
     def _sum_kernel(self) -> bool:
         """Whether the checksums run as the driver's kernel (CudaDriver.sum64), else torch.sum."""
