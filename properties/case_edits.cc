@@ -338,9 +338,19 @@ std::vector<Case> simpler_extra(const Case& c) {
     }
   }
   if (!e.page_order.empty()) {
+    // The identity order: every extra token on its logical page, or moved to the physical page
+    // it had (the same pages and slots in memory, as the main cache's page-order move).
     Case r = c;
     r.extra->page_order.clear();
     out.push_back(r);
+    const int32_t P = e.page_size;
+    const int64_t slots = int64_t{P} * e.num_pages;
+    for (auto& row : r.extra->indices) {
+      for (int32_t& v : row) {
+        if (v >= 0 && v < slots) v = e.page_order[static_cast<size_t>(v / P)] * P + v % P;
+      }
+    }
+    if (r.extra->indices != c.extra->indices) out.push_back(std::move(r));
   }
   if (e.page_stride != 0) {
     Case r = c;

@@ -431,6 +431,48 @@ TEST(Triage, TwoBugsAreTwoGroupsAndTheLocusNamesTheWrongColumns) {
   EXPECT_NE(locus.find("only in scale group 7 (d 448..511"), std::string::npos) << locus;
 }
 
+// A case whose only token is in an extra cache with a page order (as generated cases of seed 2
+// found them): the extra token is moved to its physical page before the merge into the main list,
+// so that a bug in the address of a page walks to the group the main cache gives it.
+TEST(Triage, AnExtraCacheWithAPageOrderWalksToTheMainCacheGroup) {
+  const auto extra_case = [](int32_t page_size, int64_t stride, int32_t pages,
+                             const std::string& order, int32_t token) {
+    return case_from_json(
+        R"({"format": "mlafuzz-case", "version": 2, "geometry": {"layout": "model1",
+        "nope_dim": 512, "rope_dim": 64, "scale_tile": 64, "page_size": 64, "page_stride": 0,
+        "num_pages": 1}, "batch": 1, "heads": 1, "topk": 1, "indices": [[-1]],
+        "extra": {"geometry": {"page_size": )" +
+        std::to_string(page_size) + R"(, "page_stride": )" + std::to_string(stride) +
+        R"(, "num_pages": )" + std::to_string(pages) + R"(, "page_order": )" + order +
+        R"(}, "topk": 1, "indices": [[)" + std::to_string(token) + R"(]]},
+        "q_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "kv_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "rope_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "scales": {"mode": "fixed", "exp_lo": 127, "exp_hi": 127}, "data_seed": 0})");
+  };
+  const struct {
+    mla::Mutant m;
+    Case c;
+    const char* causes;
+  } runs[] = {
+      {mla::Mutant::kPageStrideIgnored,
+       extra_case(1, 964, 13, "[11, 10, 3, 5, 8, 9, 0, 6, 4, 12, 2, 7, 1]", 0),
+       "padded page stride; entry beyond the first page"},
+      {mla::Mutant::kPageSizePow2, extra_case(57, 0, 3, "[2, 0, 1]", 26),
+       "page_size not a power of two; entry beyond the first page"},
+  };
+  for (const auto& r : runs) {
+    std::unique_ptr<Backend> b = make_cpu_mma_mutant_backend(r.m);
+    const CaseEvaluation ev = evaluate_case(r.c, {b.get()}, {"tolerance"});
+    ASSERT_TRUE(ev.failed()) << mla::mutant_name(r.m) << "; rerun: " << kRerun;
+    const Triage t = triage_failure(r.c, *ev.failures().front(), {b.get()}, TriageOptions{});
+    const std::string sig = t.signature;
+    EXPECT_EQ(sig.substr(sig.rfind(" | ") + 3), r.causes)
+        << mla::mutant_name(r.m) << ": " << sig << "\n"
+        << to_json(t.minimal) << "\nrerun: " << kRerun << " --gtest_filter=Triage.AnExtraCache*";
+  }
+}
+
 #endif
 
 // Two planted bugs in one backend: where bug a's output differs from the correct model's, a's
