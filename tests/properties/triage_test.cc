@@ -209,6 +209,42 @@ TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
   EXPECT_EQ(resized->indices[1][2], mla::num_slots(resized->geom) + 5);
 }
 
+// A page size larger than the cache's slot count: each token keeps its page and slot (the last
+// slot of a page stays the last) and stays in the cache, so that a failure found on two-token
+// pages walks to page size 64 (as split-merge-log2 found by seed 4).
+TEST(Canonical, ALargerPageSizeKeepsEveryTokenInTheCache) {
+  Case c = with_explicit_indices(testing::small_case());
+  c = edits::select_rows(c, {0});
+  c = edits::select_heads(c, {0});
+  c.q_source.reset();
+  c.geom.page_size = 2;
+  c.geom.num_pages = 1;
+  c.topk = 65;
+  c.indices = {std::vector<int32_t>(65, -1)};
+  c.indices[0][63] = 0;
+  c.indices[0][64] = 1;
+  validate(c);
+  const auto resized = edits::with_page_size(c, 64);
+  ASSERT_TRUE(resized.has_value());
+  EXPECT_EQ(resized->indices[0][63], 0);
+  EXPECT_EQ(resized->indices[0][64], 63);
+  EXPECT_NO_THROW(validate(*resized)) << to_json(*resized) << "\nrerun: " << kRerun;
+  // Needs valid entries in two 64-token tiles, whatever the page size.
+  const auto two_tiles = [](const Case& x) {
+    const Case e = with_explicit_indices(x);
+    std::set<int> tiles;
+    for (int k = 0; k < e.topk; ++k) {
+      if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
+    }
+    return tiles.size() >= 2;
+  };
+  const ShrinkResult r = canonicalize_case(c, two_tiles, ShrinkLimits{});
+  EXPECT_EQ(r.minimal.geom.page_size, 64) << to_json(r.minimal) << "\nrerun: " << kRerun;
+  const std::vector<std::string> causes = cause_set(r.minimal);
+  EXPECT_EQ(std::find(causes.begin(), causes.end(), "page_size 2"), causes.end())
+      << to_json(r.minimal) << "\nrerun: " << kRerun;
+}
+
 TEST(Canonical, AFeatureTheEnvelopeKeepsIsNoCause) {
   // Fails on anything: the walk ends at the canonical case of the envelope, which only allows
   // V32; the layout is then no cause.
@@ -601,4 +637,5 @@ TEST(Triage, TwoBugsPlantedTogetherGiveTheirTwoGroups) {
 }
 
 }  // namespace
+
 }  // namespace mlafuzz
