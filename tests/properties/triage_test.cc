@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 
@@ -243,6 +244,37 @@ TEST(Canonical, ALargerPageSizeKeepsEveryTokenInTheCache) {
   const std::vector<std::string> causes = cause_set(r.minimal);
   EXPECT_EQ(std::find(causes.begin(), causes.end(), "page_size 2"), causes.end())
       << to_json(r.minimal) << "\nrerun: " << kRerun;
+}
+
+// A long list (an extra list merged into the main one) walks to the few entries the failure
+// needs in a number of evaluations that grows with the logarithm of its length: the budget of a
+// 1000-evaluation triage is not spent one entry at a time (no-rescale found by seed 4).
+TEST(Canonical, ALongListWalksToAFewEntriesInFewEvaluations) {
+  Case c = with_explicit_indices(testing::small_case());
+  c = edits::select_rows(c, {0});
+  c = edits::select_heads(c, {0});
+  c.q_source.reset();
+  c.geom.page_size = 64;
+  c.geom.num_pages = 4;
+  c.topk = 256;
+  c.indices = {std::vector<int32_t>(256, 0)};
+  std::iota(c.indices[0].begin(), c.indices[0].end(), 0);
+  validate(c);
+  // Needs valid entries in two 64-token tiles.
+  const auto two_tiles = [](const Case& x) {
+    const Case e = with_explicit_indices(x);
+    std::set<int> tiles;
+    for (int k = 0; k < e.topk; ++k) {
+      if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
+    }
+    return tiles.size() >= 2;
+  };
+  const ShrinkResult r = canonicalize_case(c, two_tiles, ShrinkLimits{200, 1e9});
+  EXPECT_EQ(r.stopped_by, ShrinkStop::kFixedPoint)
+      << r.evaluations << " evaluations\nrerun: " << kRerun;
+  int valid = 0;
+  for (int k = 0; k < r.minimal.topk; ++k) valid += edits::entry_valid(r.minimal, 0, k) ? 1 : 0;
+  EXPECT_EQ(valid, 2) << to_json(r.minimal) << "\nrerun: " << kRerun;
 }
 
 TEST(Canonical, AFeatureTheEnvelopeKeepsIsNoCause) {
