@@ -965,7 +965,7 @@ std::vector<Entry> make_features() {
       {{"topk_length", describe_topk_length, toward_topk_length}, 30},
       {{"empty rows", describe_empty_rows, toward_empty_rows}, 32},
       {{"invalid entries", describe_invalid, toward_invalid}, 31},
-      {{"duplicates", describe_duplicates, toward_duplicates}, 33},
+      {{"duplicates", describe_duplicates, toward_duplicates, kValues}, 33},
       {{"tokens", describe_tokens, toward_tokens}, 4},
       {{"sink", describe_sink, toward_sink}, 40},
       {{"sm_scale", describe_sm_scale, toward_sm_scale}, 41},
