@@ -748,6 +748,20 @@ std::vector<Case> toward_invalid(const Case& c) {
     }
   }
   if (changed) out.push_back(std::move(r));
+  // Entries past the cache moved to its first slot past the end: how far past the end an entry
+  // lies is not a feature (a kernel that reads one reads the bytes after the cache there, where
+  // farther ones may fault or not by the process's memory layout).
+  Case near = c;
+  changed = false;
+  for (auto& row : near.indices) {
+    for (int32_t& v : row) {
+      if (v > slots) {
+        v = static_cast<int32_t>(slots);
+        changed = true;
+      }
+    }
+  }
+  if (changed) out.push_back(std::move(near));
   return out;
 }
 

@@ -169,7 +169,8 @@ TEST(Canonical, Fp32ScalesAreACauseAndTheirSimplestScaleIsOneAndAHalf) {
 }
 
 // Under out_of_range an entry past the cache is invalid: a failure that needs one keeps it past
-// the end of the (smaller, re-paged) cache, and the cause set names it and the convention.
+// the end of the (smaller, re-paged) cache, on its first slot past the end, and the cause set
+// names it and the convention.
 TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
   const auto past = [](const Case& x) {
     const Case c = with_explicit_indices(x);
@@ -199,6 +200,13 @@ TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
         << want << "\n"
         << to_json(r.minimal) << "\nrerun: " << kRerun;
   }
+  // How far past the end is no feature: the walk ends on the first slot past the end.
+  const Case m = with_explicit_indices(r.minimal);
+  bool first_past = false;
+  for (const auto& row : m.indices) {
+    for (int32_t v : row) first_past = first_past || v == mla::num_slots(m.geom);
+  }
+  EXPECT_TRUE(first_past) << to_json(m) << "\nrerun: " << kRerun;
   // The page edits keep it past the end: fewer pages, another page size.
   Case two = with_explicit_indices(c);
   two.page_order.clear();
