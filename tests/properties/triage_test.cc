@@ -80,6 +80,30 @@ bool reads_past_length(const Case& x) {
   return false;
 }
 
+// One batch row, one head: the index list `list` on a cache of `pages` pages of `page_size`.
+Case one_row_case(int32_t page_size, int32_t pages, std::vector<int32_t> list) {
+  Case c = with_explicit_indices(testing::small_case());
+  c = edits::select_rows(c, {0});
+  c = edits::select_heads(c, {0});
+  c.q_source.reset();
+  c.geom.page_size = page_size;
+  c.geom.num_pages = pages;
+  c.topk = static_cast<int32_t>(list.size());
+  c.indices = {std::move(list)};
+  validate(c);
+  return c;
+}
+
+// A kernel that needs valid entries of row 0 in two 64-token tiles (a split merged wrongly).
+bool valid_in_two_tiles(const Case& x) {
+  const Case e = with_explicit_indices(x);
+  std::set<int> tiles;
+  for (int k = 0; k < e.topk; ++k) {
+    if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
+  }
+  return tiles.size() >= 2;
+}
+
 TEST(Canonical, EveryStartWalksToOneCanonicalCaseAndCauseSet) {
   std::string first_json;
   for (uint64_t seed = 1; seed <= 4; ++seed) {
@@ -222,32 +246,16 @@ TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
 // slot of a page stays the last) and stays in the cache, so that a failure found on two-token
 // pages walks to page size 64 (as split-merge-log2 found by seed 4).
 TEST(Canonical, ALargerPageSizeKeepsEveryTokenInTheCache) {
-  Case c = with_explicit_indices(testing::small_case());
-  c = edits::select_rows(c, {0});
-  c = edits::select_heads(c, {0});
-  c.q_source.reset();
-  c.geom.page_size = 2;
-  c.geom.num_pages = 1;
-  c.topk = 65;
-  c.indices = {std::vector<int32_t>(65, -1)};
-  c.indices[0][63] = 0;
-  c.indices[0][64] = 1;
-  validate(c);
+  std::vector<int32_t> list(65, -1);
+  list[63] = 0;
+  list[64] = 1;
+  const Case c = one_row_case(2, 1, list);
   const auto resized = edits::with_page_size(c, 64);
   ASSERT_TRUE(resized.has_value());
   EXPECT_EQ(resized->indices[0][63], 0);
   EXPECT_EQ(resized->indices[0][64], 63);
   EXPECT_NO_THROW(validate(*resized)) << to_json(*resized) << "\nrerun: " << kRerun;
-  // Needs valid entries in two 64-token tiles, whatever the page size.
-  const auto two_tiles = [](const Case& x) {
-    const Case e = with_explicit_indices(x);
-    std::set<int> tiles;
-    for (int k = 0; k < e.topk; ++k) {
-      if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
-    }
-    return tiles.size() >= 2;
-  };
-  const ShrinkResult r = canonicalize_case(c, two_tiles, ShrinkLimits{});
+  const ShrinkResult r = canonicalize_case(c, valid_in_two_tiles, ShrinkLimits{});
   EXPECT_EQ(r.minimal.geom.page_size, 64) << to_json(r.minimal) << "\nrerun: " << kRerun;
   const std::vector<std::string> causes = cause_set(r.minimal);
   EXPECT_EQ(std::find(causes.begin(), causes.end(), "page_size 2"), causes.end())
@@ -258,26 +266,10 @@ TEST(Canonical, ALargerPageSizeKeepsEveryTokenInTheCache) {
 // needs in a number of evaluations that grows with the logarithm of its length: the budget of a
 // 1000-evaluation triage is not spent one entry at a time (no-rescale found by seed 4).
 TEST(Canonical, ALongListWalksToAFewEntriesInFewEvaluations) {
-  Case c = with_explicit_indices(testing::small_case());
-  c = edits::select_rows(c, {0});
-  c = edits::select_heads(c, {0});
-  c.q_source.reset();
-  c.geom.page_size = 64;
-  c.geom.num_pages = 4;
-  c.topk = 256;
-  c.indices = {std::vector<int32_t>(256, 0)};
-  std::iota(c.indices[0].begin(), c.indices[0].end(), 0);
-  validate(c);
-  // Needs valid entries in two 64-token tiles.
-  const auto two_tiles = [](const Case& x) {
-    const Case e = with_explicit_indices(x);
-    std::set<int> tiles;
-    for (int k = 0; k < e.topk; ++k) {
-      if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
-    }
-    return tiles.size() >= 2;
-  };
-  const ShrinkResult r = canonicalize_case(c, two_tiles, ShrinkLimits{200, 1e9});
+  std::vector<int32_t> list(256);
+  std::iota(list.begin(), list.end(), 0);
+  const Case c = one_row_case(64, 4, list);
+  const ShrinkResult r = canonicalize_case(c, valid_in_two_tiles, ShrinkLimits{200, 1e9});
   EXPECT_EQ(r.stopped_by, ShrinkStop::kFixedPoint)
       << r.evaluations << " evaluations\nrerun: " << kRerun;
   int valid = 0;
@@ -289,14 +281,8 @@ TEST(Canonical, ALongListWalksToAFewEntriesInFewEvaluations) {
 // (a bitwise difference of sums in two orders, the batch-order plugin found by seed 3) does not
 // name "duplicate entry" whichever draw kept the duplicate, as with every value-changing feature.
 TEST(Canonical, ADuplicateIsNoCauseOfAFailureTheValuesDecide) {
-  Case c = with_explicit_indices(testing::small_case());
-  c = edits::select_rows(c, {0});
-  c = edits::select_heads(c, {0});
-  c.q_source.reset();
-  c.topk = 3;
-  c.indices = {{4, 0, 4}};
+  Case c = one_row_case(5, 3, {4, 0, 4});
   c.data_seed = 3;
-  validate(c);
   // Fails on a third of the draws, and only with the duplicate.
   const auto pred = [](const Case& x) {
     const Case e = with_explicit_indices(x);
