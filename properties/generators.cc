@@ -660,100 +660,122 @@ Gen<Draft> conventions_first(Draft d, const GenConfig& cfg) {
 // (explicit, from the main generator's patterns, or a rule), an optional extra_topk_length, and
 // the edges: an extra list all invalid, extra_topk_length 0, one token in both lists (values
 // shared and slots repeated), one cache empty and the other not.
-Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
-  return gen::map(
-      gen::tuple(gen::inRange(0, 4), gen::inRange(0, 10), gen::inRange(0, 5), gen::element(0, 1, 2),
-                 any_u64()),
-      [d, cfg](std::tuple<int, int, int, int, uint64_t> t) {
-        Draft r = d;
-        Case& c = r.c;
-        c.extra.reset();
-        if (r.extra_topk <= 0) return r;
-        const auto [stride_kind, order_kind, len_kind, rule, seed] = t;
-        CounterRng rng(seed, Stream::kGenerator, 4);
-        ExtraCache e;
-        e.topk = r.extra_topk;
-        e.page_size = std::max(1, r.extra_page_size);
-        mla::CacheGeometry g = c.geom;
-        g.page_size = e.page_size;
-        const int64_t tb = mla::token_bytes(g);
-        const int max_pages_mem =
-            static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
-        const int maxpages = std::max(1, std::min(std::max(cfg.max_pages, 2048), max_pages_mem));
-        // Enough slots for the lists to be mostly distinct; production: twice the list.
-        const int want = std::clamp((2 * e.topk + e.page_size - 1) / e.page_size, 1, maxpages);
-        e.num_pages =
-            r.family == "production"
-                ? want
-                : static_cast<int32_t>(rng.uniform_int(1, std::max(1, std::min(want, 16))));
-        g.num_pages = e.num_pages;
-        const int64_t mins = mla::min_page_stride(g);
-        e.page_stride = stride_kind < 2    ? 0
-                        : stride_kind == 2 ? mins + rng.uniform_int(1, 700)
-                                           : (mins + 575) / 576 * 576;
-        if (e.num_pages > 1 && order_kind < 6) {
-          e.page_order.resize(static_cast<size_t>(e.num_pages));
-          std::iota(e.page_order.begin(), e.page_order.end(), 0);
-          for (size_t i = e.page_order.size(); i > 1; --i) {
-            std::swap(
-                e.page_order[i - 1],
+// The extra cache's geometry (`g`: the main cache's dims with the extra page size and count):
+// pages (a production case: enough for twice its list), stride, physical page order.
+ExtraCache extra_geometry(const Draft& r, const GenConfig& cfg, int stride_kind, int order_kind,
+                          CounterRng& rng, mla::CacheGeometry& g) {
+  ExtraCache e;
+  e.topk = r.extra_topk;
+  e.page_size = std::max(1, r.extra_page_size);
+  g = r.c.geom;
+  g.page_size = e.page_size;
+  const int64_t tb = mla::token_bytes(g);
+  const int max_pages_mem =
+      static_cast<int>(std::max<int64_t>(1, kMaxCacheBytes / (2 * g.page_size * tb)));
+  const int maxpages = std::max(1, std::min(std::max(cfg.max_pages, 2048), max_pages_mem));
+  // Enough slots for the lists to be mostly distinct; production: twice the list.
+  const int want = std::clamp((2 * e.topk + e.page_size - 1) / e.page_size, 1, maxpages);
+  e.num_pages = r.family == "production"
+                    ? want
+                    : static_cast<int32_t>(rng.uniform_int(1, std::max(1, std::min(want, 16))));
+  g.num_pages = e.num_pages;
+  const int64_t mins = mla::min_page_stride(g);
+  e.page_stride = stride_kind < 2    ? 0
+                  : stride_kind == 2 ? mins + rng.uniform_int(1, 700)
+                                     : (mins + 575) / 576 * 576;
+  if (e.num_pages > 1 && order_kind < 6) {
+    e.page_order.resize(static_cast<size_t>(e.num_pages));
+    std::iota(e.page_order.begin(), e.page_order.end(), 0);
+    for (size_t i = e.page_order.size(); i > 1; --i) {
+      std::swap(e.page_order[i - 1],
                 e.page_order[static_cast<size_t>(rng.uniform_int(0, static_cast<int64_t>(i) - 1))]);
-          }
+    }
+  }
+  return e;
+}
+
+// The extra lists (explicit when the case is small, else an index rule) and the edge classes
+// that empty one of the two caches; true when every main list is to be emptied.
+bool extra_lists(const Draft& r, const mla::CacheGeometry& g, int rule, CounterRng& rng,
+                 ExtraCache& e) {
+  const Case& c = r.c;
+  const mla::InvalidIndexRule rule_of_lists = c.conventions.invalid_index;
+  const bool shared = r.edge == "shared-token";
+  e.same_values = shared || (r.family != "production" && rng.bernoulli(0.1));
+  Case view = c;  // the extra cache as a main cache, for index_row
+  view.geom = g;
+  view.topk = e.topk;
+  const bool all_invalid = r.edge == "extra-all-invalid";
+  // One cache empty and the other not: either every main list or every extra list invalid.
+  const bool empty_main = r.edge == "one-cache-empty" && rng.bernoulli(0.5);
+  const bool empty_extra = all_invalid || (r.edge == "one-cache-empty" && !empty_main);
+  if (r.family != "production" && int64_t{c.query_rows()} * e.topk <= 4096) {
+    for (int32_t q = 0; q < c.query_rows(); ++q) {
+      const int pattern = static_cast<int>(rng.uniform_int(0, 4));
+      int inv = empty_extra ? 4 : rng.bernoulli(0.7) ? 0 : static_cast<int>(rng.uniform_int(1, 4));
+      std::vector<int32_t> row = index_row(rng, view, pattern, inv, rule_of_lists);
+      if (shared && !c.indices.empty()) {
+        // Copy main slots that exist in the extra cache: the same token in both lists.
+        const auto& main = c.indices[static_cast<size_t>(q)];
+        const int64_t slots = mla::num_slots(g);
+        for (size_t k = 0; k < row.size() && k < main.size(); ++k) {
+          if (main[k] >= 0 && main[k] < slots && rng.bernoulli(0.5)) row[k] = main[k];
         }
-        const mla::InvalidIndexRule rule_of_lists = c.conventions.invalid_index;
-        const bool shared = r.edge == "shared-token";
-        e.same_values = shared || (r.family != "production" && rng.bernoulli(0.1));
-        Case view = c;  // the extra cache as a main cache, for index_row
-        view.geom = g;
-        view.topk = e.topk;
-        const bool all_invalid = r.edge == "extra-all-invalid";
-        // One cache empty and the other not: either every main list or every extra list invalid.
-        const bool empty_main = r.edge == "one-cache-empty" && rng.bernoulli(0.5);
-        const bool empty_extra = all_invalid || (r.edge == "one-cache-empty" && !empty_main);
-        if (r.family != "production" && int64_t{c.query_rows()} * e.topk <= 4096) {
-          for (int32_t q = 0; q < c.query_rows(); ++q) {
-            const int pattern = static_cast<int>(rng.uniform_int(0, 4));
-            int inv = empty_extra          ? 4
-                      : rng.bernoulli(0.7) ? 0
-                                           : static_cast<int>(rng.uniform_int(1, 4));
-            std::vector<int32_t> row = index_row(rng, view, pattern, inv, rule_of_lists);
-            if (shared && !c.indices.empty()) {
-              // Copy main slots that exist in the extra cache: the same token in both lists.
-              const auto& main = c.indices[static_cast<size_t>(q)];
-              const int64_t slots = mla::num_slots(g);
-              for (size_t k = 0; k < row.size() && k < main.size(); ++k) {
-                if (main[k] >= 0 && main[k] < slots && rng.bernoulli(0.5)) row[k] = main[k];
-              }
-            }
-            e.indices.push_back(std::move(row));
-          }
-        } else {
-          e.index_spec.rule = static_cast<IndexRule>(rule);
-          e.index_spec.invalid_fraction = empty_extra ? 1.0 : rng.bernoulli(0.5) ? 0.0 : 0.1;
-        }
-        if (empty_main) {
-          if (!c.indices.empty()) {
-            for (auto& row : c.indices) std::fill(row.begin(), row.end(), -1);
-          } else {
-            c.index_spec.invalid_fraction = 1.0;
-          }
-        }
-        if (!cfg.envelope.refuses_feature(kFeatureExtraTopkLength) &&
-            (len_kind < 2 || r.edge == "extra-length-0")) {
-          std::vector<int32_t> len(static_cast<size_t>(c.batch));
-          for (auto& l : len) {
-            const auto k =
-                r.edge == "extra-length-0" ? (rng.bernoulli(0.6) ? 0 : 1) : rng.uniform_int(0, 3);
-            l = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(rng.uniform_int(0, e.topk)) : e.topk;
-          }
-          e.topk_length = len;
-          if (rule_of_lists == mla::InvalidIndexRule::kOutOfRange && !e.indices.empty()) {
-            past_length_zoo(g, len, c.s_q, seed, 7, e.indices);
-          }
-        }
-        c.extra = std::move(e);
-        return r;
-      });
+      }
+      e.indices.push_back(std::move(row));
+    }
+  } else {
+    e.index_spec.rule = static_cast<IndexRule>(rule);
+    e.index_spec.invalid_fraction = empty_extra ? 1.0 : rng.bernoulli(0.5) ? 0.0 : 0.1;
+  }
+  return empty_main;
+}
+
+// Empties the main lists when asked; the extra topk_length (and, under the out-of-range
+// convention, the entries past it).
+void extra_lengths(Draft& r, const mla::CacheGeometry& g, const GenConfig& cfg, bool empty_main,
+                   int len_kind, uint64_t seed, CounterRng& rng, ExtraCache& e) {
+  Case& c = r.c;
+  const mla::InvalidIndexRule rule_of_lists = c.conventions.invalid_index;
+  if (empty_main) {
+    if (!c.indices.empty()) {
+      for (auto& row : c.indices) std::fill(row.begin(), row.end(), -1);
+    } else {
+      c.index_spec.invalid_fraction = 1.0;
+    }
+  }
+  if (!cfg.envelope.refuses_feature(kFeatureExtraTopkLength) &&
+      (len_kind < 2 || r.edge == "extra-length-0")) {
+    std::vector<int32_t> len(static_cast<size_t>(c.batch));
+    for (auto& l : len) {
+      const auto k =
+          r.edge == "extra-length-0" ? (rng.bernoulli(0.6) ? 0 : 1) : rng.uniform_int(0, 3);
+      l = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(rng.uniform_int(0, e.topk)) : e.topk;
+    }
+    e.topk_length = len;
+    if (rule_of_lists == mla::InvalidIndexRule::kOutOfRange && !e.indices.empty()) {
+      past_length_zoo(g, len, c.s_q, seed, 7, e.indices);
+    }
+  }
+}
+
+Gen<Draft> extra_step(Draft d, const GenConfig& cfg) {
+  return gen::map(gen::tuple(gen::inRange(0, 4), gen::inRange(0, 10), gen::inRange(0, 5),
+                             gen::element(0, 1, 2), any_u64()),
+                  [d, cfg](std::tuple<int, int, int, int, uint64_t> t) {
+                    Draft r = d;
+                    Case& c = r.c;
+                    c.extra.reset();
+                    if (r.extra_topk <= 0) return r;
+                    const auto [stride_kind, order_kind, len_kind, rule, seed] = t;
+                    CounterRng rng(seed, Stream::kGenerator, 4);
+                    mla::CacheGeometry g;
+                    ExtraCache e = extra_geometry(r, cfg, stride_kind, order_kind, rng, g);
+                    const bool empty_main = extra_lists(r, g, rule, rng, e);
+                    extra_lengths(r, g, cfg, empty_main, len_kind, seed, rng, e);
+                    c.extra = std::move(e);
+                    return r;
+                  });
 }
 
 std::string describe(const Draft& d) {
@@ -815,15 +837,21 @@ Case generate_case(uint64_t seed, uint64_t case_index, const GenConfig& cfg,
   return c;
 }
 
-std::vector<std::string> classify_case(const Case& c) {
-  std::vector<std::string> t;
-  const auto& g = c.geom;
+namespace {
+
+// The generator family and edge class the case name records.
+void family_tags(const Case& c, std::vector<std::string>& t) {
   auto fam = c.name.find("family=");
   if (fam != std::string::npos) {
     t.push_back(c.name.substr(fam, c.name.find(' ', fam) - fam));
     auto e = c.name.find("edge=");
     if (e != std::string::npos) t.push_back(c.name.substr(e));
   }
+}
+
+// Layout, dims, paging and shape classes.
+void shape_tags(const Case& c, std::vector<std::string>& t) {
+  const auto& g = c.geom;
   t.push_back(std::string("layout=") + layout_name(g.layout));
   t.push_back("nope=" + std::to_string(g.nope_dim));
   if (mla::padded_nope(g.nope_dim) != g.nope_dim) t.push_back("nope=padded");
@@ -843,6 +871,10 @@ std::vector<std::string> classify_case(const Case& c) {
   }
   if (c.heads == 128) t.push_back("H=128");
   if (c.s_q > 1) t.push_back("s_q>1");
+}
+
+// The extra cache of the production decode.
+void extra_cache_tags(const Case& c, std::vector<std::string>& t) {
   if (c.extra) {
     t.push_back("extra");
     t.push_back("extra_page_size=" + std::to_string(c.extra->page_size));
@@ -856,7 +888,11 @@ std::vector<std::string> classify_case(const Case& c) {
       }
     }
   }
-  // Index features (explicit lists only; rule-based lists are tagged by their rule).
+}
+
+// Index features (explicit lists only; rule-based lists are tagged by their rule).
+void index_tags(const Case& c, std::vector<std::string>& t) {
+  const auto& g = c.geom;
   if (!c.indices.empty()) {
     bool inv = false, dup = false, all_inv_row = false, edge_slot = false;
     for (const auto& row : c.indices) {
@@ -886,6 +922,10 @@ std::vector<std::string> classify_case(const Case& c) {
     if (c.index_spec.invalid_fraction >= 1) t.push_back("all_invalid_row");
     if (c.index_spec.duplicate_fraction > 0) t.push_back("duplicates");
   }
+}
+
+// topk_length and attention sinks.
+void length_and_sink_tags(const Case& c, std::vector<std::string>& t) {
   if (c.topk_length) {
     bool zero = false, partial = false;
     for (int32_t l : *c.topk_length) {
@@ -906,6 +946,10 @@ std::vector<std::string> classify_case(const Case& c) {
     if (pinf) t.push_back("sink=+inf");
     if (ninf) t.push_back("sink=-inf");
   }
+}
+
+// Scales, values, conventions, padding and fills.
+void value_tags(const Case& c, std::vector<std::string>& t) {
   t.push_back(std::string("scales=") + scale_mode_name(c.scales.mode));
   if (c.scales.convention == ScaleConvention::kFp32) t.push_back("scales=fp32");
   if (c.conventions.invalid_index == mla::InvalidIndexRule::kOutOfRange) {
@@ -927,6 +971,18 @@ std::vector<std::string> classify_case(const Case& c) {
   if (c.indices_row_pad > 0) t.push_back("row_pad=indices");
   if (c.lse_row_pad > 0) t.push_back("row_pad=lse");
   t.push_back(std::string("pad_fill=") + fill_name(c.pad_fill));
+}
+
+}  // namespace
+
+std::vector<std::string> classify_case(const Case& c) {
+  std::vector<std::string> t;
+  family_tags(c, t);
+  shape_tags(c, t);
+  extra_cache_tags(c, t);
+  index_tags(c, t);
+  length_and_sink_tags(c, t);
+  value_tags(c, t);
   return t;
 }
 
