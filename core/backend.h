@@ -12,31 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_traits.h"
 #include "core/envelope.h"
 #include "core/materialize.h"
 
 namespace mlafuzz {
-
-// The precision pipeline a backend implements; selects the error bound (properties/tolerance.h).
-enum class Precision {
-  kFloat64,   // oracles: exact up to float64 rounding
-  kSimtFp32,  // SPEC 4, SIMT: fp32 everywhere, bf16 store
-  kMmaBf16,   // SPEC 4, MMA: bf16 q and K, fp32 accumulate, bf16 p for P*V, bf16 store
-  kCustom,    // plugin with explicit abs/rel tolerances
-};
-
-const char* precision_name(Precision p);
-
-// How a backend folds the extra cache into the result (docs/SPEC.md section 8; plugin.h,
-// MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
-// alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
-// selects the tolerance model's extra-cache bound (properties/tolerance.h).
-enum class ExtraPipeline {
-  kJoint = 0,
-  kLseMerged = 1,
-};
-
-const char* extra_pipeline_name(ExtraPipeline e);  // "joint", "lse_merged"
 
 enum class RunStatus {
   kOk,
@@ -154,14 +134,14 @@ struct CheckedRun {
   double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
 };
 
-struct Availability {
-  bool available = true;
-  std::string reason;  // why not, when unavailable
-};
-
+// A backend describes itself through the methods from name() to token_tile(), one per field of
+// BackendTraits (backend_traits.h, which says what each means); traits() gathers them into
+// that one value, which is what the worker protocol sends and what the commands print.
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Every description method's answer, in one value.
+  BackendTraits traits() const;
   virtual std::string name() const = 0;
   virtual Precision precision() const = 0;
   virtual Availability availability() const { return {}; }
@@ -260,6 +240,33 @@ class ForwardingBackend : public Base {
 
  protected:
   std::unique_ptr<Backend> inner_;
+};
+
+// A backend whose description is one BackendTraits value it was given (a plugin's declaration,
+// a worker's INFO reply): every description method reads it. Base is Backend or an interface
+// derived from it (campaign::IsolatedBackend).
+template <class Base = Backend>
+class TraitsBackend : public Base {
+ public:
+  TraitsBackend() = default;
+  explicit TraitsBackend(BackendTraits traits) : traits_(std::move(traits)) {}
+  std::string name() const override { return traits_.name; }
+  Precision precision() const override { return traits_.precision; }
+  Availability availability() const override { return traits_.availability; }
+  Envelope envelope() const override { return traits_.envelope; }
+  uint32_t inexact_invariants() const override { return traits_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override { return traits_.extra_pipeline; }
+  double abs_tol() const override { return traits_.abs_tol; }
+  double rel_tol() const override { return traits_.rel_tol; }
+  bool on_device() const override { return traits_.on_device; }
+  bool needs_worker() const override { return traits_.needs_worker; }
+  bool is_reference() const override { return traits_.is_reference; }
+  std::string simt_partner() const override { return traits_.simt_partner; }
+  bool splits_kv() const override { return traits_.splits_kv; }
+  int token_tile() const override { return traits_.token_tile; }
+
+ protected:
+  BackendTraits traits_;
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload
