@@ -135,8 +135,10 @@ struct CheckedRun {
 };
 
 // A backend describes itself through the methods from name() to token_tile(), one per field of
-// BackendTraits (backend_traits.h, which says what each means); traits() gathers them into
-// that one value, which is what the worker protocol sends and what the commands print.
+// BackendTraits (core/backend_traits.h says what each means; the defaults here are its
+// defaults, except needs_worker, which follows on_device); traits() gathers them into that
+// one value, which the worker protocol sends and the commands print. A backend described by a
+// value it was given is a TraitsBackend.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -145,43 +147,23 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Precision precision() const = 0;
   virtual Availability availability() const { return {}; }
-  // Reason the backend cannot run this case by design, or nullopt if it can.
+  virtual Envelope envelope() const { return {}; }           // anything
+  virtual uint32_t inexact_invariants() const { return 0; }  // every invariant exact
+  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
+  virtual double abs_tol() const { return 0; }
+  virtual double rel_tol() const { return 0; }
+  virtual bool on_device() const { return false; }
+  virtual bool needs_worker() const { return on_device(); }
+  virtual bool is_reference() const { return false; }
+  virtual std::string simt_partner() const { return ""; }
+  virtual bool splits_kv() const { return false; }
+  virtual int token_tile() const { return 0; }
+  // Reason the backend cannot run this case by design, or nullopt if it can (the final word,
+  // inside or outside the envelope).
   virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
     (void)m;
     return std::nullopt;
   }
-  // What the backend accepts (envelope.h): the generator draws inside the intersection of the
-  // selected backends' envelopes; unsupported() stays the final word. Default: anything.
-  virtual Envelope envelope() const { return {}; }
-  // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
-  // properties are checked within the tolerance bound instead. Default 0: every one exact.
-  virtual uint32_t inexact_invariants() const { return 0; }
-  // How the backend combines the main and the extra cache (default: one joint softmax).
-  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
-  // Explicit tolerances for kCustom backends.
-  virtual double abs_tol() const { return 0; }
-  virtual double rel_tol() const { return 0; }
-  // Whether the backend runs on a GPU (the campaign isolates those in worker processes).
-  virtual bool on_device() const { return false; }
-  // Whether the backend must run in a worker process by default: device kernels (a fault
-  // poisons the CUDA context) and foreign code (plugins, Python kernels: may crash or hang).
-  virtual bool needs_worker() const { return on_device(); }
-  // Whether this backend is the float64 reference the others are checked against (the Eigen
-  // oracle): its own tolerance is not checked, and bitwise invariants are off for it by design.
-  virtual bool is_reference() const { return false; }
-  // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
-  // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
-  virtual std::string simt_partner() const { return ""; }
-  // Whether the backend cuts a row's token tiles into splits merged by a combine (split-KV,
-  // and honours MaterializedCase::split_override: the `split-agree` property reruns
-  // such a backend with other split counts (false: not applicable).
-  virtual bool splits_kv() const { return false; }
-  // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
-  // default (properties/tolerance.cc, pipeline_for: 64 for kMmaBf16, 32 for kSimtFp32), or 0
-  // for the default. The tolerance model counts the tiles (pipeline_of): cpu-mma-small and
-  // cuda-mma-small fold 32-token tiles, and so does cuda-mma on a device that runs its small
-  // configuration (sm_120).
-  virtual int token_tile() const { return 0; }
   virtual RunResult run(const MaterializedCase& m) = 0;
   // Two-phase run, so that a caller serving a batch (`mlafuzz worker`, harness/campaign/
   // worker.cc) can prepare the next case while this one runs on the device: begin_run(m)

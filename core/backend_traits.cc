@@ -3,6 +3,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_fields.h"
+
 namespace mlafuzz {
 
 const char* precision_name(Precision p) {

@@ -10,9 +10,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/envelope.h"
-#include "core/json_fields.h"
 
 namespace mlafuzz {
 
@@ -60,20 +60,35 @@ struct BackendTraits {
   // Must run in a worker process by default: device kernels (a fault poisons the CUDA context)
   // and foreign code (plugins, Python kernels: may crash or hang).
   bool needs_worker = false;
-  // The float64 reference the others are checked against (the Eigen oracle).
+  // The float64 reference the others are checked against (the Eigen oracle): its own tolerance
+  // is not checked, and bitwise invariants are off for it by design.
   bool is_reference = false;
-  // The SIMT backend an MMA backend is compared with by `mma-vs-simt`, or "".
+  // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
+  // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
   std::string simt_partner;
-  // Cuts a row's token tiles into splits merged by a combine and honours split_override.
+  // Cuts a row's token tiles into splits merged by a combine (split-KV) and honours
+  // MaterializedCase::split_override: the `split-agree` property reruns such a backend with
+  // other split counts (false: not applicable).
   bool splits_kv = false;
-  // Tokens per online-softmax tile where it is not the precision's default, 0 for the default.
+  // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
+  // default (properties/tolerance.cc, pipeline_for: 64 for kMmaBf16, 32 for kSimtFp32), or 0
+  // for the default. The tolerance model counts the tiles (pipeline_of): cpu-mma-small and
+  // cuda-mma-small fold 32-token tiles, and so does cuda-mma on a device that runs its small
+  // configuration (sm_120).
   int32_t token_tile = 0;
 
   bool operator==(const BackendTraits&) const = default;
 };
 
-// The field table of BackendTraits: precision and extra_pipeline by name, the envelope as
-// envelope_to_json writes it. Reading rejects unknown names and negative token tiles.
-const fields::Table<BackendTraits>& backend_traits_fields();
+namespace fields {
+template <class T>
+struct Field;
+}  // namespace fields
+
+// The field table (core/json_fields.h, fields::Table<BackendTraits>; declared here without it,
+// so that the CUDA sources including core/backend.h do not compile nlohmann/json.hpp):
+// precision and extra_pipeline by name, the envelope as envelope_to_json writes it. Reading
+// rejects unknown names and negative token tiles.
+const std::vector<fields::Field<BackendTraits>>& backend_traits_fields();
 
 }  // namespace mlafuzz

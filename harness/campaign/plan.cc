@@ -70,17 +70,17 @@ void BackendPool::plan_backends() {
       p.on_device = false;  // decided by probe_foreign, by asking a worker
       if (p.isolated) need_devices = true;
     } else {
-      auto b = spec.make();
-      const Availability a = b->availability();
-      if (!a.available) {
-        throw std::runtime_error("backend '" + name + "' is not available: " + a.reason);
+      const BackendTraits t = spec.make()->traits();
+      if (!t.availability.available) {
+        throw std::runtime_error("backend '" + name +
+                                 "' is not available: " + t.availability.reason);
       }
-      p.on_device = b->on_device();
-      p.envelope = b->envelope();
+      p.on_device = t.on_device;
+      p.envelope = t.envelope;
       // A python: kernel already runs in its own worker: the campaign talks to it directly.
       p.self_isolated = spec.isolates_itself;
       p.isolated = !p.self_isolated &&
-                   (opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker()));
+                   (opts_.isolate == "all" || (opts_.isolate == "device" && t.needs_worker));
       need_devices = need_devices || (p.isolated && p.on_device);
     }
     plan_.push_back(p);
