@@ -317,7 +317,7 @@ LoadedPlugin load(const std::string& path) {
   d.traits.needs_worker = true;
   {
     std::unique_lock<std::mutex> lock;
-    loaded_plugins(lock)[kPluginPrefix + d.name] = path;
+    loaded_plugins(lock)[d.traits.name] = path;
   }
   return p;
 }

@@ -581,11 +581,11 @@ class PythonBackend final : public TraitsBackend<Backend> {
   PythonDescription desc_;
 };
 
-// A shipped kernel under its short name; the python: backend inside does the work. What the
-// kernel declares travels with the alias (without it a campaign on triton-mma drew cases
-// outside its envelope and checked invariants it does not claim bit for bit); the alias, the
-// SIMT partner and the device are the alias's own, and a kernel that cannot be loaded leaves
-// the declared precision and the reason it is unavailable.
+// A shipped kernel under its short name; the python: backend inside does the work. Its traits
+// are the kernel's (envelope, invariance claims, tolerances, extra pipeline, token tile: a
+// campaign on triton-mma draws inside the kernel's envelope) with the alias's name, SIMT partner
+// and device; a kernel that cannot be loaded leaves the declared precision and why it is
+// unavailable.
 class ShippedPythonBackend final : public TraitsBackend<Backend> {
  public:
   ShippedPythonBackend(std::string alias, const std::string& file, const std::string& func,
