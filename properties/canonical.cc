@@ -29,6 +29,8 @@ constexpr int32_t kPageSizes[] = {64, 61, 1, 2};
 constexpr int kRanks = 4;  // the rank of a value on none of a feature's canonical rungs
 // Cap on the per-entry moves of one step (the canonical case has a handful of entries).
 constexpr int kMaxEntryMoves = 16;
+// Valid entries of a row above which the walk first tries removing half of them at once.
+constexpr int kManyValidEntries = 8;
 // The canonical draws of the values (data_seed), from canonical to not.
 constexpr uint64_t kRerolls[] = {0, 1, 2, 3, 4, 5};
 
@@ -242,9 +244,26 @@ std::vector<std::string> describe_tokens(const Case& c) {
 }
 
 // Fewer valid entries: each one made -1 where it is (the others keep their positions and tiles),
-// then fewer positions (fewer_tokens).
+// then fewer positions (fewer_tokens). A row with many valid entries (an extra list merged into
+// the main one) first has the first or the second half of them made -1, so that the walk gets
+// down to a few in a number of steps that grows with the logarithm of the list, not the list.
 std::vector<Case> toward_tokens(const Case& c) {
   std::vector<Case> out;
+  for (int q = 0; q < c.query_rows(); ++q) {
+    std::vector<int> valid;
+    for (int k = 0; k < c.topk; ++k) {
+      if (entry_valid(c, q, k)) valid.push_back(k);
+    }
+    if (static_cast<int>(valid.size()) <= kManyValidEntries) continue;
+    const size_t half = valid.size() / 2;
+    for (const auto& [lo, hi] : {std::pair{size_t{0}, half}, std::pair{half, valid.size()}}) {
+      Case r = c;
+      for (size_t i = lo; i < hi; ++i) {
+        r.indices[static_cast<size_t>(q)][static_cast<size_t>(valid[i])] = -1;
+      }
+      out.push_back(std::move(r));
+    }
+  }
   for (int q = 0; q < c.query_rows(); ++q) {
     if (valid_in_row(c, q) < 2) continue;
     for (int k = 0; k < c.topk && static_cast<int>(out.size()) < kMaxEntryMoves; ++k) {
@@ -729,6 +748,20 @@ std::vector<Case> toward_invalid(const Case& c) {
     }
   }
   if (changed) out.push_back(std::move(r));
+  // Entries past the cache moved to its first slot past the end: how far past the end an entry
+  // lies is not a feature (a kernel that reads one reads the bytes after the cache there, where
+  // farther ones may fault or not by the process's memory layout).
+  Case near = c;
+  changed = false;
+  for (auto& row : near.indices) {
+    for (int32_t& v : row) {
+      if (v > slots) {
+        v = static_cast<int32_t>(slots);
+        changed = true;
+      }
+    }
+  }
+  if (changed) out.push_back(std::move(near));
   return out;
 }
 
@@ -946,7 +979,7 @@ std::vector<Entry> make_features() {
       {{"topk_length", describe_topk_length, toward_topk_length}, 30},
       {{"empty rows", describe_empty_rows, toward_empty_rows}, 32},
       {{"invalid entries", describe_invalid, toward_invalid}, 31},
-      {{"duplicates", describe_duplicates, toward_duplicates}, 33},
+      {{"duplicates", describe_duplicates, toward_duplicates, kValues}, 33},
       {{"tokens", describe_tokens, toward_tokens}, 4},
       {{"sink", describe_sink, toward_sink}, 40},
       {{"sm_scale", describe_sm_scale, toward_sm_scale}, 41},

@@ -7,7 +7,8 @@
 // that order:
 //
 //   size       1 row, 1 query token, 1 head, no extra cache (or merged into the main list), few
-//              valid entries (each made -1 in place, then fewer positions), few pages
+//              valid entries (half of a row's many made -1 at once, then each made -1 in place,
+//              then fewer positions), few pages
 //   data       data_seed 0 then 1, q values of the case's own positions; values small integers,
 //              then small integers of 1/16, then normal; scales 1, then random around 1
 //              (tiles differ), then the writer's; logits neither large (|x| >= 64) nor small
@@ -40,7 +41,6 @@
 
 #include "core/case.h"
 #include "core/envelope.h"
-#include "properties/evaluate.h"
 #include "properties/shrink.h"
 
 namespace mlafuzz {

@@ -267,9 +267,14 @@ std::optional<Case> with_page_size(const Case& c, int32_t page_size) {
   const int32_t P = c.geom.page_size;
   const int64_t slots = mla::num_slots(c.geom);
   int64_t largest = 0;
+  std::vector<int32_t*> past;  // entries past the old cache's end
   for (auto& row : r.indices) {
     for (int32_t& v : row) {
-      if (v < 0 || v >= slots) continue;
+      if (v < 0) continue;
+      if (v >= slots) {
+        past.push_back(&v);
+        continue;
+      }
       // The same page; the same slot, the last slot staying the last, clamped to the page.
       const int32_t page = v / P, slot = v % P;
       const int32_t to = slot == P - 1 && P > 1 ? page_size - 1 : std::min(slot, page_size - 1);
@@ -281,12 +286,9 @@ std::optional<Case> with_page_size(const Case& c, int32_t page_size) {
   r.geom.page_size = page_size;
   r.geom.num_pages = static_cast<int32_t>(std::max<int64_t>(1, largest / page_size + 1));
   set_padding(r.geom, pad);
-  // Entries past the cache (out_of_range's invalid ones) keep their distance past its end.
-  for (auto& row : r.indices) {
-    for (int32_t& v : row) {
-      if (v >= slots) v = past_end(v, slots, mla::num_slots(r.geom));
-    }
-  }
+  // Entries past the cache (out_of_range's invalid ones) keep their distance past its end; an
+  // entry moved above is in the new cache whatever its number.
+  for (int32_t* v : past) *v = past_end(*v, slots, mla::num_slots(r.geom));
   return r;
 }
 
@@ -338,9 +340,19 @@ std::vector<Case> simpler_extra(const Case& c) {
     }
   }
   if (!e.page_order.empty()) {
+    // The identity order: every extra token on its logical page, or moved to the physical page
+    // it had (the same pages and slots in memory, as the main cache's page-order move).
     Case r = c;
     r.extra->page_order.clear();
     out.push_back(r);
+    const int32_t P = e.page_size;
+    const int64_t slots = int64_t{P} * e.num_pages;
+    for (auto& row : r.extra->indices) {
+      for (int32_t& v : row) {
+        if (v >= 0 && v < slots) v = e.page_order[static_cast<size_t>(v / P)] * P + v % P;
+      }
+    }
+    if (r.extra->indices != c.extra->indices) out.push_back(std::move(r));
   }
   if (e.page_stride != 0) {
     Case r = c;

@@ -34,7 +34,8 @@ Case select_heads(const Case& c, const std::vector<int>& heads);
 Case select_positions(const Case& c, const std::vector<int>& pos);
 
 // The extra cache gone, or simpler: no extra topk_length, half of each extra list, identity
-// page order, minimum stride, its own values.
+// page order (tokens on their logical pages, or moved to their physical ones), minimum stride,
+// its own values.
 std::vector<Case> simpler_extra(const Case& c);
 // Fewer main-list positions: those invalid in every row dropped, the first or second half,
 // and (topk <= 32) each single position.

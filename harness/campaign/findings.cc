@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "harness/backends/ipc_channel.h"
 #include "properties/property_table.h"
@@ -109,6 +110,10 @@ struct FindingStore::ShrinkProbe {
   PropertyOutcome last;
   int hangs = 0;  // evaluations that ended in a hang (a call past --case-timeout)
   std::unique_ptr<IsolatedBackend> worker;
+  // Whether the fault predicate also takes a failure without a fault, and the first such
+  // failure of its last evaluation (when that one did not fault).
+  bool any_failure = false;
+  std::optional<PropertyOutcome> wrong;
 };
 
 void FindingStore::add(const PropertyOutcome& o, const Case& c, uint64_t index,
@@ -188,16 +193,19 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
   hooks.on_step = [this, &pre_key, &probe](const Case& k) { step(pre_key, k, probe.last); };
   hooks.stop = halt;
   const ShrinkLimits limits{opts_.shrink_evals, opts_.shrink_time_s};
+  const auto triage_options = [&](const ShrinkLimits& l) {
+    TriageOptions to;
+    to.properties = properties_;
+    to.limits = l;
+    to.envelope = pool_.envelope();
+    to.stopping = halt;
+    to.hooks = hooks;
+    return to;
+  };
   try {
     if (!fault) {
       tb.take_faults();
-      TriageOptions to;
-      to.properties = properties_;
-      to.limits = limits;
-      to.envelope = pool_.envelope();
-      to.stopping = halt;
-      to.hooks = hooks;
-      const Triage t = triage_failure(c, failure, tb.ptrs, to);
+      const Triage t = triage_failure(c, failure, tb.ptrs, triage_options(limits));
       r.minimal = t.minimal;
       r.shrunk = t.steps > 0;
       r.evaluations = t.evaluations;
@@ -219,6 +227,9 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
       return r;
     }
     hooks.stop = [this, &probe] { return probe.hangs >= kMaxShrinkHangs || !stopping_().empty(); };
+    // The walk keeps the backend failing, with a fault or without: a wrong read faults or not by
+    // where it lands (an entry far past the cache), and the canonical case decides the kind.
+    probe.any_failure = true;
     const ShrinkResult sr =
         shrink_canonical(c, still_fails, still_fails, limits, pool_.envelope(), hooks);
     r.minimal = sr.minimal;
@@ -227,6 +238,22 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
     r.evaluations = sr.evaluations;
     r.note = stop_note(sr.stopped_by, sr.evaluations, probe.hangs, pre_key);
     if (sr.budget_exhausted()) return r;
+    probe.wrong.reset();
+    ++r.evaluations;
+    if (still_fails(sr.minimal) && probe.wrong) {
+      // No fault on the minimal case: triaged as the failure it shows there.
+      tb.take_faults();
+      const ShrinkLimits left{limits.max_evaluations - r.evaluations, limits.max_seconds};
+      const Triage t = triage_failure(sr.minimal, *probe.wrong, tb.ptrs, triage_options(left));
+      r.minimal = t.minimal;
+      r.evaluations += t.evaluations;
+      if (t.stopped_by != ShrinkStop::kStopped && !halt()) {
+        r.outcome = t.primary;
+        r.triaged = true;
+        r.group = group_of(t);
+      }
+      return r;
+    }
     // The group of the case the walk ended on, and the entries the fault needs.
     Finding g = make_finding(probe.last, sr.minimal, opts_.seed, 0);
     g.properties = {"run"};
@@ -279,15 +306,26 @@ std::function<bool(const Case&)> FindingStore::fault_predicate(const PropertyOut
   for (auto*& p : ptrs) {
     if (p->name() == failure.backend) p = fp;
   }
-  std::function<bool(const Case&)> still_fails = [this, fp, ptrs, &probe](const Case& k) {
+  const std::string backend = failure.backend;
+  std::function<bool(const Case&)> still_fails = [this, fp, ptrs, backend, &probe](const Case& k) {
     fp->take_faults();
+    CaseEvaluation ev;
     try {
-      evaluate_case(k, ptrs, properties_);
+      ev = evaluate_case(k, ptrs, properties_);
     } catch (const std::exception&) {
       return false;
     }
     auto f = fp->take_faults();
-    if (f.empty()) return false;
+    if (f.empty()) {
+      if (!probe.any_failure) return false;
+      for (const PropertyOutcome& o : ev.outcomes) {
+        if (o.applicable && !o.passed && o.backend == backend) {
+          probe.wrong = o;
+          return true;
+        }
+      }
+      return false;
+    }
     if (std::any_of(f.begin(), f.end(), [](const auto& x) { return ipc::is_hang(x.message); })) {
       ++probe.hangs;
     }

@@ -3,7 +3,8 @@
 
 A default campaign (`mlafuzz fuzz --backends plugin:...`, seed 1, a case budget) must find the
 power-of-two scale reader (bug 1) and the negatives-only mask under out_of_range (bug 2), and
-shrink each finding to one token (B = 1, H = 1, topk = 1); the correct kernel (0) must pass the
+shrink each finding to one token (B = 1, H = 1, topk = 1), bug 2 to one group (a non-finite
+mismatch, whether the campaign met it as a fault or as NaN); the correct kernel (0) must pass the
 same campaign. Prints the cases to the first finding.
 Usage: reader_bug_test.py MLAFUZZ PLUGIN_DIR
 """
@@ -64,6 +65,12 @@ def main():
             if not one_token:
                 print("FAIL: reader bug %d: no finding shrunk to one token\nrepro: %s"
                       % (bug, cmd))
+                failures += 1
+            # One bug, one group: an entry far past the cache faults or reads NaN by where it
+            # lands; the walk moves it to the first slot past the end, where it reads NaN.
+            if bug == 2 and [f["kind"] for f in findings] != ["non-finite mismatch"]:
+                print("FAIL: reader bug 2: groups %s, wanted one non-finite mismatch\nrepro: %s"
+                      % ([f["signature"] for f in findings], cmd))
                 failures += 1
     return 1 if failures else 0
 

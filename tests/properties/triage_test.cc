@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 
@@ -20,6 +21,7 @@
 #include "properties/canonical.h"
 #include "properties/case_edits.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 #include "properties/shrink.h"
 #include "tests/core/test_util.h"
@@ -77,6 +79,30 @@ bool reads_past_length(const Case& x) {
     }
   }
   return false;
+}
+
+// One batch row, one head: the index list `list` on a cache of `pages` pages of `page_size`.
+Case one_row_case(int32_t page_size, int32_t pages, std::vector<int32_t> list) {
+  Case c = with_explicit_indices(testing::small_case());
+  c = edits::select_rows(c, {0});
+  c = edits::select_heads(c, {0});
+  c.q_source.reset();
+  c.geom.page_size = page_size;
+  c.geom.num_pages = pages;
+  c.topk = static_cast<int32_t>(list.size());
+  c.indices = {std::move(list)};
+  validate(c);
+  return c;
+}
+
+// A kernel that needs valid entries of row 0 in two 64-token tiles (a split merged wrongly).
+bool valid_in_two_tiles(const Case& x) {
+  const Case e = with_explicit_indices(x);
+  std::set<int> tiles;
+  for (int k = 0; k < e.topk; ++k) {
+    if (edits::entry_valid(e, 0, k)) tiles.insert(k / 64);
+  }
+  return tiles.size() >= 2;
 }
 
 TEST(Canonical, EveryStartWalksToOneCanonicalCaseAndCauseSet) {
@@ -168,7 +194,8 @@ TEST(Canonical, Fp32ScalesAreACauseAndTheirSimplestScaleIsOneAndAHalf) {
 }
 
 // Under out_of_range an entry past the cache is invalid: a failure that needs one keeps it past
-// the end of the (smaller, re-paged) cache, and the cause set names it and the convention.
+// the end of the (smaller, re-paged) cache, on its first slot past the end, and the cause set
+// names it and the convention.
 TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
   const auto past = [](const Case& x) {
     const Case c = with_explicit_indices(x);
@@ -198,6 +225,13 @@ TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
         << want << "\n"
         << to_json(r.minimal) << "\nrerun: " << kRerun;
   }
+  // How far past the end is no feature: the walk ends on the first slot past the end.
+  const Case m = with_explicit_indices(r.minimal);
+  bool first_past = false;
+  for (const auto& row : m.indices) {
+    for (int32_t v : row) first_past = first_past || v == mla::num_slots(m.geom);
+  }
+  EXPECT_TRUE(first_past) << to_json(m) << "\nrerun: " << kRerun;
   // The page edits keep it past the end: fewer pages, another page size.
   Case two = with_explicit_indices(c);
   two.page_order.clear();
@@ -207,6 +241,63 @@ TEST(Canonical, AnEntryPastTheCacheStaysPastItsEnd) {
   const auto resized = edits::with_page_size(two, 64);
   ASSERT_TRUE(resized.has_value());
   EXPECT_EQ(resized->indices[1][2], mla::num_slots(resized->geom) + 5);
+}
+
+// A page size larger than the cache's slot count: each token keeps its page and slot (the last
+// slot of a page stays the last) and stays in the cache, so that a failure found on two-token
+// pages walks to page size 64 (as split-merge-log2 found by seed 4).
+TEST(Canonical, ALargerPageSizeKeepsEveryTokenInTheCache) {
+  std::vector<int32_t> list(65, -1);
+  list[63] = 0;
+  list[64] = 1;
+  const Case c = one_row_case(2, 1, list);
+  const auto resized = edits::with_page_size(c, 64);
+  ASSERT_TRUE(resized.has_value());
+  EXPECT_EQ(resized->indices[0][63], 0);
+  EXPECT_EQ(resized->indices[0][64], 63);
+  EXPECT_NO_THROW(validate(*resized)) << to_json(*resized) << "\nrerun: " << kRerun;
+  const ShrinkResult r = canonicalize_case(c, valid_in_two_tiles, ShrinkLimits{});
+  EXPECT_EQ(r.minimal.geom.page_size, 64) << to_json(r.minimal) << "\nrerun: " << kRerun;
+  const std::vector<std::string> causes = cause_set(r.minimal);
+  EXPECT_EQ(std::find(causes.begin(), causes.end(), "page_size 2"), causes.end())
+      << to_json(r.minimal) << "\nrerun: " << kRerun;
+}
+
+// A long list (an extra list merged into the main one) walks to the few entries the failure
+// needs in a number of evaluations that grows with the logarithm of its length: the budget of a
+// 1000-evaluation triage is not spent one entry at a time (no-rescale found by seed 4).
+TEST(Canonical, ALongListWalksToAFewEntriesInFewEvaluations) {
+  std::vector<int32_t> list(256);
+  std::iota(list.begin(), list.end(), 0);
+  const Case c = one_row_case(64, 4, list);
+  const ShrinkResult r = canonicalize_case(c, valid_in_two_tiles, ShrinkLimits{200, 1e9});
+  EXPECT_EQ(r.stopped_by, ShrinkStop::kFixedPoint)
+      << r.evaluations << " evaluations\nrerun: " << kRerun;
+  int valid = 0;
+  for (int k = 0; k < r.minimal.topk; ++k) valid += edits::entry_valid(r.minimal, 0, k) ? 1 : 0;
+  EXPECT_EQ(valid, 2) << to_json(r.minimal) << "\nrerun: " << kRerun;
+}
+
+// Moving a duplicate entry relabels a token (it draws other values): a failure the values decide
+// (a bitwise difference of sums in two orders, the batch-order plugin found by seed 3) does not
+// name "duplicate entry" whichever draw kept the duplicate, as with every value-changing feature.
+TEST(Canonical, ADuplicateIsNoCauseOfAFailureTheValuesDecide) {
+  Case c = one_row_case(5, 3, {4, 0, 4});
+  c.data_seed = 3;
+  // Fails on a third of the draws, and only with the duplicate.
+  const auto pred = [](const Case& x) {
+    const Case e = with_explicit_indices(x);
+    std::set<int32_t> seen;
+    bool dup = false;
+    for (int32_t v : e.indices[0]) dup = dup || (v >= 0 && !seen.insert(v).second);
+    return dup && e.data_seed % 3 == 0;
+  };
+  const std::vector<std::string> all = cause_set(c);
+  ASSERT_NE(std::find(all.begin(), all.end(), "duplicate entry"), all.end());
+  int evals = 0;
+  const std::vector<std::string> causes = robust_causes(c, {}, pred, 96, &evals);
+  EXPECT_EQ(std::find(causes.begin(), causes.end(), "duplicate entry"), causes.end())
+      << "rerun: " << kRerun << " --gtest_filter=Canonical.ADuplicate*";
 }
 
 TEST(Canonical, AFeatureTheEnvelopeKeepsIsNoCause) {
@@ -431,6 +522,48 @@ TEST(Triage, TwoBugsAreTwoGroupsAndTheLocusNamesTheWrongColumns) {
   EXPECT_NE(locus.find("only in scale group 7 (d 448..511"), std::string::npos) << locus;
 }
 
+// A case whose only token is in an extra cache with a page order (as generated cases of seed 2
+// found them): the extra token is moved to its physical page before the merge into the main list,
+// so that a bug in the address of a page walks to the group the main cache gives it.
+TEST(Triage, AnExtraCacheWithAPageOrderWalksToTheMainCacheGroup) {
+  const auto extra_case = [](int32_t page_size, int64_t stride, int32_t pages,
+                             const std::string& order, int32_t token) {
+    return case_from_json(
+        R"({"format": "mlafuzz-case", "version": 2, "geometry": {"layout": "model1",
+        "nope_dim": 512, "rope_dim": 64, "scale_tile": 64, "page_size": 64, "page_stride": 0,
+        "num_pages": 1}, "batch": 1, "heads": 1, "topk": 1, "indices": [[-1]],
+        "extra": {"geometry": {"page_size": )" +
+        std::to_string(page_size) + R"(, "page_stride": )" + std::to_string(stride) +
+        R"(, "num_pages": )" + std::to_string(pages) + R"(, "page_order": )" + order +
+        R"(}, "topk": 1, "indices": [[)" + std::to_string(token) + R"(]]},
+        "q_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "kv_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "rope_values": {"dist": "small_int", "magnitude": 1.0, "special_fraction": 0.0},
+        "scales": {"mode": "fixed", "exp_lo": 127, "exp_hi": 127}, "data_seed": 0})");
+  };
+  const struct {
+    mla::Mutant m;
+    Case c;
+    const char* causes;
+  } runs[] = {
+      {mla::Mutant::kPageStrideIgnored,
+       extra_case(1, 964, 13, "[11, 10, 3, 5, 8, 9, 0, 6, 4, 12, 2, 7, 1]", 0),
+       "padded page stride; entry beyond the first page"},
+      {mla::Mutant::kPageSizePow2, extra_case(57, 0, 3, "[2, 0, 1]", 26),
+       "page_size not a power of two; entry beyond the first page"},
+  };
+  for (const auto& r : runs) {
+    std::unique_ptr<Backend> b = make_cpu_mma_mutant_backend(r.m);
+    const CaseEvaluation ev = evaluate_case(r.c, {b.get()}, {"tolerance"});
+    ASSERT_TRUE(ev.failed()) << mla::mutant_name(r.m) << "; rerun: " << kRerun;
+    const Triage t = triage_failure(r.c, *ev.failures().front(), {b.get()}, TriageOptions{});
+    const std::string sig = t.signature;
+    EXPECT_EQ(sig.substr(sig.rfind(" | ") + 3), r.causes)
+        << mla::mutant_name(r.m) << ": " << sig << "\n"
+        << to_json(t.minimal) << "\nrerun: " << kRerun << " --gtest_filter=Triage.AnExtraCache*";
+  }
+}
+
 #endif
 
 // Two planted bugs in one backend: where bug a's output differs from the correct model's, a's
@@ -559,4 +692,5 @@ TEST(Triage, TwoBugsPlantedTogetherGiveTheirTwoGroups) {
 }
 
 }  // namespace
+
 }  // namespace mlafuzz
