@@ -20,7 +20,7 @@ set_target_properties(mlafuzz_plugin_abi PROPERTIES EXPORT_NAME plugin_abi)
 
 install(TARGETS ${MLAFUZZ_EXPORTED_TARGETS} EXPORT mlafuzzTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT mlafuzz_dev)
-install(FILES core/backend.h core/case.h core/compare.h
+install(FILES core/backend.h core/backend_traits.h core/case.h core/compare.h
               core/envelope.h core/fileio.h core/materialize.h
               core/npy.h core/shared_arena.h
               core/rng.h

@@ -18,22 +18,23 @@ const char* phase_name(Phase p) {
   return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
 }
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFloat64:
-      return "float64";
-    case Precision::kSimtFp32:
-      return "simt-fp32";
-    case Precision::kMmaBf16:
-      return "mma-bf16";
-    case Precision::kCustom:
-      return "custom";
-  }
-  return "?";
-}
-
-const char* extra_pipeline_name(ExtraPipeline e) {
-  return e == ExtraPipeline::kLseMerged ? "lse_merged" : "joint";
+BackendTraits Backend::traits() const {
+  BackendTraits t;
+  t.name = name();
+  t.precision = precision();
+  t.availability = availability();
+  t.envelope = envelope();
+  t.inexact_invariants = inexact_invariants();
+  t.extra_pipeline = extra_pipeline();
+  t.abs_tol = abs_tol();
+  t.rel_tol = rel_tol();
+  t.on_device = on_device();
+  t.needs_worker = needs_worker();
+  t.is_reference = is_reference();
+  t.simt_partner = simt_partner();
+  t.splits_kv = splits_kv();
+  t.token_tile = token_tile();
+  return t;
 }
 
 OutputBuffers::OutputBuffers(const MaterializedCase& m)

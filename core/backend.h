@@ -12,31 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_traits.h"
 #include "core/envelope.h"
 #include "core/materialize.h"
 
 namespace mlafuzz {
-
-// The precision pipeline a backend implements; selects the error bound (properties/tolerance.h).
-enum class Precision {
-  kFloat64,   // oracles: exact up to float64 rounding
-  kSimtFp32,  // SPEC 4, SIMT: fp32 everywhere, bf16 store
-  kMmaBf16,   // SPEC 4, MMA: bf16 q and K, fp32 accumulate, bf16 p for P*V, bf16 store
-  kCustom,    // plugin with explicit abs/rel tolerances
-};
-
-const char* precision_name(Precision p);
-
-// How a backend folds the extra cache into the result (docs/SPEC.md section 8; plugin.h,
-// MlafuzzExtraPipeline): one online softmax over both lists (FlashMLA), or each list computed
-// alone, stored in bf16 with its LSE and merged (SGLang's Triton path: two bf16 roundings). It
-// selects the tolerance model's extra-cache bound (properties/tolerance.h).
-enum class ExtraPipeline {
-  kJoint = 0,
-  kLseMerged = 1,
-};
-
-const char* extra_pipeline_name(ExtraPipeline e);  // "joint", "lse_merged"
 
 enum class RunStatus {
   kOk,
@@ -154,54 +134,36 @@ struct CheckedRun {
   double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
 };
 
-struct Availability {
-  bool available = true;
-  std::string reason;  // why not, when unavailable
-};
-
+// A backend describes itself through the methods from name() to token_tile(), one per field of
+// BackendTraits (core/backend_traits.h says what each means; the defaults here are its
+// defaults, except needs_worker, which follows on_device); traits() gathers them into that
+// one value, which the worker protocol sends and the commands print. A backend described by a
+// value it was given is a TraitsBackend.
 class Backend {
  public:
   virtual ~Backend() = default;
+  // Every description method's answer, in one value.
+  BackendTraits traits() const;
   virtual std::string name() const = 0;
   virtual Precision precision() const = 0;
   virtual Availability availability() const { return {}; }
-  // Reason the backend cannot run this case by design, or nullopt if it can.
+  virtual Envelope envelope() const { return {}; }           // anything
+  virtual uint32_t inexact_invariants() const { return 0; }  // every invariant exact
+  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
+  virtual double abs_tol() const { return 0; }
+  virtual double rel_tol() const { return 0; }
+  virtual bool on_device() const { return false; }
+  virtual bool needs_worker() const { return on_device(); }
+  virtual bool is_reference() const { return false; }
+  virtual std::string simt_partner() const { return ""; }
+  virtual bool splits_kv() const { return false; }
+  virtual int token_tile() const { return 0; }
+  // Reason the backend cannot run this case by design, or nullopt if it can (the final word,
+  // inside or outside the envelope).
   virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
     (void)m;
     return std::nullopt;
   }
-  // What the backend accepts (envelope.h): the generator draws inside the intersection of the
-  // selected backends' envelopes; unsupported() stays the final word. Default: anything.
-  virtual Envelope envelope() const { return {}; }
-  // Invariant bits (envelope.h, Invariant) the backend does NOT promise bit for bit: those
-  // properties are checked within the tolerance bound instead. Default 0: every one exact.
-  virtual uint32_t inexact_invariants() const { return 0; }
-  // How the backend combines the main and the extra cache (default: one joint softmax).
-  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
-  // Explicit tolerances for kCustom backends.
-  virtual double abs_tol() const { return 0; }
-  virtual double rel_tol() const { return 0; }
-  // Whether the backend runs on a GPU (the campaign isolates those in worker processes).
-  virtual bool on_device() const { return false; }
-  // Whether the backend must run in a worker process by default: device kernels (a fault
-  // poisons the CUDA context) and foreign code (plugins, Python kernels: may crash or hang).
-  virtual bool needs_worker() const { return on_device(); }
-  // Whether this backend is the float64 reference the others are checked against (the Eigen
-  // oracle): its own tolerance is not checked, and bitwise invariants are off for it by design.
-  virtual bool is_reference() const { return false; }
-  // The SIMT backend an MMA backend is compared with by `mma-vs-simt` ("cpu-simt" for cpu-mma
-  // and its planted-bug variants, "cuda-simt" for cuda-mma*), or "" when it has none.
-  virtual std::string simt_partner() const { return ""; }
-  // Whether the backend cuts a row's token tiles into splits merged by a combine (split-KV,
-  // and honours MaterializedCase::split_override: the `split-agree` property reruns
-  // such a backend with other split counts (false: not applicable).
-  virtual bool splits_kv() const { return false; }
-  // Tokens per online-softmax tile of the backend's pipeline where it is not its precision's
-  // default (properties/tolerance.cc, pipeline_for: 64 for kMmaBf16, 32 for kSimtFp32), or 0
-  // for the default. The tolerance model counts the tiles (pipeline_of): cpu-mma-small and
-  // cuda-mma-small fold 32-token tiles, and so does cuda-mma on a device that runs its small
-  // configuration (sm_120).
-  virtual int token_tile() const { return 0; }
   virtual RunResult run(const MaterializedCase& m) = 0;
   // Two-phase run, so that a caller serving a batch (`mlafuzz worker`, harness/campaign/
   // worker.cc) can prepare the next case while this one runs on the device: begin_run(m)
@@ -260,6 +222,33 @@ class ForwardingBackend : public Base {
 
  protected:
   std::unique_ptr<Backend> inner_;
+};
+
+// A backend whose description is one BackendTraits value it was given (a plugin's declaration,
+// a worker's INFO reply): every description method reads it. Base is Backend or an interface
+// derived from it (campaign::IsolatedBackend).
+template <class Base = Backend>
+class TraitsBackend : public Base {
+ public:
+  TraitsBackend() = default;
+  explicit TraitsBackend(BackendTraits traits) : traits_(std::move(traits)) {}
+  std::string name() const override { return traits_.name; }
+  Precision precision() const override { return traits_.precision; }
+  Availability availability() const override { return traits_.availability; }
+  Envelope envelope() const override { return traits_.envelope; }
+  uint32_t inexact_invariants() const override { return traits_.inexact_invariants; }
+  ExtraPipeline extra_pipeline() const override { return traits_.extra_pipeline; }
+  double abs_tol() const override { return traits_.abs_tol; }
+  double rel_tol() const override { return traits_.rel_tol; }
+  bool on_device() const override { return traits_.on_device; }
+  bool needs_worker() const override { return traits_.needs_worker; }
+  bool is_reference() const override { return traits_.is_reference; }
+  std::string simt_partner() const override { return traits_.simt_partner; }
+  bool splits_kv() const override { return traits_.splits_kv; }
+  int token_tile() const override { return traits_.token_tile; }
+
+ protected:
+  BackendTraits traits_;
 };
 
 // Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload

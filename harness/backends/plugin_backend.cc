@@ -151,13 +151,15 @@ void read_v2_info(const MlafuzzPluginInfo& info, const std::string& who, PluginD
     throw PluginError(who + ": unknown inexact_invariants bits " +
                       std::to_string(info.inexact_invariants) + " (known: MlafuzzInvariance)");
   }
-  d.inexact_invariants = info.inexact_invariants;
+  d.traits.inexact_invariants = info.inexact_invariants;
   if (info.extra_pipeline != MLAFUZZ_EXTRA_JOINT &&
       info.extra_pipeline != MLAFUZZ_EXTRA_LSE_MERGED) {
     throw PluginError(who + ": unknown extra_pipeline " + std::to_string(info.extra_pipeline) +
                       " (0 joint, 1 lse-merged)");
   }
-  d.extra_pipeline = info.extra_pipeline;
+  d.traits.extra_pipeline = info.extra_pipeline == MLAFUZZ_EXTRA_LSE_MERGED
+                                ? ExtraPipeline::kLseMerged
+                                : ExtraPipeline::kJoint;
 }
 
 // Checks that path names a regular file and dlopens it.
@@ -206,10 +208,10 @@ MlafuzzPluginInfo query_info(MlafuzzPluginInfoFn info_fn, int version, const std
 void read_runs_on(const MlafuzzPluginInfo& info, const std::string& who, PluginDescription& d) {
   switch (info.runs_on) {
     case MLAFUZZ_RUNS_ON_HOST:
-      d.runs_on_device = false;
+      d.traits.on_device = false;
       break;
     case MLAFUZZ_RUNS_ON_DEVICE:
-      d.runs_on_device = true;
+      d.traits.on_device = true;
       break;
     default:
       throw PluginError(who + ": unknown runs_on " + std::to_string(info.runs_on) +
@@ -221,13 +223,13 @@ void read_runs_on(const MlafuzzPluginInfo& info, const std::string& who, PluginD
 void read_precision(const MlafuzzPluginInfo& info, const std::string& who, PluginDescription& d) {
   switch (info.precision) {
     case MLAFUZZ_PRECISION_FP32_SIMT:
-      d.precision = Precision::kSimtFp32;
+      d.traits.precision = Precision::kSimtFp32;
       break;
     case MLAFUZZ_PRECISION_BF16_MMA:
-      d.precision = Precision::kMmaBf16;
+      d.traits.precision = Precision::kMmaBf16;
       break;
     case MLAFUZZ_PRECISION_CUSTOM:
-      d.precision = Precision::kCustom;
+      d.traits.precision = Precision::kCustom;
       // NaN fails both comparisons, so this also rejects NaN tolerances.
       if (!(info.abs_tol >= 0) || !(info.rel_tol >= 0) || info.abs_tol + info.rel_tol <= 0) {
         throw PluginError(who +
@@ -235,8 +237,8 @@ void read_precision(const MlafuzzPluginInfo& info, const std::string& who, Plugi
                           " 0 (got " +
                           std::to_string(info.abs_tol) + ", " + std::to_string(info.rel_tol) + ")");
       }
-      d.abs_tol = info.abs_tol;
-      d.rel_tol = info.rel_tol;
+      d.traits.abs_tol = info.abs_tol;
+      d.traits.rel_tol = info.rel_tol;
       break;
     default:
       throw PluginError(who + ": unknown precision " + std::to_string(info.precision) +
@@ -259,7 +261,7 @@ void read_envelope(MlafuzzPluginEnvelopeFn env_fn, int version, const std::strin
     throw PluginError(who + ": envelope declares ABI version " + std::to_string(env.abi_version) +
                       ", the plugin " + std::to_string(version));
   }
-  d.envelope = envelope_from_c(env, who);
+  d.traits.envelope = envelope_from_c(env, who);
   d.has_envelope = true;
 }
 
@@ -303,10 +305,19 @@ LoadedPlugin load(const std::string& path) {
     const auto env_fn =
         reinterpret_cast<MlafuzzPluginEnvelopeFn>(symbol(MLAFUZZ_PLUGIN_SYMBOL_ENVELOPE, false));
     if (env_fn != nullptr) read_envelope(env_fn, version, who, d);
+  } else {
+    // A version-1 plugin takes one query token per row and no extra cache (beyond_version_1),
+    // so the generator gives it only such cases.
+    d.traits.envelope.s_q = intersect(d.traits.envelope.s_q, IntSet{{1}, 0, 0, 0});
+    d.traits.envelope.refuses |= kFeatureExtraCache | kFeatureExtraTopkLength;
   }
+  d.traits.name = kPluginPrefix + d.name;
+  // Foreign code that can crash or hang: isolated in a worker whether it runs on the host or on
+  // the device.
+  d.traits.needs_worker = true;
   {
     std::unique_lock<std::mutex> lock;
-    loaded_plugins(lock)[kPluginPrefix + d.name] = path;
+    loaded_plugins(lock)[d.traits.name] = path;
   }
   return p;
 }
@@ -316,41 +327,23 @@ std::string message_or(const std::array<char, kMessageLen>& buf, const std::stri
   return s.empty() ? fallback : s;
 }
 
-class PluginBackend final : public Backend {
- public:
-  explicit PluginBackend(LoadedPlugin p) : p_(std::move(p)) {}
-
-  std::string name() const override { return kPluginPrefix + p_.desc.name; }
-  Precision precision() const override { return p_.desc.precision; }
-  double abs_tol() const override { return p_.desc.abs_tol; }
-  double rel_tol() const override { return p_.desc.rel_tol; }
-  bool on_device() const override { return p_.desc.runs_on_device; }
-  // Foreign code that can crash or hang: isolated in a worker whether it runs on the host or on
-  // the device.
-  bool needs_worker() const override { return true; }
-  // A version-1 plugin takes one query token per row and no extra cache (beyond_version_1), so
-  // the generator gives it only such cases.
-  Envelope envelope() const override {
-    if (p_.desc.abi_version >= 2) return p_.desc.envelope;
-    Envelope e = p_.desc.envelope;
-    e.s_q = intersect(e.s_q, IntSet{{1}, 0, 0, 0});
-    e.refuses |= kFeatureExtraCache | kFeatureExtraTopkLength;
-    return e;
-  }
-  uint32_t inexact_invariants() const override { return p_.desc.inexact_invariants; }
-  ExtraPipeline extra_pipeline() const override {
-    return p_.desc.extra_pipeline == MLAFUZZ_EXTRA_LSE_MERGED ? ExtraPipeline::kLseMerged
-                                                              : ExtraPipeline::kJoint;
-  }
-
-  Availability availability() const override {
-    if (!p_.desc.runs_on_device) return {};
+// A device plugin is available where the device is.
+Availability plugin_availability(const PluginDescription& d) {
+  if (!d.traits.on_device) return {};
 #if MLAFUZZ_HAVE_CUDA
-    return cuda_detail::device_availability();
+  return cuda_detail::device_availability();
 #else
-    return {false, "device plugins need a CUDA build (this mlafuzz was built without nvcc)"};
+  return {false, "device plugins need a CUDA build (this mlafuzz was built without nvcc)"};
 #endif
-  }
+}
+
+// Described by what the plugin declares (PluginDescription::traits), its availability asked
+// at each call.
+class PluginBackend final : public TraitsBackend<Backend> {
+ public:
+  explicit PluginBackend(LoadedPlugin p) : TraitsBackend(p.desc.traits), p_(std::move(p)) {}
+
+  Availability availability() const override { return plugin_availability(p_.desc); }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     if (p_.desc.abi_version < 2) {
@@ -368,7 +361,7 @@ class PluginBackend final : public Backend {
     sizes.extra_indices = nullptr;
     sizes.extra_topk_length = nullptr;
     const MlafuzzDecodeCall call = make_plugin_call(
-        sizes, p_.desc.runs_on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr,
+        sizes, p_.desc.traits.on_device ? MLAFUZZ_RUNS_ON_DEVICE : MLAFUZZ_RUNS_ON_HOST, nullptr,
         p_.desc.abi_version);
     std::array<char, kMessageLen> reason{};
     int supported = 0;
@@ -387,7 +380,7 @@ class PluginBackend final : public Backend {
       r.message = *why;
       return r;
     }
-    return p_.desc.runs_on_device ? run_device(m) : run_host(m);
+    return p_.desc.traits.on_device ? run_device(m) : run_host(m);
   }
 
  private:
@@ -585,7 +578,11 @@ std::unique_ptr<Backend> load_plugin_backend(const std::string& path) {
   return std::make_unique<PluginBackend>(load(path));
 }
 
-PluginDescription describe_plugin(const std::string& path) { return load(path).desc; }
+PluginDescription describe_plugin(const std::string& path) {
+  PluginDescription d = load(path).desc;
+  d.traits.availability = plugin_availability(d);
+  return d;
+}
 
 std::string loaded_plugin_path(const std::string& backend_name) {
   std::unique_lock<std::mutex> lock;

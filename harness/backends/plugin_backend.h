@@ -32,18 +32,16 @@ class PluginError : public std::runtime_error {
 // What a plugin declares about itself (mlafuzz plugin-info prints it).
 struct PluginDescription {
   std::string path;         // as given
-  std::string name;         // info.name; the backend is called "plugin:<name>"
+  std::string name;         // info.name; the backend (traits.name) is called "plugin:<name>"
   std::string description;  // info.description
   int abi_version = 0;
-  bool runs_on_device = false;
-  Precision precision = Precision::kCustom;
-  double abs_tol = 0, rel_tol = 0;  // kCustom only
-  bool has_supports = false;        // exports mlafuzz_plugin_supports
-  // ABI version 2 (a version-1 plugin declares none of these: all exact, no envelope).
-  uint32_t inexact_invariants = 0;  // Invariant bits not promised bit for bit
-  int extra_pipeline = 0;           // MlafuzzExtraPipeline
-  bool has_envelope = false;        // exports mlafuzz_plugin_envelope
-  Envelope envelope;                // what it declares (accepts anything when none)
+  bool has_supports = false;  // exports mlafuzz_plugin_supports
+  bool has_envelope = false;  // exports mlafuzz_plugin_envelope (ABI version 2 on)
+  // The backend's traits: the declared precision, tolerances (kCustom only), runs_on as
+  // on_device, ABI version 2's inexact_invariants and extra_pipeline (a version-1 plugin
+  // declares none: all exact, joint) and the envelope it accepts (a version-1 plugin's narrowed
+  // to one query token and no extra cache, beyond_version_1); needs_worker is always set.
+  BackendTraits traits;
 };
 
 // Loads the plugin at `path` and wraps it. Throws PluginError (see above). A device plugin in
@@ -51,7 +49,8 @@ struct PluginDescription {
 // CUDA build".
 std::unique_ptr<Backend> load_plugin_backend(const std::string& path);
 
-// Loads the plugin and returns what it declares. Throws PluginError.
+// Loads the plugin and returns what it declares, with the availability its backend reports
+// (a device plugin's: the device's). Throws PluginError.
 PluginDescription describe_plugin(const std::string& path);
 
 // Path of the plugin loaded in this process under backend name "plugin:<name>", or "" if none.

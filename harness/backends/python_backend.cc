@@ -233,28 +233,17 @@ json desc(const Where& w, std::vector<int64_t> shape, std::vector<int64_t> strid
 // input to the device on every call (and uploads the canaries): no device cache.
 bool device_cache_enabled() { return settings::flag("MLAFUZZ_DEVICE_CACHE", true); }
 
-class PythonBackend final : public Backend {
+// Described by the worker's INFO reply at the first start (PythonDescription::traits).
+class PythonBackend final : public TraitsBackend<Backend> {
  public:
   explicit PythonBackend(std::string backend_name)
       : backend_(std::move(backend_name)), spec_(backend_.substr(std::strlen(kPythonPrefix))) {
-    const std::string error = start();
+    const std::string error = start(&desc_);
     if (!error.empty()) throw PythonBackendError(error);
+    traits_ = desc_.traits;
   }
   ~PythonBackend() override { child_.stop(kMsgQuit); }
 
-  std::string name() const override { return backend_; }
-  Precision precision() const override { return desc_.precision; }
-  double abs_tol() const override { return desc_.abs_tol; }
-  double rel_tol() const override { return desc_.rel_tol; }
-  Availability availability() const override { return {desc_.available, desc_.reason}; }
-  bool on_device() const override { return desc_.device == "cuda"; }
-  Envelope envelope() const override { return desc_.envelope; }
-  uint32_t inexact_invariants() const override { return desc_.inexact_invariants; }
-  ExtraPipeline extra_pipeline() const override { return desc_.extra_pipeline; }
-  int token_tile() const override { return desc_.token_tile; }
-  // Foreign code that can crash or hang: campaigns isolate it like a plugin, whether it runs on
-  // the host or on the device.
-  bool needs_worker() const override { return true; }
   const PythonDescription& description() const { return desc_; }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
@@ -435,7 +424,7 @@ class PythonBackend final : public Backend {
   // For a kernel that raised on a case of the production decode without declaring whether it
   // takes one: what to declare if it does not (else "").
   std::string undeclared_hint(const MaterializedCase& m) const {
-    const Envelope& e = desc_.envelope;
+    const Envelope& e = traits_.envelope;
     if (m.has_extra && !e.refuses_feature(kFeatureExtraCache) && !desc_.declares_extra_cache) {
       return "\nthis case has an extra cache; declare mlafuzz.Envelope(extra_cache=False) if "
              "your kernel does not take one";
@@ -455,8 +444,9 @@ class PythonBackend final : public Backend {
     return r;
   }
 
-  // Starts the worker and checks what it serves; returns "" or what went wrong.
-  std::string start() const {
+  // Starts the worker and checks what it serves; returns "" or what went wrong. `described`:
+  // where to keep what the kernel declares (the first start; a restart serves the same kernel).
+  std::string start(PythonDescription* described = nullptr) const {
     std::string interpreter;
     try {
       interpreter = python_interpreter();
@@ -524,21 +514,23 @@ class PythonBackend final : public Backend {
     }
     try {
       PythonDescription d;
-      d.backend = backend_;
+      d.traits.name = backend_;
+      d.traits.needs_worker = true;
       d.name = j.at("name").get<std::string>();
       d.description = j.value("description", "");
-      d.precision = precision_from(j.at("precision").get<std::string>(), backend_);
-      d.abs_tol = j.value("abs_tol", 0.0);
-      d.rel_tol = j.value("rel_tol", 0.0);
+      d.traits.precision = precision_from(j.at("precision").get<std::string>(), backend_);
+      d.traits.abs_tol = j.value("abs_tol", 0.0);
+      d.traits.rel_tol = j.value("rel_tol", 0.0);
       d.device = j.value("device", "cpu");
+      d.traits.on_device = d.device == "cuda";
       d.has_supports = j.value("has_supports", false);
-      d.available = j.value("available", true);
-      d.reason = j.value("reason", "");
+      d.traits.availability.available = j.value("available", true);
+      d.traits.availability.reason = j.value("reason", "");
       d.python = j.value("python", interpreter);
       d.python_version = j.value("python_version", "");
       d.numpy_version = j.value("numpy", "");
       if (j.contains("envelope") && !j.at("envelope").is_null()) {
-        d.envelope = envelope_from_json(j.at("envelope"), "envelope");
+        d.traits.envelope = envelope_from_json(j.at("envelope"), "envelope");
         d.has_envelope = true;
       }
       if (j.contains("mutants") && !j.at("mutants").is_null()) {
@@ -553,22 +545,24 @@ class PythonBackend final : public Backend {
         if (e != "joint" && e != "lse_merged") {
           throw std::runtime_error("extra_pipeline '" + e + "' (known: joint, lse_merged)");
         }
-        d.extra_pipeline = e == "lse_merged" ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
+        d.traits.extra_pipeline =
+            e == "lse_merged" ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
       }
       if (j.contains("inexact")) {
-        d.inexact_invariants = parse_invariants(j.at("inexact").get<std::vector<std::string>>());
+        d.traits.inexact_invariants =
+            parse_invariants(j.at("inexact").get<std::vector<std::string>>());
       }
       if (j.contains("token_tile")) {
         const auto& t = j.at("token_tile");
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > (1 << 20)) {
           throw std::runtime_error("token_tile " + t.dump() + " (a number of tokens, 0: default)");
         }
-        d.token_tile = t.get<int>();
+        d.traits.token_tile = t.get<int>();
       }
       // Envelope(extra_cache=True): the kernel says it takes an extra cache.
       d.declares_extra_cache =
           j.value("extra_cache", nlohmann::json()).is_boolean() && j.at("extra_cache").get<bool>();
-      desc_ = d;
+      if (described != nullptr) *described = std::move(d);
     } catch (const std::exception& e) {
       child_.stop(0);
       return backend_ + ": malformed info from the worker: " + e.what();
@@ -584,66 +578,54 @@ class PythonBackend final : public Backend {
   mutable std::unordered_map<std::string, std::optional<std::string>> verdicts_;
   mutable ipc::Child child_;
   mutable std::unique_ptr<ipc::SharedMemory> shm_;
-  mutable PythonDescription desc_;
+  PythonDescription desc_;
 };
 
-// A shipped kernel under its short name; the python: backend inside does the work.
-class ShippedPythonBackend final : public Backend {
+// A shipped kernel under its short name; the python: backend inside does the work. Its traits
+// are the kernel's (envelope, invariance claims, tolerances, extra pipeline, token tile: a
+// campaign on triton-mma draws inside the kernel's envelope) with the alias's name, SIMT partner
+// and device; a kernel that cannot be loaded leaves the declared precision and why it is
+// unavailable.
+class ShippedPythonBackend final : public TraitsBackend<Backend> {
  public:
   ShippedPythonBackend(std::string alias, const std::string& file, const std::string& func,
-                       Precision declared, std::string partner, bool strict)
-      : alias_(std::move(alias)), declared_(declared), partner_(std::move(partner)) {
+                       Precision declared, std::string partner, bool strict) {
+    traits_.precision = declared;
     const std::string dir = shipped_python_kernel_dir("triton", file);
     if (dir.empty()) {
-      reason_ = "kernel file " + file +
-                " not found (looked in $MLAFUZZ_TRITON_DIR, <executable>/../share/mlafuzz/triton "
-                "and the source tree's kernels/triton)";
-      if (strict) throw PythonBackendError(alias_ + ": " + reason_);
-      return;
+      traits_.availability = {
+          false, "kernel file " + file +
+                     " not found (looked in $MLAFUZZ_TRITON_DIR, "
+                     "<executable>/../share/mlafuzz/triton and the source tree's kernels/triton)"};
+      if (strict) throw PythonBackendError(alias + ": " + traits_.availability.reason);
+    } else {
+      try {
+        inner_ = std::make_unique<PythonBackend>(std::string(kPythonPrefix) + dir + "/" + file +
+                                                 ":" + func);
+        traits_ = inner_->traits();
+      } catch (const std::exception& e) {
+        if (strict) throw;
+        traits_.availability = {false, e.what()};
+      }
     }
-    try {
-      inner_ = std::make_unique<PythonBackend>(std::string(kPythonPrefix) + dir + "/" + file + ":" +
-                                               func);
-    } catch (const std::exception& e) {
-      if (strict) throw;
-      reason_ = e.what();
-    }
+    traits_.name = std::move(alias);
+    traits_.simt_partner = std::move(partner);
+    traits_.on_device = true;
+    traits_.needs_worker = true;
   }
 
-  std::string name() const override { return alias_; }
-  Precision precision() const override { return inner_ ? inner_->precision() : declared_; }
-  Availability availability() const override {
-    return inner_ ? inner_->availability() : Availability{false, reason_};
-  }
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     return inner_ ? inner_->unsupported(m) : std::nullopt;
   }
-  // What the kernel declares travels with the alias: without these a campaign on triton-mma
-  // drew cases outside its envelope (54% not applicable on the H200) and checked invariants it
-  // does not claim bit for bit.
-  Envelope envelope() const override { return inner_ ? inner_->envelope() : Envelope{}; }
-  uint32_t inexact_invariants() const override { return inner_ ? inner_->inexact_invariants() : 0; }
-  ExtraPipeline extra_pipeline() const override {
-    return inner_ ? inner_->extra_pipeline() : ExtraPipeline::kJoint;
-  }
-  int token_tile() const override { return inner_ ? inner_->token_tile() : 0; }
-  double abs_tol() const override { return inner_ ? inner_->abs_tol() : 0; }
-  double rel_tol() const override { return inner_ ? inner_->rel_tol() : 0; }
-  bool on_device() const override { return true; }
-  bool needs_worker() const override { return true; }
-  std::string simt_partner() const override { return partner_; }
   RunResult run(const MaterializedCase& m) override {
     if (inner_) return inner_->run(m);
     RunResult r;
     r.status = RunStatus::kError;
-    r.message = alias_ + " is not available: " + reason_;
+    r.message = traits_.name + " is not available: " + traits_.availability.reason;
     return r;
   }
 
  private:
-  std::string alias_;
-  Precision declared_;
-  std::string partner_, reason_;
   std::unique_ptr<PythonBackend> inner_;
 };
 

@@ -34,24 +34,13 @@ class PythonBackendError : public std::runtime_error {
 
 // What the kernel declares (mlafuzz plugin-info and list-backends print it).
 struct PythonDescription {
-  std::string backend;      // "python:..." as given
-  std::string name;         // @mlafuzz.kernel(name=...)
-  std::string description;  // description= or the docstring's first line
-  Precision precision = Precision::kSimtFp32;
-  double abs_tol = 0, rel_tol = 0;  // kCustom only
-  std::string device;               // "cpu" or "cuda"
-  bool has_supports = false;        // the module defines supports(call)
-  bool available = true;
-  std::string reason;  // why not available (device="cuda" without torch or GPU)
-  std::string python;  // the interpreter, and versions it reports
+  std::string name;           // @mlafuzz.kernel(name=...)
+  std::string description;    // description= or the docstring's first line
+  std::string device;         // "cpu" or "cuda"
+  bool has_supports = false;  // the module defines supports(call)
+  std::string python;         // the interpreter, and versions it reports
   std::string python_version, numpy_version;
-  // @mlafuzz.kernel(envelope=..., inexact=[...]): what it accepts, what it does not promise
-  // bit for bit (Invariant bits).
-  bool has_envelope = false;
-  Envelope envelope;
-  uint32_t inexact_invariants = 0;
-  ExtraPipeline extra_pipeline = ExtraPipeline::kJoint;  // mlafuzz.kernel(extra_pipeline=...)
-  int token_tile = 0;  // mlafuzz.kernel(token_tile=...): tokens per tile, 0: the precision's
+  bool has_envelope = false;  // @mlafuzz.kernel(envelope=...) given
   // mlafuzz.Envelope(extra_cache=True): the kernel takes an extra cache (nothing changes in
   // what is generated; a kernel that raised on one is not told to declare extra_cache=False).
   bool declares_extra_cache = false;
@@ -59,6 +48,11 @@ struct PythonDescription {
   // Backend "python:<file>:<func>~<name>" runs the module's mutant_<name> (docs/mutation.md;
   // docs/WORKER_PROTOCOL.md).
   std::vector<std::pair<std::string, std::string>> mutants;
+  // The backend's traits: name "python:..." as given; precision, abs_tol and rel_tol (kCustom
+  // only), envelope, inexact_invariants (inexact=[...]), extra_pipeline and token_tile as
+  // declared; available and why not (device="cuda" without torch or GPU); on_device for
+  // device="cuda"; needs_worker always.
+  BackendTraits traits;
 };
 
 // The scalar fields of the call a python: kernel gets for case m (the RUN request's scalars,

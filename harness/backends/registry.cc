@@ -28,29 +28,22 @@ namespace {
 
 #if !MLAFUZZ_HAVE_CUDA
 // Stands in for a backend that this build cannot provide, so list-backends can say why.
-class UnavailableBackend final : public Backend {
+class UnavailableBackend final : public TraitsBackend<Backend> {
  public:
-  UnavailableBackend(std::string name, Precision p, std::string partner, std::string reason)
-      : name_(std::move(name)),
-        precision_(p),
-        partner_(std::move(partner)),
-        reason_(std::move(reason)) {}
-  std::string name() const override { return name_; }
-  Precision precision() const override { return precision_; }
-  Availability availability() const override { return {false, reason_}; }
-  bool on_device() const override { return true; }
-  std::string simt_partner() const override { return partner_; }
+  UnavailableBackend(std::string name, Precision p, std::string partner, std::string reason) {
+    traits_.name = std::move(name);
+    traits_.precision = p;
+    traits_.availability = {false, std::move(reason)};
+    traits_.on_device = true;
+    traits_.needs_worker = true;
+    traits_.simt_partner = std::move(partner);
+  }
   RunResult run(const MaterializedCase&) override {
     RunResult r;
     r.status = RunStatus::kError;
-    r.message = name_ + " is not available: " + reason_;
+    r.message = traits_.name + " is not available: " + traits_.availability.reason;
     return r;
   }
-
- private:
-  std::string name_;
-  Precision precision_;
-  std::string partner_, reason_;
 };
 #endif
 

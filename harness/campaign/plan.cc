@@ -70,17 +70,17 @@ void BackendPool::plan_backends() {
       p.on_device = false;  // decided by probe_foreign, by asking a worker
       if (p.isolated) need_devices = true;
     } else {
-      auto b = spec.make();
-      const Availability a = b->availability();
-      if (!a.available) {
-        throw std::runtime_error("backend '" + name + "' is not available: " + a.reason);
+      const BackendTraits t = spec.make()->traits();
+      if (!t.availability.available) {
+        throw std::runtime_error("backend '" + name +
+                                 "' is not available: " + t.availability.reason);
       }
-      p.on_device = b->on_device();
-      p.envelope = b->envelope();
+      p.on_device = t.on_device;
+      p.envelope = t.envelope;
       // A python: kernel already runs in its own worker: the campaign talks to it directly.
       p.self_isolated = spec.isolates_itself;
       p.isolated = !p.self_isolated &&
-                   (opts_.isolate == "all" || (opts_.isolate == "device" && b->needs_worker()));
+                   (opts_.isolate == "all" || (opts_.isolate == "device" && t.needs_worker));
       need_devices = need_devices || (p.isolated && p.on_device);
     }
     plan_.push_back(p);
@@ -101,12 +101,13 @@ void BackendPool::probe_foreign() {
     if (!p.isolated || !p.foreign) continue;
     WorkerSpec spec{worker_exe_, p.name, devinfo_.count > 0 ? 0 : -1, visible_, worker_log_};
     WorkerProcess probe(spec);
-    const WorkerInfo& info = probe.info();
-    if (!info.available) {
-      throw std::runtime_error("backend '" + p.name + "' is not available: " + info.reason);
+    const BackendTraits& traits = probe.info().traits;
+    if (!traits.availability.available) {
+      throw std::runtime_error("backend '" + p.name +
+                               "' is not available: " + traits.availability.reason);
     }
-    p.on_device = info.on_device;
-    p.envelope = info.envelope;
+    p.on_device = traits.on_device;
+    p.envelope = traits.envelope;
   }
   // Foreign backends the campaign runs in this process (--isolate none) declare theirs here.
   for (auto& p : plan_) {
@@ -146,10 +147,10 @@ void BackendPool::start_device_workers() {
       for (int k = 0; k < workers_per_device_; ++k) {
         WorkerSpec spec{worker_exe_, p.name, d, visible_, worker_log_};
         auto slot = std::make_shared<WorkerSlot>(spec);
-        const WorkerInfo& info = slot->proc.info();
-        if (!info.available) {
+        const Availability& a = slot->proc.info().traits.availability;
+        if (!a.available) {
           throw std::runtime_error("backend '" + p.name + "' is not available on " +
-                                   device_label(d) + ": " + info.reason);
+                                   device_label(d) + ": " + a.reason);
         }
         slots_[{p.name, d, k}] = slot;
       }

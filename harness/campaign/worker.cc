@@ -229,23 +229,8 @@ std::optional<int> serve(Backend& backend, MsgType type, const std::string& payl
 
 WorkerInfo describe_backend(const Backend& backend) {
   WorkerInfo i;
-  i.name = backend.name();
-  i.precision = static_cast<int32_t>(backend.precision());
-  const Availability a = backend.availability();
-  i.available = a.available;
-  i.reason = a.reason;
-  i.abs_tol = backend.abs_tol();
-  i.rel_tol = backend.rel_tol();
-  i.on_device = backend.on_device();
-  i.needs_worker = backend.needs_worker();
-  i.is_reference = backend.is_reference();
-  i.simt_partner = backend.simt_partner();
   i.pid = static_cast<int32_t>(::getpid());
-  i.envelope = backend.envelope();
-  i.inexact_invariants = backend.inexact_invariants();
-  i.extra_pipeline = static_cast<int32_t>(backend.extra_pipeline());
-  i.splits_kv = backend.splits_kv();
-  i.token_tile = backend.token_tile();
+  i.traits = backend.traits();
   return i;
 }
 
@@ -524,7 +509,7 @@ std::optional<std::string> WorkerProcess::unsupported(const MaterializedCase& m,
 ProxyBackend::ProxyBackend(std::shared_ptr<WorkerSlot> slot, double case_timeout_s)
     : slot_(std::move(slot)), timeout_s_(case_timeout_s) {
   std::lock_guard<std::mutex> lock(slot_->mu);
-  info_ = slot_->proc.info();
+  traits_ = slot_->proc.info().traits;
 }
 
 std::optional<std::string> ProxyBackend::unsupported(const MaterializedCase& m) const {
@@ -554,7 +539,7 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
   totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     std::lock_guard<std::mutex> lock(faults_mu_);
-    faults_.push_back({info_.name, r.message});
+    faults_.push_back({traits_.name, r.message});
   }
   return r;
 }
@@ -606,7 +591,7 @@ std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const Materi
     totals_->add(out[i].result.phases, i == 0 ? 1 : 0);
     if (out[i].result.status == RunStatus::kFault) {
       std::lock_guard<std::mutex> lock(faults_mu_);
-      faults_.push_back({info_.name, out[i].result.message});
+      faults_.push_back({traits_.name, out[i].result.message});
     }
   }
   return out;

@@ -165,26 +165,11 @@ class IsolatedBackend : public Backend {
 
 // The Backend face of a worker. One object per evaluation thread (it records the faults of the
 // case its thread evaluates); the worker behind it may be shared.
-class ProxyBackend final : public IsolatedBackend {
+class ProxyBackend final : public TraitsBackend<IsolatedBackend> {
  public:
+  // Described by the worker's INFO reply (its backend's traits).
   ProxyBackend(std::shared_ptr<WorkerSlot> slot, double case_timeout_s);
-  std::string name() const override { return info_.name; }
-  Precision precision() const override { return static_cast<Precision>(info_.precision); }
-  Availability availability() const override { return {info_.available, info_.reason}; }
   std::optional<std::string> unsupported(const MaterializedCase& m) const override;
-  double abs_tol() const override { return info_.abs_tol; }
-  double rel_tol() const override { return info_.rel_tol; }
-  bool on_device() const override { return info_.on_device; }
-  bool needs_worker() const override { return info_.needs_worker; }
-  bool is_reference() const override { return info_.is_reference; }
-  std::string simt_partner() const override { return info_.simt_partner; }
-  Envelope envelope() const override { return info_.envelope; }
-  uint32_t inexact_invariants() const override { return info_.inexact_invariants; }
-  ExtraPipeline extra_pipeline() const override {
-    return static_cast<ExtraPipeline>(info_.extra_pipeline);
-  }
-  bool splits_kv() const override { return info_.splits_kv; }
-  int token_tile() const override { return info_.token_tile; }
   RunResult run(const MaterializedCase& m) override;
   // One kRunBatch request for all cases. The queue, encode and transport time of the request
   // are split evenly over its calls in the time breakdown.
@@ -207,7 +192,6 @@ class ProxyBackend final : public IsolatedBackend {
                                       bool widen_values);
   std::shared_ptr<WorkerSlot> slot_;
   double timeout_s_;
-  WorkerInfo info_;
   mutable std::mutex faults_mu_;
   mutable std::vector<FaultRecord> faults_;
   std::shared_ptr<CallTotals> totals_ = std::make_shared<CallTotals>();

@@ -9,8 +9,10 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "core/backend_traits.h"
 #include "core/case.h"
 #include "core/envelope.h"
+#include "core/json_fields.h"
 #include "core/shared_arena.h"
 
 namespace mlafuzz::campaign {
@@ -424,22 +426,8 @@ CheckedRun decode_checked(std::string_view bytes, const BulkArea* bulk) {
 std::string encode_info(const WorkerInfo& i) {
   Writer w;
   w.pod(i.protocol);
-  w.str(i.name);
-  w.pod(i.precision);
-  w.pod<uint8_t>(i.available);
-  w.str(i.reason);
-  w.pod(i.abs_tol);
-  w.pod(i.rel_tol);
-  w.pod<uint8_t>(i.on_device);
-  w.pod<uint8_t>(i.needs_worker);
-  w.pod<uint8_t>(i.is_reference);
-  w.str(i.simt_partner);
   w.pod(i.pid);
-  w.str(envelope_to_json(i.envelope).dump());
-  w.pod(i.inexact_invariants);
-  w.pod(i.extra_pipeline);
-  w.pod<uint8_t>(i.splits_kv);
-  w.pod(i.token_tile);
+  w.str(fields::write(i.traits, backend_traits_fields()).dump());
   return w.take();
 }
 
@@ -452,31 +440,15 @@ WorkerInfo decode_info(std::string_view bytes) {
                         ", this mlafuzz " + std::to_string(kWorkerProtocolVersion) +
                         " (MLAFUZZ_WORKER_EXE names another build?): use one mlafuzz binary");
   }
-  i.name = r.str();
-  i.precision = r.pod<int32_t>();
-  i.available = r.pod<uint8_t>() != 0;
-  i.reason = r.str();
-  i.abs_tol = r.pod<double>();
-  i.rel_tol = r.pod<double>();
-  i.on_device = r.pod<uint8_t>() != 0;
-  i.needs_worker = r.pod<uint8_t>() != 0;
-  i.is_reference = r.pod<uint8_t>() != 0;
-  i.simt_partner = r.str();
   i.pid = r.pod<int32_t>();
-  try {
-    i.envelope = envelope_from_json(nlohmann::ordered_json::parse(r.str()));
-  } catch (const std::exception& e) {
-    throw ProtocolError(std::string("info: bad envelope: ") + e.what());
-  }
-  i.inexact_invariants = r.pod<uint32_t>();
-  i.extra_pipeline = r.pod<int32_t>();
-  if (i.extra_pipeline != 0 && i.extra_pipeline != 1) {
-    throw ProtocolError("info: unknown extra_pipeline " + std::to_string(i.extra_pipeline));
-  }
-  i.splits_kv = r.pod<uint8_t>() != 0;
-  i.token_tile = r.pod<int32_t>();
-  if (i.token_tile < 0) throw ProtocolError("info: negative token_tile");
+  const std::string text = r.str();
   r.end();
+  try {
+    fields::read(nlohmann::ordered_json::parse(text), i.traits, backend_traits_fields(),
+                 {.path = "info", .unknown_is_error = true});
+  } catch (const std::exception& e) {  // parse errors, FieldError, the envelope's invalid_argument
+    throw ProtocolError(std::string("malformed info: ") + e.what());
+  }
   return i;
 }
 

@@ -20,10 +20,11 @@
 namespace mlafuzz::campaign {
 
 inline constexpr uint32_t kFrameMagic = 0x57414c4d;  // "MLAW"
-// Version of this wire format (INFO carries it; both ends refuse another). 2: results may carry
-// only the raw outputs (RunResult::outputs_pending), and vectors may be read in the parent's
-// shared arena (flag 3). 1: every result widened, every vector copied.
-inline constexpr int32_t kWorkerProtocolVersion = 2;
+// Version of this wire format (INFO carries it; both ends refuse another). 3: the INFO reply
+// carries the backend's BackendTraits as one JSON document. 2: results may carry only the raw
+// outputs (RunResult::outputs_pending), and vectors may be read in the parent's shared arena
+// (flag 3). 1: every result widened, every vector copied.
+inline constexpr int32_t kWorkerProtocolVersion = 3;
 
 enum class MsgType : uint32_t {
   kInfo = 1,         // request: empty; reply kInfo: WorkerInfo
@@ -34,23 +35,11 @@ enum class MsgType : uint32_t {
   kRunBatch = 6,     // request: batch of cases; one reply kRunBatch per case, in order: CheckedRun
 };
 
+// The kInfo reply: who answers, and what its backend says about itself.
 struct WorkerInfo {
   int32_t protocol = kWorkerProtocolVersion;
-  std::string name;
-  int32_t precision = 0;  // Precision as int
-  bool available = true;
-  std::string reason;
-  double abs_tol = 0, rel_tol = 0;
-  bool on_device = false;
-  bool needs_worker = false;
-  bool is_reference = false;
-  std::string simt_partner;
   int32_t pid = 0;
-  Envelope envelope;                // Backend::envelope()
-  uint32_t inexact_invariants = 0;  // Backend::inexact_invariants()
-  int32_t extra_pipeline = 0;       // Backend::extra_pipeline() as int
-  bool splits_kv = false;           // Backend::splits_kv()
-  int32_t token_tile = 0;           // Backend::token_tile()
+  BackendTraits traits;  // Backend::traits(), as JSON (backend_traits_fields) on the wire
 };
 
 // Thrown on a malformed payload.

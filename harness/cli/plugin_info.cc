@@ -38,71 +38,73 @@ std::string fuzz_command(const std::string& backend) {
   return command_to_run_again() + " fuzz --backends " + shell_word(absolute_backend_name(backend));
 }
 
+// The precision line, and the tolerances of a custom one.
+void print_pipeline(const BackendTraits& t) {
+  std::cout << "  precision:   " << precision_name(t.precision) << '\n';
+  if (t.precision == Precision::kCustom) {
+    std::cout << "  tolerances:  abs " << t.abs_tol << ", rel " << t.rel_tol << '\n';
+  }
+}
+
+// Which invariants it promises bit for bit, and how it folds in the extra cache.
+void print_claims(const BackendTraits& t) {
+  std::cout << "  exact:       "
+            << (t.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
+                                          : "all but " + describe_invariants(t.inexact_invariants) +
+                                                " (checked within the tolerance bound)")
+            << '\n'
+            << "  extra cache: " << extra_pipeline_text(t.extra_pipeline) << '\n';
+}
+
+std::string available_text(const Availability& a) {
+  return a.available ? "yes" : "no: " + a.reason;
+}
+
 // `mlafuzz plugin-info python:FILE.py:FUNC`: what a Python kernel declares.
 int python_info(const std::string& name) {
   const PythonDescription d = describe_python_backend(name);  // PythonBackendError: exit 2
+  const BackendTraits& t = d.traits;
   std::cout << "python kernel " << name << '\n'
-            << "  backend:     " << d.backend << '\n'
+            << "  backend:     " << t.name << '\n'
             << "  name:        " << d.name << '\n'
             << "  description: " << d.description << '\n'
-            << "  device:      " << d.device << '\n'
-            << "  precision:   " << precision_name(d.precision) << '\n';
-  if (d.precision == Precision::kCustom) {
-    std::cout << "  tolerances:  abs " << d.abs_tol << ", rel " << d.rel_tol << '\n';
-  }
+            << "  device:      " << d.device << '\n';
+  print_pipeline(t);
   std::cout << "  supports():  "
             << (d.has_supports ? "defined (cases outside it are reported as not applicable)"
                                : "not defined (every case is run)")
-            << '\n'
-            << "  exact:       "
-            << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
-                                          : "all but " + describe_invariants(d.inexact_invariants) +
-                                                " (checked within the tolerance bound)")
-            << '\n'
-            << "  extra cache: " << extra_pipeline_text(d.extra_pipeline) << '\n'
-            << "  token tile:  "
-            << (d.token_tile > 0 ? std::to_string(d.token_tile) + " tokens (declared)"
+            << '\n';
+  print_claims(t);
+  std::cout << "  token tile:  "
+            << (t.token_tile > 0 ? std::to_string(t.token_tile) + " tokens (declared)"
                                  : std::string("the precision's default"))
             << " (the tolerance bound counts one softmax rescale per tile)\n";
-  print_envelope(d.has_envelope ? "declared" : "", d.envelope);
+  print_envelope(d.has_envelope ? "declared" : "", t.envelope);
   std::cout << "  interpreter: " << d.python << " (Python " << d.python_version << ", numpy "
             << d.numpy_version << ")\n"
-            << "  available:   " << (d.available ? "yes" : "no: " + d.reason) << '\n'
-            << "use it as: " << fuzz_command(d.backend) << '\n';
+            << "  available:   " << available_text(t.availability) << '\n'
+            << "use it as: " << fuzz_command(t.name) << '\n';
   return kExitOk;
 }
 
 int plugin_info(const std::string& path) {
   if (path.rfind(kPythonPrefix, 0) == 0) return python_info(path);
   const PluginDescription d = describe_plugin(path);  // PluginError: exit 2 via main
-  const auto backend = load_plugin_backend(path);
-  const Availability a = backend->availability();
+  const BackendTraits& t = d.traits;
   std::cout << "plugin " << d.path << '\n'
-            << "  backend:     " << backend->name() << '\n'
+            << "  backend:     " << t.name << '\n'
             << "  description: " << d.description << '\n'
             << "  ABI version: " << d.abi_version << '\n'
-            << "  runs on:     "
-            << (d.runs_on_device ? "device (CUDA pointers and stream)" : "host") << '\n'
-            << "  precision:   " << precision_name(d.precision) << '\n';
-  if (d.precision == Precision::kCustom) {
-    std::cout << "  tolerances:  abs " << d.abs_tol << ", rel " << d.rel_tol << '\n';
-  }
+            << "  runs on:     " << (t.on_device ? "device (CUDA pointers and stream)" : "host")
+            << '\n';
+  print_pipeline(t);
   std::cout << "  supports():  "
             << (d.has_supports ? "exported (cases outside it are reported as not applicable)"
                                : "not exported (every case is run)")
-            << '\n'
-            << "  exact:       "
-            << (d.inexact_invariants == 0 ? std::string("every invariant (bit for bit)")
-                                          : "all but " + describe_invariants(d.inexact_invariants) +
-                                                " (checked within the tolerance bound)")
-            << '\n'
-            << "  extra cache: "
-            << extra_pipeline_text(d.extra_pipeline == MLAFUZZ_EXTRA_LSE_MERGED
-                                       ? ExtraPipeline::kLseMerged
-                                       : ExtraPipeline::kJoint)
             << '\n';
-  print_envelope(d.has_envelope ? "exported" : "", d.envelope);
-  std::cout << "  available:   " << (a.available ? "yes" : "no: " + a.reason) << '\n'
+  print_claims(t);
+  print_envelope(d.has_envelope ? "exported" : "", t.envelope);
+  std::cout << "  available:   " << available_text(t.availability) << '\n'
             << "use it as: " << fuzz_command("plugin:" + d.path) << '\n';
   return kExitOk;
 }

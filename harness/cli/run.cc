@@ -392,10 +392,9 @@ void print_backend_row(const std::string& name, size_t width, const std::string&
                        const std::function<std::unique_ptr<Backend>()>& make) {
   std::string precision = "?", state;
   try {
-    const auto b = make();
-    precision = precision_name(b->precision());
-    const Availability av = b->availability();
-    state = av.available ? "available" : "unavailable: " + av.reason;
+    const BackendTraits t = make()->traits();
+    precision = precision_name(t.precision);
+    state = t.availability.available ? "available" : "unavailable: " + t.availability.reason;
   } catch (const std::exception& e) {
     state = std::string("unavailable: ") + e.what();
   }

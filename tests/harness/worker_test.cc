@@ -254,21 +254,65 @@ TEST(WorkerProtocol, ArenaVectorsTravelAsOffsets) {
 // cuda-mma-small, or of cuda-mma on sm_120, counts 32-token tiles).
 TEST(WorkerProtocol, InfoCarriesTheTokenTile) {
   WorkerInfo i;
-  i.name = "cpu-mma-small";
-  i.token_tile = 32;
-  i.splits_kv = true;
+  i.traits.name = "cpu-mma-small";
+  i.traits.token_tile = 32;
+  i.traits.splits_kv = true;
   const WorkerInfo back = decode_info(encode_info(i));
-  EXPECT_EQ(back.token_tile, 32);
-  EXPECT_TRUE(back.splits_kv);
-  i.token_tile = -1;
+  EXPECT_EQ(back.traits.token_tile, 32);
+  EXPECT_TRUE(back.traits.splits_kv);
+  i.traits.token_tile = -1;
   EXPECT_THROW(decode_info(encode_info(i)), ProtocolError);
-  EXPECT_EQ(describe_backend(*make_backend("cpu-mma-small")).token_tile, 32);
-  EXPECT_EQ(describe_backend(*make_backend("cpu-mma")).token_tile, 0);
+  EXPECT_EQ(describe_backend(*make_backend("cpu-mma-small")).traits.token_tile, 32);
+  EXPECT_EQ(describe_backend(*make_backend("cpu-mma")).traits.token_tile, 0);
+}
+
+// The INFO reply carries every field of a backend's traits: what the proxy reports is what the
+// backend in the worker says, field for field.
+TEST(WorkerProtocol, InfoCarriesEveryTrait) {
+  for (const char* name : {"oracle", "cpu-simt", "cpu-mma", "cpu-mma-small"}) {
+    const auto backend = make_backend(name);
+    const WorkerInfo sent = describe_backend(*backend);
+    EXPECT_EQ(sent.traits, backend->traits()) << name;
+    const WorkerInfo back = decode_info(encode_info(sent));
+    EXPECT_EQ(back.traits, sent.traits) << name;
+    EXPECT_EQ(back.pid, sent.pid) << name;
+  }
+  WorkerInfo custom;
+  BackendTraits& t = custom.traits;
+  t.name = "plugin:x";
+  t.precision = Precision::kCustom;
+  t.availability = {false, "no GPU"};
+  t.inexact_invariants = 3;
+  t.extra_pipeline = ExtraPipeline::kLseMerged;
+  t.abs_tol = 1e-3;
+  t.rel_tol = 2e-2;
+  t.on_device = true;
+  t.needs_worker = true;
+  t.simt_partner = "cpu-simt";
+  custom.traits.envelope.heads = IntSet{{16, 64}, 0, 0, 0};
+  EXPECT_EQ(decode_info(encode_info(custom)).traits, custom.traits);
+}
+
+// A malformed traits document is a protocol error naming the field.
+TEST(WorkerProtocol, InfoWithABadTraitIsRefused) {
+  WorkerInfo i;
+  const std::string good = encode_info(i);
+  std::string bad = good;
+  const std::string from = "\"precision\":\"float64\"", to = "\"precision\":\"float65\"";
+  const size_t at = bad.find(from);
+  ASSERT_NE(at, std::string::npos);
+  bad.replace(at, from.size(), to);
+  try {
+    decode_info(bad);
+    FAIL() << "precision float65 accepted";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("info.precision"), std::string::npos) << e.what();
+  }
 }
 
 TEST(WorkerProtocol, InfoOfAnotherProtocolVersionIsRefused) {
   WorkerInfo i;
-  i.name = "x";
+  i.traits.name = "x";
   EXPECT_EQ(decode_info(encode_info(i)).protocol, kWorkerProtocolVersion);
   i.protocol = 1;
   try {

@@ -48,13 +48,14 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
   EXPECT_EQ(d.abi_version, 1);
   EXPECT_EQ(d.name, "cpu-fp32-abi-v1");
   EXPECT_FALSE(d.has_envelope);
-  EXPECT_EQ(d.inexact_invariants, 0u);
+  EXPECT_EQ(d.traits.inexact_invariants, 0u);
   auto plugin = load_plugin_backend(kV1Plugin);
   // It declares nothing; version 1 itself limits it to one query token and no extra cache.
   Envelope v1;
   v1.s_q.values = {1};
   v1.refuses = kFeatureExtraCache | kFeatureExtraTopkLength;
   EXPECT_EQ(plugin->envelope(), v1) << envelope_to_json(plugin->envelope()).dump();
+  EXPECT_EQ(d.traits.envelope, v1);
   auto oracle = make_backend("oracle");
   std::vector<Backend*> backends{oracle.get(), plugin.get()};
   // The plugin fails its run when handed anything but version-1 structs, so passing runs prove
@@ -126,11 +127,11 @@ TEST(EnvelopeJson, ExampleFileIsTheFlashMlaPluginsEnvelope) {
   const PluginDescription d = describe_plugin(variant("flashmla"));
   ASSERT_TRUE(d.has_envelope);
   // The plugin adds the example kernel's own limits (s_q 1, no extra cache) to the file's.
-  const Envelope base = describe_plugin(std::string(MLAFUZZ_TEST_PLUGIN_CPU)).envelope;
-  EXPECT_EQ(intersect(load_envelope(MLAFUZZ_TEST_ENVELOPE_EXAMPLE), base), d.envelope)
-      << envelope_to_json(d.envelope).dump();
+  const Envelope base = describe_plugin(std::string(MLAFUZZ_TEST_PLUGIN_CPU)).traits.envelope;
+  EXPECT_EQ(intersect(load_envelope(MLAFUZZ_TEST_ENVELOPE_EXAMPLE), base), d.traits.envelope)
+      << envelope_to_json(d.traits.envelope).dump();
   // JSON round trip.
-  EXPECT_EQ(envelope_from_json(envelope_to_json(d.envelope)), d.envelope);
+  EXPECT_EQ(envelope_from_json(envelope_to_json(d.traits.envelope)), d.traits.envelope);
 }
 
 TEST(EnvelopeJson, ErrorsNameTheField) {
@@ -381,10 +382,10 @@ TEST(ExtraPipeline, DeclaredLseMergedReachesTheToleranceModel) {
   EXPECT_EQ(merged->extra_pipeline(), ExtraPipeline::kLseMerged);
   const campaign::WorkerInfo info =
       campaign::decode_info(campaign::encode_info(campaign::describe_backend(*merged)));
-  EXPECT_EQ(static_cast<ExtraPipeline>(info.extra_pipeline), ExtraPipeline::kLseMerged);
+  EXPECT_EQ(info.traits.extra_pipeline, ExtraPipeline::kLseMerged);
   EXPECT_EQ(campaign::decode_info(campaign::encode_info(campaign::describe_backend(*joint)))
-                .extra_pipeline,
-            0);
+                .traits.extra_pipeline,
+            ExtraPipeline::kJoint);
 }
 
 }  // namespace

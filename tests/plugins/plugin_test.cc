@@ -51,12 +51,15 @@ TEST(PluginLoad, CpuPluginDeclaresItself) {
   const PluginDescription d = describe_plugin(kCpuPlugin);
   EXPECT_EQ(d.name, "cpu-fp32-example");
   EXPECT_EQ(d.abi_version, MLAFUZZ_PLUGIN_ABI_VERSION);
-  EXPECT_FALSE(d.runs_on_device);
-  EXPECT_EQ(d.precision, Precision::kSimtFp32);
+  EXPECT_FALSE(d.traits.on_device);
+  EXPECT_TRUE(d.traits.needs_worker);
+  EXPECT_EQ(d.traits.name, "plugin:cpu-fp32-example");
+  EXPECT_EQ(d.traits.precision, Precision::kSimtFp32);
   EXPECT_TRUE(d.has_supports);
   const auto b = load_plugin_backend(kCpuPlugin);
   EXPECT_EQ(b->name(), "plugin:cpu-fp32-example");
   EXPECT_TRUE(b->availability().available);
+  EXPECT_EQ(b->traits(), d.traits);  // the backend says what the description says
   // A host plugin says so, and as foreign code it still asks for a worker process.
   EXPECT_FALSE(b->on_device());
   EXPECT_TRUE(b->needs_worker());
