@@ -518,7 +518,10 @@ float extra_kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
   return kv_value(c, extra_streams(c), logical_token, d);
 }
 
-float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) {
+namespace {
+
+// The element number of q[b, s, h, 0] in the q stream: d = 0..d_qk - 1 follow it.
+uint64_t q_first_element(const Case& c, int32_t b, int32_t s, int32_t h) {
   uint64_t row = static_cast<uint64_t>(b), head = static_cast<uint64_t>(h);
   uint64_t token = static_cast<uint64_t>(s), tokens = static_cast<uint64_t>(c.s_q);
   uint64_t heads = static_cast<uint64_t>(c.heads);
@@ -531,8 +534,13 @@ float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) 
     if (!q.token_ids.empty()) token = static_cast<uint64_t>(q.token_ids[static_cast<size_t>(s)]);
   }
   // s_q = 1: (row * heads + head) * d_qk + d, the element of version 1.
-  const uint64_t e = ((row * tokens + token) * heads + head) * static_cast<uint64_t>(c.d_qk()) +
-                     static_cast<uint64_t>(d);
+  return ((row * tokens + token) * heads + head) * static_cast<uint64_t>(c.d_qk());
+}
+
+}  // namespace
+
+float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) {
+  const uint64_t e = q_first_element(c, b, s, h) + static_cast<uint64_t>(d);
   return static_cast<float>(draw_value(c.q_values, c.data_seed, Stream::kQ, e, kTagQ));
 }
 
@@ -631,13 +639,17 @@ void set_shape(const Case& c, MaterializedCase& m) {
 void fill_q(const Case& c, MaterializedCase& m) {
   const int32_t dqk = m.d_qk();
   m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
+  std::vector<float> v(static_cast<size_t>(dqk));
   for (int32_t b = 0; b < m.batch; ++b) {
     const int64_t row = int64_t{b} * m.q_batch_stride;
     for (int32_t t = 0; t < m.s_q; ++t) {
       for (int32_t h = 0; h < m.heads; ++h) {
         const int64_t base = row + t * m.q_token_stride + h * m.q_head_stride;
+        // q_source_value(c, b, t, h, d) for every d, in one batch.
+        draw_values(c.q_values, c.data_seed, Stream::kQ, q_first_element(c, b, t, h), dqk, kTagQ,
+                    v.data());
         for (int32_t d = 0; d < dqk; ++d) {
-          m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, t, h, d));
+          m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(v[static_cast<size_t>(d)]);
         }
         for (int64_t d = dqk; d < m.q_head_stride; ++d) {
           m.q[static_cast<size_t>(base + d)] =
