@@ -185,6 +185,37 @@ TEST(Transformations, PoisonMarksOnlyUnusedBytes) {
   EXPECT_FALSE(used[static_cast<size_t>(a.scale + 7)]);
 }
 
+// Every variant poisons exactly q's pads (each head's pad, the gap after a token's heads and
+// after a batch row's tokens), element i with its own draw, and keeps every q value: the
+// per-element rule, checked on a case with every q pad and two query tokens.
+TEST(Transformations, PoisonFillsExactlyTheQPads) {
+  Case c = small_case();
+  c.s_q = 2;
+  c.q_head_pad = 3;
+  c.q_batch_pad = 5;
+  const MaterializedCase m = materialize(c);
+  const int64_t heads_span = int64_t{m.heads} * m.q_head_stride;
+  const int64_t tokens_span = int64_t{m.s_q} * m.q_token_stride;
+  ASSERT_GT(m.q_batch_stride, tokens_span);
+  ASSERT_GT(m.q_head_stride, m.d_qk());
+  for (int variant = 0; variant < kPoisonVariants; ++variant) {
+    const MaterializedCase p = poison_case(m, variant);
+    ASSERT_EQ(p.q.size(), m.q.size());
+    const CounterRng qrng(m.recipe.data_seed ^ static_cast<uint64_t>(variant), Stream::kPoison, 1);
+    const uint16_t fixed[] = {0xffff, 0, 0x7f80, 0x7f7f};
+    for (size_t i = 0; i < m.q.size(); ++i) {
+      const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
+      const int64_t in_token = in_row % m.q_token_stride;
+      const bool pad =
+          in_row >= tokens_span || in_token >= heads_span || in_token % m.q_head_stride >= m.d_qk();
+      const uint16_t want = !pad           ? m.q[i]
+                            : variant == 1 ? static_cast<uint16_t>(qrng.at(i))
+                                           : fixed[variant];
+      ASSERT_EQ(p.q[i], want) << "variant " << variant << " element " << i << " pad " << pad;
+    }
+  }
+}
+
 TEST(Transformations, RelocatedCaseMatchesTheOracleBitForBit) {
   const MaterializedCase m = materialize(small_case());
   const MaterializedCase r = relocate_pages(m, 5);
