@@ -990,17 +990,22 @@ TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
     CounterRng rng(seed, Stream::kPoison, 40);
     const int32_t B = static_cast<int32_t>(rng.uniform_int(1, 3));
     const int32_t H = static_cast<int32_t>(rng.uniform_int(1, 4));
-    const int32_t dv = static_cast<int32_t>(rng.uniform_int(0, 40));
+    // Short rows, and rows of a production d_v.
+    const int32_t dv = static_cast<int32_t>(rng.bernoulli(0.8) ? rng.uniform_int(0, 40) : 512);
     const bool bf16_a = rng.bernoulli(0.7), bf16_b = rng.bernoulli(0.5);
     const double special = rng.bernoulli(0.3) ? 0.02 : 0.0;  // some rows all finite
+    // Values within 2^+-20, or within a narrow range (whose bf16 errors sum exactly in any
+    // order: check_bounds then sums them in vectorized order).
+    const int range = rng.bernoulli(0.5) ? 20 : static_cast<int>(rng.uniform_int(0, 4));
+    const double tiny = rng.bernoulli(0.5) ? 0.05 : 0.0;  // zeros and bf16 subnormals
     const auto value = [&](bool bf16) {
       const double u = rng.uniform();
       if (u < special) return std::numeric_limits<double>::quiet_NaN();
       if (u < 2 * special) return rng.bernoulli(0.5) ? kInfD : -kInfD;
-      if (u < 0.1) return 0.0;
-      if (u < 0.15) return 0x1p-140 * (rng.uniform() - 0.5);  // subnormal in bf16
+      if (u < 2 * special + tiny) return 0.0;
+      if (u < 2 * special + 2 * tiny) return 0x1p-140 * (rng.uniform() - 0.5);  // bf16 subnormal
       double v =
-          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-20, 20)));
+          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-range, range)));
       if (bf16) v = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(v)));
       return v;
     };
