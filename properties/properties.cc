@@ -42,12 +42,21 @@ void fill_poison_run(int variant, const CounterRng& rng, uint8_t* bytes, size_t 
       std::memset(bytes + begin, poison_byte(variant, rng, begin), end - begin);
       return;
     case 1:
-      // Random bytes drawn a word (eight bytes) at a time, not once per byte.
+      // Random bytes drawn a word (eight bytes) at a time, not once per byte; whole words
+      // stored as one (byte k of the word at i + k: a little-endian store).
       for (size_t i = begin; i < end;) {
         const size_t word_end = std::min(end, (i / 8 + 1) * 8);
         const uint64_t word = rng.at(i / 8);
+        if (i % 8 == 0 && word_end == i + 8) {
+          for (int k = 0; k < 8; ++k) bytes[i + k] = static_cast<uint8_t>(word >> (8 * k));
+          i = word_end;
+          continue;
+        }
         for (; i < word_end; ++i) bytes[i] = static_cast<uint8_t>(word >> (8 * (i % 8)));
       }
+      return;
+    case 2:
+      for (size_t i = begin; i < end; ++i) bytes[i] = (i % 2 == 0) ? 0x80 : 0x7f;
       return;
     default:
       for (size_t i = begin; i < end; ++i) bytes[i] = poison_byte(variant, rng, i);
@@ -307,10 +316,11 @@ void add_guard(SharedVector<uint8_t>& bytes, const mla::CacheGeometry& g,
   bytes.resize(bytes.size() + static_cast<size_t>(cache_guard_bytes(g, conv)), uint8_t{0xff});
 }
 
-void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream,
-              int64_t stride_multiple, const mla::Conventions& conv) {
+// Relocates the cache of view v (of a copy of a case) whose bytes before were `old` (the
+// original case's cache).
+void relocate(const CacheView& v, const SharedVector<uint8_t>& old, CounterRng& rng, uint64_t seed,
+              uint64_t fill_stream, int64_t stride_multiple, const mla::Conventions& conv) {
   const mla::CacheGeometry g = *v.geom;
-  const std::vector<uint8_t> old(v.cache->begin(), v.cache->end());
   mla::CacheGeometry& ng = *v.geom;
   const int32_t extra = static_cast<int32_t>(rng.uniform_int(0, 2));
   ng.num_pages = g.num_pages + extra;
@@ -338,9 +348,20 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
       std::is_sorted(perm.begin(), perm.end())) {  // make sure the order changes
     std::swap(perm[0], perm[1]);
   }
+  // Page perm[p] holds old page p's min_stride bytes; every other byte is random
+  // (fill_poison(1) over the whole cache, taken where no page is copied to).
   v.cache->assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
   const CounterRng fill(seed, Stream::kPoison, fill_stream);
-  fill_poison(1, fill, v.cache->data(), 0, v.cache->size(), nullptr);
+  std::vector<uint8_t> holds(static_cast<size_t>(ng.num_pages), 0);
+  for (int32_t p = 0; p < g.num_pages; ++p)
+    holds[static_cast<size_t>(perm[static_cast<size_t>(p)])] = 1;
+  for (int32_t q = 0; q < ng.num_pages; ++q) {
+    const auto page = static_cast<size_t>(q) * static_cast<size_t>(ng.page_stride);
+    const size_t from =
+        page + (holds[static_cast<size_t>(q)] ? static_cast<size_t>(min_stride) : 0);
+    fill_poison(1, fill, v.cache->data(), from, page + static_cast<size_t>(ng.page_stride),
+                nullptr);
+  }
   for (int32_t p = 0; p < g.num_pages; ++p) {
     std::memcpy(
         v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
@@ -363,9 +384,9 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
 MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
-  relocate(main_view(r), rng, seed, 4, stride_multiple, m.conv);
+  relocate(main_view(r), m.cache, rng, seed, 4, stride_multiple, m.conv);
   // The extra cache moves too, with its own permutation and stride.
-  if (r.has_extra) relocate(extra_view(r), rng, seed, 9, stride_multiple, m.conv);
+  if (r.has_extra) relocate(extra_view(r), m.extra_cache, rng, seed, 9, stride_multiple, m.conv);
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
   if (r.recipe.extra) {
