@@ -74,16 +74,26 @@ double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t ele
   return 0.0;
 }
 
-// Two builds chosen at load time (GCC's target_clones): with AVX-512 a lane's 64-bit multiplies
-// (two per splitmix64, 24 per normal draw) are one instruction each instead of AVX2's three
-// 32-bit products and their shifts. The arithmetic is integer, plus exact double conversions and
-// sums in the same order: the same bits either way.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
-#endif
-void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
-                 SpecialTag tag, float* out) {
+namespace {
+
+// uniform() of the 53 random bits v >> 11: with kConvert one 64-bit integer to double
+// conversion (one instruction a lane with AVX-512), else uniform_exact's halves (which vectorize
+// without it). Both exact: the same double.
+template <bool kConvert>
+inline double uniform53(uint64_t v) {
+  if constexpr (kConvert) {
+    return static_cast<double>(static_cast<int64_t>(v >> 11)) * 0x1.0p-53;
+  } else {
+    return uniform_exact(v);
+  }
+}
+
+// draw_values' body; kConvert: uniform53's conversion.
+template <bool kConvert>
+__attribute__((always_inline)) inline void draw_values_body(const ValueSpec& s, uint64_t seed,
+                                                            Stream stream, uint64_t first,
+                                                            int32_t count, SpecialTag tag,
+                                                            float* out) {
   constexpr int kLanes = 8;
   int32_t i = 0;
   if (s.dist == ValueDist::kNormal) {
@@ -98,7 +108,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       }
       for (uint64_t n = 0; n < 12; ++n) {
         const uint64_t mixed = splitmix64(n);
-        for (int j = 0; j < kLanes; ++j) sum[j] += uniform_exact(splitmix64(key[j] ^ mixed));
+        for (int j = 0; j < kLanes; ++j) sum[j] += uniform53<kConvert>(splitmix64(key[j] ^ mixed));
       }
       for (int j = 0; j < kLanes; ++j) {
         out[i + j] = static_cast<float>((sum[j] - 6.0) * s.magnitude);
@@ -116,7 +126,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
         const uint64_t v = splitmix64(
             CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j)) ^ mixed);
         if (s.dist == ValueDist::kUniform) {
-          value[j] = (2 * uniform_exact(v) - 1) * s.magnitude;
+          value[j] = (2 * uniform53<kConvert>(v) - 1) * s.magnitude;
         } else {
           const uint64_t k = ((v >> 32) * 7 + (((v & 0xffffffffull) * 7) >> 32)) >> 32;
           value[j] = static_cast<double>(static_cast<int64_t>(k) - 3) * s.magnitude;
@@ -139,7 +149,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       for (int l = 0; l < kLanes; ++l) {
         const uint64_t e = (first + static_cast<uint64_t>(j + l)) * 4 + tag;
         const uint64_t key = CounterRng::key_of(seed, Stream::kSpecial, e);
-        hit[l] = uniform_exact(splitmix64(key ^ mixed)) < s.special_fraction;
+        hit[l] = uniform53<kConvert>(splitmix64(key ^ mixed)) < s.special_fraction;
       }
       for (int l = 0; l < kLanes; ++l) {
         double special = 0;
@@ -155,6 +165,40 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       }
     }
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+// With AVX-512 (chosen at run time): a lane's 64-bit multiplies (two per splitmix64, 24 per
+// normal draw) are one instruction each instead of AVX2's three 32-bit products and their
+// shifts, and uniform53 converts in one. Integer arithmetic, exact conversions and sums in the
+// same order: the same bits either way.
+__attribute__((target("arch=x86-64-v4"))) void draw_values_v4(const ValueSpec& s, uint64_t seed,
+                                                              Stream stream, uint64_t first,
+                                                              int32_t count, SpecialTag tag,
+                                                              float* out) {
+  draw_values_body<true>(s, seed, stream, first, count, tag, out);
+}
+
+bool has_v4() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v4");
+}
+#endif
+
+}  // namespace
+
+void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
+                 SpecialTag tag, float* out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+  static const bool v4 = has_v4();
+  if (v4) {
+    draw_values_v4(s, seed, stream, first, count, tag, out);
+    return;
+  }
+#endif
+  draw_values_body<false>(s, seed, stream, first, count, tag, out);
 }
 
 namespace {
