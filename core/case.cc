@@ -7,10 +7,11 @@
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <optional>
 #include <utility>
 
 #include "core/fileio.h"
+#include "core/json_fields.h"
 
 namespace mlafuzz {
 namespace {
@@ -72,45 +73,6 @@ const char* enum_name(const EnumName<E> (&table)[N], E v) {
 // ---- strict reading ----
 
 std::string type_name(const json& j) { return j.type_name(); }
-
-// One JSON object being read: remembers which keys were consumed so that finish() can reject
-// the rest by name.
-class ObjectReader {
- public:
-  ObjectReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {
-    if (!j.is_object()) {
-      throw CaseError(path_.empty() ? "(top level)" : path_,
-                      "expected a JSON object, got " + type_name(j));
-    }
-  }
-  // Calls f(value, field_path) when the key is present.
-  template <typename F>
-  void optional(const char* key, F&& f) {
-    const auto it = j_.find(key);
-    if (it == j_.end()) return;
-    used_.insert(key);
-    f(*it, field(key));
-  }
-  template <typename F>
-  void required(const char* key, F&& f) {
-    if (j_.find(key) == j_.end()) throw CaseError(field(key), "required field is missing");
-    optional(key, std::forward<F>(f));
-  }
-  void finish() const {
-    for (const auto& [key, value] : j_.items()) {
-      (void)value;
-      if (!used_.count(key)) throw CaseError(field(key), "unknown field");
-    }
-  }
-  std::string field(const std::string& key) const {
-    return path_.empty() ? key : path_ + "." + key;
-  }
-
- private:
-  const json& j_;
-  std::string path_;
-  std::set<std::string> used_;
-};
 
 int64_t read_int(const json& j, const std::string& path, int64_t lo, int64_t hi) {
   if (!j.is_number_integer()) throw CaseError(path, "expected an integer, got " + type_name(j));
@@ -185,54 +147,6 @@ std::vector<int32_t> read_i32_list(const json& j, const std::string& path) {
   return v;
 }
 
-ValueSpec read_value_spec(const json& j, const std::string& path) {
-  ValueSpec s;
-  ObjectReader r(j, path);
-  r.optional("dist",
-             [&](const json& v, const std::string& p) { s.dist = read_enum(v, p, kDists); });
-  r.optional("magnitude",
-             [&](const json& v, const std::string& p) { s.magnitude = read_double(v, p); });
-  r.optional("special_fraction",
-             [&](const json& v, const std::string& p) { s.special_fraction = read_double(v, p); });
-  r.finish();
-  return s;
-}
-
-json write_value_spec(const ValueSpec& s) {
-  json j;
-  j["dist"] = enum_name(kDists, s.dist);
-  j["magnitude"] = write_double(s.magnitude);
-  j["special_fraction"] = write_double(s.special_fraction);
-  return j;
-}
-
-void read_geometry(const json& j, const std::string& path, Case& c) {
-  ObjectReader r(j, path);
-  auto& g = c.geom;
-  r.optional("layout", [&](const json& v, const std::string& p) {
-    g.layout = read_enum(v, p, kLayouts);
-    // V32 defaults (FlashMLA README): 512 nope dims, one fp32 scale per 128 dims.
-    if (g.layout == mla::Layout::kV32) {
-      g.nope_dim = 512;
-      g.scale_tile = 128;
-    }
-  });
-  r.optional("nope_dim", [&](const json& v, const std::string& p) { g.nope_dim = read_i32(v, p); });
-  r.optional("rope_dim", [&](const json& v, const std::string& p) { g.rope_dim = read_i32(v, p); });
-  r.optional("scale_tile",
-             [&](const json& v, const std::string& p) { g.scale_tile = read_i32(v, p); });
-  r.optional("page_size",
-             [&](const json& v, const std::string& p) { g.page_size = read_i32(v, p); });
-  r.optional("page_stride", [&](const json& v, const std::string& p) {
-    g.page_stride = read_int(v, p, 0, std::numeric_limits<int64_t>::max());
-  });
-  r.optional("num_pages",
-             [&](const json& v, const std::string& p) { g.num_pages = read_i32(v, p); });
-  r.optional("page_order",
-             [&](const json& v, const std::string& p) { c.page_order = read_i32_list(v, p); });
-  r.finish();
-}
-
 // Index lists of `s_q` query tokens per batch row: [B][s_q][topk], or [B][topk] when s_q = 1.
 // Returns them flattened to [B * s_q][topk].
 std::vector<std::vector<int32_t>> read_index_lists(const json& v, const std::string& p,
@@ -270,73 +184,6 @@ json write_index_lists(const std::vector<std::vector<int32_t>>& lists, int32_t s
   return rows;
 }
 
-IndexSpec read_index_spec(const json& v, const std::string& p) {
-  IndexSpec spec;
-  ObjectReader s(v, p);
-  s.optional("rule", [&](const json& x, const std::string& q) {
-    spec.rule = read_enum(x, q, kIndexRules);
-  });
-  s.optional("invalid_fraction", [&](const json& x, const std::string& q) {
-    spec.invalid_fraction = read_double(x, q);
-  });
-  s.optional("duplicate_fraction", [&](const json& x, const std::string& q) {
-    spec.duplicate_fraction = read_double(x, q);
-  });
-  s.finish();
-  return spec;
-}
-
-json write_index_spec(const IndexSpec& spec) {
-  return json{{"rule", index_rule_name(spec.rule)},
-              {"invalid_fraction", write_double(spec.invalid_fraction)},
-              {"duplicate_fraction", write_double(spec.duplicate_fraction)}};
-}
-
-ExtraCache read_extra(const json& j, const std::string& path, int32_t s_q) {
-  ExtraCache e;
-  ObjectReader r(j, path);
-  r.optional("geometry", [&](const json& v, const std::string& p) {
-    ObjectReader g(v, p);
-    g.optional("page_size",
-               [&](const json& x, const std::string& q) { e.page_size = read_i32(x, q); });
-    g.optional("page_stride", [&](const json& x, const std::string& q) {
-      e.page_stride = read_int(x, q, 0, std::numeric_limits<int64_t>::max());
-    });
-    g.optional("num_pages",
-               [&](const json& x, const std::string& q) { e.num_pages = read_i32(x, q); });
-    g.optional("page_order",
-               [&](const json& x, const std::string& q) { e.page_order = read_i32_list(x, q); });
-    g.finish();
-  });
-  r.optional("topk", [&](const json& v, const std::string& p) { e.topk = read_i32(v, p); });
-  r.optional("indices",
-             [&](const json& v, const std::string& p) { e.indices = read_index_lists(v, p, s_q); });
-  r.optional("index_spec",
-             [&](const json& v, const std::string& p) { e.index_spec = read_index_spec(v, p); });
-  r.optional("topk_length",
-             [&](const json& v, const std::string& p) { e.topk_length = read_i32_list(v, p); });
-  r.optional("same_values",
-             [&](const json& v, const std::string& p) { e.same_values = read_bool(v, p); });
-  r.finish();
-  return e;
-}
-
-json write_extra(const ExtraCache& e, int32_t s_q) {
-  json j;
-  json g;
-  g["page_size"] = e.page_size;
-  g["page_stride"] = e.page_stride;
-  g["num_pages"] = e.num_pages;
-  if (!e.page_order.empty()) g["page_order"] = e.page_order;
-  j["geometry"] = std::move(g);
-  j["topk"] = e.topk;
-  if (!e.indices.empty()) j["indices"] = write_index_lists(e.indices, s_q);
-  j["index_spec"] = write_index_spec(e.index_spec);
-  if (e.topk_length) j["topk_length"] = *e.topk_length;
-  if (e.same_values) j["same_values"] = true;
-  return j;
-}
-
 // Checks the optional "format" tag of a case file.
 void check_case_format(const json& v, const std::string& p) {
   const std::string s = read_string(v, p);
@@ -366,69 +213,6 @@ std::vector<double> read_sink(const json& v, const std::string& p) {
   return s;
 }
 
-void read_conventions(const json& v, const std::string& p, mla::Conventions& conventions) {
-  ObjectReader s(v, p);
-  s.optional("invalid_index", [&](const json& x, const std::string& q) {
-    conventions.invalid_index = read_enum(x, q, kInvalidRules);
-  });
-  s.optional("empty_lse", [&](const json& x, const std::string& q) {
-    conventions.empty_lse = read_enum(x, q, kEmptyLse);
-  });
-  s.optional("sink_in_lse", [&](const json& x, const std::string& q) {
-    conventions.sink_in_lse = read_bool(x, q);
-  });
-  s.finish();
-}
-
-Case::QSource read_q_source(const json& v, const std::string& p) {
-  ObjectReader s(v, p);
-  Case::QSource q;
-  s.required("heads", [&](const json& x, const std::string& w) { q.heads = read_i32(x, w); });
-  s.required("rows", [&](const json& x, const std::string& w) { q.rows = read_i32_list(x, w); });
-  s.required("head_ids",
-             [&](const json& x, const std::string& w) { q.head_ids = read_i32_list(x, w); });
-  s.optional("s_q", [&](const json& x, const std::string& w) { q.s_q = read_i32(x, w); });
-  s.optional("token_ids",
-             [&](const json& x, const std::string& w) { q.token_ids = read_i32_list(x, w); });
-  s.finish();
-  return q;
-}
-
-// Reads the padding fields of the tensor layouts (q, out, indices and lse rows).
-void read_pads(ObjectReader& r, Case& c) {
-  r.optional("q_head_pad",
-             [&](const json& v, const std::string& p) { c.q_head_pad = read_i32(v, p); });
-  r.optional("out_head_pad",
-             [&](const json& v, const std::string& p) { c.out_head_pad = read_i32(v, p); });
-  r.optional("q_batch_pad",
-             [&](const json& v, const std::string& p) { c.q_batch_pad = read_i32(v, p); });
-  r.optional("out_batch_pad",
-             [&](const json& v, const std::string& p) { c.out_batch_pad = read_i32(v, p); });
-  r.optional("indices_row_pad",
-             [&](const json& v, const std::string& p) { c.indices_row_pad = read_i32(v, p); });
-  r.optional("lse_row_pad",
-             [&](const json& v, const std::string& p) { c.lse_row_pad = read_i32(v, p); });
-}
-
-void read_scales(const json& v, const std::string& p, ScaleSpec& scales) {
-  ObjectReader s(v, p);
-  s.optional("mode", [&](const json& x, const std::string& q) {
-    scales.mode = read_enum(x, q, kScaleModes);
-  });
-  s.optional("exp_lo", [&](const json& x, const std::string& q) {
-    scales.exp_lo = static_cast<int>(read_i32(x, q));
-  });
-  s.optional("exp_hi", [&](const json& x, const std::string& q) {
-    scales.exp_hi = static_cast<int>(read_i32(x, q));
-  });
-  s.optional("convention", [&](const json& x, const std::string& q) {
-    scales.convention = read_enum(x, q, kScaleConventions);
-  });
-  s.optional("mantissa",
-             [&](const json& x, const std::string& q) { scales.mantissa = read_double(x, q); });
-  s.finish();
-}
-
 uint64_t read_data_seed(const json& v, const std::string& p) {
   if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
     throw CaseError(p, "expected an integer in [0, 2^64), got " + v.dump());
@@ -450,67 +234,353 @@ void check_v1_row_pads(const Case& c, int file_version, const std::string& prefi
   }
 }
 
+// ---- the field tables: one list of {key, write, read} per object writes it and reads it ----
+
+template <class T>
+using Table = fields::Table<T>;
+
+// Reads an object of `table`'s fields strictly: a value of the wrong type, a missing required
+// field or an unknown key is a CaseError naming its JSON path.
+template <class T>
+void read_object(const json& j, T& t, const Table<T>& table, const std::string& path) {
+  if (!j.is_object()) {
+    throw CaseError(path.empty() ? "(top level)" : path,
+                    "expected a JSON object, got " + type_name(j));
+  }
+  try {
+    fields::read(j, t, table, {.path = path, .unknown_is_error = true});
+  } catch (const fields::FieldError& e) {
+    throw CaseError(e.path(), e.reason() == "missing" ? "required field is missing" : e.reason());
+  }
+}
+
+// A field written by `write` (a discarded value leaves it out) and read by `read`; an absent
+// key keeps the struct's default unless the field is required.
+template <class T, class W, class R>
+fields::Field<T> field(std::string key, W write, R read, bool required = false) {
+  fields::Field<T> f;
+  f.key = std::move(key);
+  f.write = [write](const T& t, const fields::WriteStyle&) { return json(write(t)); };
+  f.read = [read](T& t, const json& v, const std::string& p) { read(t, v, p); };
+  f.optional = !required;
+  return f;
+}
+
+// The same field, written only when `keep(t)` holds (a value that means the default).
+template <class T, class K>
+fields::Field<T> only_if(fields::Field<T> f, K keep) {
+  f.write = [keep, write = std::move(f.write)](const T& t, const fields::WriteStyle& s) {
+    return keep(t) ? write(t, s) : json(json::value_t::discarded);
+  };
+  return f;
+}
+
+// A field of a member struct, lifted to the outer struct's table.
+template <class O, class I>
+fields::Field<O> of_member(I O::*member, fields::Field<I> f) {
+  fields::Field<O> g;
+  g.key = f.key;
+  g.optional = f.optional;
+  g.write = [member, write = f.write](const O& o, const fields::WriteStyle& s) {
+    return write(o.*member, s);
+  };
+  g.read = [member, read = f.read](O& o, const json& v, const std::string& p) {
+    read(o.*member, v, p);
+  };
+  return g;
+}
+
+template <class T>
+fields::Field<T> i32(std::string key, int32_t T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) { t.*m = read_i32(v, p); });
+}
+
+template <class T>
+fields::Field<T> int_field(std::string key, int T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) { t.*m = static_cast<int>(read_i32(v, p)); });
+}
+
+// A byte count or stride: an integer in [0, 2^63).
+template <class T>
+fields::Field<T> size_field(std::string key, int64_t T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) {
+        t.*m = read_int(v, p, 0, std::numeric_limits<int64_t>::max());
+      });
+}
+
+template <class T>
+fields::Field<T> real(std::string key, double T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return write_double(t.*m); },
+      [m](T& t, const json& v, const std::string& p) { t.*m = read_double(v, p); });
+}
+
+template <class T>
+fields::Field<T> boolean(std::string key, bool T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) { t.*m = read_bool(v, p); });
+}
+
+template <class T>
+fields::Field<T> text(std::string key, std::string T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) { t.*m = read_string(v, p); });
+}
+
+template <class T, class E, size_t N>
+fields::Field<T> named(std::string key, E T::*m, const EnumName<E> (&names)[N]) {
+  return field<T>(
+      std::move(key), [m, &names](const T& t) { return enum_name(names, t.*m); },
+      [m, &names](T& t, const json& v, const std::string& p) { t.*m = read_enum(v, p, names); });
+}
+
+template <class T>
+fields::Field<T> i32_list(std::string key, std::vector<int32_t> T::*m) {
+  return field<T>(
+      std::move(key), [m](const T& t) { return t.*m; },
+      [m](T& t, const json& v, const std::string& p) { t.*m = read_i32_list(v, p); });
+}
+
+// An optional list, written only when present.
+template <class T>
+fields::Field<T> i32_list(std::string key, std::optional<std::vector<int32_t>> T::*m) {
+  return only_if(
+      field<T>(
+          std::move(key), [m](const T& t) { return *(t.*m); },
+          [m](T& t, const json& v, const std::string& p) { t.*m = read_i32_list(v, p); }),
+      [m](const T& t) { return (t.*m).has_value(); });
+}
+
+// A nested object of another table.
+template <class T, class I>
+fields::Field<T> object(std::string key, I T::*m, const Table<I>& (*table)()) {
+  return field<T>(
+      std::move(key), [m, table](const T& t) { return fields::write(t.*m, table()); },
+      [m, table](T& t, const json& v, const std::string& p) { read_object(v, t.*m, table(), p); });
+}
+
+template <class T>
+bool non_empty(const std::vector<T>& v) {
+  return !v.empty();
+}
+
+const Table<ValueSpec>& value_spec_fields() {
+  static const Table<ValueSpec> t = {named("dist", &ValueSpec::dist, kDists),
+                                     real("magnitude", &ValueSpec::magnitude),
+                                     real("special_fraction", &ValueSpec::special_fraction)};
+  return t;
+}
+
+const Table<IndexSpec>& index_spec_fields() {
+  static const Table<IndexSpec> t = {named("rule", &IndexSpec::rule, kIndexRules),
+                                     real("invalid_fraction", &IndexSpec::invalid_fraction),
+                                     real("duplicate_fraction", &IndexSpec::duplicate_fraction)};
+  return t;
+}
+
+const Table<mla::CacheGeometry>& geometry_fields() {
+  using G = mla::CacheGeometry;
+  static const Table<G> t = {field<G>(
+                                 "layout", [](const G& g) { return layout_name(g.layout); },
+                                 [](G& g, const json& v, const std::string& p) {
+                                   g.layout = read_enum(v, p, kLayouts);
+                                   // V32 defaults (FlashMLA README): 512 nope dims, one fp32 scale
+                                   // per 128 dims; the fields after this one may still set them.
+                                   if (g.layout == mla::Layout::kV32) {
+                                     g.nope_dim = 512;
+                                     g.scale_tile = 128;
+                                   }
+                                 }),
+                             i32("nope_dim", &G::nope_dim),
+                             i32("rope_dim", &G::rope_dim),
+                             i32("scale_tile", &G::scale_tile),
+                             i32("page_size", &G::page_size),
+                             size_field("page_stride", &G::page_stride),
+                             i32("num_pages", &G::num_pages)};
+  return t;
+}
+
+// The case's "geometry" object: the cache geometry and the physical page order.
+const Table<Case>& case_geometry_fields() {
+  static const Table<Case> t = [] {
+    Table<Case> g;
+    for (const auto& f : geometry_fields()) g.push_back(of_member(&Case::geom, f));
+    g.push_back(only_if(i32_list("page_order", &Case::page_order),
+                        [](const Case& c) { return non_empty(c.page_order); }));
+    return g;
+  }();
+  return t;
+}
+
+// Index lists are [B][s_q][topk] (or [B][topk] when s_q = 1): their shape depends on the case's
+// s_q, so the extra cache's table is made for it.
+Table<ExtraCache> extra_fields(int32_t s_q) {
+  using E = ExtraCache;
+  static const Table<E> geometry = {i32("page_size", &E::page_size),
+                                    size_field("page_stride", &E::page_stride),
+                                    i32("num_pages", &E::num_pages),
+                                    only_if(i32_list("page_order", &E::page_order),
+                                            [](const E& e) { return non_empty(e.page_order); })};
+  return {
+      field<E>(
+          "geometry", [](const E& e) { return fields::write(e, geometry); },
+          [](E& e, const json& v, const std::string& p) { read_object(v, e, geometry, p); }),
+      i32("topk", &E::topk),
+      only_if(field<E>(
+                  "indices", [s_q](const E& e) { return write_index_lists(e.indices, s_q); },
+                  [s_q](E& e, const json& v, const std::string& p) {
+                    e.indices = read_index_lists(v, p, s_q);
+                  }),
+              [](const E& e) { return non_empty(e.indices); }),
+      object("index_spec", &E::index_spec, index_spec_fields),
+      i32_list("topk_length", &E::topk_length),
+      only_if(boolean("same_values", &E::same_values), [](const E& e) { return e.same_values; })};
+}
+
+const Table<mla::Conventions>& convention_fields() {
+  using C = mla::Conventions;
+  static const Table<C> t = {named("invalid_index", &C::invalid_index, kInvalidRules),
+                             named("empty_lse", &C::empty_lse, kEmptyLse),
+                             boolean("sink_in_lse", &C::sink_in_lse)};
+  return t;
+}
+
+const Table<Case::QSource>& q_source_fields() {
+  using Q = Case::QSource;
+  auto required = [](fields::Field<Q> f) {
+    f.optional = false;
+    return f;
+  };
+  static const Table<Q> t = {required(i32("heads", &Q::heads)),
+                             required(i32_list("rows", &Q::rows)),
+                             required(i32_list("head_ids", &Q::head_ids)),
+                             only_if(i32("s_q", &Q::s_q), [](const Q& q) { return q.s_q != 1; }),
+                             only_if(i32_list("token_ids", &Q::token_ids),
+                                     [](const Q& q) { return non_empty(q.token_ids); })};
+  return t;
+}
+
+const Table<ScaleSpec>& scale_fields() {
+  using S = ScaleSpec;
+  // convention and mantissa are written only when set, so that a case without them reads the
+  // same in every build.
+  static const Table<S> t = {
+      named("mode", &S::mode, kScaleModes), int_field("exp_lo", &S::exp_lo),
+      int_field("exp_hi", &S::exp_hi),
+      only_if(named("convention", &S::convention, kScaleConventions),
+              [](const S& s) { return s.convention != ScaleConvention::kPowerOfTwo; }),
+      only_if(real("mantissa", &S::mantissa), [](const S& s) { return s.mantissa != 1.0; })};
+  return t;
+}
+
+// A field that only a version-2 file may hold; while a case is read, `version` is the file's.
+void since_v2(const Case& c, const std::string& p) {
+  if (c.version < 2) {
+    throw CaseError(
+        p, "needs case format version 2 (the file says version " + std::to_string(c.version) + ")");
+  }
+}
+
+// Fields in the order they are written; the reader takes them in the same order, so a field
+// read later may depend on one read earlier (indices on s_q, version-2 fields on version).
+const Table<Case>& case_fields() {
+  static const Table<Case> t = {
+      field<Case>(
+          "format", [](const Case&) { return kCaseFormat; },
+          [](Case&, const json& v, const std::string& p) { check_case_format(v, p); }),
+      field<Case>(
+          "version", [](const Case& c) { return c.version; },
+          [](Case& c, const json& v, const std::string& p) { c.version = read_case_version(v, p); },
+          /*required=*/true),
+      text("name", &Case::name),
+      only_if(text("description", &Case::description),
+              [](const Case& c) { return !c.description.empty(); }),
+      field<Case>(
+          "geometry", [](const Case& c) { return fields::write(c, case_geometry_fields()); },
+          [](Case& c, const json& v, const std::string& p) {
+            read_object(v, c, case_geometry_fields(), p);
+          }),
+      i32("batch", &Case::batch), i32("heads", &Case::heads), i32("topk", &Case::topk),
+      only_if(field<Case>(
+                  "s_q", [](const Case& c) { return c.s_q; },
+                  [](Case& c, const json& v, const std::string& p) {
+                    since_v2(c, p);
+                    c.s_q = read_i32(v, p);
+                    if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
+                  }),
+              [](const Case& c) { return c.s_q != 1; }),
+      only_if(field<Case>(
+                  "indices", [](const Case& c) { return write_index_lists(c.indices, c.s_q); },
+                  [](Case& c, const json& v, const std::string& p) {
+                    c.indices = read_index_lists(v, p, c.s_q);
+                  }),
+              [](const Case& c) { return non_empty(c.indices); }),
+      object("index_spec", &Case::index_spec, index_spec_fields),
+      only_if(
+          field<Case>(
+              "extra", [](const Case& c) { return fields::write(*c.extra, extra_fields(c.s_q)); },
+              [](Case& c, const json& v, const std::string& p) {
+                since_v2(c, p);
+                read_object(v, c.extra.emplace(), extra_fields(c.s_q), p);
+              }),
+          [](const Case& c) { return c.extra.has_value(); }),
+      i32_list("topk_length", &Case::topk_length),
+      only_if(field<Case>(
+                  "sink",
+                  [](const Case& c) {
+                    json s = json::array();
+                    for (double v : *c.sink) s.push_back(write_double(v));
+                    return s;
+                  },
+                  [](Case& c, const json& v, const std::string& p) { c.sink = read_sink(v, p); }),
+              [](const Case& c) { return c.sink.has_value(); }),
+      only_if(
+          field<Case>(
+              "sm_scale", [](const Case& c) { return write_double(*c.sm_scale); },
+              [](Case& c, const json& v, const std::string& p) { c.sm_scale = read_double(v, p); }),
+          [](const Case& c) { return c.sm_scale.has_value(); }),
+      object("conventions", &Case::conventions, convention_fields),
+      only_if(field<Case>(
+                  "q_source",
+                  [](const Case& c) { return fields::write(*c.q_source, q_source_fields()); },
+                  [](Case& c, const json& v, const std::string& p) {
+                    read_object(v, c.q_source.emplace(), q_source_fields(), p);
+                  }),
+              [](const Case& c) { return c.q_source.has_value(); }),
+      i32("q_head_pad", &Case::q_head_pad), i32("out_head_pad", &Case::out_head_pad),
+      // Version-2 fields only when set (0 is their meaning in a version-1 file).
+      only_if(i32("q_batch_pad", &Case::q_batch_pad), [](const Case& c) { return c.q_batch_pad; }),
+      only_if(i32("out_batch_pad", &Case::out_batch_pad),
+              [](const Case& c) { return c.out_batch_pad; }),
+      only_if(i32("indices_row_pad", &Case::indices_row_pad),
+              [](const Case& c) { return c.indices_row_pad; }),
+      only_if(i32("lse_row_pad", &Case::lse_row_pad), [](const Case& c) { return c.lse_row_pad; }),
+      object("q_values", &Case::q_values, value_spec_fields),
+      object("kv_values", &Case::kv_values, value_spec_fields),
+      object("rope_values", &Case::rope_values, value_spec_fields),
+      object("scales", &Case::scales, scale_fields), named("pad_fill", &Case::pad_fill, kFills),
+      field<Case>(
+          "data_seed", [](const Case& c) { return c.data_seed; },
+          [](Case& c, const json& v, const std::string& p) {
+            c.data_seed = read_data_seed(v, p);
+          })};
+  return t;
+}
+
 Case read_case(const json& j, const std::string& prefix) {
   Case c;
-  int file_version = kCaseFormatVersion;
-  ObjectReader r(j, prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
-  r.optional("format", check_case_format);
-  r.required("version",
-             [&](const json& v, const std::string& p) { file_version = read_case_version(v, p); });
-  // A version-1 file means exactly what it meant: it loads as the same case of version 2.
-  c.version = kCaseFormatVersion;
-  auto since_v2 = [&](const std::string& p) {
-    if (file_version < 2) {
-      throw CaseError(p, "needs case format version 2 (the file says version " +
-                             std::to_string(file_version) + ")");
-    }
-  };
-  r.optional("s_q", [&](const json& v, const std::string& p) {
-    since_v2(p);
-    c.s_q = read_i32(v, p);
-    if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
-  });
-  r.optional("name", [&](const json& v, const std::string& p) { c.name = read_string(v, p); });
-  r.optional("description",
-             [&](const json& v, const std::string& p) { c.description = read_string(v, p); });
-  r.optional("geometry", [&](const json& v, const std::string& p) { read_geometry(v, p, c); });
-  r.optional("batch", [&](const json& v, const std::string& p) { c.batch = read_i32(v, p); });
-  r.optional("heads", [&](const json& v, const std::string& p) { c.heads = read_i32(v, p); });
-  r.optional("topk", [&](const json& v, const std::string& p) { c.topk = read_i32(v, p); });
-  r.optional("indices", [&](const json& v, const std::string& p) {
-    c.indices = read_index_lists(v, p, c.s_q);
-  });
-  r.optional("index_spec",
-             [&](const json& v, const std::string& p) { c.index_spec = read_index_spec(v, p); });
-  r.optional("extra", [&](const json& v, const std::string& p) {
-    since_v2(p);
-    c.extra = read_extra(v, p, c.s_q);
-  });
-  r.optional("topk_length",
-             [&](const json& v, const std::string& p) { c.topk_length = read_i32_list(v, p); });
-  r.optional("sink", [&](const json& v, const std::string& p) { c.sink = read_sink(v, p); });
-  r.optional("sm_scale",
-             [&](const json& v, const std::string& p) { c.sm_scale = read_double(v, p); });
-  r.optional("conventions",
-             [&](const json& v, const std::string& p) { read_conventions(v, p, c.conventions); });
-  r.optional("q_source",
-             [&](const json& v, const std::string& p) { c.q_source = read_q_source(v, p); });
-  read_pads(r, c);
-  r.optional("q_values",
-             [&](const json& v, const std::string& p) { c.q_values = read_value_spec(v, p); });
-  r.optional("kv_values",
-             [&](const json& v, const std::string& p) { c.kv_values = read_value_spec(v, p); });
-  r.optional("rope_values",
-             [&](const json& v, const std::string& p) { c.rope_values = read_value_spec(v, p); });
-  r.optional("scales", [&](const json& v, const std::string& p) { read_scales(v, p, c.scales); });
-  r.optional("pad_fill",
-             [&](const json& v, const std::string& p) { c.pad_fill = read_enum(v, p, kFills); });
-  r.optional("data_seed",
-             [&](const json& v, const std::string& p) { c.data_seed = read_data_seed(v, p); });
-  r.finish();
-  // A version-1 file means what it always meant; the case is upgraded in memory and written back
-  // as the current version.
-  check_v1_row_pads(c, file_version, prefix);
+  read_object(j, c, case_fields(), prefix.empty() ? "" : prefix.substr(0, prefix.size() - 1));
+  // A version-1 file means exactly what it meant: it loads as the same case of the current
+  // version (and is written back as that version).
+  check_v1_row_pads(c, c.version, prefix);
   c.version = kCaseFormatVersion;
   return c;
 }
@@ -875,72 +945,10 @@ void validate(const Case& c) {
 }
 
 nlohmann::ordered_json geometry_to_json(const mla::CacheGeometry& g) {
-  json j;
-  j["layout"] = layout_name(g.layout);
-  j["nope_dim"] = g.nope_dim;
-  j["rope_dim"] = g.rope_dim;
-  j["scale_tile"] = g.scale_tile;
-  j["page_size"] = g.page_size;
-  j["page_stride"] = g.page_stride;
-  j["num_pages"] = g.num_pages;
-  return j;
+  return fields::write(g, geometry_fields());
 }
 
-nlohmann::ordered_json case_to_json_value(const Case& c) {
-  json j;
-  j["format"] = kCaseFormat;
-  j["version"] = c.version;
-  j["name"] = c.name;
-  if (!c.description.empty()) j["description"] = c.description;
-  json g = geometry_to_json(c.geom);
-  if (!c.page_order.empty()) g["page_order"] = c.page_order;
-  j["geometry"] = std::move(g);
-  j["batch"] = c.batch;
-  j["heads"] = c.heads;
-  j["topk"] = c.topk;
-  if (c.s_q != 1) j["s_q"] = c.s_q;
-  if (!c.indices.empty()) j["indices"] = write_index_lists(c.indices, c.s_q);
-  j["index_spec"] = write_index_spec(c.index_spec);
-  if (c.extra) j["extra"] = write_extra(*c.extra, c.s_q);
-  if (c.topk_length) j["topk_length"] = *c.topk_length;
-  if (c.sink) {
-    json s = json::array();
-    for (double v : *c.sink) s.push_back(write_double(v));
-    j["sink"] = std::move(s);
-  }
-  if (c.sm_scale) j["sm_scale"] = write_double(*c.sm_scale);
-  j["conventions"] = json{{"invalid_index", enum_name(kInvalidRules, c.conventions.invalid_index)},
-                          {"empty_lse", enum_name(kEmptyLse, c.conventions.empty_lse)},
-                          {"sink_in_lse", c.conventions.sink_in_lse}};
-  if (c.q_source) {
-    j["q_source"] = json{{"heads", c.q_source->heads},
-                         {"rows", c.q_source->rows},
-                         {"head_ids", c.q_source->head_ids}};
-    if (c.q_source->s_q != 1) j["q_source"]["s_q"] = c.q_source->s_q;
-    if (!c.q_source->token_ids.empty()) j["q_source"]["token_ids"] = c.q_source->token_ids;
-  }
-  j["q_head_pad"] = c.q_head_pad;
-  j["out_head_pad"] = c.out_head_pad;
-  // Version-2 fields only when set (0 is their meaning in a version-1 file).
-  if (c.q_batch_pad) j["q_batch_pad"] = c.q_batch_pad;
-  if (c.out_batch_pad) j["out_batch_pad"] = c.out_batch_pad;
-  if (c.indices_row_pad) j["indices_row_pad"] = c.indices_row_pad;
-  if (c.lse_row_pad) j["lse_row_pad"] = c.lse_row_pad;
-  j["q_values"] = write_value_spec(c.q_values);
-  j["kv_values"] = write_value_spec(c.kv_values);
-  j["rope_values"] = write_value_spec(c.rope_values);
-  j["scales"] = json{{"mode", scale_mode_name(c.scales.mode)},
-                     {"exp_lo", c.scales.exp_lo},
-                     {"exp_hi", c.scales.exp_hi}};
-  // Written only when set, so that a case without them reads the same in every build.
-  if (c.scales.convention != ScaleConvention::kPowerOfTwo) {
-    j["scales"]["convention"] = enum_name(kScaleConventions, c.scales.convention);
-  }
-  if (c.scales.mantissa != 1.0) j["scales"]["mantissa"] = write_double(c.scales.mantissa);
-  j["pad_fill"] = fill_name(c.pad_fill);
-  j["data_seed"] = c.data_seed;
-  return j;
-}
+nlohmann::ordered_json case_to_json_value(const Case& c) { return fields::write(c, case_fields()); }
 
 Case case_from_json_value(const nlohmann::ordered_json& j, const std::string& path_prefix) {
   Case c = read_case(j, path_prefix);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "core/fileio.h"
+#include "core/json_fields.h"
 
 namespace mlafuzz {
 namespace {
@@ -485,104 +486,122 @@ Envelope cuda_kernel_envelope() {
   return e;
 }
 
-// ---- JSON ----
+// ---- JSON: one field table writes an envelope and reads it ----
 
-Json envelope_to_json(const Envelope& e) {
-  Json j;
-  j["format"] = "mlafuzz-envelope";
-  j["version"] = 1;
-  if (e.layouts != kAllLayouts) j["layouts"] = write_names(e.layouts, kLayoutNames);
-  const struct {
-    const char* name;
-    const IntSet& s;
-  } sets[] = {{"nope_dim", e.nope_dim},
-              {"rope_dim", e.rope_dim},
-              {"scale_tile", e.scale_tile},
-              {"page_size", e.page_size},
-              {"batch", e.batch},
-              {"heads", e.heads},
-              {"topk", e.topk},
-              {"s_q", e.s_q},
-              {"extra_topk", e.extra_topk},
-              {"extra_page_size", e.extra_page_size}};
-  for (const auto& s : sets) {
-    if (s.s.constrained()) j[s.name] = write_set(s.s);
-  }
-  if (e.page_stride_multiple > 1) j["page_stride_multiple"] = e.page_stride_multiple;
-  if (e.invalid_index_rules != kBothValues) {
-    j["invalid_index_rules"] = write_names(e.invalid_index_rules, kInvalidRuleNames);
-  }
-  if (e.empty_row_lses != kBothValues) {
-    j["empty_row_lses"] = write_names(e.empty_row_lses, kEmptyLseNames);
-  }
-  if (e.v32_scales != kBothValues)
-    j["v32_scales"] = write_names(e.v32_scales, kScaleConventionNames);
-  if (e.sink_in_lse != kBothValues) {
-    Json s = Json::array();
-    if (e.sink_in_lse & kSinkExcluded) s.push_back(false);
-    if (e.sink_in_lse & kSinkIncluded) s.push_back(true);
-    j["sink_in_lse"] = s;
-  }
-  if (e.refuses != 0) j["refuses"] = write_names(e.refuses, feature_names());
-  return j;
+namespace {
+
+using EnvelopeField = fields::Field<Envelope>;
+
+// A field written only where it constrains something (`keep`), read by `read`.
+template <class K, class W, class R>
+EnvelopeField envelope_field(std::string key, K keep, W write, R read) {
+  EnvelopeField f;
+  f.key = std::move(key);
+  f.write = [keep, write](const Envelope& e, const fields::WriteStyle&) {
+    return keep(e) ? Json(write(e)) : Json(Json::value_t::discarded);
+  };
+  f.read = [read](Envelope& e, const Json& v, const std::string& p) { read(e, v, p); };
+  f.optional = true;
+  return f;
 }
+
+EnvelopeField set_field(std::string key, IntSet Envelope::*m) {
+  return envelope_field(
+      std::move(key), [m](const Envelope& e) { return (e.*m).constrained(); },
+      [m](const Envelope& e) { return write_set(e.*m); },
+      [m](Envelope& e, const Json& v, const std::string& p) { e.*m = read_set(v, p); });
+}
+
+// A mask of names, written when it differs from `all` (the absent key's meaning).
+EnvelopeField names_field(std::string key, uint32_t Envelope::*m, uint32_t all,
+                          const std::vector<std::string>& (*names)()) {
+  return envelope_field(
+      std::move(key), [m, all](const Envelope& e) { return e.*m != all; },
+      [m, names](const Envelope& e) { return write_names(e.*m, names()); },
+      [m, names](Envelope& e, const Json& v, const std::string& p) {
+        e.*m = read_names(v, p, names());
+      });
+}
+
+const std::vector<std::string>& layout_names() { return kLayoutNames; }
+const std::vector<std::string>& invalid_rule_names() { return kInvalidRuleNames; }
+const std::vector<std::string>& empty_lse_names() { return kEmptyLseNames; }
+const std::vector<std::string>& scale_convention_names() { return kScaleConventionNames; }
+const std::vector<std::string>& refusable_names() {
+  static const std::vector<std::string> names = feature_names();
+  return names;
+}
+
+const fields::Table<Envelope>& envelope_fields() {
+  auto always = [](const Envelope&) { return true; };
+  static const fields::Table<Envelope> t = {
+      envelope_field(
+          "format", always, [](const Envelope&) { return "mlafuzz-envelope"; },
+          [](Envelope&, const Json& v, const std::string& p) {
+            if (v != "mlafuzz-envelope") bad(p, "expected \"mlafuzz-envelope\", got " + v.dump());
+          }),
+      envelope_field(
+          "version", always, [](const Envelope&) { return 1; },
+          [](Envelope&, const Json& v, const std::string& p) {
+            if (v != 1) bad(p, "unknown version " + v.dump() + " (this mlafuzz reads version 1)");
+          }),
+      names_field("layouts", &Envelope::layouts, kAllLayouts, layout_names),
+      set_field("nope_dim", &Envelope::nope_dim),
+      set_field("rope_dim", &Envelope::rope_dim),
+      set_field("scale_tile", &Envelope::scale_tile),
+      set_field("page_size", &Envelope::page_size),
+      set_field("batch", &Envelope::batch),
+      set_field("heads", &Envelope::heads),
+      set_field("topk", &Envelope::topk),
+      set_field("s_q", &Envelope::s_q),
+      set_field("extra_topk", &Envelope::extra_topk),
+      set_field("extra_page_size", &Envelope::extra_page_size),
+      envelope_field(
+          "page_stride_multiple", [](const Envelope& e) { return e.page_stride_multiple > 1; },
+          [](const Envelope& e) { return e.page_stride_multiple; },
+          [](Envelope& e, const Json& v, const std::string& p) {
+            e.page_stride_multiple = read_int(v, p);
+          }),
+      names_field("invalid_index_rules", &Envelope::invalid_index_rules, kBothValues,
+                  invalid_rule_names),
+      names_field("empty_row_lses", &Envelope::empty_row_lses, kBothValues, empty_lse_names),
+      names_field("v32_scales", &Envelope::v32_scales, kBothValues, scale_convention_names),
+      envelope_field(
+          "sink_in_lse", [](const Envelope& e) { return e.sink_in_lse != kBothValues; },
+          [](const Envelope& e) {
+            Json s = Json::array();
+            if (e.sink_in_lse & kSinkExcluded) s.push_back(false);
+            if (e.sink_in_lse & kSinkIncluded) s.push_back(true);
+            return s;
+          },
+          [](Envelope& e, const Json& v, const std::string& p) {
+            if (!v.is_array() || v.empty()) bad(p, "expected a non-empty list of booleans");
+            e.sink_in_lse = 0;
+            for (size_t i = 0; i < v.size(); ++i) {
+              if (!v[i].is_boolean()) {
+                bad(p + "[" + std::to_string(i) + "]", "expected true or false");
+              }
+              e.sink_in_lse |= v[i].get<bool>() ? kSinkIncluded : kSinkExcluded;
+            }
+          }),
+      names_field("refuses", &Envelope::refuses, 0, refusable_names)};
+  return t;
+}
+
+}  // namespace
+
+Json envelope_to_json(const Envelope& e) { return fields::write(e, envelope_fields()); }
 
 Envelope envelope_from_json(const Json& j, const std::string& path) {
   if (!j.is_object()) bad(path, "expected an object");
   Envelope e;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string k = it.key(), p = path + "." + k;
-    const Json& v = it.value();
-    if (k == "format") {
-      if (v != "mlafuzz-envelope") bad(p, "expected \"mlafuzz-envelope\", got " + v.dump());
-    } else if (k == "version") {
-      if (v != 1) bad(p, "unknown version " + v.dump() + " (this mlafuzz reads version 1)");
-    } else if (k == "layouts") {
-      e.layouts = read_names(v, p, kLayoutNames);
-    } else if (k == "nope_dim") {
-      e.nope_dim = read_set(v, p);
-    } else if (k == "rope_dim") {
-      e.rope_dim = read_set(v, p);
-    } else if (k == "scale_tile") {
-      e.scale_tile = read_set(v, p);
-    } else if (k == "page_size") {
-      e.page_size = read_set(v, p);
-    } else if (k == "batch") {
-      e.batch = read_set(v, p);
-    } else if (k == "heads") {
-      e.heads = read_set(v, p);
-    } else if (k == "topk") {
-      e.topk = read_set(v, p);
-    } else if (k == "s_q") {
-      e.s_q = read_set(v, p);
-    } else if (k == "extra_topk") {
-      e.extra_topk = read_set(v, p);
-    } else if (k == "extra_page_size") {
-      e.extra_page_size = read_set(v, p);
-    } else if (k == "page_stride_multiple") {
-      e.page_stride_multiple = read_int(v, p);
-    } else if (k == "invalid_index_rules") {
-      e.invalid_index_rules = read_names(v, p, kInvalidRuleNames);
-    } else if (k == "empty_row_lses") {
-      e.empty_row_lses = read_names(v, p, kEmptyLseNames);
-    } else if (k == "v32_scales") {
-      e.v32_scales = read_names(v, p, kScaleConventionNames);
-    } else if (k == "sink_in_lse") {
-      if (!v.is_array() || v.empty()) bad(p, "expected a non-empty list of booleans");
-      e.sink_in_lse = 0;
-      for (size_t i = 0; i < v.size(); ++i) {
-        if (!v[i].is_boolean()) bad(p + "[" + std::to_string(i) + "]", "expected true or false");
-        e.sink_in_lse |= v[i].get<bool>() ? kSinkIncluded : kSinkExcluded;
-      }
-    } else if (k == "refuses") {
-      e.refuses = read_names(v, p, feature_names());
-    } else {
-      bad(p,
-          "unknown key (known: format, version, layouts, nope_dim, rope_dim, scale_tile, "
-          "page_size, page_stride_multiple, batch, heads, topk, s_q, extra_topk, "
-          "extra_page_size, invalid_index_rules, empty_row_lses, v32_scales, sink_in_lse, "
-          "refuses)");
-    }
+  try {
+    fields::read(j, e, envelope_fields(), {.path = path, .unknown_is_error = true});
+  } catch (const fields::FieldError& err) {
+    std::string known;
+    for (const auto& f : envelope_fields()) known += (known.empty() ? "" : ", ") + f.key;
+    bad(err.path(),
+        err.reason() == "unknown field" ? "unknown key (known: " + known + ")" : err.reason());
   }
   return e;
 }

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -223,7 +224,7 @@ struct CaseContext {
 
   // The transformed cases of the properties, built once per case and shared by every backend
   // (node-based maps: a variant's address identifies it while the case is evaluated).
-  std::map<int, MaterializedCase> poisoned, rows_alone, heads_alone, queries_alone;
+  std::map<int, MaterializedCase> poisoned, batches_alone, heads_alone, queries_alone;
   std::optional<MaterializedCase> relocated, permuted, inserted, moved;
   int inserted_count = 0;
   template <typename Build>
@@ -245,8 +246,8 @@ struct CaseContext {
       return relocate_pages(m, m.recipe.data_seed + 17, env.page_stride_multiple);
     });
   }
-  const MaterializedCase& row_alone(int b) {
-    return memo(rows_alone, b, [&] { return batch_row_alone(m, b); });
+  const MaterializedCase& batch_alone_case(int b) {
+    return memo(batches_alone, b, [&] { return batch_alone(m, b); });
   }
   const MaterializedCase& head_alone_case(int h) {
     return memo(heads_alone, h, [&] { return head_alone(m, h); });
@@ -339,7 +340,7 @@ class Evaluator {
     Backend& be = *st.be;
     const std::string name = be.name();
     const Availability av = be.availability();
-    PropertyOutcome run = make("run", name);
+    PropertyOutcome run = make(PropertyId::kRun, name);
     if (!av.available) {
       not_applicable_all(name, "backend not available: " + av.reason);
       return;
@@ -381,20 +382,15 @@ class Evaluator {
   void properties(BackendState& st) {
     if (!st.ran) return;
     const std::string name = st.be->name();
-    static constexpr PropertyId kOrder[] = {
-        PropertyId::kTolerance,   PropertyId::kDeterminism,   PropertyId::kPoison,
-        PropertyId::kRelocate,    PropertyId::kBatchAlone,    PropertyId::kHeadAlone,
-        PropertyId::kPermute,     PropertyId::kInsertInvalid, PropertyId::kQueryAlone,
-        PropertyId::kMoveToExtra, PropertyId::kSplitAgree};
-    std::vector<std::pair<PropertyId, std::optional<std::string>>> wanted;
-    for (PropertyId id : kOrder) {
-      const PropertyInfo& prop = property_info(id);
-      if (selected(props_, prop.name)) wanted.emplace_back(id, off_by_design(prop, *st.be));
+    std::vector<std::pair<const PerBackend*, std::optional<std::string>>> wanted;
+    for (const PerBackend& p : per_backend()) {
+      const PropertyInfo& prop = property_info(p.id);
+      if (selected(props_, prop.name)) wanted.emplace_back(&p, off_by_design(prop, *st.be));
     }
     std::vector<const MaterializedCase*> plan;
     const auto t_plan = Clock::now();
-    for (const auto& [id, off] : wanted) {
-      if (!off) plan_variants(id, st, plan);
+    for (const auto& [p, off] : wanted) {
+      if (!off && p->plan) (this->*p->plan)(st, plan);
     }
     ev_.steps[CaseStep::kVariants] += since(t_plan);
     batch_.clear();
@@ -410,51 +406,15 @@ class Evaluator {
     }
     const auto t_checks = Clock::now();
     const double bounds_before = ctx_.bounds_seconds;
-    for (const auto& [id, off] : wanted) {
+    for (const auto& [p, off] : wanted) {
       if (off) {
-        PropertyOutcome o = make(property_info(id).name, name);
+        PropertyOutcome o = make(p->id, name);
         o.applicable = false;
         o.detail = *off;
         ev_.outcomes.push_back(o);
         continue;
       }
-      switch (id) {
-        case PropertyId::kTolerance:
-          tolerance(st);
-          break;
-        case PropertyId::kDeterminism:
-          determinism(st);
-          break;
-        case PropertyId::kPoison:
-          poison(st);
-          break;
-        case PropertyId::kRelocate:
-          relocate(st);
-          break;
-        case PropertyId::kBatchAlone:
-          batch_alone(st);
-          break;
-        case PropertyId::kHeadAlone:
-          head_alone_prop(st);
-          break;
-        case PropertyId::kPermute:
-          permute(st);
-          break;
-        case PropertyId::kInsertInvalid:
-          insert(st);
-          break;
-        case PropertyId::kQueryAlone:
-          query_alone_prop(st);
-          break;
-        case PropertyId::kMoveToExtra:
-          move_to_extra_prop(st);
-          break;
-        case PropertyId::kSplitAgree:
-          split_agree(st);
-          break;
-        default:
-          break;
-      }
+      (this->*p->check)(st);
     }
     batch_.clear();
     const double bounds_s = ctx_.bounds_seconds - bounds_before;
@@ -535,6 +495,9 @@ class Evaluator {
     o.backend = backend;
     return o;
   }
+  PropertyOutcome make(PropertyId id, const std::string& backend) {
+    return make(property_info(id).name, backend);
+  }
 
   void not_applicable_all(const std::string& name, const std::string& why) {
     for (const PropertyInfo& p : property_table()) {
@@ -556,53 +519,64 @@ class Evaluator {
 
   // The transformed cases property `id` runs when every check passes (the checks stop at the
   // first failure; the extra runs are then unused), in the order the check asks for them.
-  void plan_variants(PropertyId id, const BackendState& st,
-                     std::vector<const MaterializedCase*>& plan) {
-    switch (id) {
-      case PropertyId::kDeterminism:
-        plan.push_back(&ctx_.m);
-        break;
-      case PropertyId::kPoison:
-        if (st.clean.guard_violations != 0) break;
-        for (int i = 0; i < poison_count(); ++i)
-          plan.push_back(&ctx_.poison_variant(poison_fill(i)));
-        break;
-      case PropertyId::kRelocate:
-        plan.push_back(&ctx_.relocation());
-        break;
-      case PropertyId::kBatchAlone:
-        if (ctx_.m.batch == 1) break;
-        for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed))
-          plan.push_back(&ctx_.row_alone(b));
-        break;
-      case PropertyId::kHeadAlone:
-        if (ctx_.m.heads == 1) break;
-        for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
-          plan.push_back(&ctx_.head_alone_case(h));
-        }
-        break;
-      case PropertyId::kPermute:
-        plan.push_back(&ctx_.permutation());
-        break;
-      case PropertyId::kInsertInvalid:
-        plan.push_back(&ctx_.insertion());
-        break;
-      case PropertyId::kQueryAlone:
-        if (ctx_.m.s_q == 1) break;
-        for (int r : probes(ctx_.m.query_rows(), ctx_.m.recipe.data_seed + 2)) {
-          plan.push_back(&ctx_.query_alone_case(r));
-        }
-        break;
-      case PropertyId::kMoveToExtra:
-        if (ctx_.env.refuses_feature(kFeatureExtraCache)) break;
-        plan.push_back(&ctx_.moved_to_extra());
-        break;
-      case PropertyId::kSplitAgree:
-        for (int splits : kSplitAgreeCounts) plan.push_back(&ctx_.split_variant(splits));
-        break;
-      default:
-        break;
+  // The transformed cases of each property that needs some (planned into the backend's batch).
+  using Plan = std::vector<const MaterializedCase*>;
+  void plan_determinism(const BackendState&, Plan& plan) { plan.push_back(&ctx_.m); }
+  void plan_poison(const BackendState& st, Plan& plan) {
+    if (st.clean.guard_violations != 0) return;
+    for (int i = 0; i < poison_count(); ++i) plan.push_back(&ctx_.poison_variant(poison_fill(i)));
+  }
+  void plan_relocate(const BackendState&, Plan& plan) { plan.push_back(&ctx_.relocation()); }
+  void plan_batch_alone(const BackendState&, Plan& plan) {
+    if (ctx_.m.batch == 1) return;
+    for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed)) {
+      plan.push_back(&ctx_.batch_alone_case(b));
     }
+  }
+  void plan_head_alone(const BackendState&, Plan& plan) {
+    if (ctx_.m.heads == 1) return;
+    for (int h : probes(ctx_.m.heads, ctx_.m.recipe.data_seed + 1)) {
+      plan.push_back(&ctx_.head_alone_case(h));
+    }
+  }
+  void plan_permute(const BackendState&, Plan& plan) { plan.push_back(&ctx_.permutation()); }
+  void plan_insert(const BackendState&, Plan& plan) { plan.push_back(&ctx_.insertion()); }
+  void plan_query_alone(const BackendState&, Plan& plan) {
+    if (ctx_.m.s_q == 1) return;
+    for (int r : probes(ctx_.m.query_rows(), ctx_.m.recipe.data_seed + 2)) {
+      plan.push_back(&ctx_.query_alone_case(r));
+    }
+  }
+  void plan_move_to_extra(const BackendState&, Plan& plan) {
+    if (ctx_.env.refuses_feature(kFeatureExtraCache)) return;
+    plan.push_back(&ctx_.moved_to_extra());
+  }
+  void plan_split_agree(const BackendState&, Plan& plan) {
+    for (int splits : kSplitAgreeCounts) plan.push_back(&ctx_.split_variant(splits));
+  }
+
+  // The properties of one backend in the order they are reported: each row plans its
+  // transformed cases (null: it needs none) and checks them. Names, kinds and descriptions are
+  // the property table's (property_table.cc); mma-vs-simt compares two backends and runs after.
+  struct PerBackend {
+    PropertyId id;
+    void (Evaluator::*plan)(const BackendState&, Plan&);
+    void (Evaluator::*check)(BackendState&);
+  };
+  static std::span<const PerBackend> per_backend() {
+    static constexpr PerBackend kTable[] = {
+        {PropertyId::kTolerance, nullptr, &Evaluator::tolerance},
+        {PropertyId::kDeterminism, &Evaluator::plan_determinism, &Evaluator::determinism},
+        {PropertyId::kPoison, &Evaluator::plan_poison, &Evaluator::poison},
+        {PropertyId::kRelocate, &Evaluator::plan_relocate, &Evaluator::relocate},
+        {PropertyId::kBatchAlone, &Evaluator::plan_batch_alone, &Evaluator::batch_alone_prop},
+        {PropertyId::kHeadAlone, &Evaluator::plan_head_alone, &Evaluator::head_alone_prop},
+        {PropertyId::kPermute, &Evaluator::plan_permute, &Evaluator::permute},
+        {PropertyId::kInsertInvalid, &Evaluator::plan_insert, &Evaluator::insert},
+        {PropertyId::kQueryAlone, &Evaluator::plan_query_alone, &Evaluator::query_alone_prop},
+        {PropertyId::kMoveToExtra, &Evaluator::plan_move_to_extra, &Evaluator::move_to_extra_prop},
+        {PropertyId::kSplitAgree, &Evaluator::plan_split_agree, &Evaluator::split_agree}};
+    return kTable;
   }
 
   // Runs a transformed case (its result from the backend's batch when planned, else a call now);
@@ -643,7 +617,7 @@ class Evaluator {
 
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
-    PropertyOutcome o = make("tolerance", be.name());
+    PropertyOutcome o = make(PropertyId::kTolerance, be.name());
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
     // The tolerance bound (tolerance_bound: the backend's own plus the oracle's), summed in the
     // check.
@@ -663,7 +637,7 @@ class Evaluator {
   }
 
   void determinism(BackendState& st) {
-    PropertyOutcome o = make("determinism", st.be->name());
+    PropertyOutcome o = make(PropertyId::kDeterminism, st.be->name());
     RunResult again;
     if (!exact(st, kInvariantDeterministic)) {
       if (run_variant(*st.be, ctx_.m, again, o)) {
@@ -684,7 +658,7 @@ class Evaluator {
   }
 
   void poison(BackendState& st) {
-    PropertyOutcome o = make("poison", st.be->name());
+    PropertyOutcome o = make(PropertyId::kPoison, st.be->name());
     if (st.clean.guard_violations != 0) {
       o.passed = false;
       o.guard_written = true;
@@ -717,7 +691,7 @@ class Evaluator {
   }
 
   void relocate(BackendState& st) {
-    PropertyOutcome o = make("relocate", st.be->name());
+    PropertyOutcome o = make(PropertyId::kRelocate, st.be->name());
     const MaterializedCase& rm = ctx_.relocation();
     RunResult r;
     if (!exact(st, kInvariantPagePlacement)) {
@@ -748,8 +722,8 @@ class Evaluator {
     return p;
   }
 
-  void batch_alone(BackendState& st) {
-    PropertyOutcome o = make("batch-alone", st.be->name());
+  void batch_alone_prop(BackendState& st) {
+    PropertyOutcome o = make(PropertyId::kBatchAlone, st.be->name());
     if (ctx_.m.batch == 1) {
       o.applicable = false;
       o.detail = "B = 1: the row is already alone";
@@ -759,7 +733,7 @@ class Evaluator {
     const bool exact_rows = exact(st, kInvariantBatch);
     for (int b : probes(ctx_.m.batch, ctx_.m.recipe.data_seed)) {
       RunResult r;
-      if (!run_variant(*st.be, ctx_.row_alone(b), r, o)) break;
+      if (!run_variant(*st.be, ctx_.batch_alone_case(b), r, o)) break;
       // Every query token of the row (flat query row b * s_q + s of the whole run).
       const int S = ctx_.m.s_q, H = ctx_.m.heads;
       if (!exact_rows) {
@@ -790,7 +764,7 @@ class Evaluator {
   }
 
   void head_alone_prop(BackendState& st) {
-    PropertyOutcome o = make("head-alone", st.be->name());
+    PropertyOutcome o = make(PropertyId::kHeadAlone, st.be->name());
     if (ctx_.m.heads == 1) {
       o.applicable = false;
       o.detail = "H = 1: the head is already alone";
@@ -824,7 +798,7 @@ class Evaluator {
 
   // Each query token of a row computed alone (s_q > 1), probed like batch-alone.
   void query_alone_prop(BackendState& st) {
-    PropertyOutcome o = make("query-alone", st.be->name());
+    PropertyOutcome o = make(PropertyId::kQueryAlone, st.be->name());
     const int S = ctx_.m.s_q, H = ctx_.m.heads;
     if (S == 1) {
       o.applicable = false;
@@ -864,13 +838,14 @@ class Evaluator {
   // the caches) leaves the mathematical result; within the sum of both runs' bounds.
   void move_to_extra_prop(BackendState& st) {
     if (ctx_.env.refuses_feature(kFeatureExtraCache)) {
-      PropertyOutcome o = make("move-to-extra", st.be->name());
+      PropertyOutcome o = make(PropertyId::kMoveToExtra, st.be->name());
       o.applicable = false;
       o.detail = "the backends' envelope refuses an extra cache";
       ev_.outcomes.push_back(o);
       return;
     }
-    within_bound(st, "move-to-extra", ctx_.moved_to_extra(), 0, ctx_.move_to_extra_what(), true);
+    within_bound(st, PropertyId::kMoveToExtra, ctx_.moved_to_extra(), 0, ctx_.move_to_extra_what(),
+                 true);
   }
 
   static std::vector<int> all(int n) {
@@ -951,8 +926,8 @@ class Evaluator {
   // Tolerance-style metamorphic check of a transformed run against the clean run. With
   // own_bound, the variant's bound is computed from the variant itself (its lists and tiles;
   // the same exact result as the clean case).
-  void within_bound(BackendState& st, const std::string& prop, const MaterializedCase& v,
-                    int tile_topk, const std::string& what, bool own_bound = false) {
+  void within_bound(BackendState& st, PropertyId prop, const MaterializedCase& v, int tile_topk,
+                    const std::string& what, bool own_bound = false) {
     Backend& be = *st.be;
     PropertyOutcome o = make(prop, be.name());
     RunResult r;
@@ -985,7 +960,7 @@ class Evaluator {
   static constexpr int kSplitAgreeCounts[] = {1, -1};
   void split_agree(BackendState& st) {
     Backend& be = *st.be;
-    PropertyOutcome o = make("split-agree", be.name());
+    PropertyOutcome o = make(PropertyId::kSplitAgree, be.name());
     // The backend's bound twice (self_bounds), summed in the check.
     const Bounds& bound = ctx_.backend_bounds(be);
     double seconds = 0;
@@ -1012,12 +987,12 @@ class Evaluator {
   }
 
   void permute(BackendState& st) {
-    within_bound(st, "permute", ctx_.permutation(), 0, "permuting the index lists");
+    within_bound(st, PropertyId::kPermute, ctx_.permutation(), 0, "permuting the index lists");
   }
 
   void insert(BackendState& st) {
     const int count = ctx_.insert_count();
-    within_bound(st, "insert-invalid", ctx_.insertion(), ctx_.m.topk + count,
+    within_bound(st, PropertyId::kInsertInvalid, ctx_.insertion(), ctx_.m.topk + count,
                  "inserting " + std::to_string(count) + " -1 entries");
   }
 
@@ -1152,14 +1127,15 @@ std::vector<PropertyOutcome> judge_runs(
   CaseEvaluation ev;
   CaseContext ctx;
   ctx.m = m;
-  const std::vector<std::string> props{"run", "tolerance"};
+  const std::vector<std::string> props{property_info(PropertyId::kRun).name,
+                                       property_info(PropertyId::kTolerance).name};
   Evaluator e(ctx, props, options, ev);
   std::vector<BackendState> states(runs.size());
   for (size_t i = 0; i < runs.size(); ++i) {
     states[i].be = runs[i].first;
     states[i].clean = *runs[i].second;
     PropertyOutcome run;
-    run.property = "run";
+    run.property = property_info(PropertyId::kRun).name;
     run.backend = runs[i].first->name();
     run.seconds = runs[i].second->seconds;
     e.record_clean(states[i], run);

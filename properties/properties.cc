@@ -419,7 +419,7 @@ int64_t kept_gap(int64_t batch_stride, int64_t token_stride, int32_t s_q, int32_
 }
 
 // Batch row b (and only token s when s >= 0) of m, alone.
-MaterializedCase row_alone(const MaterializedCase& m, int b, int s) {
+MaterializedCase alone_case(const MaterializedCase& m, int b, int s) {
   MaterializedCase r = m;
   r.batch = 1;
   r.s_q = s < 0 ? m.s_q : 1;
@@ -459,9 +459,11 @@ MaterializedCase row_alone(const MaterializedCase& m, int b, int s) {
 
 }  // namespace
 
-MaterializedCase batch_row_alone(const MaterializedCase& m, int b) { return row_alone(m, b, -1); }
+MaterializedCase batch_alone(const MaterializedCase& m, int b) { return alone_case(m, b, -1); }
 
-MaterializedCase query_alone(const MaterializedCase& m, int b, int s) { return row_alone(m, b, s); }
+MaterializedCase query_alone(const MaterializedCase& m, int b, int s) {
+  return alone_case(m, b, s);
+}
 
 MaterializedCase head_alone(const MaterializedCase& m, int h) {
   MaterializedCase r = m;

@@ -38,7 +38,7 @@ MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed,
                                 int64_t stride_multiple = 0);
 
 // Batch row b alone (B = 1, all its s_q query tokens).
-MaterializedCase batch_row_alone(const MaterializedCase& m, int b);
+MaterializedCase batch_alone(const MaterializedCase& m, int b);
 
 // Query token s of batch row b alone (B = 1, s_q = 1; its lists and the row's lengths).
 MaterializedCase query_alone(const MaterializedCase& m, int b, int s);

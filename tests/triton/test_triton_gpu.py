@@ -151,7 +151,7 @@ def test_mma2_without_split_matches_mma_kernel(page):
         assert bool(((call.lse - ref[1]).abs() <= ref[1].abs() * 2.0 ** -22).all())
 
 
-def test_mma2_split_is_close_to_one_split_and_a_row_alone_gives_the_same_bits():
+def test_mma2_split_is_close_to_one_split_and_a_batch_row_alone_gives_the_same_bits():
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
@@ -168,10 +168,10 @@ def test_mma2_split_is_close_to_one_split_and_a_row_alone_gives_the_same_bits():
     assert (split[0].float() - one[0]).abs().max().item() <= 0.02 * scale
     assert (split[1] - one[1]).abs().max().item() <= 1e-3
     # batch-alone: row 2 computed alone (same topk, so the same split) gives the same bits.
-    _assert_row_alone_gives_the_same_bits((4, 64, 512, 64, 9), 2, split)
+    _assert_batch_alone_gives_the_same_bits((4, 64, 512, 64, 9), 2, split)
 
 
-def _assert_row_alone_gives_the_same_bits(shape_seed, row, batch_result):
+def _assert_batch_alone_gives_the_same_bits(shape_seed, row, batch_result):
     """Row `row` of bench_triton.make_call(*shape_seed), run alone by launch2, gives the bits of
     that row in batch_result (out, lse of the whole batch)."""
     import torch  # noqa: PLC0415
@@ -191,7 +191,7 @@ def _assert_row_alone_gives_the_same_bits(shape_seed, row, batch_result):
 
 
 @pytest.mark.parametrize("page", [64, 61])
-def test_mma2_64_token_tiles_are_close_to_32_and_keep_the_row_alone_bits(page):
+def test_mma2_64_token_tiles_are_close_to_32_and_keep_the_batch_alone_bits(page):
     # triton-mma's tile (MMA2_BLOCK_N 64) against mma_kernel's 32: another online-softmax order
     # (rescales every 64 tokens, p relative to another running max before its bf16 rounding), so
     # close, not equal; the split plan keeps whole 64-token tiles; a row alone keeps its bits.
@@ -211,7 +211,7 @@ def test_mma2_64_token_tiles_are_close_to_32_and_keep_the_row_alone_bits(page):
     got = (call.out.clone(), call.lse.clone())
     assert (got[0].float() - ref[0]).abs().max().item() <= 0.02 * ref[0].abs().max().item()
     assert (got[1] - ref[1]).abs().max().item() <= 1e-3
-    _assert_row_alone_gives_the_same_bits((4, 64, 300, page, 13), 1, got)
+    _assert_batch_alone_gives_the_same_bits((4, 64, 300, page, 13), 1, got)
 
 
 @pytest.mark.parametrize("layout_page", [("model1", 64), ("v32", 64)])
