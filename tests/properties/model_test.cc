@@ -240,7 +240,7 @@ TEST(Transformations, VariantsKeepTheirBytes) {
     mix(insert_invalid(m, m.recipe.data_seed + 31, 2));
     if (m.has_extra) mix(swap_caches(m));
     mix(move_to_extra(m, m.recipe.data_seed + 37, 2));
-    mix(batch_row_alone(m, m.batch - 1));
+    mix(batch_alone(m, m.batch - 1));
     mix(head_alone(m, m.heads - 1));
     EXPECT_EQ(h, want[i]) << "case " << i << " of seed 21; rerun: property_model_tests "
                           << "--gtest_filter=Transformations.VariantsKeepTheirBytes";
