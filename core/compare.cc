@@ -47,16 +47,6 @@ std::string check_line(const char* what, const AllcloseResult& c, int32_t heads,
   return s;
 }
 
-// Whether v[0..n) are all finite: no exponent field all ones (integer lanes, vectorized).
-bool all_finite(const double* v, size_t n) {
-  constexpr uint64_t kExponent = 0x7ff0000000000000ull;
-  uint64_t off = 0;
-  for (size_t i = 0; i < n; ++i) {
-    off |= static_cast<uint64_t>((std::bit_cast<uint64_t>(v[i]) & kExponent) == kExponent);
-  }
-  return off == 0;
-}
-
 // check_allclose's figures where every element of both arrays is finite, block by block: the
 // errors, pass flags, pass count and maxima in lanes (an error's bits as an integer: for
 // errors >= 0 the integers order as the values do), the worst element the first with the
@@ -118,6 +108,15 @@ void allclose_finite(const double* a, const double* r, size_t n, AllcloseResult&
 }
 
 }  // namespace
+
+bool all_finite(const double* v, size_t n) {
+  constexpr uint64_t kExponent = 0x7ff0000000000000ull;
+  uint64_t off = 0;
+  for (size_t i = 0; i < n; ++i) {
+    off |= static_cast<uint64_t>((std::bit_cast<uint64_t>(v[i]) & kExponent) == kExponent);
+  }
+  return off == 0;
+}
 
 DiffStats diff_stats(const std::vector<double>& a, const std::vector<double>& ref) {
   DiffStats s;

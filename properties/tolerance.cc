@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/compare.h"
 #include "core/value_format.h"
 #include "mla/fp_formats.h"
 #include "mla/split_kv.h"
@@ -1011,17 +1012,6 @@ double add_in_order(double sum, const double* x, int32_t n, double max_x, bool t
   return sum;
 }
 
-// Whether v[0..n) are all finite: no exponent field all ones (integer operations, which the
-// compiler vectorizes).
-bool all_finite(const double* v, int32_t n) {
-  constexpr uint64_t kExponent = 0x7ff0000000000000ull;
-  uint64_t off = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    off |= static_cast<uint64_t>((std::bit_cast<uint64_t>(v[i]) & kExponent) == kExponent);
-  }
-  return off == 0;
-}
-
 }  // namespace
 
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
@@ -1139,7 +1129,8 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
       row = rh * d_v;
       ao = out_row(a, rh, a_row);
       bo = out_row(b, rh, b_row);
-      if (d_v > 0 && all_finite(ao, d_v) && all_finite(bo, d_v)) {
+      const auto dv = static_cast<size_t>(d_v);
+      if (d_v > 0 && all_finite(ao, dv) && all_finite(bo, dv)) {
         double max_t = 0;
         if (excesses(ao, bo, d_v, excess.data(), err.data())) {
           const double* pl = plus != nullptr ? plus->out.data() + row : nullptr;
