@@ -30,7 +30,7 @@ inline constexpr int kCaseFormatVersion = 2;
 inline constexpr int kOldestCaseFormatVersion = 1;
 
 // Corpus entries (properties/corpus.h) wrap a case; load_case reads their "case". Version 2: the
-// finding is a group (properties/evaluate.h, Finding); version-1 entries load unchanged.
+// finding is a group (properties/corpus.h, Finding); version-1 entries load unchanged.
 inline constexpr int kCorpusFormatVersion = 2;
 inline constexpr int kOldestCorpusFormatVersion = 1;
 

@@ -40,7 +40,6 @@
 
 #include "core/case.h"
 #include "core/envelope.h"
-#include "properties/evaluate.h"
 #include "properties/shrink.h"
 
 namespace mlafuzz {

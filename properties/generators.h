@@ -5,7 +5,7 @@
 // kernels. Bulk data (index lists, page permutations, sinks) is drawn by
 // CounterRng from a seed the generator draws, so a case stays small to describe.
 //
-// generate_case (evaluate.h) drives the generator deterministically: rc::Random keyed by
+// generate_case (generate.h) drives the generator deterministically: rc::Random keyed by
 // (seed, case_index), size rc::kNominalSize, so every range is used in full. RapidCheck's own
 // shrinking is not used: failures shrink as recipes (shrink.h).
 #pragma once
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/case.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz {
 

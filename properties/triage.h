@@ -35,6 +35,7 @@
 #include "core/case.h"
 #include "core/envelope.h"
 #include "properties/evaluate.h"
+#include "properties/shrink.h"
 
 namespace mlafuzz {
 

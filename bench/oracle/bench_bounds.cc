@@ -20,7 +20,7 @@
 
 #include "core/materialize.h"
 #include "oracle/oracle.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/tolerance.h"
 
 namespace {

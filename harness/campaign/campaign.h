@@ -22,7 +22,7 @@
 #include "harness/campaign/ledger.h"
 #include "harness/campaign/options.h"
 #include "harness/campaign/report.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz::campaign {
 

@@ -21,7 +21,9 @@
 
 #include "harness/campaign/plan.h"
 #include "harness/campaign/progress.h"
+#include "properties/corpus.h"
 #include "properties/evaluate.h"
+#include "properties/shrink.h"
 
 namespace mlafuzz::campaign {
 

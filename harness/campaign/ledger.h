@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "properties/evaluate.h"
+#include "properties/corpus.h"
 
 namespace mlafuzz::campaign {
 

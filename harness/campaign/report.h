@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "harness/campaign/time_breakdown.h"
-#include "properties/evaluate.h"
+#include "properties/corpus.h"
 
 namespace mlafuzz::campaign {
 

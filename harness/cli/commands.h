@@ -33,7 +33,7 @@ struct Command {
 using CommandTable = std::vector<Command>;
 
 void register_run(CLI::App& app, CommandTable& table);    // run, list-backends
-void register_repro(CLI::App& app, CommandTable& table);  // repro (properties/evaluate.h)
+void register_repro(CLI::App& app, CommandTable& table);  // repro (properties/corpus.h)
 void register_list_backends(CLI::App& app, CommandTable& table);
 void register_fuzz(CLI::App& app, CommandTable& table);         // campaigns (harness/campaign)
 void register_report(CLI::App& app, CommandTable& table);       // report summary/merge/compare/html

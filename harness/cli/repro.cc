@@ -17,6 +17,7 @@
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
 #include "harness/cli/commands.h"
+#include "properties/corpus.h"
 #include "properties/evaluate.h"
 
 namespace mlafuzz::cli {

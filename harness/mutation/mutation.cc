@@ -14,6 +14,7 @@
 #include "harness/campaign/isolation.h"
 #include "harness/campaign/worker.h"
 #include "kernels/host/host_mutants.h"
+#include "properties/corpus.h"
 #include "properties/shrink.h"
 
 namespace mlafuzz {

@@ -22,6 +22,8 @@
 #include "core/case.h"
 #include "mla/mutants.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
+#include "properties/shrink.h"
 
 namespace mlafuzz {
 

@@ -29,7 +29,7 @@
 #include "mla/fp_formats.h"
 #include "mla/tiling.h"
 #include "oracle/oracle.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 #include "properties/tolerance.h"
 #include "tests/kernels/host_test_support.h"

@@ -12,7 +12,8 @@
 
 #include "core/fileio.h"
 #include "harness/campaign/report.h"
-#include "properties/evaluate.h"
+#include "properties/corpus.h"
+#include "properties/generate.h"
 #include "tests/harness/cli_helpers.h"
 
 namespace mlafuzz::campaign {

@@ -11,7 +11,7 @@
 #include "core/case.h"
 #include "core/fileio.h"
 #include "harness/campaign/campaign.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz::campaign {
 namespace {

@@ -21,6 +21,7 @@
 #include "harness/campaign/isolation.h"
 #include "harness/campaign/worker_protocol.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 
 namespace mlafuzz::campaign {

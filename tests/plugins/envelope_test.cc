@@ -18,6 +18,8 @@
 #include "harness/campaign/worker.h"
 #include "harness/campaign/worker_protocol.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
+#include "properties/shrink.h"
 
 namespace mlafuzz {
 namespace {

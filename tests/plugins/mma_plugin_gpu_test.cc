@@ -11,6 +11,7 @@
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz {
 namespace {

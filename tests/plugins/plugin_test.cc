@@ -12,6 +12,7 @@
 #include "harness/backends/plugin_backend.h"
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "harness/backends/plugin_backend.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz {
 namespace {

@@ -15,6 +15,7 @@
 #include "harness/backends/registry.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 #include "properties/tolerance.h"
 

@@ -24,6 +24,7 @@
 #include "oracle/oracle.h"
 #include "properties/corpus.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/generators.h"
 #include "properties/properties.h"
 #include "properties/shrink.h"

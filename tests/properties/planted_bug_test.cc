@@ -12,7 +12,9 @@
 
 #include "core/backend.h"
 #include "kernels/host/host_mutants.h"
+#include "properties/corpus.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/shrink.h"
 
 namespace mlafuzz {

@@ -12,6 +12,7 @@
 #include "harness/backends/registry.h"
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 
 namespace mlafuzz {

@@ -13,7 +13,9 @@
 #include "core/backend.h"
 #include "core/settings.h"
 #include "harness/backends/registry.h"
+#include "properties/corpus.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace mlafuzz {
 namespace {

@@ -20,6 +20,7 @@
 #include "properties/canonical.h"
 #include "properties/case_edits.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/properties.h"
 #include "properties/shrink.h"
 #include "tests/core/test_util.h"

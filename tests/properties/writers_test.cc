@@ -19,7 +19,7 @@
 #include "core/materialize.h"
 #include "kernels/host/host_models.h"
 #include "oracle/oracle.h"
-#include "properties/evaluate.h"
+#include "properties/generate.h"
 #include "properties/tolerance.h"
 
 namespace mlafuzz {
