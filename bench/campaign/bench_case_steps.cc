@@ -21,6 +21,7 @@
 
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
+#include "properties/generate.h"
 
 namespace {
 
