@@ -30,6 +30,10 @@ struct DiffStats {
 };
 DiffStats diff_stats(const std::vector<double>& a, const std::vector<double>& ref);
 
+// Whether v[0..n) are all finite: no exponent field all ones (tested in integer lanes, which
+// the compiler vectorizes; std::isfinite into a bool does not).
+bool all_finite(const double* v, size_t n);
+
 struct AllcloseTol {
   double abs_tol;
   double rel_tol;

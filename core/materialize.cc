@@ -74,16 +74,26 @@ double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t ele
   return 0.0;
 }
 
-// Two builds chosen at load time (GCC's target_clones): with AVX-512 a lane's 64-bit multiplies
-// (two per splitmix64, 24 per normal draw) are one instruction each instead of AVX2's three
-// 32-bit products and their shifts. The arithmetic is integer, plus exact double conversions and
-// sums in the same order: the same bits either way.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
-#endif
-void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
-                 SpecialTag tag, float* out) {
+namespace {
+
+// uniform() of the 53 random bits v >> 11: with kConvert one 64-bit integer to double
+// conversion (one instruction a lane with AVX-512), else uniform_exact's halves (which vectorize
+// without it). Both exact: the same double.
+template <bool kConvert>
+inline double uniform53(uint64_t v) {
+  if constexpr (kConvert) {
+    return static_cast<double>(static_cast<int64_t>(v >> 11)) * 0x1.0p-53;
+  } else {
+    return uniform_exact(v);
+  }
+}
+
+// draw_values' body; kConvert: uniform53's conversion.
+template <bool kConvert>
+__attribute__((always_inline)) inline void draw_values_body(const ValueSpec& s, uint64_t seed,
+                                                            Stream stream, uint64_t first,
+                                                            int32_t count, SpecialTag tag,
+                                                            float* out) {
   constexpr int kLanes = 8;
   int32_t i = 0;
   if (s.dist == ValueDist::kNormal) {
@@ -98,7 +108,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       }
       for (uint64_t n = 0; n < 12; ++n) {
         const uint64_t mixed = splitmix64(n);
-        for (int j = 0; j < kLanes; ++j) sum[j] += uniform_exact(splitmix64(key[j] ^ mixed));
+        for (int j = 0; j < kLanes; ++j) sum[j] += uniform53<kConvert>(splitmix64(key[j] ^ mixed));
       }
       for (int j = 0; j < kLanes; ++j) {
         out[i + j] = static_cast<float>((sum[j] - 6.0) * s.magnitude);
@@ -116,7 +126,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
         const uint64_t v = splitmix64(
             CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j)) ^ mixed);
         if (s.dist == ValueDist::kUniform) {
-          value[j] = (2 * uniform_exact(v) - 1) * s.magnitude;
+          value[j] = (2 * uniform53<kConvert>(v) - 1) * s.magnitude;
         } else {
           const uint64_t k = ((v >> 32) * 7 + (((v & 0xffffffffull) * 7) >> 32)) >> 32;
           value[j] = static_cast<double>(static_cast<int64_t>(k) - 3) * s.magnitude;
@@ -139,7 +149,7 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       for (int l = 0; l < kLanes; ++l) {
         const uint64_t e = (first + static_cast<uint64_t>(j + l)) * 4 + tag;
         const uint64_t key = CounterRng::key_of(seed, Stream::kSpecial, e);
-        hit[l] = uniform_exact(splitmix64(key ^ mixed)) < s.special_fraction;
+        hit[l] = uniform53<kConvert>(splitmix64(key ^ mixed)) < s.special_fraction;
       }
       for (int l = 0; l < kLanes; ++l) {
         double special = 0;
@@ -155,6 +165,40 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
       }
     }
   }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+// With AVX-512 (chosen at run time): a lane's 64-bit multiplies (two per splitmix64, 24 per
+// normal draw) are one instruction each instead of AVX2's three 32-bit products and their
+// shifts, and uniform53 converts in one. Integer arithmetic, exact conversions and sums in the
+// same order: the same bits either way.
+__attribute__((target("arch=x86-64-v4"))) void draw_values_v4(const ValueSpec& s, uint64_t seed,
+                                                              Stream stream, uint64_t first,
+                                                              int32_t count, SpecialTag tag,
+                                                              float* out) {
+  draw_values_body<true>(s, seed, stream, first, count, tag, out);
+}
+
+bool has_v4() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("x86-64-v4");
+}
+#endif
+
+}  // namespace
+
+void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t first, int32_t count,
+                 SpecialTag tag, float* out) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+  static const bool v4 = has_v4();
+  if (v4) {
+    draw_values_v4(s, seed, stream, first, count, tag, out);
+    return;
+  }
+#endif
+  draw_values_body<false>(s, seed, stream, first, count, tag, out);
 }
 
 namespace {
@@ -518,7 +562,10 @@ float extra_kv_source_value(const Case& c, int64_t logical_token, int32_t d) {
   return kv_value(c, extra_streams(c), logical_token, d);
 }
 
-float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) {
+namespace {
+
+// The element number of q[b, s, h, 0] in the q stream: d = 0..d_qk - 1 follow it.
+uint64_t q_first_element(const Case& c, int32_t b, int32_t s, int32_t h) {
   uint64_t row = static_cast<uint64_t>(b), head = static_cast<uint64_t>(h);
   uint64_t token = static_cast<uint64_t>(s), tokens = static_cast<uint64_t>(c.s_q);
   uint64_t heads = static_cast<uint64_t>(c.heads);
@@ -531,8 +578,13 @@ float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) 
     if (!q.token_ids.empty()) token = static_cast<uint64_t>(q.token_ids[static_cast<size_t>(s)]);
   }
   // s_q = 1: (row * heads + head) * d_qk + d, the element of version 1.
-  const uint64_t e = ((row * tokens + token) * heads + head) * static_cast<uint64_t>(c.d_qk()) +
-                     static_cast<uint64_t>(d);
+  return ((row * tokens + token) * heads + head) * static_cast<uint64_t>(c.d_qk());
+}
+
+}  // namespace
+
+float q_source_value(const Case& c, int32_t b, int32_t s, int32_t h, int32_t d) {
+  const uint64_t e = q_first_element(c, b, s, h) + static_cast<uint64_t>(d);
   return static_cast<float>(draw_value(c.q_values, c.data_seed, Stream::kQ, e, kTagQ));
 }
 
@@ -631,13 +683,17 @@ void set_shape(const Case& c, MaterializedCase& m) {
 void fill_q(const Case& c, MaterializedCase& m) {
   const int32_t dqk = m.d_qk();
   m.q.resize(static_cast<size_t>(int64_t{m.batch} * m.q_batch_stride));
+  std::vector<float> v(static_cast<size_t>(dqk));
   for (int32_t b = 0; b < m.batch; ++b) {
     const int64_t row = int64_t{b} * m.q_batch_stride;
     for (int32_t t = 0; t < m.s_q; ++t) {
       for (int32_t h = 0; h < m.heads; ++h) {
         const int64_t base = row + t * m.q_token_stride + h * m.q_head_stride;
+        // q_source_value(c, b, t, h, d) for every d, in one batch.
+        draw_values(c.q_values, c.data_seed, Stream::kQ, q_first_element(c, b, t, h), dqk, kTagQ,
+                    v.data());
         for (int32_t d = 0; d < dqk; ++d) {
-          m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(q_source_value(c, b, t, h, d));
+          m.q[static_cast<size_t>(base + d)] = mla::float_to_bf16(v[static_cast<size_t>(d)]);
         }
         for (int64_t d = dqk; d < m.q_head_stride; ++d) {
           m.q[static_cast<size_t>(base + d)] =

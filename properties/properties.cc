@@ -42,12 +42,21 @@ void fill_poison_run(int variant, const CounterRng& rng, uint8_t* bytes, size_t 
       std::memset(bytes + begin, poison_byte(variant, rng, begin), end - begin);
       return;
     case 1:
-      // Random bytes drawn a word (eight bytes) at a time, not once per byte.
+      // Random bytes drawn a word (eight bytes) at a time, not once per byte; whole words
+      // stored as one (byte k of the word at i + k: a little-endian store).
       for (size_t i = begin; i < end;) {
         const size_t word_end = std::min(end, (i / 8 + 1) * 8);
         const uint64_t word = rng.at(i / 8);
+        if (i % 8 == 0 && word_end == i + 8) {
+          for (int k = 0; k < 8; ++k) bytes[i + k] = static_cast<uint8_t>(word >> (8 * k));
+          i = word_end;
+          continue;
+        }
         for (; i < word_end; ++i) bytes[i] = static_cast<uint8_t>(word >> (8 * (i % 8)));
       }
+      return;
+    case 2:
+      for (size_t i = begin; i < end; ++i) bytes[i] = (i % 2 == 0) ? 0x80 : 0x7f;
       return;
     default:
       for (size_t i = begin; i < end; ++i) bytes[i] = poison_byte(variant, rng, i);
@@ -219,17 +228,26 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
     SharedVector<uint8_t>& bytes = *views[c].cache;
     fill_poison(variant, rng, bytes.data(), 0, bytes.size(), &used);
   }
-  const int32_t dqk = m.d_qk();
+  // Head pads, the gap after the last head of a token and after the last token of a batch row:
+  // q[i] = poison_bf16(variant, qrng, i) for each i there, range by range.
+  const int64_t dqk = m.d_qk();
   const CounterRng qrng(seed, Stream::kPoison, 1);
   const int64_t heads_span = int64_t{m.heads} * m.q_head_stride;
   const int64_t tokens_span = int64_t{m.s_q} * m.q_token_stride;
-  for (size_t i = 0; i < r.q.size(); ++i) {
-    // Head pads, the gap after the last head of a token and after the last token of a batch row.
-    const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
-    const int64_t in_token = in_row % m.q_token_stride;
-    if (in_row >= tokens_span || in_token >= heads_span || in_token % m.q_head_stride >= dqk) {
-      r.q[i] = poison_bf16(variant, qrng, i);
+  const auto q_size = static_cast<int64_t>(r.q.size());
+  const auto poison_q = [&](int64_t from, int64_t to) {
+    for (int64_t i = std::max<int64_t>(from, 0); i < std::min(to, q_size); ++i) {
+      r.q[static_cast<size_t>(i)] = poison_bf16(variant, qrng, static_cast<size_t>(i));
     }
+  };
+  for (int64_t row = 0; row < q_size; row += m.q_batch_stride) {
+    for (int64_t token = row; token < row + tokens_span; token += m.q_token_stride) {
+      for (int64_t head = token; head < token + heads_span; head += m.q_head_stride) {
+        poison_q(head + dqk, head + m.q_head_stride);
+      }
+      poison_q(token + heads_span, token + m.q_token_stride);
+    }
+    poison_q(row + tokens_span, row + m.q_batch_stride);
   }
   // Entries masked by topk_length point at random (poisoned) slots: still in range, so a kernel
   // that loads before masking stays in bounds, but one that ignores topk_length reads poison.
@@ -298,10 +316,11 @@ void add_guard(SharedVector<uint8_t>& bytes, const mla::CacheGeometry& g,
   bytes.resize(bytes.size() + static_cast<size_t>(cache_guard_bytes(g, conv)), uint8_t{0xff});
 }
 
-void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_stream,
-              int64_t stride_multiple, const mla::Conventions& conv) {
+// Relocates the cache of view v (of a copy of a case) whose bytes before were `old` (the
+// original case's cache).
+void relocate(const CacheView& v, const SharedVector<uint8_t>& old, CounterRng& rng, uint64_t seed,
+              uint64_t fill_stream, int64_t stride_multiple, const mla::Conventions& conv) {
   const mla::CacheGeometry g = *v.geom;
-  const std::vector<uint8_t> old(v.cache->begin(), v.cache->end());
   mla::CacheGeometry& ng = *v.geom;
   const int32_t extra = static_cast<int32_t>(rng.uniform_int(0, 2));
   ng.num_pages = g.num_pages + extra;
@@ -329,9 +348,20 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
       std::is_sorted(perm.begin(), perm.end())) {  // make sure the order changes
     std::swap(perm[0], perm[1]);
   }
+  // Page perm[p] holds old page p's min_stride bytes; every other byte is random
+  // (fill_poison(1) over the whole cache, taken where no page is copied to).
   v.cache->assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
   const CounterRng fill(seed, Stream::kPoison, fill_stream);
-  fill_poison(1, fill, v.cache->data(), 0, v.cache->size(), nullptr);
+  std::vector<uint8_t> holds(static_cast<size_t>(ng.num_pages), 0);
+  for (int32_t p = 0; p < g.num_pages; ++p)
+    holds[static_cast<size_t>(perm[static_cast<size_t>(p)])] = 1;
+  for (int32_t q = 0; q < ng.num_pages; ++q) {
+    const auto page = static_cast<size_t>(q) * static_cast<size_t>(ng.page_stride);
+    const size_t from =
+        page + (holds[static_cast<size_t>(q)] ? static_cast<size_t>(min_stride) : 0);
+    fill_poison(1, fill, v.cache->data(), from, page + static_cast<size_t>(ng.page_stride),
+                nullptr);
+  }
   for (int32_t p = 0; p < g.num_pages; ++p) {
     std::memcpy(
         v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
@@ -354,9 +384,9 @@ void relocate(const CacheView& v, CounterRng& rng, uint64_t seed, uint64_t fill_
 MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
-  relocate(main_view(r), rng, seed, 4, stride_multiple, m.conv);
+  relocate(main_view(r), m.cache, rng, seed, 4, stride_multiple, m.conv);
   // The extra cache moves too, with its own permutation and stride.
-  if (r.has_extra) relocate(extra_view(r), rng, seed, 9, stride_multiple, m.conv);
+  if (r.has_extra) relocate(extra_view(r), m.extra_cache, rng, seed, 9, stride_multiple, m.conv);
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
   if (r.recipe.extra) {
@@ -730,6 +760,13 @@ bool same_fp64(double x, double y) {
          (std::isnan(x) && std::isnan(y));
 }
 
+// Whether two vectors of the same size hold the same bytes.
+template <typename V>
+bool same_bytes(const V& x, const V& y) {
+  return x.size() == y.size() &&
+         (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0);
+}
+
 }  // namespace
 
 bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResult& b,
@@ -744,6 +781,8 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
       *where = "raw output sizes differ";
       return false;
     }
+    // Identical bytes: equal (the element loops below look for the first difference).
+    if (same_bytes(a.out_raw, b.out_raw) && same_bytes(a.lse_raw, b.lse_raw)) return true;
     const int64_t g = OutputBuffers::kGuard;
     for (size_t i = 0; i < a.out_raw.size(); ++i) {
       if (!same_bf16(a.out_raw[i], b.out_raw[i])) {
@@ -774,6 +813,7 @@ bool bitwise_equal(const MaterializedCase& m, const RunResult& a, const RunResul
     *where = "output sizes differ";
     return false;
   }
+  if (same_bytes(a.out, b.out) && same_bytes(a.lse, b.lse)) return true;
   const int32_t dv = m.d_v();
   for (size_t i = 0; i < a.out.size(); ++i) {
     if (!same_fp64(a.out[i], b.out[i])) {

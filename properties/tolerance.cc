@@ -15,6 +15,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/compare.h"
 #include "core/value_format.h"
 #include "mla/fp_formats.h"
 #include "mla/split_kv.h"
@@ -985,10 +986,30 @@ RowExcessFn row_excess_for(bool bf16_a, bool bf16_b) {
   return kFns[(bf16_a ? 2 : 0) + (bf16_b ? 1 : 0)];
 }
 
-bool all_finite(const double* v, int32_t n) {
-  bool ok = true;
-  for (int32_t i = 0; i < n; ++i) ok &= std::isfinite(v[i]);
-  return ok;
+// sum + x[0] + x[1] + ... + x[n - 1] added left to right, each addition rounded, for finite
+// x[i] >= 0 of largest value max_x. When every partial sum of every order is exact (sum and
+// every x[i] multiples of 2^s, and sum + n max_x below 2^(52 + s)), the order does not matter
+// and Eigen sums in vectorized order; otherwise one addition after the other. Differences of
+// two bf16 values within about 2^30 of each other (a comparison of two bf16 runs) take the
+// first way.
+double add_in_order(double sum, const double* x, int32_t n, double max_x, bool try_exact) {
+  if (try_exact && n > 0) {
+    const double top = sum + static_cast<double>(n) * max_x;  // >= every partial sum (rounding
+                                                              // aside: the margin is 2x)
+    if (top > 0 && top < 0x1p1000) {
+      // 2^(52 + s) > top: s = ilogb(top) - 51, scale = 2^-s.
+      const int e = std::ilogb(top) - 51;
+      if (e > -1000) {
+        // x a multiple of 2^s: floor(x 2^-s) 2^s == x (also false where x 2^-s underflows).
+        const double scale = std::ldexp(1.0, -e), unit = std::ldexp(1.0, e);
+        int off = std::floor(sum * scale) * unit != sum;
+        for (int32_t i = 0; i < n; ++i) off |= std::floor(x[i] * scale) * unit != x[i];
+        if (off == 0) return sum + Eigen::Map<const Eigen::ArrayXd>(x, n).sum();
+      }
+    }
+  }
+  for (int32_t i = 0; i < n; ++i) sum += x[i];
+  return sum;
 }
 
 }  // namespace
@@ -1005,8 +1026,9 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
   // Every figure as a loop over the elements in the order (b, h, d) then the row's lse would
   // give it: the worst element is the first with the largest ratio, the mean sums the errors in
   // that order. A row finite on both sides goes through row_figures (vectorized) and then a
-  // loop that adds its errors in order; a row with a non-finite value element by element, with
-  // the message for the first class mismatch.
+  // loop that adds its errors in order (add_in_order: in any order where every partial sum is
+  // exact); a row with a non-finite value element by element, with the message for the first
+  // class mismatch.
   double sum_abs = 0, max_abs = 0, out_max_ref = 0, lse_max_abs = 0;
   double out_tightness = 0, lse_tightness = 0, worst = 0;
   int64_t n_abs = 0;
@@ -1107,7 +1129,8 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
       row = rh * d_v;
       ao = out_row(a, rh, a_row);
       bo = out_row(b, rh, b_row);
-      if (d_v > 0 && all_finite(ao, d_v) && all_finite(bo, d_v)) {
+      const auto dv = static_cast<size_t>(d_v);
+      if (d_v > 0 && all_finite(ao, dv) && all_finite(bo, dv)) {
         double max_t = 0;
         if (excesses(ao, bo, d_v, excess.data(), err.data())) {
           const double* pl = plus != nullptr ? plus->out.data() + row : nullptr;
@@ -1119,12 +1142,13 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const
           max_t = std::max(0.0, Eigen::Map<const Eigen::ArrayXd>(t.data(), d_v).maxCoeff());
         }
         // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
-        // Eigen's vectorized reductions; the sum in the loop's order (the mean's bits).
+        // Eigen's vectorized reductions; the sum as the loop's order gives it (the mean's bits).
         const Eigen::Map<const Eigen::ArrayXd> ee(err.data(), d_v);
-        max_abs = std::max(max_abs, ee.maxCoeff());
+        const double row_max = ee.maxCoeff();
+        max_abs = std::max(max_abs, row_max);
         out_max_ref =
             std::max(out_max_ref, Eigen::Map<const Eigen::ArrayXd>(bo, d_v).abs().maxCoeff());
-        for (int32_t dd = 0; dd < d_v; ++dd) sum_abs += err[static_cast<size_t>(dd)];
+        sum_abs = add_in_order(sum_abs, err.data(), d_v, row_max, a_bf16 && b_bf16);
         n_abs += d_v;
         out_tightness = std::max(out_tightness, max_t);
         if (max_t > worst || !any) {

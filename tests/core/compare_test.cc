@@ -1,11 +1,16 @@
 // Comparison metrics on hand-made arrays with known answers.
 #include "core/compare.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <vector>
 
+#include "core/rng.h"
 #include "core/value_format.h"
 
 namespace mlafuzz {
@@ -13,6 +18,146 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// check_allclose as one branchy loop over the elements (the code before the finite arrays' block
+// path), frozen as the reference of Allclose.EqualsTheElementLoop.
+namespace reference {
+
+struct Anomaly {
+  const char* name;
+  bool (*is)(double);
+};
+constexpr Anomaly kAnomalies[] = {
+    {"+inf", [](double v) { return std::isinf(v) && v > 0; }},
+    {"-inf", [](double v) { return std::isinf(v) && v < 0; }},
+    {"nan", [](double v) { return std::isnan(v); }},
+};
+
+AllcloseResult reference_check_allclose(const std::vector<double>& a_in,
+                                        const std::vector<double>& r_in, const AllcloseTol& tol) {
+  if (a_in.size() != r_in.size()) {
+    throw std::invalid_argument(
+        fmt::format("check_allclose: {} elements against {}", a_in.size(), r_in.size()));
+  }
+  AllcloseResult c;
+  c.tol = tol;
+  c.n = static_cast<int64_t>(a_in.size());
+  // One pass: the non-finite classes' counts (kAnomalies' order) and the metrics.
+  int64_t in_a[3] = {0, 0, 0}, in_r[3] = {0, 0, 0};
+  bool same_class[3] = {true, true, true};
+  double dot = 0, norm = 0;
+  double worst_fail = -1, worst_any = -1;
+  int64_t worst_any_i = -1;
+  for (size_t i = 0; i < a_in.size(); ++i) {
+    const bool fa = std::isfinite(a_in[i]), fr = std::isfinite(r_in[i]);
+    if (!fa || !fr) {
+      for (int k = 0; k < 3; ++k) {
+        const bool ma = kAnomalies[k].is(a_in[i]), mr = kAnomalies[k].is(r_in[i]);
+        in_a[k] += ma;
+        in_r[k] += mr;
+        same_class[k] = same_class[k] && ma == mr;
+      }
+    }
+    // FlashMLA zeroes the non-finite positions of each array before the other metrics.
+    const double a = fa ? a_in[i] : 0.0;
+    const double r = fr ? r_in[i] : 0.0;
+    dot += a * r;
+    norm += a * a + r * r;
+    bool pass;
+    double d;
+    if (fa && fr) {
+      d = std::fabs(a - r);
+      pass = d < tol.abs_tol || d / (std::fabs(r) + 1e-6) < tol.rel_tol;
+    } else {
+      // Same class (+inf, -inf or NaN) at the same position passes; any other pairing is a
+      // mismatch, counted as failing and ranked worst so the report points at it.
+      const bool same = std::isnan(a_in[i]) ? std::isnan(r_in[i]) : a_in[i] == r_in[i];
+      pass = same;
+      d = same ? 0.0 : HUGE_VAL;
+    }
+    if (pass) {
+      ++c.n_pass;
+    } else if (d > worst_fail) {
+      worst_fail = d;
+      c.worst = static_cast<int64_t>(i);
+    }
+    if (d > worst_any) {
+      worst_any = d;
+      worst_any_i = static_cast<int64_t>(i);
+    }
+  }
+  for (int k = 0; k < 3; ++k) {
+    if (!same_class[k]) {
+      c.nonfinite_match = false;
+      if (!c.nonfinite_detail.empty()) c.nonfinite_detail += "; ";
+      c.nonfinite_detail +=
+          fmt::format("{}: {} in backend, {} in reference", kAnomalies[k].name, in_a[k], in_r[k]);
+    }
+  }
+  if (c.worst < 0) c.worst = worst_any_i;
+  if (c.worst >= 0) {
+    c.worst_a = a_in[static_cast<size_t>(c.worst)];
+    c.worst_r = r_in[static_cast<size_t>(c.worst)];
+  }
+  c.pass_rate = c.n > 0 ? static_cast<double>(c.n_pass) / static_cast<double>(c.n) : 1.0;
+  c.cos_diff = norm == 0 ? 0 : 1 - 2 * dot / norm;  // FlashMLA: 0 when both are all zero
+  c.passed = c.nonfinite_match && c.n_pass == c.n && std::fabs(c.cos_diff) <= tol.cos_tol;
+  return c;
+}
+
+}  // namespace reference
+
+// Every figure of check_allclose bit for bit as the element loop gives it, on random arrays
+// across the block size (256) with ties, exact matches, zero arrays and non-finite values.
+TEST(Allclose, EqualsTheElementLoop) {
+  const auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  for (uint64_t seed = 1; seed <= 400; ++seed) {
+    CounterRng rng(seed, Stream::kPoison, 41);
+    const size_t sizes[] = {0, 1, 2, 255, 256, 257, 700};
+    const size_t n = sizes[rng.uniform_int(0, 6)];
+    const double special = rng.bernoulli(0.2) ? 0.01 : 0.0;
+    const double zeros = rng.bernoulli(0.1) ? 1.0 : 0.05;
+    const double spread = rng.bernoulli(0.5) ? 1e-4 : 1e-1;
+    // Or one error everywhere (the worst element then the first of the ties, across blocks).
+    const bool constant = rng.bernoulli(0.2);
+    std::vector<double> a(n), r(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (constant) {
+        r[i] = static_cast<double>(rng.uniform_int(-3, 3));
+        a[i] = r[i] + 0.25;
+        continue;
+      }
+      const double u = rng.uniform();
+      r[i] = u < zeros ? 0.0
+                       : rng.normal() * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-8, 8)));
+      a[i] = rng.bernoulli(0.3) ? r[i] : r[i] + spread * rng.normal();
+      if (i > 0 && rng.bernoulli(0.1)) {  // ties of the error with the element before
+        r[i] = r[i - 1];
+        a[i] = a[i - 1];
+      }
+      const double v = rng.uniform();
+      if (v < special) a[i] = kNaN;
+      if (v >= special && v < 2 * special) r[i] = rng.bernoulli(0.5) ? kInf : -kInf;
+    }
+    for (const AllcloseTol& tol : {kFlashMlaOutTol, kFlashMlaLseTol, AllcloseTol{1e9, 1e9, 1}}) {
+      const AllcloseResult got = check_allclose(a, r, tol);
+      const AllcloseResult want = reference::reference_check_allclose(a, r, tol);
+      const std::string why = "seed " + std::to_string(seed) + " n " + std::to_string(n) +
+                              "; rerun: core_tests --gtest_filter=Allclose.EqualsTheElementLoop";
+      EXPECT_EQ(got.n, want.n) << why;
+      EXPECT_EQ(got.n_pass, want.n_pass) << why;
+      EXPECT_EQ(got.worst, want.worst) << why;
+      EXPECT_EQ(got.passed, want.passed) << why;
+      EXPECT_EQ(got.nonfinite_match, want.nonfinite_match) << why;
+      EXPECT_EQ(got.nonfinite_detail, want.nonfinite_detail) << why;
+      EXPECT_EQ(bits(got.pass_rate), bits(want.pass_rate)) << why;
+      EXPECT_EQ(bits(got.cos_diff), bits(want.cos_diff)) << got.cos_diff << " " << why;
+      EXPECT_EQ(bits(got.worst_a), bits(want.worst_a)) << why;
+      EXPECT_EQ(bits(got.worst_r), bits(want.worst_r)) << why;
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
 
 TEST(DiffStats, OriginalTestFigures) {
   const std::vector<double> ref{1.0, -2.0, 0.5, kInf};

@@ -205,6 +205,37 @@ TEST(Materialize, QIsBf16OfTheDrawnValue) {
   }
 }
 
+// q drawn in batches per head row (fill_q) holds q_source_value's bf16 for every distribution,
+// query token, row pad and q_source (a shrunk case with its rows, heads and tokens).
+TEST(Materialize, QIsBf16OfTheDrawnValueForEveryTokenAndSource) {
+  for (const ValueDist dist : {ValueDist::kNormal, ValueDist::kUniform, ValueDist::kSmallInt}) {
+    Case c = golden_options();
+    c.q_values = {dist, 2.5, 0.05};
+    c.s_q = 2;
+    c.q_batch_pad = 3;
+    Case sub = c;
+    sub.batch = 1;
+    sub.heads = 2;
+    sub.q_source = Case::QSource{c.heads, {1}, {2, 0}, 2, {1, 0}};
+    for (const Case& k : {c, sub}) {
+      const MaterializedCase m = materialize(k);
+      for (int b = 0; b < m.batch; ++b) {
+        for (int t = 0; t < m.s_q; ++t) {
+          for (int h = 0; h < m.heads; ++h) {
+            for (int d = 0; d < m.d_qk(); ++d) {
+              const size_t at = static_cast<size_t>(b * m.q_batch_stride + t * m.q_token_stride +
+                                                    h * m.q_head_stride + d);
+              ASSERT_EQ(m.q[at], mla::float_to_bf16(q_source_value(k, b, t, h, d)))
+                  << "dist " << static_cast<int>(dist) << " q_source " << k.q_source.has_value()
+                  << " b " << b << " t " << t << " h " << h << " d " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // A case that keeps row 1 and heads 2, 0 of a larger one (Case::q_source, written by the
 // shrinker) draws exactly their q values.
 TEST(Materialize, QSourceKeepsTheValuesOfTheKeptRowsAndHeads) {

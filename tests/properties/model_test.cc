@@ -186,6 +186,68 @@ TEST(Transformations, PoisonMarksOnlyUnusedBytes) {
   EXPECT_FALSE(used[static_cast<size_t>(a.scale + 7)]);
 }
 
+// Every variant poisons exactly q's pads (each head's pad, the gap after a token's heads and
+// after a batch row's tokens), element i with its own draw, and keeps every q value: the
+// per-element rule, checked on a case with every q pad and two query tokens.
+TEST(Transformations, PoisonFillsExactlyTheQPads) {
+  Case c = small_case();
+  c.s_q = 2;
+  c.q_head_pad = 3;
+  c.q_batch_pad = 5;
+  const MaterializedCase m = materialize(c);
+  const int64_t heads_span = int64_t{m.heads} * m.q_head_stride;
+  const int64_t tokens_span = int64_t{m.s_q} * m.q_token_stride;
+  ASSERT_GT(m.q_batch_stride, tokens_span);
+  ASSERT_GT(m.q_head_stride, m.d_qk());
+  for (int variant = 0; variant < kPoisonVariants; ++variant) {
+    const MaterializedCase p = poison_case(m, variant);
+    ASSERT_EQ(p.q.size(), m.q.size());
+    const CounterRng qrng(m.recipe.data_seed ^ static_cast<uint64_t>(variant), Stream::kPoison, 1);
+    const uint16_t fixed[] = {0xffff, 0, 0x7f80, 0x7f7f};
+    for (size_t i = 0; i < m.q.size(); ++i) {
+      const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
+      const int64_t in_token = in_row % m.q_token_stride;
+      const bool pad =
+          in_row >= tokens_span || in_token >= heads_span || in_token % m.q_head_stride >= m.d_qk();
+      const uint16_t want = !pad           ? m.q[i]
+                            : variant == 1 ? static_cast<uint16_t>(qrng.at(i))
+                                           : fixed[variant];
+      ASSERT_EQ(p.q[i], want) << "variant " << variant << " element " << i << " pad " << pad;
+    }
+  }
+}
+
+// Every byte of the transformed cases (content_hash of each, mixed per case), pinned for the
+// first generated cases of seed 21: the variants' builders may get faster, never different.
+TEST(Transformations, VariantsKeepTheirBytes) {
+  const uint64_t want[] = {
+      0xef9f5ec4c8824c58ull,  // case 0: B 1 H 63
+      0xf7d933c25be75d74ull,  // case 1: B 1 H 4
+      0x5e93818fdf4e8ef2ull,  // case 2: B 1 H 4
+      0x66cada3f8df828caull,  // case 3: B 1 H 43, extra cache
+      0xbc14c7154d884e23ull,  // case 4: B 2 H 63
+      0x3de0bff6ab8d976dull,  // case 5: B 3 H 3, extra cache
+      0x9a66fa38e59312bfull,  // case 6: B 1 H 39, extra cache
+      0xa3e362a1d82c4e3bull,  // case 7: B 4 H 2
+  };
+  for (uint64_t i = 0; i < std::size(want); ++i) {
+    const MaterializedCase m = materialize(generate_case(21, i, GenConfig{}, nullptr));
+    uint64_t h = content_hash(m);
+    const auto mix = [&](const MaterializedCase& v) { h = h * 1099511628211ull ^ content_hash(v); };
+    for (int v = 0; v < kPoisonVariants; ++v) mix(poison_case(m, v));
+    mix(relocate_pages(m, m.recipe.data_seed + 17, 1));
+    mix(relocate_pages(m, m.recipe.data_seed + 18, 64));
+    mix(permute_indices(m, m.recipe.data_seed + 29));
+    mix(insert_invalid(m, m.recipe.data_seed + 31, 2));
+    if (m.has_extra) mix(swap_caches(m));
+    mix(move_to_extra(m, m.recipe.data_seed + 37, 2));
+    mix(batch_alone(m, m.batch - 1));
+    mix(head_alone(m, m.heads - 1));
+    EXPECT_EQ(h, want[i]) << "case " << i << " of seed 21; rerun: property_model_tests "
+                          << "--gtest_filter=Transformations.VariantsKeepTheirBytes";
+  }
+}
+
 TEST(Transformations, RelocatedCaseMatchesTheOracleBitForBit) {
   const MaterializedCase m = materialize(small_case());
   const MaterializedCase r = relocate_pages(m, 5);
@@ -960,17 +1022,22 @@ TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
     CounterRng rng(seed, Stream::kPoison, 40);
     const int32_t B = static_cast<int32_t>(rng.uniform_int(1, 3));
     const int32_t H = static_cast<int32_t>(rng.uniform_int(1, 4));
-    const int32_t dv = static_cast<int32_t>(rng.uniform_int(0, 40));
+    // Short rows, and rows of a production d_v.
+    const int32_t dv = static_cast<int32_t>(rng.bernoulli(0.8) ? rng.uniform_int(0, 40) : 512);
     const bool bf16_a = rng.bernoulli(0.7), bf16_b = rng.bernoulli(0.5);
     const double special = rng.bernoulli(0.3) ? 0.02 : 0.0;  // some rows all finite
+    // Values within 2^+-20, or within a narrow range (whose bf16 errors sum exactly in any
+    // order: check_bounds then sums them in vectorized order).
+    const int range = rng.bernoulli(0.5) ? 20 : static_cast<int>(rng.uniform_int(0, 4));
+    const double tiny = rng.bernoulli(0.5) ? 0.05 : 0.0;  // zeros and bf16 subnormals
     const auto value = [&](bool bf16) {
       const double u = rng.uniform();
       if (u < special) return std::numeric_limits<double>::quiet_NaN();
       if (u < 2 * special) return rng.bernoulli(0.5) ? kInfD : -kInfD;
-      if (u < 0.1) return 0.0;
-      if (u < 0.15) return 0x1p-140 * (rng.uniform() - 0.5);  // subnormal in bf16
+      if (u < 2 * special + tiny) return 0.0;
+      if (u < 2 * special + 2 * tiny) return 0x1p-140 * (rng.uniform() - 0.5);  // bf16 subnormal
       double v =
-          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-20, 20)));
+          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-range, range)));
       if (bf16) v = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(v)));
       return v;
     };
