@@ -281,17 +281,78 @@ std::string describe_wrong(const Case& c, const WrongOutputs& w) {
   return join(parts, "; ");
 }
 
+namespace {
+
+// An entry found needed: row, position, whether invalid, the words.
+struct NeededEntry {
+  int q, k;
+  bool invalid;
+  std::string what;
+};
+
+// "row b1,s0 extra-list entry 3": entry k of query row q of list `list` (no row in a one-row
+// case).
+std::string entry_place(const Case& e, int q, int k, const char* list) {
+  const std::string row = e.query_rows() == 1 ? ""
+                          : e.s_q == 1        ? fmt::format("row b{} ", q)
+                                              : fmt::format("row b{},s{} ", q / e.s_q, q % e.s_q);
+  return row + list + "entry " + std::to_string(k);
+}
+
+// e without entry (q, k) of its main list, and the words for the entry: a token (valid, or
+// masked by topk_length and in the cache) becomes -1; an invalid entry of a one-row case is
+// removed from the list. nullopt where the entry cannot be taken away.
+std::optional<Case> without_entry(const Case& e, int q, int k, bool token, std::string* what) {
+  const int32_t v = e.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+  const int32_t len = edits::row_len(e, q);
+  const bool masked = len >= 0 && k >= len;
+  if (token) {
+    Case cand = e;
+    cand.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+    *what = fmt::format("({}{})", token_place(e, v), masked ? ", masked by topk_length" : "");
+    return cand;
+  }
+  if (masked || e.query_rows() != 1 || e.topk <= 1) return std::nullopt;
+  std::vector<int> keep;
+  for (int j = 0; j < e.topk; ++j) {
+    if (j != k) keep.push_back(j);
+  }
+  *what = fmt::format("({}, an invalid entry)", v);
+  return edits::select_positions(e, keep);
+}
+
+// The words for the entries found needed, in row and position order: a run of three or more
+// invalid entries of one row (spacers keeping tokens in their tiles) in one phrase.
+std::vector<std::string> needed_phrases(const Case& e, std::vector<NeededEntry> found) {
+  std::stable_sort(found.begin(), found.end(), [](const NeededEntry& a, const NeededEntry& b) {
+    return std::tie(a.q, a.k) < std::tie(b.q, b.k);
+  });
+  std::vector<std::string> phrases;
+  for (size_t i = 0; i < found.size();) {
+    size_t j = i;
+    while (found[i].invalid && j + 1 < found.size() && found[j + 1].invalid &&
+           found[j + 1].q == found[i].q && found[j + 1].k == found[j].k + 1) {
+      ++j;
+    }
+    if (j > i + 1) {
+      std::string run = entry_place(e, found[i].q, found[i].k, "");
+      run.replace(run.rfind("entry "), 6, "entries ");
+      phrases.push_back(run + ".." + std::to_string(found[j].k) + " (invalid entries)");
+    } else {
+      for (size_t x = i; x <= j; ++x) phrases.push_back(found[x].what);
+    }
+    i = j + 1;
+  }
+  return phrases;
+}
+
+}  // namespace
+
 std::string needed_entries(const Case& c, const std::function<bool(const Case&)>& still_fails,
                            int max_probes, int* evaluations, std::vector<int32_t>* needed) {
   const Case e = with_explicit_indices(c);
   const int rows = e.query_rows();
-  // The entries found needed: row, position, whether invalid, the words.
-  struct Needed {
-    int q, k;
-    bool invalid;
-    std::string what;
-  };
-  std::vector<Needed> found;
+  std::vector<NeededEntry> found;
   int probes = 0;
   bool cut = false;
   const auto probe = [&](const Case& cand) -> bool {
@@ -314,12 +375,6 @@ std::string needed_entries(const Case& c, const std::function<bool(const Case&)>
     }
     return !fails;
   };
-  const auto where = [&](int q, int k, const char* list) {
-    const std::string row = rows == 1    ? ""
-                            : e.s_q == 1 ? fmt::format("row b{} ", q)
-                                         : fmt::format("row b{},s{} ", q / e.s_q, q % e.s_q);
-    return row + list + "entry " + std::to_string(k);
-  };
   // The tokens first (valid and masked entries, both lists), then the invalid entries.
   const int64_t slots = mla::num_slots(e.geom);
   for (int pass = 0; pass < 2; ++pass) {
@@ -331,23 +386,10 @@ std::string needed_entries(const Case& c, const std::function<bool(const Case&)>
         const bool in_cache = v >= 0 && v < slots;
         const bool token = edits::entry_valid(e, q, k) || (masked && in_cache);
         if (token != (pass == 0)) continue;
-        Case cand = e;
         std::string what;
-        if (token) {
-          cand.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
-          what = fmt::format("({}{})", token_place(e, v), masked ? ", masked by topk_length" : "");
-        } else if (!masked && rows == 1 && e.topk > 1) {
-          std::vector<int> keep;
-          for (int j = 0; j < e.topk; ++j) {
-            if (j != k) keep.push_back(j);
-          }
-          cand = edits::select_positions(e, keep);
-          what = fmt::format("({}, an invalid entry)", v);
-        } else {
-          continue;
-        }
-        if (probe(cand)) {
-          found.push_back({q, k, !in_cache && !masked, where(q, k, "") + " " + what});
+        const std::optional<Case> cand = without_entry(e, q, k, token, &what);
+        if (cand && probe(*cand)) {
+          found.push_back({q, k, !in_cache && !masked, entry_place(e, q, k, "") + " " + what});
           if (needed && in_cache) needed->push_back(v);
         }
       }
@@ -360,41 +402,73 @@ std::string needed_entries(const Case& c, const std::function<bool(const Case&)>
         if (probe(cand)) {
           found.push_back(
               {q, e.topk + k, false,
-               where(q, k, "extra-list ") + " (extra token " + std::to_string(v) + ")"});
+               entry_place(e, q, k, "extra-list ") + " (extra token " + std::to_string(v) + ")"});
         }
       }
     }
   }
-  std::stable_sort(found.begin(), found.end(), [](const Needed& a, const Needed& b) {
-    return std::tie(a.q, a.k) < std::tie(b.q, b.k);
-  });
   if (evaluations) *evaluations += probes;
-  std::string s;
-  // Runs of invalid entries of one row (spacers keeping tokens in their tiles) in one phrase.
-  std::vector<std::string> phrases;
-  for (size_t i = 0; i < found.size();) {
-    size_t j = i;
-    while (found[i].invalid && j + 1 < found.size() && found[j + 1].invalid &&
-           found[j + 1].q == found[i].q && found[j + 1].k == found[j].k + 1) {
-      ++j;
-    }
-    if (j > i + 1) {
-      std::string run = where(found[i].q, found[i].k, "");
-      run.replace(run.rfind("entry "), 6, "entries ");
-      phrases.push_back(run + ".." + std::to_string(found[j].k) + " (invalid entries)");
-    } else {
-      for (size_t x = i; x <= j; ++x) phrases.push_back(found[x].what);
-    }
-    i = j + 1;
-  }
-  if (found.empty()) {
-    s = "no single entry is needed";
-  } else {
-    s = "needs " + join(phrases, ", ");
-  }
+  std::string s = found.empty() ? "no single entry is needed"
+                                : "needs " + join(needed_phrases(e, std::move(found)), ", ");
   if (cut) s += " (entries probed: the first " + std::to_string(probes) + ")";
   return s;
 }
+
+namespace {
+
+// "scales token 5 2^[-3 -2], ...": the scales of `tokens` (with none, of the valid entries'
+// tokens; kMaxInlineTokens at most) as stored, exponents of 2 per tile; "" for a case that does
+// not materialize.
+std::string scales_text(const Case& e, const std::vector<int32_t>& tokens) {
+  std::vector<int32_t> show = tokens;
+  if (show.empty()) {
+    for (int q = 0; q < e.query_rows(); ++q) {
+      for (int k = 0; k < e.topk; ++k) {
+        if (edits::entry_valid(e, q, k))
+          show.push_back(e.indices[static_cast<size_t>(q)][static_cast<size_t>(k)]);
+      }
+    }
+  }
+  std::sort(show.begin(), show.end());
+  show.erase(std::unique(show.begin(), show.end()), show.end());
+  if (show.size() > kMaxInlineTokens) show.resize(kMaxInlineTokens);
+  if (show.empty()) return "";
+  try {
+    const MaterializedCase m = materialize(e);
+    std::vector<std::string> ts;
+    for (const int32_t t : show) {
+      const mla::TokenAddress a = mla::token_address(m.geom, physical_slot(e, t));
+      std::vector<std::string> ex;
+      for (int32_t i = 0; i < mla::num_scale_tiles(m.geom); ++i) {
+        const float s = mla::tile_scale(m.geom, m.cache.data(), a, i);
+        int exp = 0;
+        const double frac = std::frexp(static_cast<double>(s), &exp);
+        ex.push_back(frac == 0.5 ? std::to_string(exp - 1) : number(s));
+      }
+      ts.push_back(fmt::format("token {} 2^[{}]", t, join(ex, " ")));
+    }
+    return "scales " + join(ts, ", ");
+  } catch (const std::exception&) {
+    return "";  // no scales shown for a case that does not materialize
+  }
+}
+
+// "conventions: ..." for the conventions other than the defaults; "" for the defaults.
+std::string conventions_text(const mla::Conventions& c) {
+  if (c.invalid_index == mla::InvalidIndexRule::kMinusOneOnly &&
+      c.empty_lse == mla::EmptyRowLse::kPosInf && !c.sink_in_lse) {
+    return "";
+  }
+  std::vector<std::string> conv;
+  if (c.invalid_index != mla::InvalidIndexRule::kMinusOneOnly) {
+    conv.push_back("any negative index invalid");
+  }
+  if (c.empty_lse != mla::EmptyRowLse::kPosInf) conv.push_back("empty-row LSE -inf");
+  if (c.sink_in_lse) conv.push_back("sink in the LSE");
+  return "conventions: " + join(conv, ", ");
+}
+
+}  // namespace
 
 std::string inline_inputs(const Case& c, const std::vector<int32_t>& tokens) {
   const Case e = with_explicit_indices(c);
@@ -432,187 +506,168 @@ std::string inline_inputs(const Case& c, const std::vector<int32_t>& tokens) {
     parts.push_back("sink [" + join(s, ", ") + "]");
   }
   if (e.sm_scale) parts.push_back("sm_scale " + number(*e.sm_scale));
-  // Scales of the tokens involved, as stored (exponents of 2 per tile).
-  std::vector<int32_t> show = tokens;
-  if (show.empty()) {
-    for (int q = 0; q < e.query_rows(); ++q) {
-      for (int k = 0; k < e.topk; ++k) {
-        if (edits::entry_valid(e, q, k))
-          show.push_back(e.indices[static_cast<size_t>(q)][static_cast<size_t>(k)]);
-      }
-    }
-  }
-  std::sort(show.begin(), show.end());
-  show.erase(std::unique(show.begin(), show.end()), show.end());
-  if (show.size() > kMaxInlineTokens) show.resize(kMaxInlineTokens);
-  if (!show.empty()) {
-    try {
-      const MaterializedCase m = materialize(e);
-      std::vector<std::string> ts;
-      for (const int32_t t : show) {
-        const mla::TokenAddress a = mla::token_address(m.geom, physical_slot(e, t));
-        std::vector<std::string> ex;
-        for (int32_t i = 0; i < mla::num_scale_tiles(m.geom); ++i) {
-          const float s = mla::tile_scale(m.geom, m.cache.data(), a, i);
-          int exp = 0;
-          const double frac = std::frexp(static_cast<double>(s), &exp);
-          ex.push_back(frac == 0.5 ? std::to_string(exp - 1) : number(s));
-        }
-        ts.push_back(fmt::format("token {} 2^[{}]", t, join(ex, " ")));
-      }
-      parts.push_back("scales " + join(ts, ", "));
-    } catch (const std::exception&) {
-      // no scales shown for a case that does not materialize
-    }
-  }
+  if (std::string scales = scales_text(e, tokens); !scales.empty()) parts.push_back(scales);
   parts.push_back(fmt::format("values q {}, K {}, rope {}, data_seed {}", value_text(e.q_values),
                               value_text(e.kv_values), value_text(e.rope_values), e.data_seed));
-  if (e.conventions.invalid_index != mla::InvalidIndexRule::kMinusOneOnly ||
-      e.conventions.empty_lse != mla::EmptyRowLse::kPosInf || e.conventions.sink_in_lse) {
-    std::vector<std::string> conv;
-    if (e.conventions.invalid_index != mla::InvalidIndexRule::kMinusOneOnly) {
-      conv.push_back("any negative index invalid");
-    }
-    if (e.conventions.empty_lse != mla::EmptyRowLse::kPosInf) conv.push_back("empty-row LSE -inf");
-    if (e.conventions.sink_in_lse) conv.push_back("sink in the LSE");
-    parts.push_back("conventions: " + join(conv, ", "));
-  }
+  if (std::string conv = conventions_text(e.conventions); !conv.empty()) parts.push_back(conv);
   return "inputs: " + join(parts, "; ");
 }
 
 namespace {
 
-// Cases that apply property p's transformation (or the part of it a recipe can say) to c
-// itself, so that a failure that only showed under the transformation may fail the direct
-// comparison with the oracle: pages relocated (the tokens on page 1, the stride padded),
-// -1 entries inserted, the lists reversed, an entry moved into an extra list, the entries
-// topk_length masks pointing at tokens, the pad bytes filled with NaN or garbage.
-std::vector<Case> realizations(const Case& c, PropertyId p) {
+// relocate's realizations: the tokens on page 1 (each valid entry's token renumbered, in order
+// of first use, from the first slot of page 1), with the stride padded by 64 and 576 bytes, then
+// the case itself with those strides, then the tokens on page 1 alone.
+std::vector<Case> relocations(const Case& c) {
   std::vector<Case> out;
-  const int rows = c.query_rows();
-  switch (p) {
-    case PropertyId::kRelocate: {
-      if (!c.page_order.empty()) break;
-      const int32_t P = c.geom.page_size;
-      std::optional<Case> page1;
-      {
-        Case r = c;
-        std::map<int32_t, int32_t> to;
-        for (int q = 0; q < rows; ++q) {
-          for (int k = 0; k < c.topk; ++k) {
-            if (!edits::entry_valid(c, q, k)) continue;
-            int32_t& v = r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-            if (to.count(v) == 0) {
-              const auto next = static_cast<int32_t>(to.size());
-              to[v] = P + next;
-            }
-            v = to[v];
-          }
+  if (!c.page_order.empty()) return out;
+  const int32_t P = c.geom.page_size;
+  std::optional<Case> page1;
+  {
+    Case r = c;
+    std::map<int32_t, int32_t> to;
+    for (int q = 0; q < c.query_rows(); ++q) {
+      for (int k = 0; k < c.topk; ++k) {
+        if (!edits::entry_valid(c, q, k)) continue;
+        int32_t& v = r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+        if (to.count(v) == 0) {
+          const auto next = static_cast<int32_t>(to.size());
+          to[v] = P + next;
         }
-        int32_t largest = 0;
-        for (const auto& row : r.indices) {
-          for (int32_t v : row) largest = std::max(largest, v);
-        }
-        r.geom.num_pages = std::max(c.geom.num_pages, largest / P + 1);
-        if (!to.empty()) page1 = std::move(r);
+        v = to[v];
       }
-      const auto padded = [](Case r, int64_t pad) {
-        r.geom.page_stride = mla::min_page_stride(r.geom) + pad;
-        return r;
-      };
-      for (const int64_t pad : {int64_t{64}, int64_t{576}}) {
-        if (page1) out.push_back(padded(*page1, pad));
-      }
-      for (const int64_t pad : {int64_t{64}, int64_t{576}}) out.push_back(padded(c, pad));
-      if (page1) out.push_back(*page1);
-      break;
     }
-    case PropertyId::kInsertInvalid:
-      for (const bool front : {true, false}) {
-        Case r = c;
-        r.topk = c.topk + 1;
-        for (int q = 0; q < rows; ++q) {
-          auto& row = r.indices[static_cast<size_t>(q)];
-          const int32_t len = edits::row_len(c, q);
-          const int32_t at = front ? 0 : (len < 0 ? c.topk : len);
-          row.insert(row.begin() + at, -1);
-        }
-        if (r.topk_length) {
-          for (int32_t& len : *r.topk_length) ++len;
-        }
-        out.push_back(std::move(r));
-      }
-      break;
-    case PropertyId::kPermute: {
-      Case r = c;
-      for (int q = 0; q < rows; ++q) {
-        auto& row = r.indices[static_cast<size_t>(q)];
-        const int32_t len = edits::row_len(c, q);
-        std::reverse(row.begin(), row.begin() + (len < 0 ? c.topk : len));
-      }
-      out.push_back(std::move(r));
-      break;
+    int32_t largest = 0;
+    for (const auto& row : r.indices) {
+      for (int32_t v : row) largest = std::max(largest, v);
     }
-    case PropertyId::kMoveToExtra: {
-      if (c.extra) {
-        if (auto r = edits::swapped_caches(c)) out.push_back(std::move(*r));
-        break;
-      }
-      // The i-th valid entry of every list (for each i, from the last) moved into a new extra
-      // list: of the same tokens (same_values), or, as the property appends moved tokens to new
-      // pages of an extra cache of its own paging, to the first slot of page 1 of a
-      // 61-token-page cache.
-      for (const bool own_pages : {false, true}) {
-        for (int i = 0; i < kMaxRealizedMoves; ++i) {
-          Case r = c;
-          ExtraCache e;
-          e.page_size = own_pages ? 61 : c.geom.page_size;
-          e.num_pages = own_pages ? 2 : c.geom.num_pages;
-          e.topk = 1;
-          e.same_values = true;
-          bool moved = false;
-          for (int q = 0; q < rows; ++q) {
-            int32_t token = -1;
-            for (int k = c.topk - 1, seen = 0; k >= 0 && token < 0; --k) {
-              if (!edits::entry_valid(c, q, k) || seen++ < i) continue;
-              token = c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-              r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
-            }
-            moved = moved || token >= 0;
-            e.indices.push_back({token < 0 ? -1 : own_pages ? e.page_size : token});
-          }
-          r.extra = e;
-          if (moved) out.push_back(std::move(r));
-        }
-      }
-      break;
+    r.geom.num_pages = std::max(c.geom.num_pages, largest / P + 1);
+    if (!to.empty()) page1 = std::move(r);
+  }
+  const auto padded = [](Case r, int64_t pad) {
+    r.geom.page_stride = mla::min_page_stride(r.geom) + pad;
+    return r;
+  };
+  for (const int64_t pad : {int64_t{64}, int64_t{576}}) {
+    if (page1) out.push_back(padded(*page1, pad));
+  }
+  for (const int64_t pad : {int64_t{64}, int64_t{576}}) out.push_back(padded(c, pad));
+  if (page1) out.push_back(*page1);
+  return out;
+}
+
+// insert-invalid's realizations: a -1 entry inserted at the front of every list, then at the
+// end of its valid part.
+std::vector<Case> invalid_insertions(const Case& c) {
+  std::vector<Case> out;
+  for (const bool front : {true, false}) {
+    Case r = c;
+    r.topk = c.topk + 1;
+    for (int q = 0; q < c.query_rows(); ++q) {
+      auto& row = r.indices[static_cast<size_t>(q)];
+      const int32_t len = edits::row_len(c, q);
+      const int32_t at = front ? 0 : (len < 0 ? c.topk : len);
+      row.insert(row.begin() + at, -1);
     }
-    case PropertyId::kPoison:
-      // The entries topk_length masks point at tokens (poison points them at poisoned slots).
-      if (c.topk_length) {
-        Case r = c;
-        bool changed = false;
-        for (int q = 0; q < rows; ++q) {
-          for (int k = std::max(0, edits::row_len(c, q)); k < c.topk; ++k) {
-            int32_t& v = r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
-            if (v >= 0) continue;
-            v = edits::unused_token(r);
-            changed = changed || v >= 0;
-          }
-        }
-        if (changed) out.push_back(std::move(r));
-      }
-      for (const Fill f : {Fill::kNaN, Fill::kGarbage}) {
-        if (c.pad_fill == f) continue;
-        Case r = c;
-        r.pad_fill = f;
-        out.push_back(std::move(r));
-      }
-      break;
-    default:
-      break;
+    if (r.topk_length) {
+      for (int32_t& len : *r.topk_length) ++len;
+    }
+    out.push_back(std::move(r));
   }
   return out;
+}
+
+// permute's realization: the valid part of every list reversed.
+Case reversed_lists(const Case& c) {
+  Case r = c;
+  for (int q = 0; q < c.query_rows(); ++q) {
+    auto& row = r.indices[static_cast<size_t>(q)];
+    const int32_t len = edits::row_len(c, q);
+    std::reverse(row.begin(), row.begin() + (len < 0 ? c.topk : len));
+  }
+  return r;
+}
+
+// move-to-extra's realizations: for a case with an extra list, the two caches swapped; else the
+// i-th valid entry of every list (for each i, from the last) moved into a new extra list: of the
+// same tokens (same_values), or, as the property appends moved tokens to new pages of an extra
+// cache of its own paging, to the first slot of page 1 of a 61-token-page cache.
+std::vector<Case> extra_list_moves(const Case& c) {
+  std::vector<Case> out;
+  if (c.extra) {
+    if (auto r = edits::swapped_caches(c)) out.push_back(std::move(*r));
+    return out;
+  }
+  for (const bool own_pages : {false, true}) {
+    for (int i = 0; i < kMaxRealizedMoves; ++i) {
+      Case r = c;
+      ExtraCache e;
+      e.page_size = own_pages ? 61 : c.geom.page_size;
+      e.num_pages = own_pages ? 2 : c.geom.num_pages;
+      e.topk = 1;
+      e.same_values = true;
+      bool moved = false;
+      for (int q = 0; q < c.query_rows(); ++q) {
+        int32_t token = -1;
+        for (int k = c.topk - 1, seen = 0; k >= 0 && token < 0; --k) {
+          if (!edits::entry_valid(c, q, k) || seen++ < i) continue;
+          token = c.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+          r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)] = -1;
+        }
+        moved = moved || token >= 0;
+        e.indices.push_back({token < 0 ? -1 : own_pages ? e.page_size : token});
+      }
+      r.extra = e;
+      if (moved) out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+// poison's realizations: the entries topk_length masks pointed at tokens (poison points them at
+// poisoned slots), then the pad bytes filled with NaN, with garbage.
+std::vector<Case> poisonings(const Case& c) {
+  std::vector<Case> out;
+  if (c.topk_length) {
+    Case r = c;
+    bool changed = false;
+    for (int q = 0; q < c.query_rows(); ++q) {
+      for (int k = std::max(0, edits::row_len(c, q)); k < c.topk; ++k) {
+        int32_t& v = r.indices[static_cast<size_t>(q)][static_cast<size_t>(k)];
+        if (v >= 0) continue;
+        v = edits::unused_token(r);
+        changed = changed || v >= 0;
+      }
+    }
+    if (changed) out.push_back(std::move(r));
+  }
+  for (const Fill f : {Fill::kNaN, Fill::kGarbage}) {
+    if (c.pad_fill == f) continue;
+    Case r = c;
+    r.pad_fill = f;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+// Cases that apply property p's transformation (or the part of it a recipe can say) to c
+// itself, so that a failure that only showed under the transformation may fail the direct
+// comparison with the oracle.
+std::vector<Case> realizations(const Case& c, PropertyId p) {
+  switch (p) {
+    case PropertyId::kRelocate:
+      return relocations(c);
+    case PropertyId::kInsertInvalid:
+      return invalid_insertions(c);
+    case PropertyId::kPermute:
+      return {reversed_lists(c)};
+    case PropertyId::kMoveToExtra:
+      return extra_list_moves(c);
+    case PropertyId::kPoison:
+      return poisonings(c);
+    default:
+      return {};
+  }
 }
 
 // Whether the failure's backend fails a property that judges the case as it is (run, tolerance;
@@ -652,6 +707,31 @@ std::vector<PropertyOutcome> failures_on(const Case& c, const PropertyOutcome& f
     return table_rank(a.property) < table_rank(b.property);
   });
   return out;
+}
+
+// The moves feature f's cause check uses on e (whose JSON is `json`): its first kCauseMoves
+// valid moves inside the envelope that change the case, and, for a feature that changes values,
+// each also with q scaled back to the case's large or small logits (the feature is no cause when
+// the logit range alone keeps the failure).
+std::vector<Case> cause_moves(const CanonicalFeature& f, const Case& e, const std::string& json,
+                              const Envelope& envelope, double most_logit) {
+  std::vector<Case> moves;
+  for (Case& cand : f.toward(e)) {
+    try {
+      validate(cand);
+      if (to_json(cand) == json || envelope.rejects(cand)) continue;
+    } catch (const CaseError&) {
+      continue;
+    }
+    moves.push_back(std::move(cand));
+    if (moves.size() == kCauseMoves) break;
+  }
+  if (f.changes_values) {
+    for (size_t i = 0, n = moves.size(); i < n; ++i) {
+      if (auto kept = keeping_logit_range(most_logit, moves[i])) moves.push_back(*kept);
+    }
+  }
+  return moves;
 }
 
 }  // namespace
@@ -716,24 +796,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
     const std::vector<std::string> d = f.describe(e);
     if (d.empty()) continue;
     if (f.changes_values && values_decide) continue;
-    std::vector<Case> moves;
-    for (Case& cand : f.toward(e)) {
-      try {
-        validate(cand);
-        if (to_json(cand) == json || envelope.rejects(cand)) continue;
-      } catch (const CaseError&) {
-        continue;
-      }
-      moves.push_back(std::move(cand));
-      if (moves.size() == kCauseMoves) break;
-    }
-    // A move that changes values also with q scaled back to the case's large or small logits:
-    // the feature is no cause when the logit range alone keeps the failure.
-    if (f.changes_values) {
-      for (size_t i = 0, n = moves.size(); i < n; ++i) {
-        if (auto kept = keeping_logit_range(most_logit, moves[i])) moves.push_back(*kept);
-      }
-    }
+    const std::vector<Case> moves = cause_moves(f, e, json, envelope, most_logit);
     if (moves.empty()) continue;
     // Needed when every move fails with less than half the draws the case fails with: a feature
     // the failure only needs by chance (the values it happens to give) leaves the rate as it is.
@@ -750,45 +813,132 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
   return causes;
 }
 
-Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
-                      const std::vector<Backend*>& backends, const TriageOptions& options) {
-  const auto t0 = Clock::now();
-  const auto stopping = options.stopping;
-  const auto guarded = [stopping](std::function<bool(const Case&)> pred) {
-    return [stopping, pred = std::move(pred)](const Case& c) {
+namespace {
+
+// One triage of `failure`: its predicates (each false once options.stopping says stop), the
+// evaluations and time spent, and the Triage filled step by step.
+class TriageRun {
+ public:
+  using Predicate = std::function<bool(const Case&)>;
+
+  TriageRun(const PropertyOutcome& failure, const std::vector<Backend*>& backends,
+            const TriageOptions& options)
+      : failure_(failure),
+        backends_(backends),
+        options_(options),
+        t0_(Clock::now()),
+        size_fails_(guarded(same_failure_predicate(failure, backends))),
+        any_fails_(guarded(any_failure_predicate(failure, backends, options.properties))),
+        direct_fails_(guarded(direct_failure_predicate(failure, backends, options.properties))) {}
+
+  // 1. The size, the failing property alone, within half the evaluations (a failure a random
+  //    transformation shows may keep every candidate failing to reproduce): the walk, the causes
+  //    and the locus have the rest.
+  void shrink_size(const Case& failing) {
+    const ShrinkLimits size_limits{options_.limits.max_evaluations / 2,
+                                   options_.limits.max_seconds};
+    take(shrink_case(failing, size_fails_, size_limits, options_.envelope, options_.hooks));
+    if (t_.stopped_by == ShrinkStop::kEvaluations) t_.stopped_by = ShrinkStop::kFixedPoint;
+  }
+
+  // 2. The canonical walk: while a direct comparison fails, keeping it failing; a failure that
+  //    only shows under a transformation is first turned into a direct one where the recipe can
+  //    say the transformation, else walked with any property failing (and tried again after).
+  //    Returns the predicate the walk kept.
+  Predicate walk() {
+    Predicate walk_pred = direct_fails_;
+    if (t_.stopped_by_limit()) return walk_pred;
+    bool direct = probe(direct_fails_, t_.minimal);
+    if (!direct) {
+      if (auto r = realize(t_.minimal)) {
+        t_.minimal = std::move(*r);
+        direct = true;
+      }
+    }
+    if (!direct && !t_.stopped_by_limit()) {
+      take(canonicalize_case(t_.minimal, any_fails_, left(), options_.envelope, nullptr,
+                             options_.hooks));
+      walk_pred = any_fails_;
+      if (!t_.stopped_by_limit()) {
+        if (auto r = realize(t_.minimal)) {
+          t_.minimal = std::move(*r);
+          direct = true;
+          walk_pred = direct_fails_;
+        }
+      }
+    }
+    if (direct && !t_.stopped_by_limit()) {
+      take(canonicalize_case(t_.minimal, direct_fails_, left(), options_.envelope, nullptr,
+                             options_.hooks));
+    }
+    return walk_pred;
+  }
+
+  bool stopped() const { return t_.stopped_by == ShrinkStop::kStopped; }
+
+  // The result of a triage options.stopping ended: the failure as it came, the causes of the
+  // case reached.
+  Triage interrupted() {
+    t_.failures = {failure_};
+    t_.primary = failure_;
+    t_.kind = failure_kind(failure_);
+    t_.causes = cause_set(t_.minimal, options_.envelope);
+    t_.signature = group_signature(failure_.backend, t_.kind, t_.causes);
+    t_.seconds = since(t0_);
+    return t_;
+  }
+
+  // Steps 3 to 5 on the minimal case, walk_pred the predicate it was walked with.
+  Triage describe(const Predicate& walk_pred) {
+    // 3. Every selected property on the minimal case, where each fails.
+    t_.failures = failures_on(t_.minimal, failure_, backends_, options_.properties, true);
+    t_.reproduced = !t_.failures.empty();
+    t_.primary = t_.reproduced ? t_.failures.front() : failure_;
+    if (!t_.reproduced) t_.failures.push_back(failure_);
+    t_.kind = failure_kind(t_.primary);
+    find_causes(walk_pred);
+    find_locus(walk_pred);
+    t_.seconds = since(t0_);
+    return t_;
+  }
+
+ private:
+  Predicate guarded(Predicate pred) const {
+    return [stopping = options_.stopping, pred = std::move(pred)](const Case& c) {
       return !(stopping && stopping()) && pred(c);
     };
-  };
-  const auto size_fails = guarded(same_failure_predicate(failure, backends));
-  const auto any_fails = guarded(any_failure_predicate(failure, backends, options.properties));
-  const auto direct_fails =
-      guarded(direct_failure_predicate(failure, backends, options.properties));
-  Triage t;
-  const auto left = [&] {
-    return ShrinkLimits{options.limits.max_evaluations - t.evaluations,
-                        options.limits.max_seconds - since(t0)};
-  };
-  const auto take = [&](const ShrinkResult& r) {
-    t.minimal = r.minimal;
-    t.steps += r.steps;
-    t.evaluations += r.evaluations;
-    t.stopped_by = r.stopped_by;
-  };
-  const auto probe = [&](const std::function<bool(const Case&)>& pred, const Case& c) {
-    if (t.evaluations >= options.limits.max_evaluations) return false;
-    ++t.evaluations;
+  }
+  bool stopping() const { return options_.stopping && options_.stopping(); }
+
+  ShrinkLimits left() const {
+    return ShrinkLimits{options_.limits.max_evaluations - t_.evaluations,
+                        options_.limits.max_seconds - since(t0_)};
+  }
+
+  void take(const ShrinkResult& r) {
+    t_.minimal = r.minimal;
+    t_.steps += r.steps;
+    t_.evaluations += r.evaluations;
+    t_.stopped_by = r.stopped_by;
+  }
+
+  bool probe(const Predicate& pred, const Case& c) {
+    if (t_.evaluations >= options_.limits.max_evaluations) return false;
+    ++t_.evaluations;
     try {
       return pred(c);
     } catch (const std::exception&) {
       return false;
     }
-  };
+  }
+
   // A case failing only under transformations: the transformations applied to the case itself,
   // the first that fails the direct comparison (nullopt when none).
-  const auto realize = [&](const Case& c) -> std::optional<Case> {
-    if (t.evaluations >= options.limits.max_evaluations) return std::nullopt;
-    ++t.evaluations;
-    for (const PropertyOutcome& o : failures_on(c, failure, backends, options.properties, false)) {
+  std::optional<Case> realize(const Case& c) {
+    if (t_.evaluations >= options_.limits.max_evaluations) return std::nullopt;
+    ++t_.evaluations;
+    for (const PropertyOutcome& o :
+         failures_on(c, failure_, backends_, options_.properties, false)) {
       const PropertyInfo* p = find_property(o.property);
       if (p == nullptr || p->transformation == nullptr) continue;
       for (Case& r : realizations(c, p->id)) {
@@ -797,90 +947,58 @@ Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
         } catch (const CaseError&) {
           continue;
         }
-        if (options.envelope.rejects(r)) continue;
-        if (probe(direct_fails, r)) return std::move(r);
+        if (options_.envelope.rejects(r)) continue;
+        if (probe(direct_fails_, r)) return std::move(r);
       }
     }
     return std::nullopt;
-  };
-
-  // 1. The size, the failing property alone, within half the evaluations (a failure a random
-  //    transformation shows may keep every candidate failing to reproduce): the walk, the causes
-  //    and the locus have the rest.
-  const ShrinkLimits size_limits{options.limits.max_evaluations / 2, options.limits.max_seconds};
-  take(shrink_case(failing, size_fails, size_limits, options.envelope, options.hooks));
-  if (t.stopped_by == ShrinkStop::kEvaluations) t.stopped_by = ShrinkStop::kFixedPoint;
-  // 2. The canonical walk: while a direct comparison fails, keeping it failing; a failure that
-  //    only shows under a transformation is first turned into a direct one where the recipe can
-  //    say the transformation, else walked with any property failing (and tried again after).
-  std::function<bool(const Case&)> walk_pred = direct_fails;
-  if (!t.stopped_by_limit()) {
-    bool direct = probe(direct_fails, t.minimal);
-    if (!direct) {
-      if (auto r = realize(t.minimal)) {
-        t.minimal = std::move(*r);
-        direct = true;
-      }
-    }
-    if (!direct && !t.stopped_by_limit()) {
-      take(canonicalize_case(t.minimal, any_fails, left(), options.envelope, nullptr,
-                             options.hooks));
-      walk_pred = any_fails;
-      if (!t.stopped_by_limit()) {
-        if (auto r = realize(t.minimal)) {
-          t.minimal = std::move(*r);
-          direct = true;
-          walk_pred = direct_fails;
-        }
-      }
-    }
-    if (direct && !t.stopped_by_limit()) {
-      take(canonicalize_case(t.minimal, direct_fails, left(), options.envelope, nullptr,
-                             options.hooks));
-    }
   }
-
-  if (t.stopped_by == ShrinkStop::kStopped) {
-    t.failures = {failure};
-    t.primary = failure;
-    t.kind = failure_kind(failure);
-    t.causes = cause_set(t.minimal, options.envelope);
-    t.signature = group_signature(failure.backend, t.kind, t.causes);
-    t.seconds = since(t0);
-    return t;
-  }
-  // 3. Every selected property on the minimal case, where each fails.
-  t.failures = failures_on(t.minimal, failure, backends, options.properties, true);
-  t.reproduced = !t.failures.empty();
-  t.primary = t.reproduced ? t.failures.front() : failure;
-  if (!t.reproduced) t.failures.push_back(failure);
-  t.kind = failure_kind(t.primary);
 
   // 4. The causes that hold whatever the values (a walk ends where values let it), the group.
-  const int spare = options.limits.max_evaluations - t.evaluations;
-  if (t.reproduced && spare > 0 && !(stopping && stopping())) {
-    t.causes =
-        robust_causes(t.minimal, options.envelope, walk_pred, std::min(spare, 96), &t.evaluations);
-  } else {
-    t.causes = cause_set(t.minimal, options.envelope);
+  void find_causes(const Predicate& walk_pred) {
+    const int spare = options_.limits.max_evaluations - t_.evaluations;
+    if (t_.reproduced && spare > 0 && !stopping()) {
+      t_.causes = robust_causes(t_.minimal, options_.envelope, walk_pred, std::min(spare, 96),
+                                &t_.evaluations);
+    } else {
+      t_.causes = cause_set(t_.minimal, options_.envelope);
+    }
+    const PropertyInfo* p = find_property(t_.primary.property);
+    if (p != nullptr && p->transformation != nullptr && !t_.primary.run_failed) {
+      t_.causes.push_back(std::string("only when ") + p->transformation);
+    }
+    t_.signature = group_signature(failure_.backend, t_.kind, t_.causes);
   }
-  const PropertyInfo* p = find_property(t.primary.property);
-  if (p != nullptr && p->transformation != nullptr && !t.primary.run_failed) {
-    t.causes.push_back(std::string("only when ") + p->transformation);
-  }
-  t.signature = group_signature(failure.backend, t.kind, t.causes);
 
   // 5. The locus: the outputs from the primary failure, the entries by removal, the inputs.
-  t.locus.outputs = describe_wrong(t.minimal, t.primary.wrong);
-  std::vector<int32_t> tokens;
-  const int remaining = options.limits.max_evaluations - t.evaluations;
-  if (remaining > 0 && !(stopping && stopping())) {
-    t.locus.entries = needed_entries(t.minimal, walk_pred, std::min(remaining, kMaxEntryProbes),
-                                     &t.evaluations, &tokens);
+  void find_locus(const Predicate& walk_pred) {
+    t_.locus.outputs = describe_wrong(t_.minimal, t_.primary.wrong);
+    std::vector<int32_t> tokens;
+    const int remaining = options_.limits.max_evaluations - t_.evaluations;
+    if (remaining > 0 && !stopping()) {
+      t_.locus.entries = needed_entries(t_.minimal, walk_pred, std::min(remaining, kMaxEntryProbes),
+                                        &t_.evaluations, &tokens);
+    }
+    t_.locus.inputs = inline_inputs(t_.minimal, tokens);
   }
-  t.locus.inputs = inline_inputs(t.minimal, tokens);
-  t.seconds = since(t0);
-  return t;
+
+  const PropertyOutcome& failure_;
+  const std::vector<Backend*>& backends_;
+  const TriageOptions& options_;
+  const Clock::time_point t0_;
+  const Predicate size_fails_, any_fails_, direct_fails_;
+  Triage t_;
+};
+
+}  // namespace
+
+Triage triage_failure(const Case& failing, const PropertyOutcome& failure,
+                      const std::vector<Backend*>& backends, const TriageOptions& options) {
+  TriageRun run(failure, backends, options);
+  run.shrink_size(failing);
+  const TriageRun::Predicate walk_pred = run.walk();
+  if (run.stopped()) return run.interrupted();
+  return run.describe(walk_pred);
 }
 
 }  // namespace mlafuzz
