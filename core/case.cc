@@ -489,73 +489,126 @@ void since_v2(const Case& c, const std::string& p) {
   }
 }
 
+// The rows of the case table that read or write more than a member.
+
+// "format" and "version", first in every file.
+fields::Field<Case> format_field() {
+  return field<Case>(
+      "format", [](const Case&) { return kCaseFormat; },
+      [](Case&, const json& v, const std::string& p) { check_case_format(v, p); });
+}
+
+fields::Field<Case> version_field() {
+  return field<Case>(
+      "version", [](const Case& c) { return c.version; },
+      [](Case& c, const json& v, const std::string& p) { c.version = read_case_version(v, p); },
+      /*required=*/true);
+}
+
+fields::Field<Case> geometry_field() {
+  return field<Case>(
+      "geometry", [](const Case& c) { return fields::write(c, case_geometry_fields()); },
+      [](Case& c, const json& v, const std::string& p) {
+        read_object(v, c, case_geometry_fields(), p);
+      });
+}
+
+// s_q: version 2, written when not 1.
+fields::Field<Case> s_q_field() {
+  return only_if(field<Case>(
+                     "s_q", [](const Case& c) { return c.s_q; },
+                     [](Case& c, const json& v, const std::string& p) {
+                       since_v2(c, p);
+                       c.s_q = read_i32(v, p);
+                       if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
+                     }),
+                 [](const Case& c) { return c.s_q != 1; });
+}
+
+// The index lists, shaped by s_q (read before them).
+fields::Field<Case> indices_field() {
+  return only_if(field<Case>(
+                     "indices", [](const Case& c) { return write_index_lists(c.indices, c.s_q); },
+                     [](Case& c, const json& v, const std::string& p) {
+                       c.indices = read_index_lists(v, p, c.s_q);
+                     }),
+                 [](const Case& c) { return non_empty(c.indices); });
+}
+
+// The extra cache (version 2), its lists shaped by s_q.
+fields::Field<Case> extra_field() {
+  return only_if(
+      field<Case>(
+          "extra", [](const Case& c) { return fields::write(*c.extra, extra_fields(c.s_q)); },
+          [](Case& c, const json& v, const std::string& p) {
+            since_v2(c, p);
+            read_object(v, c.extra.emplace(), extra_fields(c.s_q), p);
+          }),
+      [](const Case& c) { return c.extra.has_value(); });
+}
+
+// The attention sink, one double per head (non-finite values as strings).
+fields::Field<Case> sink_field() {
+  return only_if(
+      field<Case>(
+          "sink",
+          [](const Case& c) {
+            json s = json::array();
+            for (double v : *c.sink) s.push_back(write_double(v));
+            return s;
+          },
+          [](Case& c, const json& v, const std::string& p) { c.sink = read_sink(v, p); }),
+      [](const Case& c) { return c.sink.has_value(); });
+}
+
+fields::Field<Case> sm_scale_field() {
+  return only_if(
+      field<Case>(
+          "sm_scale", [](const Case& c) { return write_double(*c.sm_scale); },
+          [](Case& c, const json& v, const std::string& p) { c.sm_scale = read_double(v, p); }),
+      [](const Case& c) { return c.sm_scale.has_value(); });
+}
+
+fields::Field<Case> q_source_field() {
+  return only_if(
+      field<Case>(
+          "q_source", [](const Case& c) { return fields::write(*c.q_source, q_source_fields()); },
+          [](Case& c, const json& v, const std::string& p) {
+            read_object(v, c.q_source.emplace(), q_source_fields(), p);
+          }),
+      [](const Case& c) { return c.q_source.has_value(); });
+}
+
+fields::Field<Case> data_seed_field() {
+  return field<Case>(
+      "data_seed", [](const Case& c) { return c.data_seed; },
+      [](Case& c, const json& v, const std::string& p) { c.data_seed = read_data_seed(v, p); });
+}
+
 // Fields in the order they are written; the reader takes them in the same order, so a field
 // read later may depend on one read earlier (indices on s_q, version-2 fields on version).
 const Table<Case>& case_fields() {
   static const Table<Case> t = {
-      field<Case>(
-          "format", [](const Case&) { return kCaseFormat; },
-          [](Case&, const json& v, const std::string& p) { check_case_format(v, p); }),
-      field<Case>(
-          "version", [](const Case& c) { return c.version; },
-          [](Case& c, const json& v, const std::string& p) { c.version = read_case_version(v, p); },
-          /*required=*/true),
+      format_field(),
+      version_field(),
       text("name", &Case::name),
       only_if(text("description", &Case::description),
               [](const Case& c) { return !c.description.empty(); }),
-      field<Case>(
-          "geometry", [](const Case& c) { return fields::write(c, case_geometry_fields()); },
-          [](Case& c, const json& v, const std::string& p) {
-            read_object(v, c, case_geometry_fields(), p);
-          }),
-      i32("batch", &Case::batch), i32("heads", &Case::heads), i32("topk", &Case::topk),
-      only_if(field<Case>(
-                  "s_q", [](const Case& c) { return c.s_q; },
-                  [](Case& c, const json& v, const std::string& p) {
-                    since_v2(c, p);
-                    c.s_q = read_i32(v, p);
-                    if (c.s_q < 1) throw CaseError(p, std::to_string(c.s_q) + " must be >= 1");
-                  }),
-              [](const Case& c) { return c.s_q != 1; }),
-      only_if(field<Case>(
-                  "indices", [](const Case& c) { return write_index_lists(c.indices, c.s_q); },
-                  [](Case& c, const json& v, const std::string& p) {
-                    c.indices = read_index_lists(v, p, c.s_q);
-                  }),
-              [](const Case& c) { return non_empty(c.indices); }),
+      geometry_field(),
+      i32("batch", &Case::batch),
+      i32("heads", &Case::heads),
+      i32("topk", &Case::topk),
+      s_q_field(),
+      indices_field(),
       object("index_spec", &Case::index_spec, index_spec_fields),
-      only_if(
-          field<Case>(
-              "extra", [](const Case& c) { return fields::write(*c.extra, extra_fields(c.s_q)); },
-              [](Case& c, const json& v, const std::string& p) {
-                since_v2(c, p);
-                read_object(v, c.extra.emplace(), extra_fields(c.s_q), p);
-              }),
-          [](const Case& c) { return c.extra.has_value(); }),
+      extra_field(),
       i32_list("topk_length", &Case::topk_length),
-      only_if(field<Case>(
-                  "sink",
-                  [](const Case& c) {
-                    json s = json::array();
-                    for (double v : *c.sink) s.push_back(write_double(v));
-                    return s;
-                  },
-                  [](Case& c, const json& v, const std::string& p) { c.sink = read_sink(v, p); }),
-              [](const Case& c) { return c.sink.has_value(); }),
-      only_if(
-          field<Case>(
-              "sm_scale", [](const Case& c) { return write_double(*c.sm_scale); },
-              [](Case& c, const json& v, const std::string& p) { c.sm_scale = read_double(v, p); }),
-          [](const Case& c) { return c.sm_scale.has_value(); }),
+      sink_field(),
+      sm_scale_field(),
       object("conventions", &Case::conventions, convention_fields),
-      only_if(field<Case>(
-                  "q_source",
-                  [](const Case& c) { return fields::write(*c.q_source, q_source_fields()); },
-                  [](Case& c, const json& v, const std::string& p) {
-                    read_object(v, c.q_source.emplace(), q_source_fields(), p);
-                  }),
-              [](const Case& c) { return c.q_source.has_value(); }),
-      i32("q_head_pad", &Case::q_head_pad), i32("out_head_pad", &Case::out_head_pad),
+      q_source_field(),
+      i32("q_head_pad", &Case::q_head_pad),
+      i32("out_head_pad", &Case::out_head_pad),
       // Version-2 fields only when set (0 is their meaning in a version-1 file).
       only_if(i32("q_batch_pad", &Case::q_batch_pad), [](const Case& c) { return c.q_batch_pad; }),
       only_if(i32("out_batch_pad", &Case::out_batch_pad),
@@ -566,12 +619,10 @@ const Table<Case>& case_fields() {
       object("q_values", &Case::q_values, value_spec_fields),
       object("kv_values", &Case::kv_values, value_spec_fields),
       object("rope_values", &Case::rope_values, value_spec_fields),
-      object("scales", &Case::scales, scale_fields), named("pad_fill", &Case::pad_fill, kFills),
-      field<Case>(
-          "data_seed", [](const Case& c) { return c.data_seed; },
-          [](Case& c, const json& v, const std::string& p) {
-            c.data_seed = read_data_seed(v, p);
-          })};
+      object("scales", &Case::scales, scale_fields),
+      named("pad_fill", &Case::pad_fill, kFills),
+      data_seed_field(),
+  };
   return t;
 }
 

@@ -550,35 +550,56 @@ MaterializedCase insert_invalid(const MaterializedCase& m, uint64_t seed, int co
   return r;
 }
 
-MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count) {
-  MaterializedCase r = m;
-  CounterRng rng(seed, Stream::kPoison, 10);
-  if (!r.has_extra) {  // a new, empty extra cache with its own page size
-    r.has_extra = true;
-    r.extra_geom = m.geom;
-    r.extra_geom.page_size = static_cast<int32_t>(rng.uniform_int(1, 64));
-    r.extra_geom.num_pages = 0;
-    r.extra_geom.page_stride = mla::min_page_stride(r.extra_geom);
-    r.extra_cache.clear();
-    r.extra_topk = 0;
-    r.extra_indices.clear();
-    r.extra_topk_length.clear();
-  }
+namespace {
+
+// Gives r a new, empty extra cache of its main cache's geometry with its own page size (drawn
+// from rng).
+void add_empty_extra_cache(MaterializedCase& r, CounterRng& rng) {
+  r.has_extra = true;
+  r.extra_geom = r.geom;
+  r.extra_geom.page_size = static_cast<int32_t>(rng.uniform_int(1, 64));
+  r.extra_geom.num_pages = 0;
+  r.extra_geom.page_stride = mla::min_page_stride(r.extra_geom);
+  r.extra_cache.clear();
+  r.extra_topk = 0;
+  r.extra_indices.clear();
+  r.extra_topk_length.clear();
+}
+
+// Appends to r's extra cache the pages that hold `tokens` more tokens, their bytes poison (the
+// fill stream of seed), and puts the guard back after them.
+void add_extra_pages(MaterializedCase& r, uint64_t seed, int64_t tokens) {
   const mla::CacheGeometry old_extra = r.extra_geom;
-  // New pages after the extra cache's own hold a copy of every moved token.
-  const int64_t moved_max = int64_t{m.query_rows()} * count;
-  const int64_t base_slot = mla::num_slots(old_extra);
   r.extra_geom.num_pages =
       old_extra.num_pages +
-      static_cast<int32_t>((moved_max + old_extra.page_size - 1) / old_extra.page_size);
+      static_cast<int32_t>((tokens + old_extra.page_size - 1) / old_extra.page_size);
   const size_t old_bytes = static_cast<size_t>(mla::cache_bytes(old_extra));
   r.extra_cache.resize(old_bytes);  // without its guard: the new pages come after the old ones
   r.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
-  {
-    const CounterRng fill(seed, Stream::kPoison, 11);
-    fill_poison(1, fill, r.extra_cache.data(), old_bytes, r.extra_cache.size(), nullptr);
-  }
-  add_guard(r.extra_cache, r.extra_geom, m.conv);
+  const CounterRng fill(seed, Stream::kPoison, 11);
+  fill_poison(1, fill, r.extra_cache.data(), old_bytes, r.extra_cache.size(), nullptr);
+  add_guard(r.extra_cache, r.extra_geom, r.conv);
+}
+
+// The recipe's extra cache from r's.
+void set_extra_recipe(MaterializedCase& r) {
+  r.recipe.extra = ExtraCache{};
+  r.recipe.extra->page_size = r.extra_geom.page_size;
+  r.recipe.extra->page_stride = r.extra_geom.page_stride;
+  r.recipe.extra->num_pages = r.extra_geom.num_pages;
+  r.recipe.extra->topk = r.extra_topk;
+  if (!r.extra_topk_length.empty()) r.recipe.extra->topk_length = r.extra_topk_length;
+}
+
+}  // namespace
+
+MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count) {
+  MaterializedCase r = m;
+  CounterRng rng(seed, Stream::kPoison, 10);
+  if (!r.has_extra) add_empty_extra_cache(r, rng);
+  // New pages after the extra cache's own hold a copy of every moved token.
+  const int64_t base_slot = mla::num_slots(r.extra_geom);
+  add_extra_pages(r, seed, int64_t{m.query_rows()} * count);
   const bool past_invalid = m.conv.invalid_index == mla::InvalidIndexRule::kOutOfRange;
   const int64_t main_slots = mla::num_slots(m.geom);
   int64_t next_slot = base_slot;
@@ -633,12 +654,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
   // The main lists keep their layout; the extra lists are contiguous per token.
   r.extra_indices_token_stride = r.extra_topk;
   r.extra_indices_batch_stride = int64_t{m.s_q} * r.extra_topk + row_pad;
-  r.recipe.extra = ExtraCache{};
-  r.recipe.extra->page_size = r.extra_geom.page_size;
-  r.recipe.extra->page_stride = r.extra_geom.page_stride;
-  r.recipe.extra->num_pages = r.extra_geom.num_pages;
-  r.recipe.extra->topk = r.extra_topk;
-  if (!r.extra_topk_length.empty()) r.recipe.extra->topk_length = r.extra_topk_length;
+  set_extra_recipe(r);
   set_shape(r);
   return r;
 }
