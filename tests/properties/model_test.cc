@@ -1010,6 +1010,131 @@ namespace {
 
 constexpr double kInfD = std::numeric_limits<double>::infinity();
 
+// One trial of CheckBoundsRowWiseEqualsTheElementLoop: sides a and b of B x H rows of dv values
+// and their LSEs, two bounds, and side a also as a bf16 backend's raw buffers in `layout`.
+struct RowCheckTrial {
+  int32_t B = 0, H = 0, dv = 0;
+  bool bf16_a = false, bf16_b = false;
+  std::vector<double> ao, bo, al, bl;
+  Bounds b1, b2;
+  MaterializedCase layout;
+  RunResult raw;
+};
+
+// The values and bounds of a trial, with every kind of value (bf16 and fp64 sides, NaN, +-inf,
+// zeros, subnormals, ties of the largest ratio, bounds of 0 and +inf).
+RowCheckTrial random_row_values(CounterRng& rng) {
+  RowCheckTrial t;
+  t.B = static_cast<int32_t>(rng.uniform_int(1, 3));
+  t.H = static_cast<int32_t>(rng.uniform_int(1, 4));
+  // Short rows, and rows of a production d_v.
+  t.dv = static_cast<int32_t>(rng.bernoulli(0.8) ? rng.uniform_int(0, 40) : 512);
+  t.bf16_a = rng.bernoulli(0.7);
+  t.bf16_b = rng.bernoulli(0.5);
+  const double special = rng.bernoulli(0.3) ? 0.02 : 0.0;  // some rows all finite
+  // Values within 2^+-20, or within a narrow range (whose bf16 errors sum exactly in any
+  // order: check_bounds then sums them in vectorized order).
+  const int range = rng.bernoulli(0.5) ? 20 : static_cast<int>(rng.uniform_int(0, 4));
+  const double tiny = rng.bernoulli(0.5) ? 0.05 : 0.0;  // zeros and bf16 subnormals
+  const auto value = [&](bool bf16) {
+    const double u = rng.uniform();
+    if (u < special) return std::numeric_limits<double>::quiet_NaN();
+    if (u < 2 * special) return rng.bernoulli(0.5) ? kInfD : -kInfD;
+    if (u < 2 * special + tiny) return 0.0;
+    if (u < 2 * special + 2 * tiny) return 0x1p-140 * (rng.uniform() - 0.5);  // bf16 subnormal
+    double v =
+        (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-range, range)));
+    if (bf16) v = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(v)));
+    return v;
+  };
+  const size_t n = static_cast<size_t>(t.B) * t.H * t.dv, nl = static_cast<size_t>(t.B) * t.H;
+  t.ao.resize(n);
+  t.bo.resize(n);
+  t.al.resize(nl);
+  t.bl.resize(nl);
+  for (size_t i = 0; i < n; ++i) {
+    t.bo[i] = value(t.bf16_b);
+    // Ties: often the same value as the other side, or one ulp of the format away.
+    t.ao[i] = rng.bernoulli(0.3) ? t.bo[i] : value(t.bf16_a);
+    const double u = rng.uniform();
+    t.b1.out.push_back(u < 0.05 ? 0.0 : u < 0.08 ? kInfD : 1e-3 * rng.uniform());
+    t.b2.out.push_back(rng.bernoulli(0.5) ? 0.0 : 1e-3 * rng.uniform());
+    if (i > 0 && rng.bernoulli(0.2)) {  // an exact tie with the element before
+      t.ao[i] = t.ao[i - 1];
+      t.bo[i] = t.bo[i - 1];
+      t.b1.out[i] = t.b1.out[i - 1];
+      t.b2.out[i] = t.b2.out[i - 1];
+    }
+  }
+  for (size_t i = 0; i < nl; ++i) {
+    t.bl[i] = value(false);
+    t.al[i] = rng.bernoulli(0.3) ? t.bl[i] : value(false);
+    t.b1.lse.push_back(1e-4 * rng.uniform());
+    t.b2.lse.push_back(1e-4 * rng.uniform());
+  }
+  return t;
+}
+
+// Side a also as a bf16 backend's raw buffers (strided, guard bands, s_q tokens per row): its
+// values then bf16 (NaN and the infinities keep their class) and its lse fp32.
+void add_raw_side_a(RowCheckTrial& t, CounterRng& rng) {
+  const int32_t B = t.B, H = t.H, dv = t.dv;
+  const int32_t s_q = B % 2 == 0 && rng.bernoulli(0.5) ? 2 : 1;
+  MaterializedCase& layout = t.layout;
+  layout.batch = B / s_q;
+  layout.s_q = s_q;
+  layout.heads = H;
+  layout.out_head_stride = dv + rng.uniform_int(0, 3);
+  layout.out_token_stride = H * layout.out_head_stride + rng.uniform_int(0, 5);
+  layout.out_batch_stride = s_q * layout.out_token_stride + rng.uniform_int(0, 5);
+  layout.lse_token_stride = H + rng.uniform_int(0, 2);
+  layout.lse_batch_stride = s_q * layout.lse_token_stride + rng.uniform_int(0, 2);
+  t.raw.out_raw.assign(OutputBuffers::out_elements(layout), OutputBuffers::kCanaryBits);
+  t.raw.lse_raw.assign(OutputBuffers::lse_elements(layout), 0.0f);
+  if (!t.bf16_a) return;
+  for (size_t i = 0; i < t.ao.size(); ++i) {
+    const uint16_t bits16 = mla::float_to_bf16(static_cast<float>(t.ao[i]));
+    t.ao[i] = mla::bf16_to_float(bits16);
+    const int64_t r = static_cast<int64_t>(i) / dv / H, h = static_cast<int64_t>(i) / dv % H;
+    t.raw.out_raw[OutputBuffers::kGuard + r / s_q * layout.out_batch_stride +
+                  r % s_q * layout.out_token_stride + h * layout.out_head_stride +
+                  static_cast<int64_t>(i) % dv] = bits16;
+  }
+  for (size_t i = 0; i < t.al.size(); ++i) {
+    t.al[i] = static_cast<float>(t.al[i]);
+    const int64_t r = static_cast<int64_t>(i) / H, h = static_cast<int64_t>(i) % H;
+    t.raw.lse_raw[OutputBuffers::kGuard + r / s_q * layout.lse_batch_stride +
+                  r % s_q * layout.lse_token_stride + h] = static_cast<float>(t.al[i]);
+  }
+}
+
+// Every figure, the worst element and the message of `got` those of `want`, bit for bit.
+void expect_same_check(const BoundCheck& got, const BoundCheck& want, const std::string& why) {
+  const auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
+  EXPECT_EQ(got.passed, want.passed) << why;
+  EXPECT_EQ(got.nonfinite_match, want.nonfinite_match) << why;
+  EXPECT_EQ(got.nonfinite_detail, want.nonfinite_detail) << why;
+  EXPECT_EQ(got.describe(), want.describe()) << why;
+  EXPECT_EQ(got.b, want.b) << why;
+  EXPECT_EQ(got.h, want.h) << why;
+  EXPECT_EQ(got.d, want.d) << why;
+  for (const auto& [x, y, what] :
+       {std::tuple{got.tightness, want.tightness, "tightness"},
+        std::tuple{got.value, want.value, "value"},
+        std::tuple{got.reference, want.reference, "reference"},
+        std::tuple{got.error, want.error, "error"}, std::tuple{got.excess, want.excess, "excess"},
+        std::tuple{got.bound, want.bound, "bound"},
+        std::tuple{got.max_abs, want.max_abs, "max_abs"},
+        std::tuple{got.mean_abs, want.mean_abs, "mean_abs"},
+        std::tuple{got.max_rel, want.max_rel, "max_rel"},
+        std::tuple{got.lse_max_abs, want.lse_max_abs, "lse_max_abs"},
+        std::tuple{got.out_max_ref, want.out_max_ref, "out_max_ref"},
+        std::tuple{got.out_tightness, want.out_tightness, "out_tightness"},
+        std::tuple{got.lse_tightness, want.lse_tightness, "lse_tightness"}}) {
+    EXPECT_EQ(bits(x), bits(y)) << what << " " << x << " vs " << y << "; " << why;
+  }
+}
+
 // check_bounds works row by row (a vectorized pass for rows finite on both sides, element by
 // element otherwise), may add a second bound on the fly and may read a bf16 backend's raw
 // buffers: every figure, the worst element and the message must be those of the element loop
@@ -1017,118 +1142,23 @@ constexpr double kInfD = std::numeric_limits<double>::infinity();
 // and fp64 sides, NaN, +-inf, zeros, subnormals, ties of the largest ratio, bounds of 0 and
 // +inf). The seed is printed on failure.
 TEST(Tolerance, CheckBoundsRowWiseEqualsTheElementLoop) {
-  const auto bits = [](double v) { return std::bit_cast<uint64_t>(v); };
   for (uint64_t seed = 1; seed <= 300; ++seed) {
     CounterRng rng(seed, Stream::kPoison, 40);
-    const int32_t B = static_cast<int32_t>(rng.uniform_int(1, 3));
-    const int32_t H = static_cast<int32_t>(rng.uniform_int(1, 4));
-    // Short rows, and rows of a production d_v.
-    const int32_t dv = static_cast<int32_t>(rng.bernoulli(0.8) ? rng.uniform_int(0, 40) : 512);
-    const bool bf16_a = rng.bernoulli(0.7), bf16_b = rng.bernoulli(0.5);
-    const double special = rng.bernoulli(0.3) ? 0.02 : 0.0;  // some rows all finite
-    // Values within 2^+-20, or within a narrow range (whose bf16 errors sum exactly in any
-    // order: check_bounds then sums them in vectorized order).
-    const int range = rng.bernoulli(0.5) ? 20 : static_cast<int>(rng.uniform_int(0, 4));
-    const double tiny = rng.bernoulli(0.5) ? 0.05 : 0.0;  // zeros and bf16 subnormals
-    const auto value = [&](bool bf16) {
-      const double u = rng.uniform();
-      if (u < special) return std::numeric_limits<double>::quiet_NaN();
-      if (u < 2 * special) return rng.bernoulli(0.5) ? kInfD : -kInfD;
-      if (u < 2 * special + tiny) return 0.0;
-      if (u < 2 * special + 2 * tiny) return 0x1p-140 * (rng.uniform() - 0.5);  // bf16 subnormal
-      double v =
-          (rng.uniform() - 0.5) * std::ldexp(1.0, static_cast<int>(rng.uniform_int(-range, range)));
-      if (bf16) v = mla::bf16_to_float(mla::float_to_bf16(static_cast<float>(v)));
-      return v;
-    };
-    const size_t n = static_cast<size_t>(B) * H * dv, nl = static_cast<size_t>(B) * H;
-    std::vector<double> ao(n), bo(n), al(nl), bl(nl);
-    Bounds b1, b2;
-    for (size_t i = 0; i < n; ++i) {
-      bo[i] = value(bf16_b);
-      // Ties: often the same value as the other side, or one ulp of the format away.
-      ao[i] = rng.bernoulli(0.3) ? bo[i] : value(bf16_a);
-      const double u = rng.uniform();
-      b1.out.push_back(u < 0.05 ? 0.0 : u < 0.08 ? kInfD : 1e-3 * rng.uniform());
-      b2.out.push_back(rng.bernoulli(0.5) ? 0.0 : 1e-3 * rng.uniform());
-      if (i > 0 && rng.bernoulli(0.2)) {  // an exact tie with the element before
-        ao[i] = ao[i - 1];
-        bo[i] = bo[i - 1];
-        b1.out[i] = b1.out[i - 1];
-        b2.out[i] = b2.out[i - 1];
-      }
-    }
-    for (size_t i = 0; i < nl; ++i) {
-      bl[i] = value(false);
-      al[i] = rng.bernoulli(0.3) ? bl[i] : value(false);
-      b1.lse.push_back(1e-4 * rng.uniform());
-      b2.lse.push_back(1e-4 * rng.uniform());
-    }
-    // Side a also as a bf16 backend's raw buffers (strided, guard bands, s_q tokens per row):
-    // its values then bf16 (NaN and the infinities keep their class) and its lse fp32.
-    const int32_t s_q = B % 2 == 0 && rng.bernoulli(0.5) ? 2 : 1;
-    MaterializedCase layout;
-    layout.batch = B / s_q;
-    layout.s_q = s_q;
-    layout.heads = H;
-    layout.out_head_stride = dv + rng.uniform_int(0, 3);
-    layout.out_token_stride = H * layout.out_head_stride + rng.uniform_int(0, 5);
-    layout.out_batch_stride = s_q * layout.out_token_stride + rng.uniform_int(0, 5);
-    layout.lse_token_stride = H + rng.uniform_int(0, 2);
-    layout.lse_batch_stride = s_q * layout.lse_token_stride + rng.uniform_int(0, 2);
-    RunResult raw;
-    raw.out_raw.assign(OutputBuffers::out_elements(layout), OutputBuffers::kCanaryBits);
-    raw.lse_raw.assign(OutputBuffers::lse_elements(layout), 0.0f);
-    if (bf16_a) {
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t bits16 = mla::float_to_bf16(static_cast<float>(ao[i]));
-        ao[i] = mla::bf16_to_float(bits16);
-        const int64_t r = static_cast<int64_t>(i) / dv / H, h = static_cast<int64_t>(i) / dv % H;
-        raw.out_raw[OutputBuffers::kGuard + r / s_q * layout.out_batch_stride +
-                    r % s_q * layout.out_token_stride + h * layout.out_head_stride +
-                    static_cast<int64_t>(i) % dv] = bits16;
-      }
-      for (size_t i = 0; i < nl; ++i) {
-        al[i] = static_cast<float>(al[i]);
-        const int64_t r = static_cast<int64_t>(i) / H, h = static_cast<int64_t>(i) % H;
-        raw.lse_raw[OutputBuffers::kGuard + r / s_q * layout.lse_batch_stride +
-                    r % s_q * layout.lse_token_stride + h] = static_cast<float>(al[i]);
-      }
-    }
-    const Side a{&ao, &al, bf16_a}, b{&bo, &bl, bf16_b};
+    RowCheckTrial t = random_row_values(rng);
+    add_raw_side_a(t, rng);
+    const Side a{&t.ao, &t.al, t.bf16_a}, b{&t.bo, &t.bl, t.bf16_b};
     for (const bool two : {false, true}) {
-      const BoundCheck want =
-          reference::reference_check_bounds(a, b, two ? add_bounds(b1, b2) : b1, B, H, dv);
+      const Bounds* second = two ? &t.b2 : nullptr;
+      const BoundCheck want = reference::reference_check_bounds(
+          a, b, two ? add_bounds(t.b1, t.b2) : t.b1, t.B, t.H, t.dv);
       const BoundCheck got =
-          bf16_a && rng.bernoulli(0.5)
-              ? check_bounds(raw_side(raw, layout), b, b1, two ? &b2 : nullptr, B, H, dv)
-              : check_bounds(a, b, b1, two ? &b2 : nullptr, B, H, dv);
+          t.bf16_a && rng.bernoulli(0.5)
+              ? check_bounds(raw_side(t.raw, t.layout), b, t.b1, second, t.B, t.H, t.dv)
+              : check_bounds(a, b, t.b1, second, t.B, t.H, t.dv);
       const std::string why = "seed " + std::to_string(seed) + (two ? " (two bounds)" : "") +
                               "; rerun: property_model_tests --gtest_filter=Tolerance." +
                               "CheckBoundsRowWiseEqualsTheElementLoop";
-      EXPECT_EQ(got.passed, want.passed) << why;
-      EXPECT_EQ(got.nonfinite_match, want.nonfinite_match) << why;
-      EXPECT_EQ(got.nonfinite_detail, want.nonfinite_detail) << why;
-      EXPECT_EQ(got.describe(), want.describe()) << why;
-      EXPECT_EQ(got.b, want.b) << why;
-      EXPECT_EQ(got.h, want.h) << why;
-      EXPECT_EQ(got.d, want.d) << why;
-      for (const auto& [x, y, what] :
-           {std::tuple{got.tightness, want.tightness, "tightness"},
-            std::tuple{got.value, want.value, "value"},
-            std::tuple{got.reference, want.reference, "reference"},
-            std::tuple{got.error, want.error, "error"},
-            std::tuple{got.excess, want.excess, "excess"},
-            std::tuple{got.bound, want.bound, "bound"},
-            std::tuple{got.max_abs, want.max_abs, "max_abs"},
-            std::tuple{got.mean_abs, want.mean_abs, "mean_abs"},
-            std::tuple{got.max_rel, want.max_rel, "max_rel"},
-            std::tuple{got.lse_max_abs, want.lse_max_abs, "lse_max_abs"},
-            std::tuple{got.out_max_ref, want.out_max_ref, "out_max_ref"},
-            std::tuple{got.out_tightness, want.out_tightness, "out_tightness"},
-            std::tuple{got.lse_tightness, want.lse_tightness, "lse_tightness"}}) {
-        EXPECT_EQ(bits(x), bits(y)) << what << " " << x << " vs " << y << "; " << why;
-      }
+      expect_same_check(got, want, why);
       if (::testing::Test::HasFailure()) return;
     }
   }
