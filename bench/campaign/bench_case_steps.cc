@@ -8,20 +8,16 @@
 // of R repeats, so a loaded machine only adds to the figures), each step's ratio to the oracle,
 // and a hash of every outcome's figures (verdict, worst element, error, bound, tightness, the
 // metrics and the detail text): two builds meant to judge alike give the same hash.
-#include <malloc.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "bench/common/case_set.h"
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
-#include "properties/generate.h"
 
 namespace {
 
@@ -64,45 +60,19 @@ void hash_outcome(Fnv& f, const mlafuzz::PropertyOutcome& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 21;
-  int cases = 40, repeats = 3;
-  std::string profile = "default";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--cases" && i + 1 < argc) {
-      cases = std::atoi(argv[++i]);
-    } else if (a == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--profile" && i + 1 < argc) {
-      profile = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_case_steps [--seed N] [--cases N] [--profile default|production] "
-                   "[--repeats R]\n");
-      return a == "--help" ? 0 : 2;
-    }
+  mlafuzz::bench::CaseSetArgs args;
+  if (const auto rc = mlafuzz::bench::parse_case_set_args(
+          argc, argv, "evaluate_case step by step on the first N generated cases", args)) {
+    return *rc;
   }
-  if (profile != "default" && profile != "production") {
-    std::fprintf(stderr, "bench_case_steps: --profile must be default or production, not '%s'\n",
-                 profile.c_str());
-    return 2;
-  }
-  // The steady state of a long campaign (bench/oracle/bench_oracle.cc says why).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  mlafuzz::GenConfig cfg;
-  if (profile == "production") cfg.families = {"production"};
+  mlafuzz::bench::use_campaign_allocator();
+  const std::vector<mlafuzz::Case> cs = mlafuzz::bench::generated_cases(args);
+  const int repeats = args.repeats;
   std::vector<std::unique_ptr<mlafuzz::Backend>> owned;
   std::vector<mlafuzz::Backend*> backends;
   for (const char* name : {"cpu-mma", "cpu-simt"}) {
     owned.push_back(mlafuzz::make_backend(name));
     backends.push_back(owned.back().get());
-  }
-  std::vector<mlafuzz::Case> cs;
-  for (int i = 0; i < cases; ++i) {
-    cs.push_back(mlafuzz::generate_case(seed, static_cast<uint64_t>(i), cfg, nullptr));
   }
   constexpr int kSteps = mlafuzz::kCaseStepCount;
   // best[case][step]: the fastest of the repeats.
@@ -130,7 +100,8 @@ int main(int argc, char** argv) {
   const auto at = [&](CaseStep s) { return ms[static_cast<int>(s)]; };
   const double oracle = at(CaseStep::kOracle);
   std::printf("seed %llu %s, %d cases, fastest of %d: ms per case",
-              static_cast<unsigned long long>(seed), profile.c_str(), cases, repeats);
+              static_cast<unsigned long long>(args.seed), args.profile.c_str(), args.cases,
+              repeats);
   for (int s = 0; s < kSteps; ++s) {
     if (s == static_cast<int>(CaseStep::kGenerate)) continue;
     std::printf(" %s %.3f", mlafuzz::case_step_name(static_cast<CaseStep>(s)), ms[s]);

@@ -7,20 +7,17 @@
 // Prints thread CPU ms per case (the fastest of R repeats: on a shared machine CPU time only
 // grows), the bounds' ratio to the oracle, and a hash of every bound's bits (two builds meant
 // to give the same bounds give the same hash).
-#include <malloc.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
 #include <vector>
 
+#include "bench/common/case_set.h"
 #include "core/materialize.h"
 #include "oracle/oracle.h"
-#include "properties/generate.h"
 #include "properties/tolerance.h"
 
 namespace {
@@ -48,41 +45,18 @@ void hash_into(uint64_t& h, const std::vector<double>& v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seed = 21;
-  int cases = 100, repeats = 3;
-  std::string profile = "default";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--seed" && i + 1 < argc) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
-    } else if (a == "--cases" && i + 1 < argc) {
-      cases = std::atoi(argv[++i]);
-    } else if (a == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::atoi(argv[++i]));
-    } else if (a == "--profile" && i + 1 < argc) {
-      profile = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: bench_bounds [--seed N] [--cases N] [--profile default|production] "
-                   "[--repeats R]\n");
-      return a == "--help" ? 0 : 2;
-    }
+  mlafuzz::bench::CaseSetArgs args;
+  args.cases = 100;
+  if (const auto rc = mlafuzz::bench::parse_case_set_args(
+          argc, argv, "the tolerance model's thread CPU against the oracle's", args)) {
+    return *rc;
   }
-  if (profile != "default" && profile != "production") {
-    std::fprintf(stderr, "bench_bounds: --profile must be default or production, not '%s'\n",
-                 profile.c_str());
-    return 2;
-  }
-  // The steady state of a long campaign (bench_oracle.cc says why).
-  mallopt(M_MMAP_THRESHOLD, 64 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  mlafuzz::GenConfig cfg;
-  if (profile == "production") cfg.families = {"production"};
+  mlafuzz::bench::use_campaign_allocator();
   std::vector<MaterializedCase> ms;
-  for (int i = 0; i < cases; ++i) {
-    ms.push_back(
-        mlafuzz::materialize(mlafuzz::generate_case(seed, static_cast<uint64_t>(i), cfg, nullptr)));
+  for (const mlafuzz::Case& c : mlafuzz::bench::generated_cases(args)) {
+    ms.push_back(mlafuzz::materialize(c));
   }
+  const int repeats = args.repeats;
   using mlafuzz::Precision;
   double best_oracle = 1e300, best_bounds = 1e300;
   uint64_t hash = 1469598103934665603ull;
@@ -117,7 +91,8 @@ int main(int argc, char** argv) {
   std::printf(
       "seed %llu %s, %d cases: oracle %.3f ms/case, bounds %.3f ms/case (%.2fx the oracle), "
       "bits hash %016llx\n",
-      static_cast<unsigned long long>(seed), profile.c_str(), cases, 1e3 * best_oracle / n,
-      1e3 * best_bounds / n, best_bounds / best_oracle, static_cast<unsigned long long>(hash));
+      static_cast<unsigned long long>(args.seed), args.profile.c_str(), args.cases,
+      1e3 * best_oracle / n, 1e3 * best_bounds / n, best_bounds / best_oracle,
+      static_cast<unsigned long long>(hash));
   return 0;
 }
