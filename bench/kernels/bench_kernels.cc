@@ -388,15 +388,38 @@ struct Shape {
   bool flashmla;  // FlashMLA's figures exist for the shape (docs/SPEC.md section 7)
 };
 
-std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flush_bytes,
-                        bool quick) {
-  const int B = sh.batch, H = sh.heads;
-  Problem pr = make_problem(B, sh.topk, sh.page_size, H, sh.s_q, sh.extra_topk, sh.extra_page_size);
-  const std::string fl_text = sh.flashmla ? flashmla_text(sh.topk, B) : "-";
-  DeviceProblem d = upload(pr);
-  const mla::DecodeParams& p = d.p;
-  // Validate before timing: MMA (both BLOCK_H) against SIMT on the same inputs.
-  const size_t n_out = static_cast<size_t>(B) * sh.s_q * H * mla::d_v(pr.geom);
+// After MMA BLOCK_H 32 and 64 gave different bits: how many elements differ, the first, and
+// whether each configuration gives its own bits again on a rerun.
+void print_h64_difference(const Problem& pr, const mla::DecodeParams& p, cudaStream_t s,
+                          const std::vector<uint16_t>& o_mma, const std::vector<uint16_t>& o_h64) {
+  const size_t n_out = o_mma.size();
+  const int H = pr.heads;
+  size_t n_diff = 0, first = 0;
+  for (size_t i = 0; i < n_out; ++i) {
+    if (o_mma[i] != o_h64[i] && n_diff++ == 0) first = i;
+  }
+  const int dv = mla::d_v(pr.geom);
+  std::vector<uint16_t> again(n_out);
+  launch(Kernel::kMma64, p, s);
+  CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  const bool det64 = again == o_h64;
+  launch(Kernel::kMma32, p, s);
+  CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
+  CK(cudaStreamSynchronize(s));
+  std::printf(
+      "  %zu elements differ; first b=%zu h=%zu d=%zu: h32 %04x h64 %04x; h64 rerun same "
+      "%d, h32 rerun same %d\n",
+      n_diff, first / (H * dv), first / dv % H, first % dv, o_mma[first], o_h64[first], det64,
+      again == o_mma);
+}
+
+// Validation before timing: MMA (BLOCK_H 32) within 2% of max|SIMT| of the SIMT kernel on the
+// same inputs and finite, BLOCK_H 64 and the 16-warp BLOCK_H 32 configuration the same bits as
+// BLOCK_H 32. Prints VALIDATION FAILED with the figures otherwise; returns max|mma-simt|.
+double validate_mma(const Shape& sh, const Problem& pr, const mla::DecodeParams& p,
+                    cudaStream_t s) {
+  const size_t n_out = static_cast<size_t>(pr.batch) * pr.s_q * pr.heads * mla::d_v(pr.geom);
   std::vector<uint16_t> o_simt(n_out), o_mma(n_out), o_h64(n_out);
   launch(Kernel::kSimt, p, s);
   CK(cudaMemcpyAsync(o_simt.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
@@ -421,28 +444,20 @@ std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flu
     std::printf(
         "VALIDATION FAILED %s B=%d: max|mma-simt|=%.3g max|simt|=%.3g finite=%d h64==h32 %d "
         "16 warps==8 warps %d\n",
-        sh.md_label.c_str(), B, max_d, max_ref, finite, same64, same_w8);
-    if (!same64) {
-      size_t n_diff = 0, first = 0;
-      for (size_t i = 0; i < n_out; ++i) {
-        if (o_mma[i] != o_h64[i] && n_diff++ == 0) first = i;
-      }
-      const int dv = mla::d_v(pr.geom);
-      std::vector<uint16_t> again(n_out);
-      launch(Kernel::kMma64, p, s);
-      CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-      CK(cudaStreamSynchronize(s));
-      const bool det64 = again == o_h64;
-      launch(Kernel::kMma32, p, s);
-      CK(cudaMemcpyAsync(again.data(), p.out, n_out * 2, cudaMemcpyDeviceToHost, s));
-      CK(cudaStreamSynchronize(s));
-      std::printf(
-          "  %zu elements differ; first b=%zu h=%zu d=%zu: h32 %04x h64 %04x; h64 rerun same "
-          "%d, h32 rerun same %d\n",
-          n_diff, first / (H * dv), first / dv % H, first % dv, o_mma[first], o_h64[first], det64,
-          again == o_mma);
-    }
+        sh.md_label.c_str(), pr.batch, max_d, max_ref, finite, same64, same_w8);
+    if (!same64) print_h64_difference(pr, p, s, o_mma, o_h64);
   }
+  return max_d;
+}
+
+std::string bench_shape(const Shape& sh, cudaStream_t s, void* flush, size_t flush_bytes,
+                        bool quick) {
+  const int B = sh.batch, H = sh.heads;
+  Problem pr = make_problem(B, sh.topk, sh.page_size, H, sh.s_q, sh.extra_topk, sh.extra_page_size);
+  const std::string fl_text = sh.flashmla ? flashmla_text(sh.topk, B) : "-";
+  DeviceProblem d = upload(pr);
+  const mla::DecodeParams& p = d.p;
+  const double max_d = validate_mma(sh, pr, p, s);
   // Production shapes: SIMT (the slow reference) with the quick repetitions.
   const Timing ts = time_kernel(Kernel::kSimt, p, s, flush, flush_bytes, quick || !sh.flashmla);
   const Timing tm = time_kernel(Kernel::kMma32, p, s, flush, flush_bytes, quick);
@@ -612,24 +627,89 @@ std::string small_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool qui
   return md;
 }
 
+struct Options {
+  bool quick = false, profile = false, split_only = false, small_only = false;
+  bool run_original = true, run_production = false;
+  std::string md_path;
+};
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) o.quick = true;
+    if (std::strcmp(argv[i], "--split") == 0) o.split_only = true;
+    if (std::strcmp(argv[i], "--small") == 0) o.small_only = true;
+    if (std::strcmp(argv[i], "--profile") == 0) o.profile = true;
+    if (std::strcmp(argv[i], "--production") == 0) {
+      o.run_original = false;
+      o.run_production = true;
+    }
+    if (std::strcmp(argv[i], "--all") == 0) o.run_original = o.run_production = true;
+    if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) o.md_path = argv[++i];
+  }
+  return o;
+}
+
+// --profile: B=32, topk=512, two launches of each kernel (for ncu).
+void profile_launches(cudaStream_t s) {
+  Problem pr = make_problem(32, 512, 64);
+  DeviceProblem d = upload(pr);
+  for (Kernel k : {Kernel::kSimt, Kernel::kMma32, Kernel::kMma64}) {
+    launch(k, d.p, s);
+    launch(k, d.p, s);
+  }
+  CK(cudaStreamSynchronize(s));
+  release(d);
+  std::printf("profile launches done\n");
+}
+
+// The first table's rows: H = 64, topk 128 over P = 256 and topk 512 over P = 64, B in
+// {1, 4, 16, 32, 64, 128}.
+std::string first_table_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool quick) {
+  std::string md;
+  const int batches[6] = {1, 4, 16, 32, 64, 128};
+  for (int topk : {128, 512}) {
+    const int P = topk == 128 ? 256 : 64;
+    char label[32], md_label[32];
+    std::snprintf(label, sizeof label, "%4d(%3d)", topk, P);
+    std::snprintf(md_label, sizeof md_label, "%d (%d)", topk, P);
+    for (int B : batches) {
+      md += bench_shape({label, md_label, B, 64, 1, topk, P, 0, 1, true}, s, flush, flush_bytes,
+                        quick);
+    }
+  }
+  return md;
+}
+
+// The production table's rows (docs/SPEC.md section 8): main topk 128 over P = 256 plus an
+// extra cache in the same softmax.
+std::string production_rows(cudaStream_t s, void* flush, size_t flush_bytes, bool quick) {
+  std::string md;
+  std::printf("\nProduction decode (H, s_q, main 128 over P=256 + extra topk(P), one softmax):\n");
+  const int extras[2][2] = {{512, 64}, {1024, 2}};
+  for (int H : {64, 128}) {
+    for (const auto& ex : extras) {
+      for (int sq : {1, 2, 3, 4}) {
+        char label[64], md_label[96];
+        std::snprintf(label, sizeof label, "H%d s%d 128(256)+%d(%d)", H, sq, ex[0], ex[1]);
+        std::snprintf(md_label, sizeof md_label, "H=%d s_q=%d: 128 (256) + %d (%d)", H, sq, ex[0],
+                      ex[1]);
+        const std::vector<int> bs =
+            sq == 1 || sq == 3 ? std::vector<int>{1, 16, 64, 128} : std::vector<int>{64};
+        for (int B : bs) {
+          md += bench_shape({label, md_label, B, H, sq, 128, 256, ex[0], ex[1], false}, s, flush,
+                            flush_bytes, quick);
+        }
+      }
+    }
+  }
+  return md;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, profile = false, split_only = false, small_only = false, run_original = true,
-       run_production = false;
-  std::string md_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--quick") == 0) quick = true;
-    if (std::strcmp(argv[i], "--split") == 0) split_only = true;
-    if (std::strcmp(argv[i], "--small") == 0) small_only = true;
-    if (std::strcmp(argv[i], "--profile") == 0) profile = true;
-    if (std::strcmp(argv[i], "--production") == 0) {
-      run_original = false;
-      run_production = true;
-    }
-    if (std::strcmp(argv[i], "--all") == 0) run_original = run_production = true;
-    if (std::strcmp(argv[i], "--markdown") == 0 && i + 1 < argc) md_path = argv[++i];
-  }
+  const Options o = parse_options(argc, argv);
   int dev = 0;
   cudaDeviceProp prop;
   if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
@@ -640,24 +720,16 @@ int main(int argc, char** argv) {
               prop.l2CacheSize >> 20);
   cudaStream_t s;
   CK(cudaStreamCreate(&s));
-  if (profile) {
-    Problem pr = make_problem(32, 512, 64);
-    DeviceProblem d = upload(pr);
-    for (Kernel k : {Kernel::kSimt, Kernel::kMma32, Kernel::kMma64}) {
-      launch(k, d.p, s);
-      launch(k, d.p, s);
-    }
-    CK(cudaStreamSynchronize(s));
-    release(d);
-    std::printf("profile launches done\n");
+  if (o.profile) {
+    profile_launches(s);
     return 0;
   }
   const size_t flush_bytes = 256u << 20;
   void* flush = nullptr;
   CK(cudaMalloc(&flush, flush_bytes));
-  if (split_only || small_only) {
-    if (split_only) split_rows(s, flush, flush_bytes, quick);
-    if (small_only) small_rows(s, flush, flush_bytes, quick);
+  if (o.split_only || o.small_only) {
+    if (o.split_only) split_rows(s, flush, flush_bytes, o.quick);
+    if (o.small_only) small_rows(s, flush, flush_bytes, o.quick);
     CK(cudaFree(flush));
     CK(cudaStreamDestroy(s));
     return 0;
@@ -670,49 +742,16 @@ int main(int argc, char** argv) {
   std::printf("%-9s %4s | %9s %9s %9s | %7s | %8s %8s | %8s %9s | %8s %8s %8s | %s\n", "topk(P)",
               "B", "simt_us", "mma_us", "h64_us", "speedup", "TFLOP/s", "GB/s", "simtGB/s",
               "simtAct", "graphM", "graphS", "coldM", "FlashMLA graph (cold)");
-  if (run_original) {
-    const int batches[6] = {1, 4, 16, 32, 64, 128};
-    for (int topk : {128, 512}) {
-      const int P = topk == 128 ? 256 : 64;
-      char label[32], md_label[32];
-      std::snprintf(label, sizeof label, "%4d(%3d)", topk, P);
-      std::snprintf(md_label, sizeof md_label, "%d (%d)", topk, P);
-      for (int B : batches) {
-        md += bench_shape({label, md_label, B, 64, 1, topk, P, 0, 1, true}, s, flush, flush_bytes,
-                          quick);
-      }
-    }
-  }
-  if (run_production) {
-    // docs/SPEC.md section 8: main topk 128 over P = 256 plus an extra cache in the same softmax.
-    std::printf(
-        "\nProduction decode (H, s_q, main 128 over P=256 + extra topk(P), one softmax):\n");
-    const int extras[2][2] = {{512, 64}, {1024, 2}};
-    for (int H : {64, 128}) {
-      for (const auto& ex : extras) {
-        for (int sq : {1, 2, 3, 4}) {
-          char label[64], md_label[96];
-          std::snprintf(label, sizeof label, "H%d s%d 128(256)+%d(%d)", H, sq, ex[0], ex[1]);
-          std::snprintf(md_label, sizeof md_label, "H=%d s_q=%d: 128 (256) + %d (%d)", H, sq, ex[0],
-                        ex[1]);
-          const std::vector<int> bs =
-              sq == 1 || sq == 3 ? std::vector<int>{1, 16, 64, 128} : std::vector<int>{64};
-          for (int B : bs) {
-            md += bench_shape({label, md_label, B, H, sq, 128, 256, ex[0], ex[1], false}, s, flush,
-                              flush_bytes, quick);
-          }
-        }
-      }
-    }
-  }
+  if (o.run_original) md += first_table_rows(s, flush, flush_bytes, o.quick);
+  if (o.run_production) md += production_rows(s, flush, flush_bytes, o.quick);
   std::printf("\nAll times per call in us; speedup and throughput use the CUDA-graph times.\n%s",
               md.c_str());
   md += "\n";  // (not "\n" + ...: GCC 12 warns -Wrestrict on that operator+)
-  md += split_rows(s, flush, flush_bytes, quick);
+  md += split_rows(s, flush, flush_bytes, o.quick);
   md += "\n";
-  md += small_rows(s, flush, flush_bytes, quick);
-  if (!md_path.empty()) {
-    if (FILE* f = std::fopen(md_path.c_str(), "w")) {
+  md += small_rows(s, flush, flush_bytes, o.quick);
+  if (!o.md_path.empty()) {
+    if (FILE* f = std::fopen(o.md_path.c_str(), "w")) {
       std::fputs(md.c_str(), f);
       std::fclose(f);
     }
