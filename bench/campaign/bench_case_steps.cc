@@ -61,10 +61,9 @@ void hash_outcome(Fnv& f, const mlafuzz::PropertyOutcome& o) {
 
 int main(int argc, char** argv) {
   mlafuzz::bench::CaseSetArgs args;
-  if (const auto rc = mlafuzz::bench::parse_case_set_args(
-          argc, argv, "evaluate_case step by step on the first N generated cases", args)) {
-    return *rc;
-  }
+  CLI::App app{"evaluate_case step by step on the first N generated cases"};
+  mlafuzz::bench::add_case_set_options(app, args);
+  if (const auto rc = mlafuzz::bench::parse_args(app, argc, argv)) return *rc;
   mlafuzz::bench::use_campaign_allocator();
   const std::vector<mlafuzz::Case> cs = mlafuzz::bench::generated_cases(args);
   const int repeats = args.repeats;

@@ -3,31 +3,29 @@
 
 #include <malloc.h>
 
-#include <CLI/CLI.hpp>
-#include <algorithm>
-
 #include "properties/generate.h"
 
 namespace mlafuzz::bench {
 
-std::optional<int> parse_case_set_args(int argc, char** argv, const std::string& description,
-                                       CaseSetArgs& args) {
-  CLI::App app{description};
+void add_case_set_options(CLI::App& app, CaseSetArgs& args) {
   app.add_option("--seed", args.seed, "generator seed")->capture_default_str();
   app.add_option("--cases", args.cases, "the first N generated cases")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--profile", args.profile, "default, or production shapes only")
       ->capture_default_str()
       ->check(CLI::IsMember({"default", "production"}));
   app.add_option("--repeats", args.repeats, "repeats (the fastest is reported)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+std::optional<int> parse_args(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-  args.repeats = std::max(1, args.repeats);
   return std::nullopt;
 }
 

@@ -1,8 +1,9 @@
 // The fixed set of cases the host-side benches measure: the first N generated cases of a seed
-// (default profile, or production shapes only), with the command line that chooses them and the
-// allocator settings of a long campaign's steady state.
+// (default profile, or production shapes only), with the command-line options that choose them
+// and the allocator settings of a long campaign's steady state.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,11 +20,13 @@ struct CaseSetArgs {
   std::string profile = "default";  // or "production"
 };
 
-// Parses [--seed N] [--cases N] [--profile default|production] [--repeats R] (args holds the
-// bench's defaults). Returns the exit status when the bench must stop: 0 after --help, 2 with a
-// message naming the bad argument; nullopt to run.
-std::optional<int> parse_case_set_args(int argc, char** argv, const std::string& description,
-                                       CaseSetArgs& args);
+// Adds --seed N, --cases N, --profile default|production and --repeats R to app, read into args
+// (which holds the bench's defaults). A bench adds its own options to the same app.
+void add_case_set_options(CLI::App& app, CaseSetArgs& args);
+
+// Parses the command line with app. Returns the exit status when the bench must stop: 0 after
+// --help, 2 after a message naming the bad argument; nullopt to run.
+std::optional<int> parse_args(CLI::App& app, int argc, char** argv);
 
 // Allocator thresholds of a long campaign's steady state (bench/oracle/bench_oracle.cc says why).
 void use_campaign_allocator();

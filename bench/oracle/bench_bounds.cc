@@ -47,10 +47,9 @@ void hash_into(uint64_t& h, const std::vector<double>& v) {
 int main(int argc, char** argv) {
   mlafuzz::bench::CaseSetArgs args;
   args.cases = 100;
-  if (const auto rc = mlafuzz::bench::parse_case_set_args(
-          argc, argv, "the tolerance model's thread CPU against the oracle's", args)) {
-    return *rc;
-  }
+  CLI::App app{"the tolerance model's thread CPU against the oracle's"};
+  mlafuzz::bench::add_case_set_options(app, args);
+  if (const auto rc = mlafuzz::bench::parse_args(app, argc, argv)) return *rc;
   mlafuzz::bench::use_campaign_allocator();
   std::vector<MaterializedCase> ms;
   for (const mlafuzz::Case& c : mlafuzz::bench::generated_cases(args)) {
