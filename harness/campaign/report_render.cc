@@ -148,12 +148,12 @@ bool holds(const Finding& f, const std::string& backend, const std::string& prop
 // Compare
 // ---------------------------------------------------------------------------------------------
 
-Comparison compare_reports(const Report& o, const Report& n, const CompareOptions& opt) {
-  Comparison c;
-  std::ostringstream os;
-  os << "cases: " << o.cases << " -> " << n.cases << "; cases/s: " << fmt_g(o.cases_per_s) << " -> "
-     << fmt_g(n.cases_per_s) << "\n";
-  if (o.commit != n.commit) os << "commit: " << o.commit << " -> " << n.commit << "\n";
+namespace {
+
+// The findings of NEW against OLD's, one line each (still open, known, new, gone) into os;
+// returns whether a new finding is a regression.
+bool compare_findings(const Report& o, const Report& n, std::ostringstream& os) {
+  bool regression = false;
   std::set<std::string> old_sigs, new_sigs;
   for (const auto& f : o.findings) old_sigs.insert(f.signature);
   for (const auto& f : n.findings) new_sigs.insert(f.signature);
@@ -183,7 +183,7 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
       os << "known new finding: " << f.signature << " (" << f.known << ")\n";
       continue;
     }
-    c.regression = true;
+    regression = true;
     os << "REGRESSION new finding: " << f.signature << " (" << f.count << " raw failure(s))";
     if (!f.repro.empty()) os << "\n    reproduce: " << f.repro;
     os << "\n";
@@ -194,6 +194,14 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
       still = still || (old_ungrouped && holds(f, nf.backend, f.property));
     if (!still) os << "gone: finding " << f.signature << "\n";
   }
+  return regression;
+}
+
+// The (backend, property) results of NEW against OLD's (new, worse or changed tightness,
+// failure rate, not run any more) into os; returns whether one is a regression.
+bool compare_results(const Report& o, const Report& n, const CompareOptions& opt,
+                     std::ostringstream& os) {
+  bool regression = false;
   for (const auto& ns : n.results) {
     const PropertyStats* os_ = o.find_stats(ns.backend, ns.property);
     const std::string who = pair_key(ns.backend, ns.property);
@@ -206,12 +214,12 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
     const bool worse = new_nonfinite || (std::isnan(b) && !std::isnan(a)) ||
                        (b >= opt.min_tightness && b > opt.factor * a);
     if (new_nonfinite) {
-      c.regression = true;
+      regression = true;
       os << "REGRESSION " << who << ": " << ns.nonfinite_mismatches << " non-finite mismatch(es)";
       if (!ns.worst.empty()) os << "\n    reproduce: " << ns.worst.front().repro;
       os << "\n";
     } else if (worse) {
-      c.regression = true;
+      regression = true;
       os << "REGRESSION worst tightness " << who << ": " << fmt_g(a) << " -> " << fmt_g(b)
          << " (more than " << fmt_g(opt.factor) << "x)";
       if (!ns.worst.empty()) os << "\n    reproduce: " << ns.worst.front().repro;
@@ -231,6 +239,20 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
       os << "not run any more: " << pair_key(s.backend, s.property) << "\n";
     }
   }
+  return regression;
+}
+
+}  // namespace
+
+Comparison compare_reports(const Report& o, const Report& n, const CompareOptions& opt) {
+  Comparison c;
+  std::ostringstream os;
+  os << "cases: " << o.cases << " -> " << n.cases << "; cases/s: " << fmt_g(o.cases_per_s) << " -> "
+     << fmt_g(n.cases_per_s) << "\n";
+  if (o.commit != n.commit) os << "commit: " << o.commit << " -> " << n.commit << "\n";
+  const bool new_finding = compare_findings(o, n, os);
+  const bool worse_result = compare_results(o, n, opt, os);
+  c.regression = new_finding || worse_result;
   os << (c.regression ? "verdict: REGRESSION\n" : "verdict: no regression\n");
   c.text = os.str();
   return c;
@@ -240,32 +262,21 @@ Comparison compare_reports(const Report& o, const Report& n, const CompareOption
 // JUnit
 // ---------------------------------------------------------------------------------------------
 
-std::string render_junit(const Report& r) {
-  std::map<std::string, std::vector<const PropertyStats*>> by_backend;
-  for (const auto& s : r.results) by_backend[s.backend].push_back(&s);
-  // A (backend, property) fails only for failures no finding holds (findings lost, or a
-  // campaign run without them): each bug fails one test case, its finding's.
-  const auto uncovered = [&](const PropertyStats& s) {
-    if (s.failures == 0) return false;
-    for (const auto& f : r.findings) {
-      if (holds(f, s.backend, s.property)) return false;
-    }
-    return true;
-  };
-  // A finding the known-failure ledger holds is a skipped test case, not a failure.
-  int64_t known = 0;
-  for (const auto& f : r.findings) known += !f.known.empty();
-  int64_t tests = static_cast<int64_t>(r.findings.size());
-  int64_t failures = tests - known, skipped = known;
-  for (const auto& s : r.results) {
-    ++tests;
-    if (uncovered(s)) ++failures;
-    if (s.applicable() == 0) ++skipped;
+namespace {
+
+// A (backend, property) fails only for failures no finding holds (findings lost, or a campaign
+// run without them): each bug fails one test case, its finding's.
+bool uncovered(const Report& r, const PropertyStats& s) {
+  if (s.failures == 0) return false;
+  for (const auto& f : r.findings) {
+    if (holds(f, s.backend, s.property)) return false;
   }
-  std::ostringstream x;
-  x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
-  x << "<testsuites name=\"mlafuzz\" tests=\"" << tests << "\" failures=\"" << failures
-    << "\" errors=\"0\" skipped=\"" << skipped << "\" time=\"" << fmt_g(r.duration_s, 6) << "\">\n";
+  return true;
+}
+
+// The "findings" test suite: one test case per finding, failed (or skipped when the
+// known-failure ledger holds it).
+void junit_findings_suite(const Report& r, int64_t known, std::ostringstream& x) {
   x << "  <testsuite name=\"findings\" tests=\"" << r.findings.size() << "\" failures=\""
     << r.findings.size() - known << "\" errors=\"0\" skipped=\"" << known << "\" time=\""
     << fmt_g(r.duration_s, 6) << "\" timestamp=\"" << esc(r.start) << "\" hostname=\""
@@ -289,45 +300,71 @@ std::string render_junit(const Report& r) {
       << "    </testcase>\n";
   }
   x << "  </testsuite>\n";
-  for (const auto& [backend, stats] : by_backend) {
-    int64_t f = 0, sk = 0;
-    for (const auto* s : stats) {
-      f += uncovered(*s) ? 1 : 0;
-      sk += s->applicable() == 0;
-    }
-    x << "  <testsuite name=\"" << esc(backend) << "\" tests=\"" << stats.size() << "\" failures=\""
-      << f << "\" errors=\"0\" skipped=\"" << sk << "\" time=\"" << fmt_g(r.duration_s, 6)
-      << "\" timestamp=\"" << esc(r.start) << "\" hostname=\"" << esc(r.host) << "\">\n";
-    for (const auto* s : stats) {
-      x << "    <testcase name=\"" << esc(s->property) << "\" classname=\"mlafuzz." << esc(backend)
-        << "\">\n";
-      std::string grouped;
-      for (const auto& fi : r.findings) {
-        if (holds(fi, s->backend, s->property)) grouped += "\n  in finding " + fi.signature;
-      }
-      x << "      <system-out>" << s->cases << " cases, " << s->not_applicable
-        << " not applicable, " << s->failures << " failures; max_abs " << fmt_g(s->max_abs)
-        << ", mean_abs " << fmt_g(s->mean_abs()) << ", lse_max_abs " << fmt_g(s->lse_max_abs)
-        << ", tightness max " << max_tightness_text(*s) << " p99 "
-        << fmt_g(s->tightness.quantile(0.99, s->max_tightness)) << esc(grouped)
-        << "</system-out>\n";
-      if (uncovered(*s)) {
-        std::ostringstream body;
-        for (const auto& w : s->worst) {
-          if (!w.failed) continue;
-          body << "case " << w.case_index << " (" << w.shape << "): " << w.detail
-               << "\nreproduce: " << w.repro << "\n";
-        }
-        x << "      <failure message=\"" << s->failures << " of " << s->applicable()
-          << " cases failed (in no finding); worst tightness " << max_tightness_text(*s)
-          << "\" type=\"" << esc(s->property) << "\">" << esc(body.str()) << "</failure>\n";
-      } else if (s->applicable() == 0) {
-        x << "      <skipped message=\"not applicable to this backend\"/>\n";
-      }
-      x << "    </testcase>\n";
-    }
-    x << "  </testsuite>\n";
+}
+
+// One backend's test suite: a test case per property, its figures, failed for failures no
+// finding holds, skipped where no case applied.
+void junit_backend_suite(const Report& r, const std::string& backend,
+                         const std::vector<const PropertyStats*>& stats, std::ostringstream& x) {
+  int64_t f = 0, sk = 0;
+  for (const auto* s : stats) {
+    f += uncovered(r, *s) ? 1 : 0;
+    sk += s->applicable() == 0;
   }
+  x << "  <testsuite name=\"" << esc(backend) << "\" tests=\"" << stats.size() << "\" failures=\""
+    << f << "\" errors=\"0\" skipped=\"" << sk << "\" time=\"" << fmt_g(r.duration_s, 6)
+    << "\" timestamp=\"" << esc(r.start) << "\" hostname=\"" << esc(r.host) << "\">\n";
+  for (const auto* s : stats) {
+    x << "    <testcase name=\"" << esc(s->property) << "\" classname=\"mlafuzz." << esc(backend)
+      << "\">\n";
+    std::string grouped;
+    for (const auto& fi : r.findings) {
+      if (holds(fi, s->backend, s->property)) grouped += "\n  in finding " + fi.signature;
+    }
+    x << "      <system-out>" << s->cases << " cases, " << s->not_applicable << " not applicable, "
+      << s->failures << " failures; max_abs " << fmt_g(s->max_abs) << ", mean_abs "
+      << fmt_g(s->mean_abs()) << ", lse_max_abs " << fmt_g(s->lse_max_abs) << ", tightness max "
+      << max_tightness_text(*s) << " p99 " << fmt_g(s->tightness.quantile(0.99, s->max_tightness))
+      << esc(grouped) << "</system-out>\n";
+    if (uncovered(r, *s)) {
+      std::ostringstream body;
+      for (const auto& w : s->worst) {
+        if (!w.failed) continue;
+        body << "case " << w.case_index << " (" << w.shape << "): " << w.detail
+             << "\nreproduce: " << w.repro << "\n";
+      }
+      x << "      <failure message=\"" << s->failures << " of " << s->applicable()
+        << " cases failed (in no finding); worst tightness " << max_tightness_text(*s)
+        << "\" type=\"" << esc(s->property) << "\">" << esc(body.str()) << "</failure>\n";
+    } else if (s->applicable() == 0) {
+      x << "      <skipped message=\"not applicable to this backend\"/>\n";
+    }
+    x << "    </testcase>\n";
+  }
+  x << "  </testsuite>\n";
+}
+
+}  // namespace
+
+std::string render_junit(const Report& r) {
+  std::map<std::string, std::vector<const PropertyStats*>> by_backend;
+  for (const auto& s : r.results) by_backend[s.backend].push_back(&s);
+  // A finding the known-failure ledger holds is a skipped test case, not a failure.
+  int64_t known = 0;
+  for (const auto& f : r.findings) known += !f.known.empty();
+  int64_t tests = static_cast<int64_t>(r.findings.size());
+  int64_t failures = tests - known, skipped = known;
+  for (const auto& s : r.results) {
+    ++tests;
+    if (uncovered(r, s)) ++failures;
+    if (s.applicable() == 0) ++skipped;
+  }
+  std::ostringstream x;
+  x << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  x << "<testsuites name=\"mlafuzz\" tests=\"" << tests << "\" failures=\"" << failures
+    << "\" errors=\"0\" skipped=\"" << skipped << "\" time=\"" << fmt_g(r.duration_s, 6) << "\">\n";
+  junit_findings_suite(r, known, x);
+  for (const auto& [backend, stats] : by_backend) junit_backend_suite(r, backend, stats, x);
   x << "</testsuites>\n";
   return x.str();
 }

@@ -46,32 +46,73 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-int run_repro(const ReproOptions& opt) {
-  const CorpusEntry e = load_corpus_entry(opt.file);
+// Backends: the option, else the finding's (a|b for pairs), else every available one.
+std::vector<std::string> repro_backend_names(const ReproOptions& opt, const CorpusEntry& e) {
   const bool finding = e.f.expect == "fail";
-
-  // Backends: the option, else the finding's (a|b for pairs), else every available one.
-  std::vector<std::string> names;
-  if (!opt.backends.empty()) {
-    names = parse_backend_list(opt.backends);
-  } else if (finding && !e.f.backend_source.empty()) {
-    names = split_list(e.f.backend_source, ',');  // as given, files absolute: any directory
-  } else if (finding && !e.f.backend.empty()) {
-    names = split_list(e.f.backend, '|');
-  } else {
-    names = parse_backend_list("available");
+  if (!opt.backends.empty()) return parse_backend_list(opt.backends);
+  if (finding && !e.f.backend_source.empty()) {
+    return split_list(e.f.backend_source, ',');  // as given, files absolute: any directory
   }
+  if (finding && !e.f.backend.empty()) return split_list(e.f.backend, '|');
+  return parse_backend_list("available");
+}
+
+// Properties: the option, else every property a finding's group fails on its minimal case
+// (version-1 entries: their one; "run" for "fault"), else none (every property).
+std::vector<std::string> repro_properties(const ReproOptions& opt, const CorpusEntry& e) {
+  if (!opt.properties.empty()) return split_list(opt.properties, ',');
   std::vector<std::string> props;
-  if (!opt.properties.empty()) {
-    props = split_list(opt.properties, ',');
-  } else if (finding && !e.f.property.empty() && e.f.property != "fault") {
-    // Every property the group fails on its minimal case (version-1 entries: their one).
+  if (e.f.expect == "fail" && !e.f.property.empty() && e.f.property != "fault") {
     for (const std::string& p :
          e.f.properties.empty() ? std::vector<std::string>{e.f.property} : e.f.properties) {
       const std::string name = p == "fault" ? std::string("run") : p;
       if (std::find(props.begin(), props.end(), name) == props.end()) props.push_back(name);
     }
   }
+  return props;
+}
+
+// The entry's path, its finding as recorded (group, failing properties, locus, inputs, detail)
+// and its case's shape.
+void print_entry(const CorpusEntry& e) {
+  std::cout << "entry " << e.path << "\n";
+  if (!e.f.property.empty()) {
+    std::cout << "finding: " << e.f.property << " on " << e.f.backend << " (expect " << e.f.expect
+              << ", " << e.f.count << " raw failure(s), found " << e.f.found_at << " at commit "
+              << e.f.commit << (e.f.gpu_name.empty() ? "" : " on " + e.f.gpu_name) << ")\n";
+    if (!e.f.signature.empty() && !e.f.kind.empty()) {
+      std::cout << "  group: " << e.f.signature << "\n";
+      std::string failing;
+      for (const auto& p : e.f.properties) failing += (failing.empty() ? "" : ", ") + p;
+      if (!failing.empty()) std::cout << "  fails: " << failing << "\n";
+      if (!e.f.locus.empty()) std::cout << "  where: " << e.f.locus << "\n";
+      if (!e.f.inputs.empty()) std::cout << "  " << e.f.inputs << "\n";
+    }
+    if (!e.f.detail.empty()) std::cout << "  recorded: " << e.f.detail << "\n";
+  }
+  std::cout << "case: " << shape_class(e.c) << " (B=" << e.c.batch << " H=" << e.c.heads
+            << " topk=" << e.c.topk << ")\n";
+}
+
+// The faults the isolated backends met, each printed; returns how many.
+int print_faults(const std::vector<std::unique_ptr<Backend>>& owned) {
+  int faults = 0;
+  for (const auto& b : owned) {
+    auto* iso = dynamic_cast<campaign::IsolatedBackend*>(b.get());
+    if (!iso) continue;
+    for (const auto& f : iso->take_faults()) {
+      std::cout << "  fault: " << f.message << "\n";
+      ++faults;
+    }
+  }
+  return faults;
+}
+
+int run_repro(const ReproOptions& opt) {
+  const CorpusEntry e = load_corpus_entry(opt.file);
+  const bool finding = e.f.expect == "fail";
+  std::vector<std::string> names = repro_backend_names(opt, e);
+  const std::vector<std::string> props = repro_properties(opt, e);
   // A fault (crash, exit, hang) may come from any run of the case (a kernel may fault on the
   // fifth call, or on poisoned padding only): every property runs, as in the campaign. Backends
   // run isolated, so a fault is an outcome instead of the end of mlafuzz.
@@ -95,23 +136,7 @@ int run_repro(const ReproOptions& opt) {
     backends.push_back(owned.back().get());
   }
 
-  std::cout << "entry " << e.path << "\n";
-  if (!e.f.property.empty()) {
-    std::cout << "finding: " << e.f.property << " on " << e.f.backend << " (expect " << e.f.expect
-              << ", " << e.f.count << " raw failure(s), found " << e.f.found_at << " at commit "
-              << e.f.commit << (e.f.gpu_name.empty() ? "" : " on " + e.f.gpu_name) << ")\n";
-    if (!e.f.signature.empty() && !e.f.kind.empty()) {
-      std::cout << "  group: " << e.f.signature << "\n";
-      std::string failing;
-      for (const auto& p : e.f.properties) failing += (failing.empty() ? "" : ", ") + p;
-      if (!failing.empty()) std::cout << "  fails: " << failing << "\n";
-      if (!e.f.locus.empty()) std::cout << "  where: " << e.f.locus << "\n";
-      if (!e.f.inputs.empty()) std::cout << "  " << e.f.inputs << "\n";
-    }
-    if (!e.f.detail.empty()) std::cout << "  recorded: " << e.f.detail << "\n";
-  }
-  std::cout << "case: " << shape_class(e.c) << " (B=" << e.c.batch << " H=" << e.c.heads
-            << " topk=" << e.c.topk << ")\n";
+  print_entry(e);
   const CaseEvaluation ev = evaluate_case(e.c, backends, props);
   int failed = 0;
   for (const auto& o : ev.outcomes) {
@@ -123,16 +148,7 @@ int run_repro(const ReproOptions& opt) {
   std::string cmd = repro_command(opt.file, join(absolute_names));
   if (!opt.isolation.case_timeout.empty()) cmd += " --case-timeout " + opt.isolation.case_timeout;
   if (fault_finding) {
-    int faults = 0;
-    for (const auto& b : owned) {
-      auto* iso = dynamic_cast<campaign::IsolatedBackend*>(b.get());
-      if (!iso) continue;
-      for (const auto& f : iso->take_faults()) {
-        std::cout << "  fault: " << f.message << "\n";
-        ++faults;
-      }
-    }
-    if (faults > 0) {
+    if (const int faults = print_faults(owned); faults > 0) {
       std::cout << faults << " fault(s) (the finding persists)\nreproduce: " << cmd << "\n";
       return kExitFailed;
     }
