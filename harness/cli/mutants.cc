@@ -49,7 +49,9 @@ std::string what_is_scored(const MutationOptions& o) {
                      o.only_names.empty() ? "the" : "the chosen", list);
 }
 
-int mutants_command(const MutantsArgs& a) {
+// The options of a run from the command line's, each checked (std::invalid_argument naming the
+// option).
+MutationOptions mutation_options(const MutantsArgs& a) {
   MutationOptions o;
   if (a.kind != "cpu" && a.kind != "gpu") {
     throw std::invalid_argument("--backend-kind must be cpu or gpu, not '" + a.kind + "'");
@@ -94,30 +96,30 @@ int mutants_command(const MutantsArgs& a) {
     }
     o.only.push_back(*m);
   }
+  return o;
+}
 
-  std::cout << fmt::format(
-      "mlafuzz mutants: {}, seed {}, budget {:g} s / {} cases per mutant, "
-      "shrink {} evaluations (at most {:g} s)\n",
-      what_is_scored(o), o.seed, o.budget_seconds, o.max_cases, o.shrink.max_evaluations,
-      o.shrink.max_seconds);
+// One mutant's line as its run ends: skipped, survived, or killed (by what, shrunk to what).
+void print_mutant_result(const MutantResult& r) {
+  if (r.status == MutantStatus::kSkipped) {
+    std::cout << fmt::format("  {:<24} skipped: {}\n", r.name, r.skip_reason);
+  } else if (r.status == MutantStatus::kSurvived) {
+    std::cout << fmt::format("  {:<24} SURVIVED {} cases in {:.1f} s\n", r.name, r.cases,
+                             r.seconds);
+  } else {
+    std::cout << fmt::format(
+        "  {:<24} killed by {} after {} cases ({:.2f} s); shrunk to "
+        "B={} H={} topk={} valid={}{}{}\n",
+        r.name, r.first_property, r.cases, r.seconds, r.batch, r.heads, r.topk, r.valid_tokens,
+        r.property == r.first_property ? "" : ", which fails " + r.property,
+        r.control_passed ? "" : " [SUSPECT: the control fails too]");
+  }
   std::cout.flush();
-  const auto results = run_mutants(o, [](const MutantResult& r) {
-    if (r.status == MutantStatus::kSkipped) {
-      std::cout << fmt::format("  {:<24} skipped: {}\n", r.name, r.skip_reason);
-    } else if (r.status == MutantStatus::kSurvived) {
-      std::cout << fmt::format("  {:<24} SURVIVED {} cases in {:.1f} s\n", r.name, r.cases,
-                               r.seconds);
-    } else {
-      std::cout << fmt::format(
-          "  {:<24} killed by {} after {} cases ({:.2f} s); shrunk to "
-          "B={} H={} topk={} valid={}{}{}\n",
-          r.name, r.first_property, r.cases, r.seconds, r.batch, r.heads, r.topk, r.valid_tokens,
-          r.property == r.first_property ? "" : ", which fails " + r.property,
-          r.control_passed ? "" : " [SUSPECT: the control fails too]");
-    }
-    std::cout.flush();
-  });
-  std::cout << '\n' << format_mutant_table(results);
+}
+
+// Under the table: each kill's detail, planted bug and shrunk case, and the failures the
+// unmutated backend shares.
+void print_mutant_details(const std::vector<MutantResult>& results) {
   for (const MutantResult& r : results) {
     if (r.status == MutantStatus::kKilled) {
       std::cout << "\n" << r.name << ": " << r.detail << '\n';
@@ -132,6 +134,19 @@ int mutants_command(const MutantsArgs& a) {
                 << r.control_failure_example << '\n';
     }
   }
+}
+
+int mutants_command(const MutantsArgs& a) {
+  const MutationOptions o = mutation_options(a);
+  std::cout << fmt::format(
+      "mlafuzz mutants: {}, seed {}, budget {:g} s / {} cases per mutant, "
+      "shrink {} evaluations (at most {:g} s)\n",
+      what_is_scored(o), o.seed, o.budget_seconds, o.max_cases, o.shrink.max_evaluations,
+      o.shrink.max_seconds);
+  std::cout.flush();
+  const auto results = run_mutants(o, print_mutant_result);
+  std::cout << '\n' << format_mutant_table(results);
+  print_mutant_details(results);
   if (!a.json.empty()) {
     write_file_atomic(a.json, json_to_text(mutants_to_json(o, results)));
     std::cout << "\nreport: " << a.json << '\n';
