@@ -23,6 +23,7 @@
 #include "core/shared_arena.h"
 #include "harness/backends/ipc_channel.h"
 #include "harness/backends/plugin_backend.h"
+#include "harness/backends/python_replies.h"
 
 namespace mlafuzz {
 namespace {
@@ -94,13 +95,6 @@ std::string package_dir() {
   if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
 #endif
   return "";
-}
-
-Precision precision_from(const std::string& s, const std::string& who) {
-  if (s == "bf16_mma") return Precision::kMmaBf16;
-  if (s == "fp32_simt") return Precision::kSimtFp32;
-  if (s == "custom") return Precision::kCustom;
-  throw PythonBackendError(who + ": the worker declares unknown precision '" + s + "'");
 }
 
 const char* layout_str(int32_t l) { return l == MLAFUZZ_LAYOUT_MODEL1 ? "model1" : "v32"; }
@@ -276,10 +270,12 @@ class PythonBackend final : public TraitsBackend<Backend> {
     if (const auto hit = verdicts_.find(req); hit != verdicts_.end()) return hit->second;
     const ipc::Child::Reply r = child_.call(kMsgSupports, req, python_call_timeout());
     if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: run() sees
-    const json j = json::parse(r.payload, nullptr, false);
     std::optional<std::string> verdict;
-    if (j.is_object() && j.contains("reason") && j["reason"].is_string()) {
-      verdict = backend_ + ": " + j["reason"].get<std::string>();
+    try {
+      const PythonSupportsReply reply = read_python_supports_reply(fields::Json::parse(r.payload));
+      if (reply.reason) verdict = backend_ + ": " + *reply.reason;
+    } catch (const std::exception&) {  // a malformed reply: taken, not kept (as a fault)
+      return std::nullopt;
     }
     if (verdicts_.size() >= kMaxVerdicts) verdicts_.clear();
     verdicts_.emplace(req, verdict);
@@ -396,28 +392,32 @@ class PythonBackend final : public TraitsBackend<Backend> {
 
     const ipc::Child::Reply reply = child_.call(kMsgRun, payload, python_call_timeout());
     if (!reply.fault.empty()) return fault(reply.fault);
-    const json j = json::parse(reply.payload, nullptr, false);
-    if (reply.type != kMsgRun || !j.is_object() || !j.contains("status")) {
+    if (reply.type != kMsgRun) {
       return fault(child_.kill_and_describe(
           "sent an unexpected reply: " +
           (reply.type == kMsgError ? reply.payload : reply.payload.substr(0, 200))));
     }
-    const std::string status = j["status"].get<std::string>();
-    const std::string message = j.value("message", "");
-    const double seconds = j.value("seconds", 0.0);
-    if (status == "fault") {
-      // A CUDA error: the worker exits (its context is poisoned); reap it.
-      return fault(child_.kill_and_describe("reported a device fault") + ": " + message);
+    PythonRunReply run;
+    try {
+      run = read_python_run_reply(fields::Json::parse(reply.payload));
+    } catch (const std::exception& e) {
+      return fault(child_.kill_and_describe(std::string("sent a malformed reply (") + e.what() +
+                                            "): " + reply.payload.substr(0, 200)));
     }
-    if (status != "ok") {
+    if (run.status == PythonRunReply::Status::kFault) {
+      // A CUDA error: the worker exits (its context is poisoned); reap it.
+      return fault(child_.kill_and_describe("reported a device fault") + ": " + run.message);
+    }
+    if (run.status == PythonRunReply::Status::kError) {
       RunResult r;
       r.status = RunStatus::kError;
-      r.message = backend_ + ": the kernel raised an exception:\n" + message + undeclared_hint(m);
-      r.seconds = seconds;
+      r.message =
+          backend_ + ": the kernel raised an exception:\n" + run.message + undeclared_hint(m);
+      r.seconds = run.seconds;
       return r;
     }
     RunResult r = collect_outputs(m, OutputBuffers(m, out_raw, lse_raw));
-    r.seconds = seconds;  // the kernel's own time, measured in the worker
+    r.seconds = run.seconds;  // the kernel's own time, measured in the worker
     return r;
   }
 
@@ -504,8 +504,9 @@ class PythonBackend final : public TraitsBackend<Backend> {
       child_.stop(0);
       return r.payload;
     }
-    const json j = json::parse(r.payload, nullptr, false);
-    if (r.type != kMsgInfo || !j.is_object() || j.value("protocol", 0) != kProtocolVersion) {
+    const auto j = fields::Json::parse(r.payload, nullptr, false);
+    if (r.type != kMsgInfo || !j.is_object() || !j.contains("protocol") ||
+        j.at("protocol") != kProtocolVersion) {
       child_.stop(0);
       return spec.label + ": the worker speaks another protocol version (this mlafuzz speaks " +
              std::to_string(kProtocolVersion) +
@@ -513,57 +514,9 @@ class PythonBackend final : public TraitsBackend<Backend> {
              "./python";
     }
     try {
-      PythonDescription d;
-      d.traits.name = backend_;
-      d.traits.needs_worker = true;
-      d.name = j.at("name").get<std::string>();
-      d.description = j.value("description", "");
-      d.traits.precision = precision_from(j.at("precision").get<std::string>(), backend_);
-      d.traits.abs_tol = j.value("abs_tol", 0.0);
-      d.traits.rel_tol = j.value("rel_tol", 0.0);
-      d.device = j.value("device", "cpu");
-      d.traits.on_device = d.device == "cuda";
-      d.has_supports = j.value("has_supports", false);
-      d.traits.availability.available = j.value("available", true);
-      d.traits.availability.reason = j.value("reason", "");
-      d.python = j.value("python", interpreter);
-      d.python_version = j.value("python_version", "");
-      d.numpy_version = j.value("numpy", "");
-      if (j.contains("envelope") && !j.at("envelope").is_null()) {
-        d.traits.envelope = envelope_from_json(j.at("envelope"), "envelope");
-        d.has_envelope = true;
-      }
-      if (j.contains("mutants") && !j.at("mutants").is_null()) {
-        // Declaration order: parsed again keeping the object's key order.
-        const auto ordered = nlohmann::ordered_json::parse(r.payload);
-        for (const auto& [k, v] : ordered.at("mutants").items()) {
-          d.mutants.emplace_back(k, v.get<std::string>());
-        }
-      }
-      if (j.contains("extra_pipeline")) {
-        const auto e = j.at("extra_pipeline").get<std::string>();
-        if (e != "joint" && e != "lse_merged") {
-          throw std::runtime_error("extra_pipeline '" + e + "' (known: joint, lse_merged)");
-        }
-        d.traits.extra_pipeline =
-            e == "lse_merged" ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
-      }
-      if (j.contains("inexact")) {
-        d.traits.inexact_invariants =
-            parse_invariants(j.at("inexact").get<std::vector<std::string>>());
-      }
-      if (j.contains("token_tile")) {
-        const auto& t = j.at("token_tile");
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > (1 << 20)) {
-          throw std::runtime_error("token_tile " + t.dump() + " (a number of tokens, 0: default)");
-        }
-        d.traits.token_tile = t.get<int>();
-      }
-      // Envelope(extra_cache=True): the kernel says it takes an extra cache.
-      d.declares_extra_cache =
-          j.value("extra_cache", nlohmann::json()).is_boolean() && j.at("extra_cache").get<bool>();
-      if (described != nullptr) *described = std::move(d);
-    } catch (const std::exception& e) {
+      PythonInfo info = read_python_info(j, backend_, interpreter);
+      if (described != nullptr) *described = std::move(info.description);
+    } catch (const std::exception& e) {  // FieldError, the envelope's invalid_argument
       child_.stop(0);
       return backend_ + ": malformed info from the worker: " + e.what();
     }

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import shutil
 import types
 
@@ -178,3 +179,56 @@ def test_an_info_reply_without_token_tile_means_the_precisions_tile(tmp_path, mo
     proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
     assert proc.returncode == 0, describe(proc)
     assert "token tile:  the precision's default" in proc.stdout, describe(proc)
+
+
+def documented_info_keys() -> list:
+    """The INFO reply's fields as docs/WORKER_PROTOCOL.md's frame table lists them."""
+    with open(os.path.join(ROOT, "docs", "WORKER_PROTOCOL.md"), encoding="utf-8") as f:
+        (row,) = [line for line in f if line.startswith("| 1 INFO |")]
+    reply = row.split("|")[3]
+    return [k for k in re.findall(r"`([a-z_]+)`", reply.split("INFO:", 1)[1])
+            if k not in ("bf16_mma", "fp32_simt", "custom", "cpu", "cuda")]
+
+
+def test_the_info_reply_sends_the_documented_fields_in_their_order() -> None:
+    """What the package sends is what the contract page lists (mlafuzz reads these keys through
+    one field table, python_info.cc, whose test checks the same list)."""
+    kernels = os.path.join(ROOT, "tests", "python", "envelope_kernels.py")
+    s = server.Server(kernels + ":decode_tile8", shm_fd=-1, reply_fd=-1)
+    assert list(s.info_reply()) == documented_info_keys()
+
+
+def patched_info_reply(old, fields: str) -> None:
+    """Merges `fields` (Python source of a dict) into the INFO reply of the worker of the
+    package copy `old` (copied_package)."""
+    with open(old / "worker" / "server.py", "a", encoding="utf-8") as f:
+        f.write("\n\n_info_reply = Server.info_reply\n"
+                f"Server.info_reply = lambda self: {{**_info_reply(self), **{fields}}}\n")
+
+
+def test_an_info_field_of_a_newer_package_is_ignored(tmp_path, monkeypatch) -> None:
+    """Fields are added to the INFO reply within a protocol version (docs/WORKER_PROTOCOL.md):
+    one this mlafuzz does not know changes nothing."""
+    old = copied_package(tmp_path, monkeypatch)
+    before = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert before.returncode == 0, describe(before)
+    patched_info_reply(old, '{"later": {"x": [1]}}')
+    proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 0, describe(proc)
+    assert proc.stdout == before.stdout, describe(proc)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ('{"precision": "fp16"}',
+     "info.precision: unknown value 'fp16' (known: bf16_mma, fp32_simt, custom)"),
+    ('{"token_tile": -8}', "info.token_tile: expected a number of tokens from 0"),
+    ('{"inexact": ["batch", "rows"]}', "info.inexact: unknown invariant 'rows'"),
+    ('{"available": "yes"}', "info.available: expected true or false"),
+    ('{"mutants": {"off-by-one": None}}', "info.mutants.off-by-one: expected a string"),
+])
+def test_a_malformed_info_field_is_refused_naming_it(tmp_path, monkeypatch, fields,
+                                                     message) -> None:
+    patched_info_reply(copied_package(tmp_path, monkeypatch), fields)
+    proc = mlafuzz_cmd("plugin-info", f"{NUMPY_KERNEL}:decode")
+    assert proc.returncode == 2, describe(proc)
+    assert "malformed info from the worker: " + message in proc.stdout, describe(proc)
