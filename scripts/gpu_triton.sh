@@ -30,7 +30,8 @@ timeout 115 "$M" fuzz --backends triton-mma,triton-simt --time 90s --seed 21 \
   --corpus "$L/fuzz_corpus" --report "$L/fuzz_report" --progress plain > "$L/fuzz.txt" 2>&1
 echo "fuzz exit $? in $(( $(date +%s) - t0 )) s" >> "$L/steps.txt"
 t0=$(date +%s)
-PYTHONPATH=$C/share/mlafuzz/python:$C/share/mlafuzz/triton timeout 45 python3 "$C/bench_triton.py" \
-  > "$L/bench.txt" 2>&1
+# The installed kernels (the package folder share/mlafuzz/triton), loaded as the worker loads them.
+PYTHONPATH=$C/share/mlafuzz/python MLAFUZZ_TRITON_DIR=$C/share/mlafuzz/triton timeout 45 \
+  python3 "$C/bench_triton.py" > "$L/bench.txt" 2>&1
 echo "bench exit $? in $(( $(date +%s) - t0 )) s" >> "$L/steps.txt"
 cat "$L/steps.txt"

@@ -24,13 +24,19 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.environ.get("MLAFUZZ_TRITON_DIR", os.path.join(ROOT, "kernels", "triton")))
+sys.path.insert(0, ROOT)  # the package kernels.triton
 
 import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
-import mla_triton  # noqa: E402
 import mlafuzz  # noqa: E402
+from mlafuzz.worker.loader import import_file  # noqa: E402
+
+if os.environ.get("MLAFUZZ_TRITON_DIR"):
+    # Another copy of the kernels (a before/after comparison), loaded as the worker loads it.
+    mla_triton = import_file(os.path.join(os.environ["MLAFUZZ_TRITON_DIR"], "mla_triton.py"))
+else:
+    from kernels.triton import mla_triton
 
 
 def make_call(b: int, h: int, topk: int, page: int, seed: int = 0) -> mlafuzz.DecodeCall:

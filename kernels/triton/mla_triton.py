@@ -56,7 +56,7 @@ def unavailable() -> Optional[str]:
         return None
     if _IMPORT_ERROR is None:
         try:
-            import mla_triton_jit  # noqa: PLC0415 - imports triton
+            from . import mla_triton_jit  # noqa: PLC0415 - imports triton
 
             _JIT = mla_triton_jit
             return None

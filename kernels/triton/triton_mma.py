@@ -22,9 +22,10 @@ from typing import Callable, Dict, Optional
 
 import mlafuzz
 from mlafuzz import _settings
-from mla_triton import (ENVELOPE, MMA2_BLOCK_N, MMA_BLOCK_N, compilations, launch,  # noqa: F401
-                        launch2, unavailable)
-from mla_triton import supports as _supports
+
+from .mla_triton import (  # noqa: F401 - unavailable(): the worker asks the module
+    ENVELOPE, MMA2_BLOCK_N, MMA_BLOCK_N, compilations, launch, launch2, unavailable)
+from .mla_triton import supports as _supports
 
 #: The kernel that triton-mma (and its mutants, h16, h64) runs: "mma2" (mma2_kernel: the token
 #: list split in SPLIT_TOKENS pieces merged by combine_kernel, the 16-byte gather and hardware
@@ -57,6 +58,7 @@ def _run(call: mlafuzz.DecodeCall, block_h: int, mutant: int = 0) -> None:
         launch(call, "mma_kernel", block_h=block_h, mutant=mutant)
     else:
         launch2(call, block_h=block_h, mutant=mutant, fp8cvt=FP8CVT, prefetch=PREFETCH)
+
 
 #: The planted bugs of this kernel: name -> what is wrong (mutant names follow
 #: mla/mutants.h where the class exists there).

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Optional
 
 import mlafuzz
-from mla_triton import ENVELOPE, SIMT_BLOCK_N, compilations, launch, unavailable  # noqa: F401
-from mla_triton import supports as _supports
+
+from .mla_triton import (  # noqa: F401 - unavailable(): the worker asks the module
+    ENVELOPE, SIMT_BLOCK_N, compilations, launch, unavailable)
+from .mla_triton import supports as _supports
 
 
 def supports(call: mlafuzz.DecodeCall) -> Optional[str]:

@@ -180,3 +180,26 @@ def test_an_interpreter_without_numpy_is_one_message_not_a_traceback(tmp_path) -
     assert proc.returncode == 2, describe(proc)
     assert "cannot import the module 'numpy'" in proc.stdout, describe(proc)
     assert "Traceback" not in proc.stdout, describe(proc)
+
+
+def test_a_kernel_file_inside_a_package_imports_its_siblings_relatively(tmp_path) -> None:
+    """python:DIR/numpy/kernel.py:decode, DIR/numpy a package (its __init__.py): the file is a
+    module of that package (`from .helpers import ...` works), the folder's name shadows
+    nothing (`import numpy` in it is still numpy), as for kernels/triton and the triton
+    library, and the package's __init__.py is not run (the file loads as it did alone)."""
+    pkg = tmp_path / "numpy"
+    (pkg / "inner").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('a package __init__.py mlafuzz runs')\n")
+    (pkg / "inner" / "__init__.py").write_text("")
+    (pkg / "helpers.py").write_text("PRECISION = 'fp32_simt'\n")
+    (pkg / "inner" / "kernel.py").write_text(
+        "import numpy as np\n"
+        "import mlafuzz\n"
+        "from ..helpers import PRECISION\n\n\n"
+        "@mlafuzz.kernel(name='packaged-' + np.__name__, precision=PRECISION)\n"
+        "def decode(call):\n"
+        "    '''A kernel in a subpackage.'''\n")
+    proc = mlafuzz_cmd("plugin-info", f"python:{pkg}/inner/kernel.py:decode")
+    assert proc.returncode == 0, describe(proc)
+    assert "name:        packaged-numpy" in proc.stdout, describe(proc)
+    assert "precision:   simt-fp32" in proc.stdout, describe(proc)

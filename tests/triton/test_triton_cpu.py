@@ -8,6 +8,7 @@ report the backends unavailable with the reason.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -20,15 +21,12 @@ import mlafuzz.testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KDIR = os.path.join(ROOT, "kernels", "triton")
-sys.path.insert(0, KDIR)
 CASE = os.path.join(ROOT, "tests", "plugins", "data", "small_case.json")
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location("t_" + name, os.path.join(KDIR, name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """kernels.triton.<name> (PYTHONPATH=python:<repository>, as docs/backends.md says)."""
+    return importlib.import_module("kernels.triton." + name)
 
 
 def _has(module: str) -> bool:
@@ -55,6 +53,38 @@ def test_modules_import_without_triton_and_declare_kernels():
     assert simt.decode.__mlafuzz_kernel__.device == "cuda"
     assert mma.decode.__mlafuzz_kernel__.precision == "bf16_mma"
     assert mma.decode.__mlafuzz_kernel__.name == "triton-mma"
+
+
+def test_the_kernels_are_a_package_importable_as_the_docs_say():
+    # docs/backends.md: from the repository root, PYTHONPATH=python:. and import kernels.triton.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(["python", "."]))
+    proc = subprocess.run(
+        [sys.executable, "-c", "import kernels.triton.triton_mma as m, kernels.triton.triton_simt "
+         "as s; print(m.decode.__mlafuzz_kernel__.name, s.decode.__mlafuzz_kernel__.name, "
+         "m.unavailable() == s.unavailable())"],
+        cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        check=False)
+    assert proc.returncode == 0 and proc.stdout == "triton-mma triton-simt True\n", proc.stdout
+    # One mla_triton shared by both kernels, reached through relative imports.
+    mma, simt = _load("triton_mma"), _load("triton_simt")
+    assert mma.launch is simt.launch is _load("mla_triton").launch
+
+
+def test_loaded_by_path_the_package_does_not_shadow_the_triton_library():
+    # The worker imports kernels/triton/triton_mma.py as a module of its package under a private
+    # name: `import triton` in mla_triton_jit must still mean the library.
+    from mlafuzz.worker import loader  # noqa: PLC0415
+
+    func, info, supports = loader.load_kernel(os.path.join(KDIR, "triton_mma.py") + ":decode")
+    module = sys.modules[func.__module__]
+    assert func.__module__.startswith("_mlafuzz_pkg_triton_"), func.__module__
+    assert info.name == "triton-mma" and supports is not None
+    assert module.launch is sys.modules[module.__package__ + ".mla_triton"].launch
+    triton = sys.modules.get("triton")
+    assert triton is None or KDIR not in os.path.abspath(getattr(triton, "__file__", "") or ""), \
+        triton
+    if not _has("triton"):
+        assert "No module named 'triton'" in module.unavailable()
 
 
 def test_each_kernel_declares_the_token_tile_it_runs():
@@ -118,9 +148,10 @@ def test_list_backends_says_why_triton_backends_are_unavailable():
     proc = mlafuzz_cmd("list-backends")
     assert proc.returncode == 0, proc.stdout
     for name in ("triton-simt", "triton-mma"):
-        rows = [l for l in proc.stdout.splitlines() if l.startswith(name + " ")]
+        rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(name + " ")]
         assert rows and "unavailable" in rows[0], proc.stdout
-    reasons = [l.strip() for l in proc.stdout.splitlines() if l.strip().startswith("unavailable:")]
+    reasons = [ln.strip() for ln in proc.stdout.splitlines()
+               if ln.strip().startswith("unavailable:")]
     joined = "\n".join(reasons)
     missing = [m for m in ("torch", "triton") if not _has(m)]
     for m in missing:
@@ -181,9 +212,10 @@ def test_the_alias_carries_the_kernels_envelope_into_a_campaign(tmp_path):
          "--report", str(tmp_path / "r")],
         cwd="/", env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
     assert proc.returncode == 0, proc.stdout
-    assert "generating inside the envelope: layouts model1; nope_dim {448}; s_q {1}" in proc.stdout, \
-        proc.stdout
-    run = [line.split() for line in proc.stdout.splitlines() if line.split()[:2] == ["triton-mma", "run"]]
+    assert ("generating inside the envelope: layouts model1; nope_dim {448}; s_q {1}"
+            in proc.stdout), proc.stdout
+    run = [line.split() for line in proc.stdout.splitlines()
+           if line.split()[:2] == ["triton-mma", "run"]]
     # backend, property, cases, n/a, failures: every case applicable and passing.
     assert run and run[0][2:5] == ["6", "0", "0"], proc.stdout
 
@@ -191,10 +223,9 @@ def test_the_alias_carries_the_kernels_envelope_into_a_campaign(tmp_path):
 MUTANT_STAND_IN = '''
 import sys
 sys.path.insert(0, {examples!r})
-sys.path.insert(0, {kdir!r})
 import mlafuzz
 import numpy_decode
-from mla_triton import ENVELOPE, supports  # triton-mma's own envelope and refusals
+from kernels.triton.mla_triton import ENVELOPE, supports  # triton-mma's envelope and refusals
 
 MUTANTS = {{"wrong-scale-group": "the last nope tile takes the previous tile's scale"}}
 
@@ -220,8 +251,9 @@ def test_wrong_scale_group_is_killed_within_the_h200_runs_case_budget(tmp_path):
     kdir = tmp_path / "kernels"
     kdir.mkdir()
     (kdir / "triton_mma.py").write_text(MUTANT_STAND_IN.format(
-        examples=os.path.join(ROOT, "examples", "python"), kdir=KDIR))
-    env = dict(os.environ, MLAFUZZ_TRITON_DIR=str(kdir))
+        examples=os.path.join(ROOT, "examples", "python")))
+    env = dict(os.environ, MLAFUZZ_TRITON_DIR=str(kdir),
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     report = tmp_path / "mutants.json"
     proc = subprocess.run(
         [mlafuzz.testing.find_mlafuzz(), "mutants", "--backends", "triton-mma", "--seed", "1",

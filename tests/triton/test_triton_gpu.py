@@ -2,7 +2,8 @@
 
 Every corpus case through `mlafuzz run` (each backend against the float64 oracle, exit 0), a
 short campaign with every property, BLOCK_H 16/32/64 bitwise equal, and no recompilation when
-only runtime sizes change.
+only runtime sizes change. The kernels are the package kernels.triton: PYTHONPATH holds the
+source root and python/ (ctest sets both).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import pytest
 import mlafuzz.testing
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "kernels", "triton"))
 sys.path.insert(0, os.path.join(ROOT, "bench", "triton"))
 
 
@@ -73,7 +73,7 @@ def test_block_h_variants_agree_bitwise_and_sizes_do_not_recompile():
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     outs = {}
     for bh in mla_triton.MMA_BLOCK_H:
@@ -109,7 +109,7 @@ def test_hardware_e4m3_decode_matches_the_integer_decode_for_every_byte():
     # (applying the sign as -mag would give +0.0).
     import torch  # noqa: PLC0415
 
-    import mla_triton_jit  # noqa: PLC0415
+    from kernels.triton import mla_triton_jit  # noqa: PLC0415
 
     src = torch.arange(256, dtype=torch.int32, device="cuda").to(torch.uint8)
     hw = torch.empty(256, dtype=torch.float32, device="cuda")
@@ -133,7 +133,7 @@ def test_mma2_without_split_matches_mma_kernel(page):
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     call = bench_triton.make_call(3, 40, 77, page, seed=7)
     assert mla_triton.fast_path_ok(call, 576) == (page == 64)
@@ -155,7 +155,7 @@ def test_mma2_split_is_close_to_one_split_and_a_batch_row_alone_gives_the_same_b
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     call = bench_triton.make_call(4, 64, 512, 64, seed=9)
     mla_triton.launch2(call, split_tokens=None)
@@ -177,7 +177,7 @@ def _assert_batch_alone_gives_the_same_bits(shape_seed, row, batch_result):
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     b, h, topk, page, seed = shape_seed
     alone = bench_triton.make_call(b, h, topk, page, seed=seed)
@@ -198,7 +198,7 @@ def test_mma2_64_token_tiles_are_close_to_32_and_keep_the_batch_alone_bits(page)
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     assert mla_triton.MMA2_BLOCK_N == 64
     assert mla_triton.split_plan(300, mla_triton.SPLIT_TOKENS, 64) == (128, 3)
@@ -220,7 +220,7 @@ def test_mma2_prefetch_gives_the_same_bits(layout_page):
     import torch  # noqa: PLC0415
 
     import bench_triton  # noqa: PLC0415
-    import mla_triton  # noqa: PLC0415
+    from kernels.triton import mla_triton  # noqa: PLC0415
 
     call = bench_triton.make_call(3, 64, 300, layout_page[1], seed=11)
     if layout_page[0] == "v32":  # reinterpret the same bytes as V32 rows of 656 bytes

@@ -7,6 +7,8 @@ import importlib.util
 import os
 import sys
 import traceback
+import types
+import zlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import mlafuzz
@@ -35,16 +37,10 @@ def load_kernel(spec: str) -> Tuple[Callable[..., None], "mlafuzz.KernelInfo", O
             path = os.path.abspath(target)
             if not os.path.isfile(path):
                 raise LoadError(f"python:{spec}: no such file {path}")
-            folder = os.path.dirname(path)
-            if folder not in sys.path:
-                sys.path.insert(0, folder)  # so that the kernel's own helpers import
-            mod_name = "_mlafuzz_kernel_" + os.path.splitext(os.path.basename(path))[0]
-            mod_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if mod_spec is None or mod_spec.loader is None:
-                raise LoadError(f"python:{spec}: cannot load {path} as a Python module")
-            module = importlib.util.module_from_spec(mod_spec)
-            sys.modules[mod_name] = module
-            mod_spec.loader.exec_module(module)
+            try:
+                module = import_file(path)
+            except LoadError as e:
+                raise LoadError(f"python:{spec}: {e}") from e
         else:
             if os.getcwd() not in sys.path:
                 sys.path.insert(0, os.getcwd())
@@ -82,6 +78,57 @@ def load_kernel(spec: str) -> Tuple[Callable[..., None], "mlafuzz.KernelInfo", O
     if supports is not None and not callable(supports):
         supports = None
     return func, info, supports
+
+
+def import_file(path: str) -> types.ModuleType:
+    """Imports the Python file ``path``, its folder first on sys.path (so that a kernel's own
+    helpers import).
+
+    A file inside a package (its folder, and each folder above that has one, holds an
+    ``__init__.py``) is imported as a module of that package, so that its relative imports
+    work. The package is registered under a private name (``_mlafuzz_pkg_<folder>_<hash of its
+    path>``), never its folder's name (``kernels/triton`` must not shadow the ``triton``
+    library), and its ``__init__.py`` files are not run: the file loads as it did alone,
+    except that its relative imports work. Another file (and a package's ``__init__.py``) is
+    imported alone, as ``_mlafuzz_kernel_<file name>``.
+
+    Raises:
+        LoadError: the file cannot be loaded as a module; whatever importing it raises.
+    """
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    top = folder  # the folder above the outermost package
+    while os.path.isfile(os.path.join(top, "__init__.py")) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)
+    if top == folder or stem == "__init__":
+        return _exec_module("_mlafuzz_kernel_" + stem, path)
+    inside = os.path.relpath(folder, top).split(os.sep)  # the package's folder, subpackages
+    root = os.path.join(top, inside[0])
+    name = "_mlafuzz_pkg_%s_%08x" % (
+        "".join(c if c.isalnum() else "_" for c in inside[0]), zlib.crc32(root.encode()))
+    for sub in [None, *inside[1:]]:  # the package, then each subpackage down to the file's
+        if sub is not None:
+            name, root = f"{name}.{sub}", os.path.join(root, sub)
+        if name not in sys.modules:
+            package = types.ModuleType(name, f"the package folder {root}, loaded by mlafuzz")
+            package.__path__ = [root]
+            package.__package__ = name
+            sys.modules[name] = package
+    return importlib.import_module(f"{name}.{stem}")
+
+
+def _exec_module(name: str, path: str) -> types.ModuleType:
+    """Executes ``path`` as module ``name``."""
+    mod_spec = importlib.util.spec_from_file_location(name, path)
+    if mod_spec is None or mod_spec.loader is None:
+        raise LoadError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    mod_spec.loader.exec_module(module)
+    return module
 
 
 def declared_mutants(module: Any) -> Dict[str, str]:
