@@ -50,6 +50,7 @@ install(TARGETS mlafuzz RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ml
 # python: backends of an installed tree: the mlafuzz Python package and the shipped Triton
 # kernels, found beside the executable (<bin>/../share/mlafuzz/{python,triton}).
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/python/mlafuzz DESTINATION ${CMAKE_INSTALL_DATADIR}/mlafuzz/python
-        COMPONENT mlafuzz_tools FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
+        COMPONENT mlafuzz_tools FILES_MATCHING PATTERN "*.py" PATTERN "settings.json"
+        PATTERN "__pycache__" EXCLUDE)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/kernels/triton/ DESTINATION ${CMAKE_INSTALL_DATADIR}/mlafuzz/triton
         COMPONENT mlafuzz_tools FILES_MATCHING PATTERN "*.py" PATTERN "__pycache__" EXCLUDE)
