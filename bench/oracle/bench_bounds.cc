@@ -4,6 +4,9 @@
 // and the two backends' pipelines again at insert-invalid's longer list).
 //
 // Usage: bench_bounds [--seed N] [--cases N] [--profile default|production] [--repeats R]
+//                     [--merged]
+// --merged adds the two pipelines again as LSE-merged extra-cache pipelines (the production
+// decode's SGLang path; they differ from the joint ones only in cases with an extra cache).
 // Prints thread CPU ms per case (the fastest of R repeats: on a shared machine CPU time only
 // grows), the bounds' ratio to the oracle, and a hash of every bound's bits (two builds meant
 // to give the same bounds give the same hash).
@@ -49,6 +52,8 @@ int main(int argc, char** argv) {
   args.cases = 100;
   CLI::App app{"the tolerance model's thread CPU against the oracle's"};
   mlafuzz::bench::add_case_set_options(app, args);
+  bool merged = false;
+  app.add_flag("--merged", merged, "also the two pipelines as LSE-merged ones");
   if (const auto rc = mlafuzz::bench::parse_args(app, argc, argv)) return *rc;
   mlafuzz::bench::use_campaign_allocator();
   std::vector<MaterializedCase> ms;
@@ -69,14 +74,20 @@ int main(int argc, char** argv) {
       const int insert = m.topk + 2;
       const mlafuzz::Pipeline mma = mlafuzz::pipeline_for(Precision::kMmaBf16);
       const mlafuzz::Pipeline simt = mlafuzz::pipeline_for(Precision::kSimtFp32);
+      std::vector<mlafuzz::BoundsRequest> requests = {
+          {mlafuzz::pipeline_for(Precision::kFloat64), 0},
+          {mma, 0},
+          {simt, 0},
+          {mma, insert},
+          {simt, insert}};
+      if (merged) {
+        mlafuzz::Pipeline mma_merged = mma, simt_merged = simt;
+        mma_merged.lse_merged = simt_merged.lse_merged = true;
+        requests.push_back({mma_merged, 0});
+        requests.push_back({simt_merged, 0});
+      }
       t0 = cpu_now();
-      const std::vector<mlafuzz::Bounds> set =
-          mlafuzz::compute_bounds_set(m, ref,
-                                      {{mlafuzz::pipeline_for(Precision::kFloat64), 0},
-                                       {mma, 0},
-                                       {simt, 0},
-                                       {mma, insert},
-                                       {simt, insert}});
+      const std::vector<mlafuzz::Bounds> set = mlafuzz::compute_bounds_set(m, ref, requests);
       bounds += cpu_now() - t0;
       for (const mlafuzz::Bounds& b : set) {
         hash_into(hash, b.out);
