@@ -217,6 +217,76 @@ struct HeadTail {
   double delta = 0;
 };
 
+// The rounding counts of one pipeline over a list of T entries in nt tiles (tolerance.h, steps
+// 1-3 and 5). Split-KV: at most ns splits, each adding a product and a sum to O and l; one more
+// rescale argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation in the
+// header).
+struct ListCounts {
+  int ns = 0;
+  double r_mult = 1, g_dot = 0, g_num = 0, g_den = 0, g_lse = 0, exp_ulps = 0;
+};
+
+ListCounts list_counts(const Pipeline& p, int dqk, int T, int nt) {
+  ListCounts c;
+  c.g_dot = gamma(dqk + 2, p.u_acc);
+  c.ns = p.split_kv ? std::min(nt, mla::kMaxSplits) : 0;
+  c.r_mult = p.split_kv ? 2.0 : 1.0;
+  c.g_num = gamma(T + nt + 2 + 2 * c.ns, p.u_acc);
+  // The division: one rounding, or two (MMA: 1/d, *).
+  c.g_den = gamma(T + nt + 5 + 2 * c.ns, p.u);
+  c.g_lse = gamma(T + nt + 2 + 2 * c.ns, p.u);
+  c.exp_ulps = (nt + 2) * p.c_exp * p.u;
+  return c;
+}
+
+// The logit errors e_k of head h's tokens in hs (model steps 1 and 2), in the order of the
+// terms of the derivation, for logits of largest x_max and range R.
+Eigen::ArrayXd logit_errors(const RowTerms& rt, int h, const HeadSubset& hs, const ListCounts& c,
+                            double x_max, double R) {
+  const Pipeline& p = rt.p;
+  const double u = p.u, s = rt.s;
+  const Eigen::ArrayXd x = rt.X.row(h).segment(hs.k0, hs.n).transpose().array();
+  const Eigen::ArrayXd a = rt.A.row(h).segment(hs.k0, hs.n).transpose().array();
+  Eigen::ArrayXd e = c.g_dot * a + 2 * u * x.abs() + s * (rt.dqk + 2) * p.eta;
+  if (rt.uk > 0) e = e + (rt.uk * a + s * rt.etak * rt.qn1[h]);
+  e = e + 2 * u * ((x - x_max).abs() + c.r_mult * R) + c.exp_ulps;
+  return e;
+}
+
+// The LSE weights w'_k of head h (the sink's too when it is folded into the lse) into sh, once
+// per head: no pipeline changes them.
+void share_lse_weights(const RowTerms& rt, int h, const HeadSubset& hs, bool lse_sink, double x_max,
+                       HeadShared& sh) {
+  if (sh.lse_ready) return;
+  const double sink = hs.sink;
+  const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
+  double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+  const Eigen::VectorXd& ex = exp_of(rt, h, hs, Ml, sh);
+  for (Eigen::Index k = 0; k < hs.n; ++k) zl += ex(k);
+  sh.sink_wl = lse_sink ? std::exp(sink - Ml) / zl : 0.0;
+  sh.wl.resize(hs.n);
+  for (Eigen::Index k = 0; k < hs.n; ++k) sh.wl(k) = ex(k) / zl;
+  sh.lse_ready = true;
+}
+
+// max(log sum_k w'_k exp(e_k), -log sum_k w'_k exp(-e_k)) (the sink a token with error e_s when
+// lse_sink), with exp(e_k) into ex_e. Sequential sums of ~1 whose rounding is of the order of a
+// float64 pipeline's bound: kept in this order (std::exp, token by token) so that the LSE bounds
+// do not move with it.
+double lse_weight_error(const HeadShared& sh, const Eigen::ArrayXd& e, double e_s, bool lse_sink,
+                        Eigen::ArrayXd& ex_e) {
+  double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
+  double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
+  ex_e.resize(e.size());
+  for (Eigen::Index k = 0; k < e.size(); ++k) {
+    const double wk = sh.wl(k);
+    ex_e(k) = std::exp(e(k));
+    up += wk * ex_e(k);
+    down += wk * std::exp(-e(k));
+  }
+  return std::max(std::log(up), -std::log(down));
+}
+
 // The bound of head h of a row for one pipeline up to the pass over V: *lb, and either ob
 // (hopeless rows: +inf; a +inf sink: out exactly 0, left 0) with *needs_tail false, or *tail
 // for head_finish. Returns e_max (+inf when hopeless). sh: the head's HeadShared for hs
@@ -225,86 +295,46 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
                     double* lb, HeadTail* tail, bool* needs_tail) {
   *needs_tail = false;
   const Pipeline& p = rt.p;
-  const double u = p.u, s = rt.s;
-  const int dqk = rt.dqk, dv = rt.dv, T = hs.T, nt = hs.nt;
-  const Eigen::Index n = hs.n;
-  const double g_dot = gamma(dqk + 2, p.u_acc);
-  // Split-KV: at most ns splits, each adding a product and a sum to O and l; one more rescale
-  // argument per token (|m_i - M| <= R), so rescale arguments sum to 2R (derivation in the header).
-  const int ns = p.split_kv ? std::min(nt, mla::kMaxSplits) : 0;
-  const double r_mult = p.split_kv ? 2.0 : 1.0;
-  const double g_num = gamma(T + nt + 2 + 2 * ns, p.u_acc);
-  // The division: one rounding, or two (MMA: 1/d, *).
-  const double g_den = gamma(T + nt + 5 + 2 * ns, u);
-  const double g_lse = gamma(T + nt + 2 + 2 * ns, u);
-  const double exp_ulps = (nt + 2) * p.c_exp * u;
-  const auto x_row = rt.X.row(h).segment(hs.k0, n);
-  const auto a_row = rt.A.row(h).segment(hs.k0, n);
+  const double u = p.u;
+  const ListCounts c = list_counts(p, rt.dqk, hs.T, hs.nt);
+  const auto x_row = rt.X.row(h).segment(hs.k0, hs.n);
   const double sink = hs.sink;
   const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
   const double R = x_max - x_min;
-  // Logit errors e_k (model steps 1 and 2), in the order of the terms of the derivation.
-  const Eigen::ArrayXd x = x_row.transpose().array();
-  const Eigen::ArrayXd a = a_row.transpose().array();
-  Eigen::ArrayXd e = g_dot * a + 2 * u * x.abs() + s * (dqk + 2) * p.eta;
-  if (rt.uk > 0) e = e + (rt.uk * a + s * rt.etak * rt.qn1[h]);
-  e = e + 2 * u * ((x - x_max).abs() + r_mult * R) + exp_ulps;
+  const Eigen::ArrayXd e = logit_errors(rt, h, hs, c, x_max, R);
   const bool sink_pos_inf = sink == kInf;
   const bool sink_finite = std::isfinite(sink);
-  const double e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + r_mult * R) + exp_ulps : 0.0;
+  const double e_s =
+      sink_finite ? 2 * u * (std::fabs(sink - x_max) + c.r_mult * R) + c.exp_ulps : 0.0;
+  const bool lse_bounded = !(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref);
   // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
   // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
   // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
   if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
-    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) *lb = kInf;
-    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
+    if (lse_bounded) *lb = kInf;
+    if (!sink_pos_inf) std::fill(ob, ob + rt.dv, kInf);
     return kInf;
   }
-
-  // LSE weights w' (tokens; the sink too when it is folded into the lse).
   const bool lse_sink = hs.sink_in_lse && sink_finite;
+  share_lse_weights(rt, h, hs, lse_sink, x_max, sh);
   Eigen::ArrayXd ex_e;  // exp(e_k)
-  {
-    if (!sh.lse_ready) {  // no pipeline changes them: once per head
-      const double Ml = lse_sink ? std::max(x_max, sink) : x_max;
-      double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-      const Eigen::VectorXd& ex = exp_of(rt, h, hs, Ml, sh);
-      for (Eigen::Index k = 0; k < n; ++k) zl += ex(k);
-      sh.sink_wl = lse_sink ? std::exp(sink - Ml) / zl : 0.0;
-      sh.wl.resize(n);
-      for (Eigen::Index k = 0; k < n; ++k) sh.wl(k) = ex(k) / zl;
-      sh.lse_ready = true;
-    }
-    // Sequential sums of ~1 whose rounding is of the order of a float64 pipeline's bound: kept in
-    // this order (std::exp, token by token) so that the LSE bounds do not move with it.
-    double up = lse_sink ? sh.sink_wl * std::exp(e_s) : 0.0;
-    double down = lse_sink ? sh.sink_wl * std::exp(-e_s) : 0.0;
-    ex_e.resize(n);
-    for (Eigen::Index k = 0; k < n; ++k) {
-      const double wk = sh.wl(k);
-      ex_e(k) = std::exp(e(k));
-      up += wk * ex_e(k);
-      down += wk * std::exp(-e(k));
-    }
-    const double lw = std::max(std::log(up), -std::log(down));
-    if (!(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref)) {
-      *lb = lw - std::log1p(-g_lse) + p.c_exp * u * (std::fabs(hs.lse_ref) + std::fabs(x_max) + 1) +
-            2 * u * std::fabs(hs.lse_ref) + T * p.eta;
-    }
+  const double lw = lse_weight_error(sh, e, e_s, lse_sink, ex_e);
+  if (lse_bounded) {
+    *lb = lw - std::log1p(-c.g_lse) + p.c_exp * u * (std::fabs(hs.lse_ref) + std::fabs(x_max) + 1) +
+          2 * u * std::fabs(hs.lse_ref) + hs.T * p.eta;
   }
   const double e_max = std::max(e_s, e.maxCoeff());
   if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
 
   // Output weights w (sink in the denominator), shared by the pipelines.
   if (!sh.ready) share_head(rt, h, hs, sh);
-  const double w_s = sh.w_s;
-  tail->c.resize(n);
+  tail->c.resize(hs.n);
   tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
   tail->grow = std::exp(e_max);
-  tail->sink_term = w_s * std::expm1(e_s);
-  tail->g_num = g_num;
-  tail->g_den = g_den;
-  tail->abs_base = p.eta * (T + nt + 4 + 2 * ns);
+  tail->sink_term = sh.w_s * std::expm1(e_s);
+  tail->g_num = c.g_num;
+  tail->g_den = c.g_den;
+  tail->abs_base = p.eta * (hs.T + hs.nt + 4 + 2 * c.ns);
   tail->uk = rt.uk;
   tail->etak = rt.etak;
   tail->bf16_p = p.bf16_p;
@@ -532,25 +562,24 @@ void partial_result(const RowTerms& rt, int h, Eigen::Index k0, Eigen::Index n, 
   *lse = x_max + std::log(z);
 }
 
-// The LSE-merged pipeline (tolerance.h, the production decode): each list's partial bound, its
-// bf16 rounding, then the merge of the two partials as two "tokens" with LSE errors dlse_i, the
-// sink added at the merge.
-void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], double sink,
-                       bool sink_in_lse, const double* O, double lse_ref, double* ob, double* lb) {
-  const Pipeline& p = rt.p;
-  const double u = p.u;
-  const int dv = rt.dv;
-  struct Part {
-    std::vector<double> O, delta;
-    double l = -kInf, dl = 0;
-  };
-  std::vector<Part> parts;
+// One list's exact partial (O_i, l_i) of an LSE-merged head and its bound (delta_i, dl_i).
+struct Part {
+  std::vector<double> O, delta;
+  double l = -kInf, dl = 0;
+};
+
+// The partials of head h's lists that have a valid token (a list without one has weight exactly
+// 0, LSE -inf), each bounded by the model alone without the sink. Returns false when some
+// partial's model bounds nothing (hopeless).
+bool partial_bounds(const RowTerms& rt, int h, const HeadSubset (&lists)[2],
+                    std::vector<Part>& parts) {
+  const auto dv = static_cast<size_t>(rt.dv);
   bool hopeless = false;
   for (const HeadSubset& li : lists) {
-    if (li.n == 0) continue;  // no valid token: weight exactly 0 (LSE -inf)
+    if (li.n == 0) continue;
     Part pt;
-    pt.O.assign(static_cast<size_t>(dv), 0.0);
-    pt.delta.assign(static_cast<size_t>(dv), 0.0);
+    pt.O.assign(dv, 0.0);
+    pt.delta.assign(dv, 0.0);
     partial_result(rt, h, li.k0, li.n, pt.O.data(), &pt.l);
     HeadSubset sub = li;
     sub.sink = -kInf;
@@ -562,75 +591,86 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
     }
     parts.push_back(std::move(pt));
   }
-  const bool sink_pos_inf = sink == kInf;
+  return !hopeless;
+}
+
+// Step 2 of the merge, with the partials and the sink as the "tokens": their shift M, the range
+// R of their LSEs, and the errors e_i of their exp arguments (e_s the sink's).
+struct MergeErrors {
+  double l_max = -kInf, M = 0, e_s = 0, e_max = 0;
+  std::vector<double> e;
+};
+
+MergeErrors merge_errors(const Pipeline& p, const std::vector<Part>& parts, double sink) {
+  const double u = p.u;
   const bool sink_finite = std::isfinite(sink);
-  const bool lse_exact = (sink_in_lse && sink_pos_inf) || !std::isfinite(lse_ref);
-  if (hopeless) {
-    if (!lse_exact) *lb = kInf;
-    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
-    return;
-  }
-  double l_max = -kInf, l_min = kInf;
+  MergeErrors me;
+  double l_min = kInf;
   for (const Part& pt : parts) {
-    l_max = std::max(l_max, pt.l);
+    me.l_max = std::max(me.l_max, pt.l);
     l_min = std::min(l_min, pt.l);
   }
   if (sink_finite) l_min = std::min(l_min, sink);
-  const double M = sink_finite ? std::max(l_max, sink) : l_max;
-  const double R = std::max(l_max, M) - l_min;
+  me.M = sink_finite ? std::max(me.l_max, sink) : me.l_max;
+  const double R = std::max(me.l_max, me.M) - l_min;
   // The merge's own arithmetic: l_i - M, exp, the weights' sum and division, two products and a
   // sum per element: c_exp ulps per exp, a few roundings.
   const double merge_exp = 3 * p.c_exp * u;
-  std::vector<double> e(parts.size());
-  double e_max = 0;
+  me.e.resize(parts.size());
   for (size_t i = 0; i < parts.size(); ++i) {
-    e[i] = parts[i].dl + 2 * u * (std::fabs(parts[i].l - M) + R) + merge_exp;
-    e_max = std::max(e_max, e[i]);
+    me.e[i] = parts[i].dl + 2 * u * (std::fabs(parts[i].l - me.M) + R) + merge_exp;
+    me.e_max = std::max(me.e_max, me.e[i]);
   }
-  const double e_s = sink_finite ? 2 * u * (std::fabs(sink - M) + R) + merge_exp : 0.0;
-  e_max = std::max(e_max, e_s);
-  if (e_max > kHopelessLogitError) {
-    if (!lse_exact) *lb = kInf;
-    if (!sink_pos_inf) std::fill(ob, ob + dv, kInf);
-    return;
+  me.e_s = sink_finite ? 2 * u * (std::fabs(sink - me.M) + R) + merge_exp : 0.0;
+  me.e_max = std::max(me.e_max, me.e_s);
+  return me;
+}
+
+// The merged LSE's bound: the model's with the partials as tokens, plus the merge's log.
+double merged_lse_bound(const Pipeline& p, const std::vector<Part>& parts, const MergeErrors& me,
+                        double sink, bool sink_in_lse, double lse_ref) {
+  const double u = p.u;
+  const bool lse_sink = sink_in_lse && std::isfinite(sink);
+  const double Ml = lse_sink ? me.M : me.l_max;
+  double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
+  for (const Part& pt : parts) zl += std::exp(pt.l - Ml);
+  double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(me.e_s) : 0.0;
+  double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-me.e_s) : 0.0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const double wi = std::exp(parts[i].l - Ml) / zl;
+    up += wi * std::exp(me.e[i]);
+    down += wi * std::exp(-me.e[i]);
   }
-  const double g_merge = gamma(6, u);
-  if (!lse_exact) {
-    const bool lse_sink = sink_in_lse && sink_finite;
-    const double Ml = lse_sink ? M : l_max;
-    double zl = lse_sink ? std::exp(sink - Ml) : 0.0;
-    for (const Part& pt : parts) zl += std::exp(pt.l - Ml);
-    double up = lse_sink ? std::exp(sink - Ml) / zl * std::exp(e_s) : 0.0;
-    double down = lse_sink ? std::exp(sink - Ml) / zl * std::exp(-e_s) : 0.0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const double wi = std::exp(parts[i].l - Ml) / zl;
-      up += wi * std::exp(e[i]);
-      down += wi * std::exp(-e[i]);
-    }
-    const double lw = std::max(std::log(up), -std::log(down));
-    *lb = lw - std::log1p(-g_merge) + p.c_exp * u * (std::fabs(lse_ref) + std::fabs(Ml) + 1) +
-          2 * u * std::fabs(lse_ref) + 8 * p.eta;
-  }
-  if (sink_pos_inf) return;  // out exactly 0
+  const double lw = std::max(std::log(up), -std::log(down));
+  return lw - std::log1p(-gamma(6, u)) + p.c_exp * u * (std::fabs(lse_ref) + std::fabs(Ml) + 1) +
+         2 * u * std::fabs(lse_ref) + 8 * p.eta;
+}
+
+// The merged output's bound ob[d_v] (finite sink or none) against the exact O.
+void merged_out_bound(const Pipeline& p, int dv, const std::vector<Part>& parts,
+                      const MergeErrors& me, double sink, const double* O, double* ob) {
+  const bool sink_finite = std::isfinite(sink);
+  const double M = me.M;
   double Z = sink_finite ? std::exp(sink - M) : 0.0;
   for (const Part& pt : parts) Z += std::exp(pt.l - M);
   const double a_s = sink_finite ? std::exp(sink - M) / Z : 0.0;
-  const double grow = std::exp(e_max);
-  const bool sink_overflow = sink_finite && sink - l_max > kSinkOverflowArg;
+  const double grow = std::exp(me.e_max);
+  const double g_merge = gamma(6, p.u);
+  const bool sink_overflow = sink_finite && sink - me.l_max > kSinkOverflowArg;
   for (int d = 0; d < dv; ++d) {
     const double od = std::fabs(O[d]);
-    double weights = a_s * std::expm1(e_s) * od, stored = 0, mags = od, abs_terms = 8 * p.eta;
+    double weights = a_s * std::expm1(me.e_s) * od, stored = 0, mags = od, abs_terms = 8 * p.eta;
     for (size_t i = 0; i < parts.size(); ++i) {
       const Part& pt = parts[i];
       const double a = std::exp(pt.l - M) / Z;
       const double oi = std::fabs(pt.O[static_cast<size_t>(d)]);
       const double di = pt.delta[static_cast<size_t>(d)];
-      weights += a * std::expm1(e[i]) * std::fabs(pt.O[static_cast<size_t>(d)] - O[d]);
+      weights += a * std::expm1(me.e[i]) * std::fabs(pt.O[static_cast<size_t>(d)] - O[d]);
       // The partial's error before its store, and its bf16 rounding (of the computed value).
       stored += a * (di * (1 + kU16) + kU16 * oi);
       mags += a * oi;
       // A partial whose merge weight may be subnormal or flushed.
-      if (pt.l - l_max < kUnderflowArg) abs_terms += 0x1p-126 * (oi + di);
+      if (pt.l - me.l_max < kUnderflowArg) abs_terms += 0x1p-126 * (oi + di);
     }
     if (sink_overflow) abs_terms += od + mags;
     // The computed weights are a_i exp(eps_i) / Z~ with Z~ >= exp(-e_max): at most a_i
@@ -638,6 +678,26 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
     ob[d] =
         (grow * weights + grow * grow * stored + grow * g_merge * mags) * kSecondOrder + abs_terms;
   }
+}
+
+// The LSE-merged pipeline (tolerance.h, the production decode): each list's partial bound, its
+// bf16 rounding, then the merge of the two partials as two "tokens" with LSE errors dlse_i, the
+// sink added at the merge.
+void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], double sink,
+                       bool sink_in_lse, const double* O, double lse_ref, double* ob, double* lb) {
+  std::vector<Part> parts;
+  const bool bounded = partial_bounds(rt, h, lists, parts);
+  const bool sink_pos_inf = sink == kInf;
+  const bool lse_exact = (sink_in_lse && sink_pos_inf) || !std::isfinite(lse_ref);
+  const MergeErrors me = bounded ? merge_errors(rt.p, parts, sink) : MergeErrors{};
+  if (!bounded || me.e_max > kHopelessLogitError) {
+    if (!lse_exact) *lb = kInf;
+    if (!sink_pos_inf) std::fill(ob, ob + rt.dv, kInf);
+    return;
+  }
+  if (!lse_exact) *lb = merged_lse_bound(rt.p, parts, me, sink, sink_in_lse, lse_ref);
+  if (sink_pos_inf) return;  // out exactly 0
+  merged_out_bound(rt.p, rt.dv, parts, me, sink, O, ob);
 }
 
 // Whether e4m3 * scale may round for some valid token of query row r (tolerance.h, step 1):
@@ -665,179 +725,264 @@ bool dequant_rounds(const MaterializedCase& m, int r, const OracleRow& row) {
   return false;
 }
 
-}  // namespace
+// One request of compute_bounds_set. The joint softmax of the production decode (docs/SPEC.md
+// section 8) folds the main list's tiles, then the extra list's: T counts both lists' entries, nt
+// both lists' tiles. The LSE-merged pipeline bounds each list alone and then their merge.
+struct Plan {
+  const Pipeline* p;
+  int T_main, T_extra, nt;
+  bool merged;
+  int tiles(int n) const { return p->token_tile > 0 ? (n + p->token_tile - 1) / p->token_tile : 1; }
+};
 
-std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
-                                       const std::vector<BoundsRequest>& requests) {
-  const int32_t B = m.query_rows(), H = m.heads, dv = m.d_v(), dqk = m.d_qk();
-  const double s = std::fabs(m.sm_scale64);
-  // The joint softmax of the production decode (docs/SPEC.md section 8) folds the main list's
-  // tiles, then the extra list's: T counts both lists' entries, nt both lists' tiles. The
-  // LSE-merged pipeline bounds each list alone and then their merge.
-  struct Plan {
-    const Pipeline* p;
-    int T_main, T_extra, nt;
-    bool merged;
-    int tiles(int n) const {
-      return p->token_tile > 0 ? (n + p->token_tile - 1) / p->token_tile : 1;
-    }
-  };
-  std::vector<Plan> plans;
-  std::vector<Bounds> out(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const BoundsRequest& rq = requests[i];
-    Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0,
-            0, rq.pipeline.lse_merged && m.has_extra};
-    pl.nt = pl.tiles(pl.T_main) +
-            (pl.T_extra > 0 && rq.pipeline.token_tile > 0 ? pl.tiles(pl.T_extra) : 0);
-    plans.push_back(pl);
-    out[i].out.assign(static_cast<size_t>(B) * H * dv, 0.0);
-    out[i].lse.assign(static_cast<size_t>(B) * H, 0.0);
-  }
-  if (requests.empty()) return out;
-  // Per row: the gathered cache rows, q and the logits once for every pipeline; per head the
-  // pipeline-free terms once (HeadShared), their sums over V for every head of the row at once
-  // (two matrix products: W |V| and, where a token may underflow, U |V|).
-  bool any_joint = false;
-  for (const Plan& pl : plans) any_joint |= !pl.merged;
-  std::vector<HeadShared> shared(static_cast<size_t>(H));
-  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::MatrixXd W, U, absV;
-  RowMajor WV, UV;
+Plan plan_of(const MaterializedCase& m, const BoundsRequest& rq) {
+  Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0, 0,
+          rq.pipeline.lse_merged && m.has_extra};
+  pl.nt = pl.tiles(pl.T_main) +
+          (pl.T_extra > 0 && rq.pipeline.token_tile > 0 ? pl.tiles(pl.T_extra) : 0);
+  return pl;
+}
+
+bool same_pipeline(const Pipeline& a, const Pipeline& b) {
+  return a.precision == b.precision && a.u == b.u && a.u_acc == b.u_acc && a.bf16_p == b.bf16_p &&
+         a.bf16_out == b.bf16_out && a.token_tile == b.token_tile && a.eta == b.eta &&
+         a.c_exp == b.c_exp && a.lse_merged == b.lse_merged && a.split_kv == b.split_kv &&
+         a.u_k == b.u_k;
+}
+
+// What every pipeline reads of one query row: its valid entries and keys (V = K.leftCols(d_v),
+// also token-major in VT), q, the logits X and A = s |q| . |K|, and the dequantization terms.
+struct RowInputs {
+  OracleRow row;
+  Eigen::MatrixXd Q, X, A;
+  bool rounds = false;
+  Eigen::VectorXd qn1;
   Eigen::MatrixXd VT;  // RowTerms::VT
-  // Per head of a row: each pipeline's tail (tails[h * plans + i]), the joint subset and the
-  // head's passes over V, run for every head after the row's head_prepare calls, a block of V's
-  // columns at a time (the block stays in cache while every head reads it).
-  const size_t P = plans.size();
-  std::vector<HeadTail> tails(static_cast<size_t>(H) * P);
-  std::vector<HeadSubset> subsets(static_cast<size_t>(H));
-  std::vector<HeadTail*> tail_ptrs(P);
-  std::vector<HeadFinish> finish(static_cast<size_t>(H));
-  std::vector<char> has_finish(static_cast<size_t>(H));
-  // A joint plan that differs from an earlier one only in its list length (insert-invalid's
-  // longer list) takes its sums over V from that one's (HeadTail::base).
-  const auto same_pipeline = [](const Pipeline& a, const Pipeline& b) {
-    return a.precision == b.precision && a.u == b.u && a.u_acc == b.u_acc && a.bf16_p == b.bf16_p &&
-           a.bf16_out == b.bf16_out && a.token_tile == b.token_tile && a.eta == b.eta &&
-           a.c_exp == b.c_exp && a.lse_merged == b.lse_merged && a.split_kv == b.split_kv &&
-           a.u_k == b.u_k;
-  };
-  for (size_t i = 0; i < plans.size(); ++i) {
-    for (size_t j = 0; j < i && !plans[i].merged; ++j) {
-      if (plans[j].merged || (H > 0 && tails[j].base != nullptr) || plans[j].nt > plans[i].nt ||
-          !same_pipeline(*plans[i].p, *plans[j].p)) {
+};
+
+// compute_bounds_set: per row the gathered cache rows, q and the logits once for every pipeline
+// (RowInputs); per head the pipeline-free terms once (HeadShared), their sums over V for every
+// head of the row at once (two matrix products: W |V| and, where a token may underflow, U |V|);
+// per head and pipeline the scalar work (head_prepare, or merged_head_bound); then the passes
+// over V of every head, a block of V's columns at a time (the block stays in cache while every
+// head reads it).
+class BoundsSetBuilder {
+ public:
+  BoundsSetBuilder(const MaterializedCase& m, const OracleResult& ref,
+                   const std::vector<BoundsRequest>& requests);
+  std::vector<Bounds> run();
+
+ private:
+  void link_longer_lists();
+  bool load_row(int32_t b);
+  void share_row_weights();
+  void prepare_head(int32_t b, int32_t h);
+  void run_passes();
+  RowTerms row_terms(const Plan& pl) const;
+  double sink_of(int32_t h) const {
+    return m_.sink.empty() ? -kInf : static_cast<double>(m_.sink[h]);
+  }
+
+  using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const MaterializedCase& m_;
+  const OracleResult& ref_;
+  const int32_t B_, H_, dv_, dqk_;
+  const double s_;
+  std::vector<Plan> plans_;
+  size_t P_ = 0;
+  std::vector<Bounds> out_;
+  bool any_joint_ = false;
+  RowInputs in_;
+  std::vector<HeadShared> shared_;
+  Eigen::MatrixXd W_, U_, absV_;
+  RowMajor WV_, UV_;
+  // Per head of a row: each pipeline's tail (tails_[h * P_ + i]), the joint subset and the
+  // head's passes over V.
+  std::vector<HeadTail> tails_;
+  std::vector<HeadSubset> subsets_;
+  std::vector<HeadTail*> tail_ptrs_;
+  std::vector<HeadFinish> finish_;
+  std::vector<char> has_finish_;
+};
+
+BoundsSetBuilder::BoundsSetBuilder(const MaterializedCase& m, const OracleResult& ref,
+                                   const std::vector<BoundsRequest>& requests)
+    : m_(m),
+      ref_(ref),
+      B_(m.query_rows()),
+      H_(m.heads),
+      dv_(m.d_v()),
+      dqk_(m.d_qk()),
+      s_(std::fabs(m.sm_scale64)) {
+  out_.resize(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    plans_.push_back(plan_of(m, requests[i]));
+    out_[i].out.assign(static_cast<size_t>(B_) * H_ * dv_, 0.0);
+    out_[i].lse.assign(static_cast<size_t>(B_) * H_, 0.0);
+  }
+  P_ = plans_.size();
+  for (const Plan& pl : plans_) any_joint_ |= !pl.merged;
+  shared_.resize(static_cast<size_t>(H_));
+  tails_.resize(static_cast<size_t>(H_) * P_);
+  subsets_.resize(static_cast<size_t>(H_));
+  tail_ptrs_.resize(P_);
+  finish_.resize(static_cast<size_t>(H_));
+  has_finish_.resize(static_cast<size_t>(H_));
+}
+
+// A joint plan that differs from an earlier one only in its list length (insert-invalid's
+// longer list) takes its sums over V from that one's (HeadTail::base).
+void BoundsSetBuilder::link_longer_lists() {
+  for (size_t i = 0; i < P_; ++i) {
+    for (size_t j = 0; j < i && !plans_[i].merged; ++j) {
+      if (plans_[j].merged || (H_ > 0 && tails_[j].base != nullptr) ||
+          plans_[j].nt > plans_[i].nt || !same_pipeline(*plans_[i].p, *plans_[j].p)) {
         continue;
       }
-      const Pipeline& p = *plans[i].p;
-      for (size_t h = 0; h < static_cast<size_t>(H); ++h) {
-        tails[h * P + i].base = &tails[h * P + j];
-        tails[h * P + i].delta =
-            (plans[i].nt + 2) * p.c_exp * p.u - (plans[j].nt + 2) * p.c_exp * p.u;
+      const Pipeline& p = *plans_[i].p;
+      for (size_t h = 0; h < static_cast<size_t>(H_); ++h) {
+        tails_[h * P_ + i].base = &tails_[h * P_ + j];
+        tails_[h * P_ + i].delta =
+            (plans_[i].nt + 2) * p.c_exp * p.u - (plans_[j].nt + 2) * p.c_exp * p.u;
       }
       break;
     }
   }
+}
+
+// RowInputs of query row b; false for an empty row (out exactly 0, lse exactly the convention's
+// infinity: the bounds stay 0).
+bool BoundsSetBuilder::load_row(int32_t b) {
+  in_.row = gather_row(m_, b);
+  const auto n = static_cast<Eigen::Index>(in_.row.k.size());
+  if (n == 0) return false;
+  const Eigen::MatrixXd& K = in_.row.K;
+  in_.Q = q_matrix(m_, b);
+  in_.X = row_logits(m_, b, in_.row);                          // [H, n]
+  in_.A = s_ * (in_.Q.cwiseAbs() * K.cwiseAbs().transpose());  // [H, n]
+  in_.rounds = dequant_rounds(m_, b, in_.row);
+  if (in_.rounds) in_.qn1 = in_.Q.leftCols(m_.geom.nope_dim).cwiseAbs().rowwise().sum();
+  in_.VT.resize(dv_ + 8, n);
+  in_.VT.topRows(dv_) = K.leftCols(dv_).transpose();
+  return true;
+}
+
+// The joint softmax weights of every head of the row and their sums over |V| (W |V|, U |V|).
+void BoundsSetBuilder::share_row_weights() {
+  const Eigen::Index n = in_.row.K.rows();
+  const RowTerms rt{*plans_[0].p, s_, dqk_, dv_, in_.X, in_.A, in_.row.K};
+  W_.resize(H_, n);
+  U_.resize(H_, n);
+  bool any_under = false;
+  for (int32_t h = 0; h < H_; ++h) {
+    HeadShared& sh = shared_[static_cast<size_t>(h)];
+    sh.reset();
+    HeadSubset hs;
+    hs.n = n;
+    hs.sink = sink_of(h);
+    share_weights(rt, h, hs, sh);
+    W_.row(h) = sh.w.transpose();
+    U_.row(h) = sh.under.transpose();
+    any_under |= sh.any_under;
+  }
+  absV_ = in_.row.K.leftCols(dv_).cwiseAbs();
+  WV_.noalias() = W_ * absV_;
+  if (any_under) {
+    UV_.noalias() = U_ * absV_;
+  } else {
+    UV_.setZero(H_, dv_);
+  }
+  for (int32_t h = 0; h < H_; ++h) {
+    HeadShared& sh = shared_[static_cast<size_t>(h)];
+    sh.wvd = WV_.row(h).data();
+    sh.uvd = UV_.row(h).data();
+    sh.ready = true;
+  }
+}
+
+RowTerms BoundsSetBuilder::row_terms(const Plan& pl) const {
+  RowTerms rt{*pl.p, s_, dqk_, dv_, in_.X, in_.A, in_.row.K};
+  rt.VT = in_.VT.data();
+  rt.vt_ld = in_.VT.rows();
+  if (in_.rounds && pl.p->u_k > 0) {
+    rt.uk = pl.p->u_k;
+    rt.etak = 2 * pl.p->eta;
+    rt.qn1 = in_.qn1.data();
+  }
+  return rt;
+}
+
+// Head h of row b for every pipeline: the merged ones' bounds whole, the joint ones' up to the
+// pass over V (their tails, planned in finish_[h]).
+void BoundsSetBuilder::prepare_head(int32_t b, int32_t h) {
+  const size_t rh = static_cast<size_t>(b) * H_ + h;
+  const Eigen::Index n = in_.row.K.rows(), n_main = in_.row.n_main;
+  const double sink = sink_of(h);
+  const double* O = ref_.out.data() + rh * dv_;
+  HeadShared& sh = shared_[static_cast<size_t>(h)];
   size_t n_tails = 0;
-  Eigen::VectorXd qn1;
-  for (int32_t b = 0; b < B; ++b) {
-    const OracleRow row = gather_row(m, b);
-    const auto n = static_cast<Eigen::Index>(row.k.size());
-    if (n == 0) continue;  // empty row: out exactly 0, lse exactly the convention's infinity
-    const Eigen::MatrixXd Q = q_matrix(m, b);
-    const Eigen::MatrixXd X = row_logits(m, b, row);                              // [H, n]
-    const Eigen::MatrixXd A = s * (Q.cwiseAbs() * row.K.cwiseAbs().transpose());  // [H, n]
-    const bool rounds = dequant_rounds(m, b, row);
-    if (rounds) qn1 = Q.leftCols(m.geom.nope_dim).cwiseAbs().rowwise().sum();
-    VT.resize(dv + 8, n);
-    VT.topRows(dv) = row.K.leftCols(dv).transpose();
-    if (any_joint) {
-      const RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
-      W.resize(H, n);
-      U.resize(H, n);
-      bool any_under = false;
-      for (int32_t h = 0; h < H; ++h) {
-        HeadShared& sh = shared[static_cast<size_t>(h)];
-        sh.reset();
-        HeadSubset hs;
-        hs.n = n;
-        hs.sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
-        share_weights(rt, h, hs, sh);
-        W.row(h) = sh.w.transpose();
-        U.row(h) = sh.under.transpose();
-        any_under |= sh.any_under;
-      }
-      absV = row.K.leftCols(dv).cwiseAbs();
-      WV.noalias() = W * absV;
-      if (any_under) {
-        UV.noalias() = U * absV;
-      } else {
-        UV.setZero(H, dv);
-      }
-      for (int32_t h = 0; h < H; ++h) {
-        HeadShared& sh = shared[static_cast<size_t>(h)];
-        sh.wvd = WV.row(h).data();
-        sh.uvd = UV.row(h).data();
-        sh.ready = true;
-      }
-    }
-    for (int32_t h = 0; h < H; ++h) {
-      const size_t rh = static_cast<size_t>(b) * H + h;
-      const double sink = m.sink.empty() ? -kInf : static_cast<double>(m.sink[h]);
-      const double* O = ref.out.data() + rh * dv;
-      HeadShared& sh = shared[static_cast<size_t>(h)];
-      n_tails = 0;
-      bool joint = false;
-      for (size_t i = 0; i < plans.size(); ++i) {
-        const Plan& pl = plans[i];
-        RowTerms rt{*pl.p, s, dqk, dv, X, A, row.K};
-        rt.VT = VT.data();
-        rt.vt_ld = VT.rows();
-        if (rounds && pl.p->u_k > 0) {
-          rt.uk = pl.p->u_k;
-          rt.etak = 2 * pl.p->eta;
-          rt.qn1 = qn1.data();
-        }
-        double* ob = out[i].out.data() + rh * dv;
-        if (pl.merged) {
-          const HeadSubset lists[2] = {
-              {0, row.n_main, pl.T_main, pl.tiles(pl.T_main), -kInf, false, nullptr, 0},
-              {row.n_main, n - row.n_main, pl.T_extra, pl.tiles(pl.T_extra), -kInf, false, nullptr,
-               0}};
-          merged_head_bound(rt, h, lists, sink, m.conv.sink_in_lse, O, ref.lse[rh], ob,
-                            &out[i].lse[rh]);
-        } else {
-          // Every joint pipeline's subset has the same entries, O and sink (its T and nt are
-          // the last pipeline's: the pass over V reads neither).
-          HeadSubset& hs = subsets[static_cast<size_t>(h)];
-          hs = HeadSubset{0, n,          pl.T_main + pl.T_extra, pl.nt, sink, m.conv.sink_in_lse,
-                          O, ref.lse[rh]};
-          bool needs_tail = false;
-          HeadTail* tail = &tails[static_cast<size_t>(h) * P + i];
-          head_prepare(rt, h, hs, sh, ob, &out[i].lse[rh], tail, &needs_tail);
-          if (needs_tail) tail_ptrs[n_tails++] = tail;
-          joint = true;
-        }
-      }
-      has_finish[static_cast<size_t>(h)] = joint && n_tails > 0;
-      if (has_finish[static_cast<size_t>(h)]) {
-        finish[static_cast<size_t>(h)].plan(subsets[static_cast<size_t>(h)], sh, tail_ptrs.data(),
-                                            n_tails);
-      }
-    }
-    // The passes over V of every head, a block of columns (about 128 KiB of V, a multiple of 8) at
-    // a time.
-    RowTerms rt{*plans[0].p, s, dqk, dv, X, A, row.K};
-    rt.VT = VT.data();
-    rt.vt_ld = VT.rows();
-    const int32_t block = static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / n / 8 * 8, 8, 512));
-    for (int32_t d0 = 0; d0 < dv; d0 += block) {
-      const int32_t d1 = std::min(dv, d0 + block);
-      for (int32_t h = 0; h < H; ++h) {
-        if (has_finish[static_cast<size_t>(h)]) finish[static_cast<size_t>(h)].run(rt, d0, d1);
-      }
+  bool joint = false;
+  for (size_t i = 0; i < P_; ++i) {
+    const Plan& pl = plans_[i];
+    const RowTerms rt = row_terms(pl);
+    double* ob = out_[i].out.data() + rh * dv_;
+    if (pl.merged) {
+      const HeadSubset lists[2] = {
+          {0, n_main, pl.T_main, pl.tiles(pl.T_main), -kInf, false, nullptr, 0},
+          {n_main, n - n_main, pl.T_extra, pl.tiles(pl.T_extra), -kInf, false, nullptr, 0}};
+      merged_head_bound(rt, h, lists, sink, m_.conv.sink_in_lse, O, ref_.lse[rh], ob,
+                        &out_[i].lse[rh]);
+    } else {
+      // Every joint pipeline's subset has the same entries, O and sink (its T and nt are the
+      // last pipeline's: the pass over V reads neither).
+      HeadSubset& hs = subsets_[static_cast<size_t>(h)];
+      hs = HeadSubset{0, n,           pl.T_main + pl.T_extra, pl.nt, sink, m_.conv.sink_in_lse,
+                      O, ref_.lse[rh]};
+      bool needs_tail = false;
+      HeadTail* tail = &tails_[static_cast<size_t>(h) * P_ + i];
+      head_prepare(rt, h, hs, sh, ob, &out_[i].lse[rh], tail, &needs_tail);
+      if (needs_tail) tail_ptrs_[n_tails++] = tail;
+      joint = true;
     }
   }
-  return out;
+  has_finish_[static_cast<size_t>(h)] = joint && n_tails > 0;
+  if (has_finish_[static_cast<size_t>(h)]) {
+    finish_[static_cast<size_t>(h)].plan(subsets_[static_cast<size_t>(h)], sh, tail_ptrs_.data(),
+                                         n_tails);
+  }
+}
+
+// The passes over V of every head of the row, a block of columns (about 128 KiB of V, a
+// multiple of 8) at a time.
+void BoundsSetBuilder::run_passes() {
+  const Eigen::Index n = in_.row.K.rows();
+  const RowTerms rt = row_terms(Plan{plans_[0].p, 0, 0, 0, false});
+  const int32_t block = static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / n / 8 * 8, 8, 512));
+  for (int32_t d0 = 0; d0 < dv_; d0 += block) {
+    const int32_t d1 = std::min(dv_, d0 + block);
+    for (int32_t h = 0; h < H_; ++h) {
+      if (has_finish_[static_cast<size_t>(h)]) finish_[static_cast<size_t>(h)].run(rt, d0, d1);
+    }
+  }
+}
+
+std::vector<Bounds> BoundsSetBuilder::run() {
+  if (plans_.empty()) return std::move(out_);
+  link_longer_lists();
+  for (int32_t b = 0; b < B_; ++b) {
+    if (!load_row(b)) continue;
+    if (any_joint_) share_row_weights();
+    for (int32_t h = 0; h < H_; ++h) prepare_head(b, h);
+    run_passes();
+  }
+  return std::move(out_);
+}
+
+}  // namespace
+
+std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
+                                       const std::vector<BoundsRequest>& requests) {
+  return BoundsSetBuilder(m, ref, requests).run();
 }
 
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
@@ -1012,6 +1157,230 @@ double add_in_order(double sum, const double* x, int32_t n, double max_x, bool t
   return sum;
 }
 
+// check_bounds over one pair of sides: every figure as a loop over the elements in the order
+// (b, h, d) then the row's lse would give it: the worst element is the first with the largest
+// ratio, the mean sums the errors in that order. A row finite on both sides goes through
+// row_excess and row_ratios (vectorized) and then a loop that adds its errors in order
+// (add_in_order: in any order where every partial sum is exact); a row with a non-finite value
+// element by element, with the message for the first class mismatch.
+class BoundChecker {
+ public:
+  BoundChecker(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus, int32_t heads,
+               int32_t d_v);
+  void check_row(int32_t bb, int32_t hh);
+  BoundCheck result();
+
+ private:
+  // The figures of one finite out element of the row (as row_excess and row_ratios compute
+  // them).
+  struct Element {
+    double va, vb, excess, err, bound, t;
+  };
+  double out_bound(size_t i) const {
+    return plus_ != nullptr ? bound_.out[i] + plus_->out[i] : bound_.out[i];
+  }
+  double lse_bound(size_t i) const {
+    return plus_ != nullptr ? bound_.lse[i] + plus_->lse[i] : bound_.lse[i];
+  }
+  bool finite_pair(double va, double vb, int bb, int hh, int dd);
+  void record(double t, double va, double vb, double err, double excess, double bnd, int bb, int hh,
+              int dd);
+  const double* out_row(const Side& s, size_t rh, std::vector<double>& buf) const;
+  double lse_of(const Side& s, size_t rh) const;
+  Element figures_at(int32_t dd) const;
+  void element(int32_t bb, int32_t hh, int32_t dd);
+  void finite_row(int32_t bb, int32_t hh);
+  void lse_element(int32_t bb, int32_t hh, size_t rh);
+
+  const Side& a_;
+  const Side& b_;
+  const Bounds& bound_;
+  const Bounds* plus_;
+  const int32_t heads_, d_v_;
+  const bool a_bf16_, b_bf16_;
+  const RowExcessFn excesses_;
+  BoundCheck r_;
+  double sum_abs_ = 0, max_abs_ = 0, out_max_ref_ = 0, lse_max_abs_ = 0;
+  double out_tightness_ = 0, lse_tightness_ = 0, worst_ = 0;
+  int64_t n_abs_ = 0;
+  bool any_ = false, passed_ = true;
+  // A row of a side as doubles: its out vector's, or its raw bf16 values widened into the row
+  // buffer. The row now compared: ao_, bo_, its first element in the bounds row_.
+  std::vector<double> a_row_, b_row_, t_, err_, excess_;
+  const double* ao_ = nullptr;
+  const double* bo_ = nullptr;
+  size_t row_ = 0;
+};
+
+BoundChecker::BoundChecker(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
+                           int32_t heads, int32_t d_v)
+    : a_(a),
+      b_(b),
+      bound_(bound),
+      plus_(plus),
+      heads_(heads),
+      d_v_(d_v),
+      a_bf16_(a.out_bf16),
+      b_bf16_(b.out_bf16),
+      excesses_(row_excess_for(a.out_bf16, b.out_bf16)) {
+  r_.bf16_outputs = a.out_bf16;
+  const auto dv = static_cast<size_t>(d_v);
+  a_row_.resize(dv);
+  b_row_.resize(dv);
+  t_.resize(dv);
+  err_.resize(dv);
+  excess_.resize(dv);
+}
+
+bool BoundChecker::finite_pair(double va, double vb, int bb, int hh, int dd) {
+  if (std::isfinite(va) && std::isfinite(vb)) return true;
+  const int ca = finite_class(va), cb = finite_class(vb);
+  if (ca != cb) {
+    if (r_.nonfinite_match) {
+      const ValueFormat fa = !a_.out_bf16 ? ValueFormat::kFp64
+                             : dd >= 0    ? ValueFormat::kBf16
+                                          : ValueFormat::kFp32;
+      std::ostringstream os;
+      os << (dd >= 0 ? "out[b=" : "lse[b=") << bb << ",h=" << hh;
+      if (dd >= 0) os << ",d=" << dd;
+      os << "]: " << class_name(ca) << " (" << format_value(va, fa) << ") where the reference is "
+         << class_name(cb) << " (" << format_value(vb, ValueFormat::kFp64) << ")";
+      r_.nonfinite_detail = os.str();
+    }
+    r_.nonfinite_match = false;
+    passed_ = false;
+  }
+  return false;
+}
+
+void BoundChecker::record(double t, double va, double vb, double err, double excess, double bnd,
+                          int bb, int hh, int dd) {
+  worst_ = std::max(worst_, t);
+  any_ = true;
+  r_.b = bb;
+  r_.h = hh;
+  r_.d = dd;
+  r_.value = va;
+  r_.reference = vb;
+  r_.error = err;
+  r_.excess = excess;
+  r_.bound = bnd;
+}
+
+const double* BoundChecker::out_row(const Side& s, size_t rh, std::vector<double>& buf) const {
+  if (s.out != nullptr) return s.out->data() + rh * d_v_;
+  const auto r = static_cast<int64_t>(rh) / heads_, h = static_cast<int64_t>(rh) % heads_;
+  const uint16_t* raw = s.out_raw + OutputBuffers::kGuard + r / s.s_q * s.out_batch_stride +
+                        r % s.s_q * s.out_token_stride + h * s.out_head_stride;
+  for (int32_t d = 0; d < d_v_; ++d) buf[static_cast<size_t>(d)] = mla::bf16_to_float(raw[d]);
+  return buf.data();
+}
+
+double BoundChecker::lse_of(const Side& s, size_t rh) const {
+  if (s.lse != nullptr) return (*s.lse)[rh];
+  const auto r = static_cast<int64_t>(rh) / heads_, h = static_cast<int64_t>(rh) % heads_;
+  return s.lse_raw[OutputBuffers::kGuard + r / s.s_q * s.lse_batch_stride +
+                   r % s.s_q * s.lse_token_stride + h];
+}
+
+BoundChecker::Element BoundChecker::figures_at(int32_t dd) const {
+  const size_t at = row_ + static_cast<size_t>(dd);
+  Element e{ao_[dd], bo_[dd], 0, 0, out_bound(at), 0};
+  double alo = e.va, ahi = e.va, blo = e.vb, bhi = e.vb;
+  if (a_bf16_) bf16_rounding_interval(e.va, &alo, &ahi);
+  if (b_bf16_) bf16_rounding_interval(e.vb, &blo, &bhi);
+  e.excess = std::max({blo - ahi, alo - bhi, 0.0});
+  e.err = std::fabs(e.va - e.vb);
+  e.t = ratio(e.excess, e.bound);
+  return e;
+}
+
+// One out element the slow way: a row with a non-finite value.
+void BoundChecker::element(int32_t bb, int32_t hh, int32_t dd) {
+  if (!finite_pair(ao_[dd], bo_[dd], bb, hh, dd)) return;
+  const Element e = figures_at(dd);
+  out_tightness_ = std::max(out_tightness_, e.t);
+  sum_abs_ += e.err;
+  ++n_abs_;
+  max_abs_ = std::max(max_abs_, e.err);
+  out_max_ref_ = std::max(out_max_ref_, std::fabs(e.vb));
+  if (e.t > worst_ || !any_) record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, dd);
+  if (e.t > 1) passed_ = false;
+}
+
+// A row finite on both sides, in vectorized loops.
+void BoundChecker::finite_row(int32_t bb, int32_t hh) {
+  double max_t = 0;
+  if (excesses_(ao_, bo_, d_v_, excess_.data(), err_.data())) {
+    const double* pl = plus_ != nullptr ? plus_->out.data() + row_ : nullptr;
+    if (pl != nullptr) {
+      row_ratios<true>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
+    } else {
+      row_ratios<false>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
+    }
+    max_t = std::max(0.0, Eigen::Map<const Eigen::ArrayXd>(t_.data(), d_v_).maxCoeff());
+  }
+  // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
+  // Eigen's vectorized reductions; the sum as the loop's order gives it (the mean's bits).
+  const Eigen::Map<const Eigen::ArrayXd> ee(err_.data(), d_v_);
+  const double row_max = ee.maxCoeff();
+  max_abs_ = std::max(max_abs_, row_max);
+  out_max_ref_ =
+      std::max(out_max_ref_, Eigen::Map<const Eigen::ArrayXd>(bo_, d_v_).abs().maxCoeff());
+  sum_abs_ = add_in_order(sum_abs_, err_.data(), d_v_, row_max, a_bf16_ && b_bf16_);
+  n_abs_ += d_v_;
+  out_tightness_ = std::max(out_tightness_, max_t);
+  if (max_t > worst_ || !any_) {
+    // The element an element-by-element loop records last: the first with the row's largest
+    // ratio (also when nothing was recorded before: the ratios are >= 0). (All ratios 0: the
+    // first element; t_ not computed.)
+    int32_t at = 0;
+    while (max_t > 0 && at + 1 < d_v_ && !(t_[static_cast<size_t>(at)] == max_t)) ++at;
+    const Element e = figures_at(at);
+    record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, at);
+  }
+  if (max_t > 1) passed_ = false;
+}
+
+void BoundChecker::lse_element(int32_t bb, int32_t hh, size_t rh) {
+  const double va = lse_of(a_, rh), vb = lse_of(b_, rh);
+  if (!finite_pair(va, vb, bb, hh, -1)) return;
+  const double err1 = std::fabs(va - vb);  // the excess too: lse values are exact
+  const double bnd = lse_bound(rh);
+  const double t1 = ratio(err1, bnd);
+  lse_tightness_ = std::max(lse_tightness_, t1);
+  lse_max_abs_ = std::max(lse_max_abs_, err1);
+  if (t1 > worst_ || !any_) record(t1, va, vb, err1, err1, bnd, bb, hh, -1);
+  if (t1 > 1) passed_ = false;
+}
+
+void BoundChecker::check_row(int32_t bb, int32_t hh) {
+  const size_t rh = static_cast<size_t>(bb) * heads_ + hh;
+  row_ = rh * d_v_;
+  ao_ = out_row(a_, rh, a_row_);
+  bo_ = out_row(b_, rh, b_row_);
+  const auto dv = static_cast<size_t>(d_v_);
+  if (d_v_ > 0 && all_finite(ao_, dv) && all_finite(bo_, dv)) {
+    finite_row(bb, hh);
+  } else {
+    for (int32_t dd = 0; dd < d_v_; ++dd) element(bb, hh, dd);
+  }
+  lse_element(bb, hh, rh);
+}
+
+BoundCheck BoundChecker::result() {
+  r_.passed = passed_;
+  r_.tightness = worst_;
+  r_.max_abs = max_abs_;
+  r_.out_max_ref = out_max_ref_;
+  r_.lse_max_abs = lse_max_abs_;
+  r_.out_tightness = out_tightness_;
+  r_.lse_tightness = lse_tightness_;
+  r_.mean_abs = n_abs_ > 0 ? sum_abs_ / static_cast<double>(n_abs_) : 0;
+  r_.max_rel = r_.out_max_ref > 0 ? r_.max_abs / r_.out_max_ref : 0;
+  return r_;
+}
+
 }  // namespace
 
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32_t batch,
@@ -1021,170 +1390,11 @@ BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, int32
 
 BoundCheck check_bounds(const Side& a, const Side& b, const Bounds& bound, const Bounds* plus,
                         int32_t batch, int32_t heads, int32_t d_v) {
-  BoundCheck r;
-  r.bf16_outputs = a.out_bf16;
-  // Every figure as a loop over the elements in the order (b, h, d) then the row's lse would
-  // give it: the worst element is the first with the largest ratio, the mean sums the errors in
-  // that order. A row finite on both sides goes through row_figures (vectorized) and then a
-  // loop that adds its errors in order (add_in_order: in any order where every partial sum is
-  // exact); a row with a non-finite value element by element, with the message for the first
-  // class mismatch.
-  double sum_abs = 0, max_abs = 0, out_max_ref = 0, lse_max_abs = 0;
-  double out_tightness = 0, lse_tightness = 0, worst = 0;
-  int64_t n_abs = 0;
-  bool any = false, passed = true;
-  const auto out_bound = [&](size_t i) {
-    return plus != nullptr ? bound.out[i] + plus->out[i] : bound.out[i];
-  };
-  const auto lse_bound = [&](size_t i) {
-    return plus != nullptr ? bound.lse[i] + plus->lse[i] : bound.lse[i];
-  };
-  const auto finite_pair = [&](double va, double vb, int bb, int hh, int dd) {
-    if (std::isfinite(va) && std::isfinite(vb)) return true;
-    const int ca = finite_class(va), cb = finite_class(vb);
-    if (ca != cb) {
-      if (r.nonfinite_match) {
-        const ValueFormat fa = !a.out_bf16 ? ValueFormat::kFp64
-                               : dd >= 0   ? ValueFormat::kBf16
-                                           : ValueFormat::kFp32;
-        std::ostringstream os;
-        os << (dd >= 0 ? "out[b=" : "lse[b=") << bb << ",h=" << hh;
-        if (dd >= 0) os << ",d=" << dd;
-        os << "]: " << class_name(ca) << " (" << format_value(va, fa) << ") where the reference is "
-           << class_name(cb) << " (" << format_value(vb, ValueFormat::kFp64) << ")";
-        r.nonfinite_detail = os.str();
-      }
-      r.nonfinite_match = false;
-      passed = false;
-    }
-    return false;
-  };
-  const auto record = [&](double t, double va, double vb, double err, double excess, double bnd,
-                          int bb, int hh, int dd) {
-    worst = std::max(worst, t);
-    any = true;
-    r.b = bb;
-    r.h = hh;
-    r.d = dd;
-    r.value = va;
-    r.reference = vb;
-    r.error = err;
-    r.excess = excess;
-    r.bound = bnd;
-  };
-  const bool a_bf16 = a.out_bf16, b_bf16 = b.out_bf16;
-  // A row of a side as doubles: its out vector's, or its raw bf16 values widened into the row
-  // buffer. The row now compared: ao, bo.
-  std::vector<double> a_row(static_cast<size_t>(d_v)), b_row(static_cast<size_t>(d_v));
-  const double* ao = nullptr;
-  const double* bo = nullptr;
-  const auto out_row = [&](const Side& s, size_t rh, std::vector<double>& buf) -> const double* {
-    if (s.out != nullptr) return s.out->data() + rh * d_v;
-    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
-    const uint16_t* raw = s.out_raw + OutputBuffers::kGuard + r / s.s_q * s.out_batch_stride +
-                          r % s.s_q * s.out_token_stride + h * s.out_head_stride;
-    for (int32_t d = 0; d < d_v; ++d) buf[static_cast<size_t>(d)] = mla::bf16_to_float(raw[d]);
-    return buf.data();
-  };
-  const auto lse_of = [&](const Side& s, size_t rh) -> double {
-    if (s.lse != nullptr) return (*s.lse)[rh];
-    const auto r = static_cast<int64_t>(rh) / heads, h = static_cast<int64_t>(rh) % heads;
-    return s.lse_raw[OutputBuffers::kGuard + r / s.s_q * s.lse_batch_stride +
-                     r % s.s_q * s.lse_token_stride + h];
-  };
-  // The figures of one finite out element of the row (as row_figures computes them).
-  struct Element {
-    double va, vb, excess, err, bound, t;
-  };
-  size_t row = 0;  // the row's first element in the bounds
-  const auto figures_at = [&](int32_t dd) {
-    const size_t at = row + static_cast<size_t>(dd);
-    Element e{ao[dd], bo[dd], 0, 0, out_bound(at), 0};
-    double alo = e.va, ahi = e.va, blo = e.vb, bhi = e.vb;
-    if (a_bf16) bf16_rounding_interval(e.va, &alo, &ahi);
-    if (b_bf16) bf16_rounding_interval(e.vb, &blo, &bhi);
-    e.excess = std::max({blo - ahi, alo - bhi, 0.0});
-    e.err = std::fabs(e.va - e.vb);
-    e.t = ratio(e.excess, e.bound);
-    return e;
-  };
-  // One out element the slow way: a row with a non-finite value.
-  const auto element = [&](int32_t bb, int32_t hh, int32_t dd) {
-    if (!finite_pair(ao[dd], bo[dd], bb, hh, dd)) return;
-    const Element e = figures_at(dd);
-    out_tightness = std::max(out_tightness, e.t);
-    sum_abs += e.err;
-    ++n_abs;
-    max_abs = std::max(max_abs, e.err);
-    out_max_ref = std::max(out_max_ref, std::fabs(e.vb));
-    if (e.t > worst || !any) record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, dd);
-    if (e.t > 1) passed = false;
-  };
-  const RowExcessFn excesses = row_excess_for(a_bf16, b_bf16);
-  std::vector<double> t(static_cast<size_t>(d_v)), err(static_cast<size_t>(d_v));
-  std::vector<double> excess(static_cast<size_t>(d_v));
+  BoundChecker checker(a, b, bound, plus, heads, d_v);
   for (int32_t bb = 0; bb < batch; ++bb) {
-    for (int32_t hh = 0; hh < heads; ++hh) {
-      const size_t rh = static_cast<size_t>(bb) * heads + hh;
-      row = rh * d_v;
-      ao = out_row(a, rh, a_row);
-      bo = out_row(b, rh, b_row);
-      const auto dv = static_cast<size_t>(d_v);
-      if (d_v > 0 && all_finite(ao, dv) && all_finite(bo, dv)) {
-        double max_t = 0;
-        if (excesses(ao, bo, d_v, excess.data(), err.data())) {
-          const double* pl = plus != nullptr ? plus->out.data() + row : nullptr;
-          if (pl != nullptr) {
-            row_ratios<true>(excess.data(), bound.out.data() + row, pl, d_v, t.data());
-          } else {
-            row_ratios<false>(excess.data(), bound.out.data() + row, pl, d_v, t.data());
-          }
-          max_t = std::max(0.0, Eigen::Map<const Eigen::ArrayXd>(t.data(), d_v).maxCoeff());
-        }
-        // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
-        // Eigen's vectorized reductions; the sum as the loop's order gives it (the mean's bits).
-        const Eigen::Map<const Eigen::ArrayXd> ee(err.data(), d_v);
-        const double row_max = ee.maxCoeff();
-        max_abs = std::max(max_abs, row_max);
-        out_max_ref =
-            std::max(out_max_ref, Eigen::Map<const Eigen::ArrayXd>(bo, d_v).abs().maxCoeff());
-        sum_abs = add_in_order(sum_abs, err.data(), d_v, row_max, a_bf16 && b_bf16);
-        n_abs += d_v;
-        out_tightness = std::max(out_tightness, max_t);
-        if (max_t > worst || !any) {
-          // The element an element-by-element loop records last: the first with the row's
-          // largest ratio (also when nothing was recorded before: the ratios are >= 0).
-          // (All ratios 0: the first element; t[] not computed.)
-          int32_t at = 0;
-          while (max_t > 0 && at + 1 < d_v && !(t[static_cast<size_t>(at)] == max_t)) ++at;
-          const Element e = figures_at(at);
-          record(e.t, e.va, e.vb, e.err, e.excess, e.bound, bb, hh, at);
-        }
-        if (max_t > 1) passed = false;
-      } else {
-        for (int32_t dd = 0; dd < d_v; ++dd) element(bb, hh, dd);
-      }
-      const double va = lse_of(a, rh), vb = lse_of(b, rh);
-      if (!finite_pair(va, vb, bb, hh, -1)) continue;
-      const double err1 = std::fabs(va - vb);  // the excess too: lse values are exact
-      const double bnd = lse_bound(rh);
-      const double t1 = ratio(err1, bnd);
-      lse_tightness = std::max(lse_tightness, t1);
-      lse_max_abs = std::max(lse_max_abs, err1);
-      if (t1 > worst || !any) record(t1, va, vb, err1, err1, bnd, bb, hh, -1);
-      if (t1 > 1) passed = false;
-    }
+    for (int32_t hh = 0; hh < heads; ++hh) checker.check_row(bb, hh);
   }
-  r.passed = passed;
-  r.tightness = worst;
-  r.max_abs = max_abs;
-  r.out_max_ref = out_max_ref;
-  r.lse_max_abs = lse_max_abs;
-  r.out_tightness = out_tightness;
-  r.lse_tightness = lse_tightness;
-  r.mean_abs = n_abs > 0 ? sum_abs / static_cast<double>(n_abs) : 0;
-  r.max_rel = r.out_max_ref > 0 ? r.max_abs / r.out_max_ref : 0;
-  return r;
+  return checker.result();
 }
 
 Side raw_side(const RunResult& r, const MaterializedCase& m) {
