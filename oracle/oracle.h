@@ -59,6 +59,7 @@ struct OracleRowView {
   int32_t row = 0;              // query row r = b * s_q + s
   Eigen::Index n = 0;           // valid entries; 0: an empty row (nothing below is set)
   int32_t n_main = 0;           // how many of them are the main list's
+  const int32_t* k = nullptr;   // [n] their positions, as OracleRow::k
   const double* K = nullptr;    // [n, d_qk] row-major, exact
   const double* Q = nullptr;    // [H, d_qk] row-major, exact
   const double* X = nullptr;    // [H, n] column-major logits sm_scale64 * q . K, as the oracle's

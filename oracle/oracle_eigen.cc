@@ -217,6 +217,7 @@ void compute_row(const MaterializedCase& m, int b, RowScratch& s, OracleResult& 
     std::copy_n(s.s.data(), H * n, grown(s.x, H * n));
     view.n = n;
     view.n_main = n_main;
+    view.k = s.ks.data();
     view.K = s.kr.data();
     view.Q = s.q.data();
     view.X = s.x.data();
@@ -418,6 +419,7 @@ void visit_oracle_rows(const MaterializedCase& m, const OracleResult& ref,
     view.out = ref.out.data() + static_cast<int64_t>(r) * H * dv;
     view.lse = ref.lse.data() + static_cast<int64_t>(r) * H;
     if (view.n > 0) {
+      view.k = s.ks.data();
       view.K = s.kr.data();
       view.Q = s.q.data();
       view.X = s.s.data();

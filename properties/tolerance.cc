@@ -1,5 +1,5 @@
-// The tolerance model (derivation in tolerance.h). One function computes every term, so the
-// model can be read top to bottom next to its derivation.
+// The tolerance model (derivation in tolerance.h): the terms of one head in head_prepare and
+// HeadFinish (joint softmax) or merged_head_bound (LSE-merged), read next to the derivation.
 #include "properties/tolerance.h"
 
 #include <fmt/format.h>
@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <span>
 #include <sstream>
 
 #include "core/compare.h"
@@ -705,11 +707,11 @@ void merged_head_bound(const RowTerms& rt, int h, const HeadSubset (&lists)[2], 
 // range where every one is exact in fp32 and bf16 (p in [-124, 119]: codes are multiples of
 // 2^-9 below 448, the smallest bf16 subnormal is 2^-133). MODEL1's ue8m0 scales are taken
 // as exact, as the generator keeps them.
-bool dequant_rounds(const MaterializedCase& m, int r, const OracleRow& row) {
+bool dequant_rounds(const MaterializedCase& m, int r, const int32_t* ks, Eigen::Index n) {
   if (m.geom.layout != mla::Layout::kV32) return false;
   const int b = r / m.s_q, sq = r % m.s_q;
   const int32_t tiles = mla::num_scale_tiles(m.geom);
-  for (const int32_t k : row.k) {
+  for (const int32_t k : std::span(ks, static_cast<size_t>(n))) {
     const bool main = k < m.topk;
     const mla::CacheGeometry& g = main ? m.geom : m.extra_geom;
     const uint8_t* cache = main ? m.cache.data() : m.extra_cache.data();
@@ -750,33 +752,43 @@ bool same_pipeline(const Pipeline& a, const Pipeline& b) {
          a.u_k == b.u_k;
 }
 
-// What every pipeline reads of one query row: its valid entries and keys (V = K.leftCols(d_v),
-// also token-major in VT), q, the logits X and A = s |q| . |K|, and the dequantization terms.
+// What every pipeline reads of one query row, taken from the oracle's row (OracleRowView): q, the
+// logits X and A = s |q| . |K|, the dequantization terms, and V = K.leftCols(d_v) token by token
+// (VT, vt_ld doubles per token: the oracle's row-major keys, or a copy whose rows are padded
+// where the keys' row stride is a multiple of 4 KiB, so that the rows of a column block do not
+// share a cache set). K column-major (Kc) only for the LSE-merged pipelines' per-head sums.
 struct RowInputs {
-  OracleRow row;
-  Eigen::MatrixXd Q, X, A;
+  int32_t r = 0;
+  Eigen::Index n = 0, n_main = 0;
+  const double* out = nullptr;  // [H, d_v] the oracle's output of the row
+  const double* lse = nullptr;  // [H]
+  Eigen::MatrixXd Q, X, A, Kc;
   bool rounds = false;
   Eigen::VectorXd qn1;
-  Eigen::MatrixXd VT;  // RowTerms::VT
+  Eigen::MatrixXd VT_copy;
+  const double* VT = nullptr;
+  Eigen::Index vt_ld = 0;
 };
 
-// compute_bounds_set: per row the gathered cache rows, q and the logits once for every pipeline
-// (RowInputs); per head the pipeline-free terms once (HeadShared), their sums over V for every
-// head of the row at once (two matrix products: W |V| and, where a token may underflow, U |V|);
-// per head and pipeline the scalar work (head_prepare, or merged_head_bound); then the passes
-// over V of every head, a block of V's columns at a time (the block stays in cache while every
-// head reads it).
+// compute_bounds_set, one oracle row at a time: per row the oracle's keys, q and logits for
+// every pipeline (RowInputs); per head the pipeline-free terms once (HeadShared), their sums
+// over V for every head of the row at once (two matrix products: W |V| and, where a token may
+// underflow, U |V|); per head and pipeline the scalar work (head_prepare, or merged_head_bound);
+// then the passes over V of every head, a block of V's columns at a time (the block stays in
+// cache while every head reads it).
 class BoundsSetBuilder {
  public:
-  BoundsSetBuilder(const MaterializedCase& m, const OracleResult& ref,
-                   const std::vector<BoundsRequest>& requests);
-  std::vector<Bounds> run();
+  BoundsSetBuilder(const MaterializedCase& m, std::vector<BoundsRequest> requests);
+  BoundsSetBuilder(const BoundsSetBuilder&) = delete;  // plans_ and tails_ point into itself
+  BoundsSetBuilder& operator=(const BoundsSetBuilder&) = delete;
+  void visit(const OracleRowView& v);
+  std::vector<Bounds> take() { return std::move(out_); }
 
  private:
   void link_longer_lists();
-  bool load_row(int32_t b);
+  void load_row(const OracleRowView& v);
   void share_row_weights();
-  void prepare_head(int32_t b, int32_t h);
+  void prepare_head(int32_t h);
   void run_passes();
   RowTerms row_terms(const Plan& pl) const;
   double sink_of(int32_t h) const {
@@ -785,16 +797,16 @@ class BoundsSetBuilder {
 
   using RowMajor = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const MaterializedCase& m_;
-  const OracleResult& ref_;
-  const int32_t B_, H_, dv_, dqk_;
+  const std::vector<BoundsRequest> requests_;
+  const int32_t H_, dv_, dqk_;
   const double s_;
   std::vector<Plan> plans_;
   size_t P_ = 0;
   std::vector<Bounds> out_;
-  bool any_joint_ = false;
+  bool any_joint_ = false, any_merged_ = false;
   RowInputs in_;
   std::vector<HeadShared> shared_;
-  Eigen::MatrixXd W_, U_, absV_;
+  Eigen::MatrixXd W_, U_, absK_, absV_;
   RowMajor WV_, UV_;
   // Per head of a row: each pipeline's tail (tails_[h * P_ + i]), the joint subset and the
   // head's passes over V.
@@ -805,29 +817,32 @@ class BoundsSetBuilder {
   std::vector<char> has_finish_;
 };
 
-BoundsSetBuilder::BoundsSetBuilder(const MaterializedCase& m, const OracleResult& ref,
-                                   const std::vector<BoundsRequest>& requests)
+BoundsSetBuilder::BoundsSetBuilder(const MaterializedCase& m, std::vector<BoundsRequest> requests)
     : m_(m),
-      ref_(ref),
-      B_(m.query_rows()),
+      requests_(std::move(requests)),
       H_(m.heads),
       dv_(m.d_v()),
       dqk_(m.d_qk()),
       s_(std::fabs(m.sm_scale64)) {
-  out_.resize(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    plans_.push_back(plan_of(m, requests[i]));
-    out_[i].out.assign(static_cast<size_t>(B_) * H_ * dv_, 0.0);
-    out_[i].lse.assign(static_cast<size_t>(B_) * H_, 0.0);
+  const auto rows = static_cast<size_t>(m.query_rows());
+  out_.resize(requests_.size());
+  for (size_t i = 0; i < requests_.size(); ++i) {
+    plans_.push_back(plan_of(m, requests_[i]));
+    out_[i].out.assign(rows * H_ * dv_, 0.0);
+    out_[i].lse.assign(rows * H_, 0.0);
   }
   P_ = plans_.size();
-  for (const Plan& pl : plans_) any_joint_ |= !pl.merged;
+  for (const Plan& pl : plans_) {
+    any_joint_ |= !pl.merged;
+    any_merged_ |= pl.merged;
+  }
   shared_.resize(static_cast<size_t>(H_));
   tails_.resize(static_cast<size_t>(H_) * P_);
   subsets_.resize(static_cast<size_t>(H_));
   tail_ptrs_.resize(P_);
   finish_.resize(static_cast<size_t>(H_));
   has_finish_.resize(static_cast<size_t>(H_));
+  link_longer_lists();
 }
 
 // A joint plan that differs from an earlier one only in its list length (insert-invalid's
@@ -850,27 +865,46 @@ void BoundsSetBuilder::link_longer_lists() {
   }
 }
 
-// RowInputs of query row b; false for an empty row (out exactly 0, lse exactly the convention's
-// infinity: the bounds stay 0).
-bool BoundsSetBuilder::load_row(int32_t b) {
-  in_.row = gather_row(m_, b);
-  const auto n = static_cast<Eigen::Index>(in_.row.k.size());
-  if (n == 0) return false;
-  const Eigen::MatrixXd& K = in_.row.K;
-  in_.Q = q_matrix(m_, b);
-  in_.X = row_logits(m_, b, in_.row);                          // [H, n]
-  in_.A = s_ * (in_.Q.cwiseAbs() * K.cwiseAbs().transpose());  // [H, n]
-  in_.rounds = dequant_rounds(m_, b, in_.row);
+// RowInputs of a non-empty oracle row.
+void BoundsSetBuilder::load_row(const OracleRowView& v) {
+  const Eigen::Index n = v.n;
+  in_.r = v.row;
+  in_.n = n;
+  in_.n_main = v.n_main;
+  in_.out = v.out;
+  in_.lse = v.lse;
+  const Eigen::Map<const RowMajor> K(v.K, n, dqk_);
+  in_.Q = Eigen::Map<const RowMajor>(v.Q, H_, dqk_);
+  in_.X = Eigen::Map<const Eigen::MatrixXd>(v.X, H_, n);       // [H, n]
+  // |K| column-major (the products' kernels, and so their bits, depend on the storage order).
+  // A matrix-vector product (one head or one token) takes the path it takes for the expression
+  // |K|^T of a column-major K, which differs from that of a plain matrix.
+  absK_ = K.cwiseAbs();
+  if (H_ == 1 || n == 1) {
+    in_.A = s_ * (in_.Q.cwiseAbs() * absK_.cwiseAbs().transpose());  // [H, n]
+  } else {
+    in_.A = s_ * (in_.Q.cwiseAbs() * absK_.transpose());
+  }
+  in_.rounds = dequant_rounds(m_, v.row, v.k, n);
   if (in_.rounds) in_.qn1 = in_.Q.leftCols(m_.geom.nope_dim).cwiseAbs().rowwise().sum();
-  in_.VT.resize(dv_ + 8, n);
-  in_.VT.topRows(dv_) = K.leftCols(dv_).transpose();
-  return true;
+  if (any_merged_) in_.Kc = K;
+  if (dqk_ % 512 != 0) {
+    in_.VT = v.K;
+    in_.vt_ld = dqk_;
+  } else {
+    in_.VT_copy.resize(dv_ + 8, n);
+    for (Eigen::Index k = 0; k < n; ++k) {
+      std::copy_n(v.K + k * dqk_, dv_, in_.VT_copy.data() + k * (dv_ + 8));
+    }
+    in_.VT = in_.VT_copy.data();
+    in_.vt_ld = dv_ + 8;
+  }
 }
 
 // The joint softmax weights of every head of the row and their sums over |V| (W |V|, U |V|).
 void BoundsSetBuilder::share_row_weights() {
-  const Eigen::Index n = in_.row.K.rows();
-  const RowTerms rt{*plans_[0].p, s_, dqk_, dv_, in_.X, in_.A, in_.row.K};
+  const Eigen::Index n = in_.n;
+  const RowTerms rt{*plans_[0].p, s_, dqk_, dv_, in_.X, in_.A, in_.Kc};
   W_.resize(H_, n);
   U_.resize(H_, n);
   bool any_under = false;
@@ -885,7 +919,7 @@ void BoundsSetBuilder::share_row_weights() {
     U_.row(h) = sh.under.transpose();
     any_under |= sh.any_under;
   }
-  absV_ = in_.row.K.leftCols(dv_).cwiseAbs();
+  absV_ = absK_.leftCols(dv_);
   WV_.noalias() = W_ * absV_;
   if (any_under) {
     UV_.noalias() = U_ * absV_;
@@ -901,9 +935,9 @@ void BoundsSetBuilder::share_row_weights() {
 }
 
 RowTerms BoundsSetBuilder::row_terms(const Plan& pl) const {
-  RowTerms rt{*pl.p, s_, dqk_, dv_, in_.X, in_.A, in_.row.K};
-  rt.VT = in_.VT.data();
-  rt.vt_ld = in_.VT.rows();
+  RowTerms rt{*pl.p, s_, dqk_, dv_, in_.X, in_.A, in_.Kc};
+  rt.VT = in_.VT;
+  rt.vt_ld = in_.vt_ld;
   if (in_.rounds && pl.p->u_k > 0) {
     rt.uk = pl.p->u_k;
     rt.etak = 2 * pl.p->eta;
@@ -912,13 +946,14 @@ RowTerms BoundsSetBuilder::row_terms(const Plan& pl) const {
   return rt;
 }
 
-// Head h of row b for every pipeline: the merged ones' bounds whole, the joint ones' up to the
-// pass over V (their tails, planned in finish_[h]).
-void BoundsSetBuilder::prepare_head(int32_t b, int32_t h) {
-  const size_t rh = static_cast<size_t>(b) * H_ + h;
-  const Eigen::Index n = in_.row.K.rows(), n_main = in_.row.n_main;
+// Head h of the row for every pipeline: the merged ones' bounds whole, the joint ones' up to
+// the pass over V (their tails, planned in finish_[h]).
+void BoundsSetBuilder::prepare_head(int32_t h) {
+  const size_t rh = static_cast<size_t>(in_.r) * H_ + h;
+  const Eigen::Index n = in_.n, n_main = in_.n_main;
   const double sink = sink_of(h);
-  const double* O = ref_.out.data() + rh * dv_;
+  const double* O = in_.out + static_cast<size_t>(h) * dv_;
+  const double lse_ref = in_.lse[h];
   HeadShared& sh = shared_[static_cast<size_t>(h)];
   size_t n_tails = 0;
   bool joint = false;
@@ -930,14 +965,12 @@ void BoundsSetBuilder::prepare_head(int32_t b, int32_t h) {
       const HeadSubset lists[2] = {
           {0, n_main, pl.T_main, pl.tiles(pl.T_main), -kInf, false, nullptr, 0},
           {n_main, n - n_main, pl.T_extra, pl.tiles(pl.T_extra), -kInf, false, nullptr, 0}};
-      merged_head_bound(rt, h, lists, sink, m_.conv.sink_in_lse, O, ref_.lse[rh], ob,
-                        &out_[i].lse[rh]);
+      merged_head_bound(rt, h, lists, sink, m_.conv.sink_in_lse, O, lse_ref, ob, &out_[i].lse[rh]);
     } else {
       // Every joint pipeline's subset has the same entries, O and sink (its T and nt are the
       // last pipeline's: the pass over V reads neither).
       HeadSubset& hs = subsets_[static_cast<size_t>(h)];
-      hs = HeadSubset{0, n,           pl.T_main + pl.T_extra, pl.nt, sink, m_.conv.sink_in_lse,
-                      O, ref_.lse[rh]};
+      hs = HeadSubset{0, n, pl.T_main + pl.T_extra, pl.nt, sink, m_.conv.sink_in_lse, O, lse_ref};
       bool needs_tail = false;
       HeadTail* tail = &tails_[static_cast<size_t>(h) * P_ + i];
       head_prepare(rt, h, hs, sh, ob, &out_[i].lse[rh], tail, &needs_tail);
@@ -955,9 +988,9 @@ void BoundsSetBuilder::prepare_head(int32_t b, int32_t h) {
 // The passes over V of every head of the row, a block of columns (about 128 KiB of V, a
 // multiple of 8) at a time.
 void BoundsSetBuilder::run_passes() {
-  const Eigen::Index n = in_.row.K.rows();
   const RowTerms rt = row_terms(Plan{plans_[0].p, 0, 0, 0, false});
-  const int32_t block = static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / n / 8 * 8, 8, 512));
+  const int32_t block =
+      static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / in_.n / 8 * 8, 8, 512));
   for (int32_t d0 = 0; d0 < dv_; d0 += block) {
     const int32_t d1 = std::min(dv_, d0 + block);
     for (int32_t h = 0; h < H_; ++h) {
@@ -966,24 +999,54 @@ void BoundsSetBuilder::run_passes() {
   }
 }
 
-std::vector<Bounds> BoundsSetBuilder::run() {
-  if (plans_.empty()) return std::move(out_);
-  link_longer_lists();
-  for (int32_t b = 0; b < B_; ++b) {
-    if (!load_row(b)) continue;
-    if (any_joint_) share_row_weights();
-    for (int32_t h = 0; h < H_; ++h) prepare_head(b, h);
-    run_passes();
-  }
-  return std::move(out_);
+// An empty row keeps its bounds 0: out exactly 0, lse exactly the convention's infinity.
+void BoundsSetBuilder::visit(const OracleRowView& v) {
+  if (plans_.empty() || v.n == 0) return;
+  load_row(v);
+  if (any_joint_) share_row_weights();
+  for (int32_t h = 0; h < H_; ++h) prepare_head(h);
+  run_passes();
 }
+
+// Adapts the builder to the oracle's visitor interface.
+class BuilderVisitor final : public OracleRowVisitor {
+ public:
+  explicit BuilderVisitor(BoundsSetBuilder& b) : b_(b) {}
+  void visit(const OracleRowView& v) override { b_.visit(v); }
+
+ private:
+  BoundsSetBuilder& b_;
+};
 
 }  // namespace
 
 std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
                                        const std::vector<BoundsRequest>& requests) {
-  return BoundsSetBuilder(m, ref, requests).run();
+  BoundsSetBuilder builder(m, requests);
+  if (requests.empty()) return builder.take();
+  BuilderVisitor visitor(builder);
+  visit_oracle_rows(m, ref, visitor);
+  return builder.take();
 }
+
+struct BoundsSetVisitor::Impl {
+  Impl(const MaterializedCase& m, std::vector<BoundsRequest> requests)
+      : builder(m, std::move(requests)) {}
+  BoundsSetBuilder builder;
+  std::mutex mu;  // rows visited from several oracle threads take turns
+};
+
+BoundsSetVisitor::BoundsSetVisitor(const MaterializedCase& m, std::vector<BoundsRequest> requests)
+    : impl_(std::make_unique<Impl>(m, std::move(requests))) {}
+
+BoundsSetVisitor::~BoundsSetVisitor() = default;
+
+void BoundsSetVisitor::visit(const OracleRowView& row) {
+  const std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->builder.visit(row);
+}
+
+std::vector<Bounds> BoundsSetVisitor::take() { return impl_->builder.take(); }
 
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
                       int tile_topk) {

@@ -97,6 +97,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -145,13 +146,13 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
                       int tile_topk = 0);
 
 // The bounds of one case for several pipelines (each with its tile_topk, as compute_bounds),
-// in the order asked, with the work no pipeline changes (the rows' cache gathers and logits,
-// the oracle's softmax weights, sum_k w_k |V_kd| as one product W |V| per query row, and the
-// pass over V that reads them) done once: the same values bit for bit as one compute_bounds
-// call each, except a pipeline asked again with a longer list, whose sums over |V - O| are
-// derived from the shorter one's (exp(delta) S + expm1(delta) sum_k w_k |V_kd - O_d|, the same
-// value up to rounding). The sums are dense products and passes over the row's V in token
-// order, not the token-by-token loops the formulas above read as: the output bounds equal
+// in the order asked, with the work no pipeline changes (the rows' decoded keys and logits, as
+// visit_oracle_rows gives them, the oracle's softmax weights, sum_k w_k |V_kd| as one product
+// W |V| per query row, and the pass over V that reads them) done once: the same values bit for bit
+// as one compute_bounds call each, except a pipeline asked again with a longer list, whose sums
+// over |V - O| are derived from the shorter one's (exp(delta) S + expm1(delta) sum_k w_k |V_kd -
+// O_d|, the same value up to rounding). The sums are dense products and passes over the row's V in
+// token order, not the token-by-token loops the formulas above read as: the output bounds equal
 // those loops' within a relative 1e-12 (Tolerance.BoundsEqualTheTokenByTokenForm), the LSE
 // bounds bit for bit. A campaign bounds every case for the float64 oracle and each backend's
 // pipeline, twice for insert-invalid's longer lists.
@@ -161,6 +162,23 @@ struct BoundsRequest {
 };
 std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
                                        const std::vector<BoundsRequest>& requests);
+
+// compute_bounds_set as a row visitor of the Eigen oracle: run_oracle_eigen(m, threads,
+// &visitor), then take(), gives the same bounds bit for bit as compute_bounds_set(m, result,
+// requests), formed from the keys the oracle decoded and the logits it formed instead of doing
+// that work again (compute_bounds_set itself reads them through visit_oracle_rows). Rows visited
+// from several oracle threads take turns. m must outlive the visitor.
+class BoundsSetVisitor final : public OracleRowVisitor {
+ public:
+  BoundsSetVisitor(const MaterializedCase& m, std::vector<BoundsRequest> requests);
+  ~BoundsSetVisitor();
+  void visit(const OracleRowView& row) override;
+  std::vector<Bounds> take();  // once, after the oracle's call
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Custom bounds: abs + rel |ref| per element.
 Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol);

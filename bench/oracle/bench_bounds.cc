@@ -4,9 +4,12 @@
 // and the two backends' pipelines again at insert-invalid's longer list).
 //
 // Usage: bench_bounds [--seed N] [--cases N] [--profile default|production] [--repeats R]
-//                     [--merged]
+//                     [--merged] [--shared]
 // --merged adds the two pipelines again as LSE-merged extra-cache pipelines (the production
 // decode's SGLang path; they differ from the joint ones only in cases with an extra cache).
+// --shared also times the oracle run with a BoundsSetVisitor (the bounds formed from the oracle's
+// own rows while it runs): its time less the oracle's is the bounds' cost in that form, and its
+// bounds' hash must equal compute_bounds_set's.
 // Prints thread CPU ms per case (the fastest of R repeats: on a shared machine CPU time only
 // grows), the bounds' ratio to the oracle, and a hash of every bound's bits (two builds meant
 // to give the same bounds give the same hash).
@@ -54,6 +57,8 @@ int main(int argc, char** argv) {
   mlafuzz::bench::add_case_set_options(app, args);
   bool merged = false;
   app.add_flag("--merged", merged, "also the two pipelines as LSE-merged ones");
+  bool shared = false;
+  app.add_flag("--shared", shared, "also time the oracle with the bounds as its row visitor");
   if (const auto rc = mlafuzz::bench::parse_args(app, argc, argv)) return *rc;
   mlafuzz::bench::use_campaign_allocator();
   std::vector<MaterializedCase> ms;
@@ -62,11 +67,11 @@ int main(int argc, char** argv) {
   }
   const int repeats = args.repeats;
   using mlafuzz::Precision;
-  double best_oracle = 1e300, best_bounds = 1e300;
-  uint64_t hash = 1469598103934665603ull;
+  double best_oracle = 1e300, best_bounds = 1e300, best_joint = 1e300;
+  uint64_t hash = 1469598103934665603ull, shared_hash = hash;
   for (int r = 0; r < repeats; ++r) {
-    double oracle = 0, bounds = 0;
-    hash = 1469598103934665603ull;
+    double oracle = 0, bounds = 0, joint = 0;
+    hash = shared_hash = 1469598103934665603ull;
     for (const MaterializedCase& m : ms) {
       double t0 = cpu_now();
       const mlafuzz::OracleResult ref = mlafuzz::run_oracle_eigen(m, 1);
@@ -93,9 +98,21 @@ int main(int argc, char** argv) {
         hash_into(hash, b.out);
         hash_into(hash, b.lse);
       }
+      if (shared) {
+        t0 = cpu_now();
+        mlafuzz::BoundsSetVisitor visitor(m, requests);
+        const mlafuzz::OracleResult ref2 = mlafuzz::run_oracle_eigen(m, 1, &visitor);
+        const std::vector<mlafuzz::Bounds> set2 = visitor.take();
+        joint += cpu_now() - t0;
+        for (const mlafuzz::Bounds& b : set2) {
+          hash_into(shared_hash, b.out);
+          hash_into(shared_hash, b.lse);
+        }
+      }
     }
     best_oracle = std::min(best_oracle, oracle);
     best_bounds = std::min(best_bounds, bounds);
+    best_joint = std::min(best_joint, joint);
   }
   const double n = static_cast<double>(ms.size());
   std::printf(
@@ -104,5 +121,12 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(args.seed), args.profile.c_str(), args.cases,
       1e3 * best_oracle / n, 1e3 * best_bounds / n, best_bounds / best_oracle,
       static_cast<unsigned long long>(hash));
+  if (shared) {
+    std::printf(
+        "shared with the oracle: oracle + bounds %.3f ms/case, bounds %.3f ms/case (%.2fx the "
+        "oracle), bits hash %016llx\n",
+        1e3 * best_joint / n, 1e3 * (best_joint - best_oracle) / n,
+        (best_joint - best_oracle) / best_oracle, static_cast<unsigned long long>(shared_hash));
+  }
   return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -893,6 +894,48 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
     }
   }
   EXPECT_EQ(compared, 40 * 11);
+}
+
+// BoundsSetVisitor bounds a case from the oracle's own rows while the oracle computes it: the
+// same bounds bit for bit as compute_bounds_set with the oracle's result, with one oracle thread
+// or several (rows visited from several threads), for every pipeline on generated cases of every
+// family and of the production family; the oracle's result does not change.
+TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
+  const auto bits_equal = [](const std::vector<double>& a, const std::vector<double>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  };
+  int compared = 0;
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 15;
+    if (production) cfg.families = {"production"};
+    const uint64_t seed = production ? 38 : 31;
+    for (uint64_t i = 0; i < (production ? 3u : 30u); ++i) {
+      const MaterializedCase m = materialize(generate_case(seed, i, cfg, nullptr));
+      std::vector<BoundsRequest> r = every_pipeline();
+      r.push_back({pipeline_for(Precision::kMmaBf16), m.topk + 3});
+      const OracleResult ref = run_oracle_eigen(m, 1);
+      const std::vector<Bounds> want = compute_bounds_set(m, ref, r);
+      for (const int threads : {1, 3}) {
+        BoundsSetVisitor visitor(m, r);
+        const OracleResult got_ref = run_oracle_eigen(m, threads, &visitor);
+        const std::vector<Bounds> got = visitor.take();
+        const std::string where = "seed " + std::to_string(seed) + " case " + std::to_string(i) +
+                                  " threads " + std::to_string(threads) +
+                                  "; rerun: property_model_tests "
+                                  "--gtest_filter=Tolerance.BoundsSetVisitorEqualsBoundsSet";
+        ASSERT_TRUE(bits_equal(got_ref.out, ref.out) && bits_equal(got_ref.lse, ref.lse)) << where;
+        ASSERT_EQ(got.size(), want.size()) << where;
+        for (size_t k = 0; k < r.size(); ++k) {
+          ASSERT_TRUE(bits_equal(got[k].out, want[k].out)) << "request " << k << ", " << where;
+          ASSERT_TRUE(bits_equal(got[k].lse, want[k].lse)) << "request " << k << ", " << where;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 33 * 10);
 }
 
 // The bounds are the formulas of tolerance.h evaluated with their sums over the tokens as matrix
