@@ -504,7 +504,7 @@ class OracleBackend final : public Backend {
   // backend.
   bool is_reference() const override { return !loop_; }
   Envelope envelope() const override { return any_case_envelope(); }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r;
     const auto t0 = std::chrono::steady_clock::now();
     try {

@@ -345,9 +345,9 @@ class Evaluator {
       not_applicable_all(name, "backend not available: " + av.reason);
       return;
     }
-    // unsupported() and run() in one call (one request for a worker proxy).
-    std::vector<CheckedRun> clean = be.check_and_run({&ctx_.m});
-    if (clean.size() != 1) throw std::logic_error(name + ": check_and_run lost the clean run");
+    // unsupported() and the run in one call (one request for a worker proxy).
+    std::vector<CheckedRun> clean = be.run_batch({&ctx_.m});
+    if (clean.size() != 1) throw std::logic_error(name + ": run_batch lost the clean run");
     if (clean[0].unsupported) {
       not_applicable_all(name, "case outside the backend's envelope: " + *clean[0].unsupported);
       return;
@@ -377,7 +377,7 @@ class Evaluator {
   }
 
   // Phase 2: every property of a backend whose clean run succeeded. Which properties run is
-  // decided first, then every transformed case they need is run in one check_and_run (one
+  // decided first, then every transformed case they need is run in one run_batch (one
   // request for a worker proxy), then the checks consume the results in the table's order.
   void properties(BackendState& st) {
     if (!st.ran) return;
@@ -398,7 +398,9 @@ class Evaluator {
       // Raw results: the bitwise properties compare the raw buffers, run_variant widens the
       // ones a property reads values from (a production case's output is 2^25 elements).
       const auto t_runs = Clock::now();
-      std::vector<CheckedRun> runs = st.be->check_and_run_raw(plan);
+      RunOptions raw;
+      raw.raw_outputs = true;
+      std::vector<CheckedRun> runs = st.be->run_batch(plan, raw);
       ev_.steps[CaseStep::kVariantRuns] += since(t_runs);
       for (size_t i = 0; i < plan.size() && i < runs.size(); ++i) {
         batch_.emplace(plan[i], std::move(runs[i]));
@@ -590,7 +592,7 @@ class Evaluator {
       c = std::move(it->second);
       batch_.erase(it);
     } else {
-      std::vector<CheckedRun> one = be.check_and_run({&v});
+      std::vector<CheckedRun> one = be.run_batch({&v});
       if (one.size() == 1) c = std::move(one[0]);
     }
     if (c.unsupported) {

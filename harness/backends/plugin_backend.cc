@@ -373,13 +373,9 @@ class PluginBackend final : public TraitsBackend<Backend> {
     return name() + ": " + message_or(reason, "unsupported (no reason given)");
   }
 
-  RunResult run(const MaterializedCase& m) override {
-    if (const auto why = unsupported(m)) {
-      RunResult r;
-      r.status = RunStatus::kUnsupported;
-      r.message = *why;
-      return r;
-    }
+ protected:
+  // A case that unsupported() accepted (run_batch asks it first).
+  RunResult run_case(const MaterializedCase& m) override {
     return p_.desc.traits.on_device ? run_device(m) : run_host(m);
   }
 
@@ -428,8 +424,10 @@ class PluginBackend final : public TraitsBackend<Backend> {
         });
     RunResult r;
     {
+      RunOptions raw;  // the raw outputs, converted by this backend's run_batch
+      raw.raw_outputs = true;
       const std::lock_guard<std::mutex> lock(plugin_call_mutex());
-      r = staged->run(m);
+      r = staged->run(m, raw);
     }
     if (!plugin_error.empty()) {
       r.status = RunStatus::kError;

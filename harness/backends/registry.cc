@@ -38,7 +38,7 @@ class UnavailableBackend final : public TraitsBackend<Backend> {
     traits_.needs_worker = true;
     traits_.simt_partner = std::move(partner);
   }
-  RunResult run(const MaterializedCase&) override {
+  RunResult run_case(const MaterializedCase&) override {
     RunResult r;
     r.status = RunStatus::kError;
     r.message = traits_.name + " is not available: " + traits_.availability.reason;

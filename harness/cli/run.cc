@@ -120,15 +120,17 @@ void run_backend(const MaterializedCase& m, Ran& ran) {
     ran.result.message = "not available here: " + av.reason;
     return;
   }
-  if (auto why = ran.backend->unsupported(m)) {
-    ran.result.status = RunStatus::kUnsupported;
-    ran.result.message = *why;
-    ran.skipped = true;
-    return;
-  }
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    ran.result = ran.backend->run(m);
+    std::vector<CheckedRun> one = ran.backend->run_batch({&m});
+    if (one.size() != 1) throw std::logic_error("the backend lost the case");
+    if (one[0].unsupported) {
+      ran.result.status = RunStatus::kUnsupported;
+      ran.result.message = *one[0].unsupported;
+      ran.skipped = true;
+      return;
+    }
+    ran.result = std::move(one[0].result);
   } catch (const std::exception& e) {
     ran.result = RunResult{};
     ran.result.status = RunStatus::kError;

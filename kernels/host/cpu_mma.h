@@ -411,7 +411,7 @@ class CpuMmaBackend final : public Backend {
   }
   bool splits_kv() const override { return split_ != mla::kSplitOff; }
   int token_tile() const override { return tile_ == mla::kMmaTokenTile ? 0 : tile_; }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     const int32_t split =
         split_ != mla::kSplitOff && m.split_override != 0 ? m.split_override : split_;
     return run_guarded(m, [this, split](const HostCall& c) {

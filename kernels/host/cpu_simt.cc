@@ -156,7 +156,7 @@ class CpuSimtBackend final : public Backend {
   Precision precision() const override { return Precision::kSimtFp32; }
   // The kernel's envelope: a host model runs what the kernel it models runs.
   Envelope envelope() const override { return builtin_kernel_envelope(); }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     return run_guarded(m, [this](const HostCall& c) { simt_per_head<Mutant::kNone>(c, scratch_); });
   }
 

@@ -59,7 +59,11 @@ TEST(OutputBuffers, CollectOutputsWidensTheLogicalRegion) {
   const MaterializedCase m = padded_case();
   OutputBuffers b(m);
   write_all(m, b);
-  const RunResult r = collect_outputs(m, b);
+  RunResult r = collect_outputs(m, b);
+  EXPECT_TRUE(r.outputs_pending);
+  EXPECT_TRUE(r.out.empty());
+  finish_outputs(m, r, /*raw_outputs=*/false);
+  EXPECT_FALSE(r.outputs_pending);
   EXPECT_TRUE(r.ok());
   ASSERT_EQ(r.out.size(), size_t(2 * 3 * 512));
   EXPECT_EQ(r.out[(1 * 3 + 2) * 512 + 7], 3.5 + 2);
@@ -84,7 +88,8 @@ TEST(OutputBuffers, RowGapsOfOutAndLseAreCanaries) {
   EXPECT_EQ(b.lse.size(), size_t(2 * OutputBuffers::kGuard + 2 * 5));
   write_all(m, b);
   EXPECT_EQ(b.guard_violations(m), 0);
-  const RunResult r = collect_outputs(m, b);
+  RunResult r = collect_outputs(m, b);
+  finish_outputs(m, r, /*raw_outputs=*/false);
   EXPECT_EQ(r.lse[1 * 3 + 2], 12.0);  // read at b * lse_batch_stride + h
   EXPECT_EQ(r.out[(1 * 3 + 2) * 512 + 7], 3.5 + 2);
   b.out_begin()[3 * 516] = 0;                 // the gap after row 0's last head

@@ -128,7 +128,7 @@ class RowRaceBackend : public Backend {
   explicit RowRaceBackend(int race_rows = 3) : race_rows_(race_rows) {}
   std::string name() const override { return "cpu-mma~row-race"; }
   Precision precision() const override { return inner_->precision(); }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     r.guard_violations += 1;
     if (m.batch >= race_rows_ && ++races_ % 2 == 0) r.out_raw.at(OutputBuffers::kGuard) ^= 1;

@@ -693,7 +693,7 @@ class NanBackend : public Backend {
  public:
   std::string name() const override { return "nan-simt"; }
   Precision precision() const override { return Precision::kSimtFp32; }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     r.out[0] = std::nan("");
     r.out_raw[OutputBuffers::kGuard] = 0x7fc0;  // the same element in the raw buffer: bf16 NaN

@@ -576,7 +576,7 @@ class TwoBugs : public ForwardingBackend<> {
         b_(make_cpu_mma_mutant_backend(b)),
         name_(std::string("two-bugs~") + mla::mutant_name(a) + "+" + mla::mutant_name(b)) {}
   std::string name() const override { return name_; }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     const RunResult good = inner_->run(m);
     const RunResult a = a_->run(m);
     RunResult r = b_->run(m);
@@ -608,7 +608,7 @@ class ExpOverflows : public ForwardingBackend<> {
  public:
   ExpOverflows() : ForwardingBackend<>(make_cpu_mma_backend()) {}
   std::string name() const override { return "exp-overflows"; }
-  RunResult run(const MaterializedCase& m) override {
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     if (r.status != RunStatus::kOk) return r;
     const int32_t H = m.heads, dv = m.d_v();
