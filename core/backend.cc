@@ -17,25 +17,6 @@ const char* phase_name(Phase p) {
   return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
 }
 
-BackendTraits Backend::traits() const {
-  BackendTraits t;
-  t.name = name();
-  t.precision = precision();
-  t.availability = availability();
-  t.envelope = envelope();
-  t.inexact_invariants = inexact_invariants();
-  t.extra_pipeline = extra_pipeline();
-  t.abs_tol = abs_tol();
-  t.rel_tol = rel_tol();
-  t.on_device = on_device();
-  t.needs_worker = needs_worker();
-  t.is_reference = is_reference();
-  t.simt_partner = simt_partner();
-  t.splits_kv = splits_kv();
-  t.token_tile = token_tile();
-  return t;
-}
-
 OutputBuffers::OutputBuffers(const MaterializedCase& m)
     : out_head_stride(m.out_head_stride),
       out_batch_stride(m.out_batch_stride),
@@ -242,7 +223,7 @@ std::vector<CheckedRun> Backend::run_batch(const std::vector<const MaterializedC
 
 RunResult Backend::run(const MaterializedCase& m, const RunOptions& o) {
   std::vector<CheckedRun> one = run_batch({&m}, o);
-  if (one.size() != 1) throw std::logic_error(name() + ": run_batch lost the case");
+  if (one.size() != 1) throw std::logic_error(traits().name + ": run_batch lost the case");
   if (one[0].unsupported) {
     RunResult r;
     r.status = RunStatus::kUnsupported;

@@ -154,11 +154,9 @@ struct RunOptions {
   std::function<void(size_t k, bool lend)> on_inputs;
 };
 
-// A backend describes itself through the methods from name() to token_tile(), one per field of
-// BackendTraits (core/backend_traits.h says what each means; the defaults here are its
-// defaults, except needs_worker, which follows on_device); traits() gathers them into that
-// one value, which the worker protocol sends and the commands print. A backend described by a
-// value it was given is a TraitsBackend.
+// A backend describes itself by one BackendTraits value (core/backend_traits.h says what each
+// field means), which the worker protocol sends, the commands print and the properties read:
+// traits(). A backend states it once, usually by being a TraitsBackend of it.
 //
 // Running: run_batch() is the one way to run a backend (a case's property variants, a worker's
 // batch request, one case). A backend implements run_case() for one supported case; the default
@@ -168,22 +166,8 @@ struct RunOptions {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Every description method's answer, in one value.
-  BackendTraits traits() const;
-  virtual std::string name() const = 0;
-  virtual Precision precision() const = 0;
-  virtual Availability availability() const { return {}; }
-  virtual Envelope envelope() const { return {}; }           // anything
-  virtual uint32_t inexact_invariants() const { return 0; }  // every invariant exact
-  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
-  virtual double abs_tol() const { return 0; }
-  virtual double rel_tol() const { return 0; }
-  virtual bool on_device() const { return false; }
-  virtual bool needs_worker() const { return on_device(); }
-  virtual bool is_reference() const { return false; }
-  virtual std::string simt_partner() const { return ""; }
-  virtual bool splits_kv() const { return false; }
-  virtual int token_tile() const { return 0; }
+  // What the backend says about itself; the reference lives as long as the backend.
+  virtual const BackendTraits& traits() const = 0;
   // Reason the backend cannot run this case by design, or nullopt if it can (the final word,
   // inside or outside the envelope).
   virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
@@ -239,59 +223,33 @@ class PipelinedBackend : public Backend {
   RunResult run_case(const MaterializedCase& m) override { return finish_case(begin_case(m)); }
 };
 
-// A wrapper that describes itself exactly as the backend it wraps (every description method
-// forwarded: name, precision, envelope, invariance claims, extra pipeline, tolerances, device,
-// split-KV, token tile) and runs through it; a wrapper overrides only what it changes.
-// Base is Backend or an interface derived from it (campaign::IsolatedBackend).
+// A wrapper that describes itself exactly as the backend it wraps (its traits) and runs through
+// it; a wrapper overrides only what it changes. Base is Backend or an interface derived from it
+// (campaign::IsolatedBackend, PipelinedBackend).
 template <class Base = Backend>
 class ForwardingBackend : public Base {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  Precision precision() const override { return inner_->precision(); }
-  Availability availability() const override { return inner_->availability(); }
+  const BackendTraits& traits() const override { return inner_->traits(); }
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     return inner_->unsupported(m);
   }
-  Envelope envelope() const override { return inner_->envelope(); }
-  uint32_t inexact_invariants() const override { return inner_->inexact_invariants(); }
-  ExtraPipeline extra_pipeline() const override { return inner_->extra_pipeline(); }
-  double abs_tol() const override { return inner_->abs_tol(); }
-  double rel_tol() const override { return inner_->rel_tol(); }
-  bool on_device() const override { return inner_->on_device(); }
-  bool needs_worker() const override { return inner_->needs_worker(); }
-  bool is_reference() const override { return inner_->is_reference(); }
-  std::string simt_partner() const override { return inner_->simt_partner(); }
-  bool splits_kv() const override { return inner_->splits_kv(); }
-  int token_tile() const override { return inner_->token_tile(); }
 
  protected:
   RunResult run_case(const MaterializedCase& m) override { return inner_->run_case(m); }
   std::unique_ptr<Backend> inner_;
 };
 
-// A backend whose description is one BackendTraits value it was given (a plugin's declaration,
-// a worker's INFO reply): every description method reads it. Base is Backend or an interface
-// derived from it (campaign::IsolatedBackend).
+// A backend whose description is one BackendTraits value it holds (set by its constructor: the
+// host models and oracles from what they are, a plugin from its declaration, a worker proxy
+// from its worker's INFO reply). Base is Backend or an interface derived from it
+// (campaign::IsolatedBackend).
 template <class Base = Backend>
 class TraitsBackend : public Base {
  public:
   TraitsBackend() = default;
   explicit TraitsBackend(BackendTraits traits) : traits_(std::move(traits)) {}
-  std::string name() const override { return traits_.name; }
-  Precision precision() const override { return traits_.precision; }
-  Availability availability() const override { return traits_.availability; }
-  Envelope envelope() const override { return traits_.envelope; }
-  uint32_t inexact_invariants() const override { return traits_.inexact_invariants; }
-  ExtraPipeline extra_pipeline() const override { return traits_.extra_pipeline; }
-  double abs_tol() const override { return traits_.abs_tol; }
-  double rel_tol() const override { return traits_.rel_tol; }
-  bool on_device() const override { return traits_.on_device; }
-  bool needs_worker() const override { return traits_.needs_worker; }
-  bool is_reference() const override { return traits_.is_reference; }
-  std::string simt_partner() const override { return traits_.simt_partner; }
-  bool splits_kv() const override { return traits_.splits_kv; }
-  int token_tile() const override { return traits_.token_tile; }
+  const BackendTraits& traits() const override { return traits_; }
 
  protected:
   BackendTraits traits_;

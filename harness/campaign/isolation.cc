@@ -17,7 +17,7 @@ RunResult SelfIsolatedBackend::run_case(const MaterializedCase& m) {
   totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     const std::lock_guard<std::mutex> lock(faults_mu_);
-    faults_.push_back({inner_->name(), r.message});
+    faults_.push_back({inner_->traits().name, r.message});
   }
   return r;
 }

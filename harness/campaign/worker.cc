@@ -57,7 +57,7 @@ std::optional<RunResult> sticky_fault(const Backend& backend, const WorkerHooks&
                                       int32_t heads, const RunResult& r) {
   std::optional<std::string> sticky;
   if (hooks.sticky_error) sticky = hooks.sticky_error(heads);
-  if (!sticky && !r.ok() && backend.on_device()) sticky = sticky_device_error();
+  if (!sticky && !r.ok() && backend.traits().on_device) sticky = sticky_device_error();
   if (!sticky) return std::nullopt;
   RunResult f;
   f.status = RunStatus::kFault;

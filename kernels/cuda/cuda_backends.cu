@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -285,17 +286,24 @@ class CudaKernelBackend final : public PipelinedBackend {
         resident_(resident && resident_inputs_enabled()),
         split_(std::move(split)),
         token_tile_(std::move(token_tile)) {}
-  bool splits_kv() const override { return split_.setting != mla::kSplitOff; }
-  // 0 (the MMA default of 64) unless the backend says otherwise (the small configuration).
-  int token_tile() const override { return token_tile_ ? token_tile_() : 0; }
 
-  std::string name() const override { return name_; }
-  Precision precision() const override { return precision_; }
-  // The launchers' limits (launch.h, common_unsupported).
-  Envelope envelope() const override { return envelope_; }
-  Availability availability() const override { return device_availability(); }
-  bool on_device() const override { return true; }
-  std::string simt_partner() const override { return simt_partner_; }
+  // The envelope is the launchers' limits (launch.h, common_unsupported); the availability and
+  // the token tile (0: the MMA default of 64, unless the device runs the small configuration)
+  // are asked of the device at the first call, not when the backend is made.
+  const BackendTraits& traits() const override {
+    std::call_once(traits_once_, [this] {
+      traits_.name = name_;
+      traits_.precision = precision_;
+      traits_.availability = device_availability();
+      traits_.envelope = envelope_;
+      traits_.on_device = true;
+      traits_.needs_worker = true;
+      traits_.simt_partner = simt_partner_;
+      traits_.splits_kv = splits_kv();
+      traits_.token_tile = token_tile_ ? token_tile_() : 0;
+    });
+    return traits_;
+  }
 
   // The production decode (docs/SPEC.md section 8: s_q query tokens per row, the extra cache) is
   // staged like the rest: the launchers decide.
@@ -319,7 +327,7 @@ class CudaKernelBackend final : public PipelinedBackend {
     const auto t0 = std::chrono::steady_clock::now();
     auto p = std::make_unique<Call>();
     p->m = &m;
-    if (const Availability a = availability(); !a.available) {
+    if (const Availability a = device_availability(); !a.available) {
       p->result.status = RunStatus::kError;
       p->result.message = name_ + ": " + a.reason;
     } else if (auto why = unsupported(m)) {
@@ -604,6 +612,10 @@ class CudaKernelBackend final : public PipelinedBackend {
     return r;
   }
 
+  bool splits_kv() const { return split_.setting != mla::kSplitOff; }
+
+  mutable std::once_flag traits_once_;
+  mutable BackendTraits traits_;
   Envelope envelope_;
   std::string name_;
   Precision precision_;

@@ -42,10 +42,10 @@ using testing::random_recipe;
 
 constexpr uint64_t kSeed = 0x6a7e5eedull;
 
-#define SKIP_WITHOUT_DEVICE()                                          \
-  do {                                                                 \
-    const Availability a_ = make_cuda_mma_backend(32)->availability(); \
-    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;        \
+#define SKIP_WITHOUT_DEVICE()                                                 \
+  do {                                                                        \
+    const Availability a_ = make_cuda_mma_backend(32)->traits().availability; \
+    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;               \
   } while (0)
 
 int random_cases(int dflt) {
@@ -328,7 +328,7 @@ TEST(CudaSplit, OneSplitGivesTheUnsplitKernelsBits) {
 TEST(CudaSplit, SplitCountsAgreeWithinTheBound) {
   SKIP_WITHOUT_DEVICE();
   auto be = make_backend("cuda-mma-split");
-  ASSERT_TRUE(be->splits_kv());
+  ASSERT_TRUE(be->traits().splits_kv);
   CounterRng rng(kSeed + 11, Stream::kGenerator);
   const int cases = random_cases(100);
   for (int i = 0; i < cases; ++i) {
@@ -635,7 +635,7 @@ TEST_P(CudaProduction, GeneratedProductionAndEdgeCasesWithinBound) {
   auto backend = make_backend(name);
   auto host = make_backend(host_model_of(name));
   GenConfig cfg;
-  cfg.envelope = backend->envelope();
+  cfg.envelope = backend->traits().envelope;
   cfg.families = {"production", "edge"};
   const int cases = random_cases(200);
   std::printf("[seed] %s: %d cases of generate_case(0x%llx, i, production+edge)\n", name.c_str(),

@@ -427,9 +427,9 @@ TEST(Worker, ProxyGivesTheInProcessBits) {
   const MaterializedCase m = small_case(2);
   auto slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
   ProxyBackend proxy(slot, 60);
-  EXPECT_EQ(proxy.name(), "cpu-simt");
-  EXPECT_EQ(proxy.precision(), Precision::kSimtFp32);
-  EXPECT_FALSE(proxy.on_device());
+  EXPECT_EQ(proxy.traits().name, "cpu-simt");
+  EXPECT_EQ(proxy.traits().precision, Precision::kSimtFp32);
+  EXPECT_FALSE(proxy.traits().on_device);
   const RunResult a = proxy.run(m);
   const RunResult b = make_backend("cpu-simt")->run(m);
   ASSERT_EQ(a.status, RunStatus::kOk) << a.message;
@@ -575,36 +575,37 @@ TEST(Worker, StickyErrorInAnOverlappedBatchCostsOneCase) {
 
 // A python: kernel in a campaign is wrapped (SelfIsolatedBackend): the wrapper must describe
 // it as the kernel does, or its invariance claims and extra pipeline would be ignored there.
-class DescribedBackend final : public Backend {
+class DescribedBackend final : public TraitsBackend<Backend> {
  public:
-  std::string name() const override { return "described"; }
-  Precision precision() const override { return Precision::kSimtFp32; }
-  Envelope envelope() const override {
-    Envelope e;
-    e.heads.max = 7;
-    e.refuses = kFeatureExtraCache;
-    return e;
+  DescribedBackend() {
+    traits_.name = "described";
+    traits_.precision = Precision::kSimtFp32;
+    traits_.envelope.heads.max = 7;
+    traits_.envelope.refuses = kFeatureExtraCache;
+    traits_.inexact_invariants = kInvariantBatch | kInvariantHead;
+    traits_.extra_pipeline = ExtraPipeline::kLseMerged;
+    traits_.abs_tol = 0.25;
+    traits_.splits_kv = true;
+    traits_.token_tile = 32;
+    traits_.simt_partner = "partner";
   }
-  uint32_t inexact_invariants() const override { return kInvariantBatch | kInvariantHead; }
-  ExtraPipeline extra_pipeline() const override { return ExtraPipeline::kLseMerged; }
-  double abs_tol() const override { return 0.25; }
-  bool splits_kv() const override { return true; }
-  int token_tile() const override { return 32; }
-  std::string simt_partner() const override { return "partner"; }
+
+ protected:
   RunResult run_case(const MaterializedCase&) override { return {}; }
 };
 
 TEST(Isolation, SelfIsolatedBackendDescribesItselfAsTheKernel) {
   const SelfIsolatedBackend w(std::make_unique<DescribedBackend>());
   const DescribedBackend d;
-  EXPECT_EQ(w.name(), d.name());
-  EXPECT_EQ(w.inexact_invariants(), d.inexact_invariants());
-  EXPECT_EQ(w.extra_pipeline(), d.extra_pipeline());
-  EXPECT_EQ(envelope_to_json(w.envelope()).dump(), envelope_to_json(d.envelope()).dump());
-  EXPECT_EQ(w.abs_tol(), d.abs_tol());
-  EXPECT_EQ(w.splits_kv(), d.splits_kv());
-  EXPECT_EQ(w.token_tile(), d.token_tile());
-  EXPECT_EQ(w.simt_partner(), d.simt_partner());
+  EXPECT_EQ(w.traits().name, d.traits().name);
+  EXPECT_EQ(w.traits().inexact_invariants, d.traits().inexact_invariants);
+  EXPECT_EQ(w.traits().extra_pipeline, d.traits().extra_pipeline);
+  EXPECT_EQ(envelope_to_json(w.traits().envelope).dump(),
+            envelope_to_json(d.traits().envelope).dump());
+  EXPECT_EQ(w.traits().abs_tol, d.traits().abs_tol);
+  EXPECT_EQ(w.traits().splits_kv, d.traits().splits_kv);
+  EXPECT_EQ(w.traits().token_tile, d.traits().token_tile);
+  EXPECT_EQ(w.traits().simt_partner, d.traits().simt_partner);
 }
 
 TEST(Worker, CrashInABatchCostsOneCase) { expect_batch_fault_isolated("crash:2", "signal 11", 60); }
@@ -715,7 +716,7 @@ TEST(Worker, UnknownBackendIsAClearError) {
 TEST(Worker, MutantNamesResolveInWorkers) {
   auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma~unmasked-pad-columns"));
   ProxyBackend proxy(slot, 60);
-  EXPECT_EQ(proxy.name(), "cpu-mma~unmasked-pad-columns");
+  EXPECT_EQ(proxy.traits().name, "cpu-mma~unmasked-pad-columns");
 }
 
 TEST(Worker, DeviceInfoAnswers) {
