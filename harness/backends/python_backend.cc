@@ -256,13 +256,13 @@ class PythonBackend final : public TraitsBackend<Backend> {
  private:
   // supports()' verdict on a request of scalars (mu_ held).
   std::optional<std::string> verdict(const std::string& req) const {
-    if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
+    if (!child_.running() && !start().empty()) return std::nullopt;  // the run records the fault
     // supports() sees the scalar fields only (its arrays are None: the contract), so its verdict
     // on one request holds for every case with the same fields: a campaign's property variants
-    // (and run() after check_and_run's unsupported()) would otherwise cost a round trip each.
+    // would otherwise cost a round trip each.
     if (const auto hit = verdicts_.find(req); hit != verdicts_.end()) return hit->second;
     const ipc::Child::Reply r = child_.call(kMsgSupports, req, python_call_timeout());
-    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: run() sees
+    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: the run sees
     std::optional<std::string> verdict;
     try {
       const PythonSupportsReply reply = read_python_supports_reply(fields::Json::parse(r.payload));

@@ -501,7 +501,7 @@ std::optional<std::string> ProxyBackend::unsupported(const MaterializedCase& m) 
   try {
     return slot_->proc.unsupported(m, timeout_s_);
   } catch (const std::exception&) {
-    return std::nullopt;  // run() will record the fault
+    return std::nullopt;  // the run will record the fault
   }
 }
 
