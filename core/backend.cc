@@ -3,7 +3,6 @@
 #include "core/backend.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <stdexcept>
 #include <string>
@@ -16,25 +15,6 @@ const char* phase_name(Phase p) {
                                                       "download", "stage",  "widen"};
   const int i = static_cast<int>(p);
   return i >= 0 && i < kPhaseCount ? kNames[i] : "?";
-}
-
-BackendTraits Backend::traits() const {
-  BackendTraits t;
-  t.name = name();
-  t.precision = precision();
-  t.availability = availability();
-  t.envelope = envelope();
-  t.inexact_invariants = inexact_invariants();
-  t.extra_pipeline = extra_pipeline();
-  t.abs_tol = abs_tol();
-  t.rel_tol = rel_tol();
-  t.on_device = on_device();
-  t.needs_worker = needs_worker();
-  t.is_reference = is_reference();
-  t.simt_partner = simt_partner();
-  t.splits_kv = splits_kv();
-  t.token_tile = token_tile();
-  return t;
 }
 
 OutputBuffers::OutputBuffers(const MaterializedCase& m)
@@ -146,28 +126,19 @@ RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
 
 }  // namespace
 
-namespace {
-std::atomic<bool> g_raw_outputs_only{false};
-
-RunResult pending_outputs() {
+RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
+  (void)m;
   RunResult r;
   r.outputs_pending = true;
-  return r;
-}
-}  // namespace
-
-void set_raw_outputs_only(bool on) { g_raw_outputs_only.store(on); }
-bool raw_outputs_only() { return g_raw_outputs_only.load(); }
-
-RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
-  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
   return r;
 }
 
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
-  RunResult r = raw_outputs_only() ? pending_outputs() : widen_outputs(m, bufs);
+  (void)m;
+  RunResult r;
+  r.outputs_pending = true;
   r.out_raw = std::move(bufs.out);
   r.lse_raw = std::move(bufs.lse);
   return r;
@@ -212,33 +183,102 @@ void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
   r.lse_raw = std::move(bufs.lse);
 }
 
+void finish_outputs(const MaterializedCase& m, RunResult& r, bool raw_outputs) {
+  if (raw_outputs) {
+    check_raw_outputs(m, r);
+  } else {
+    widen_raw_outputs(m, r);
+  }
+}
+
+bool Backend::deliver(const MaterializedCase& m, size_t k, CheckedRun& c, const RunOptions& o) {
+  if (!c.unsupported) finish_outputs(m, c.result, o.raw_outputs);
+  return !o.on_result || o.on_result(k, c);
+}
+
 namespace {
-// What the default begin_run leaves: run()'s result, handed over by finish_run.
-struct RanAlready final : Backend::PendingRun {
-  RunResult result;
-};
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 }  // namespace
 
-std::unique_ptr<Backend::PendingRun> Backend::begin_run(const MaterializedCase& m) {
-  auto p = std::make_unique<RanAlready>();
-  p->result = run(m);
-  return p;
-}
-
-RunResult Backend::finish_run(std::unique_ptr<PendingRun> pending) {
-  auto* p = dynamic_cast<RanAlready*>(pending.get());
-  if (p == nullptr) throw std::logic_error(name() + ": finish_run of a call begun elsewhere");
-  return std::move(p->result);
-}
-
-std::vector<CheckedRun> Backend::check_and_run(const std::vector<const MaterializedCase*>& cases) {
-  std::vector<CheckedRun> out(cases.size());
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    out[i].unsupported = unsupported(*cases[i]);
-    if (!out[i].unsupported) out[i].result = run(*cases[i]);
-    out[i].seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+std::vector<CheckedRun> Backend::run_batch(const std::vector<const MaterializedCase*>& cases,
+                                           const RunOptions& o) {
+  std::vector<CheckedRun> out;
+  out.reserve(cases.size());
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const MaterializedCase& m = *cases[k];
+    CheckedRun& c = out.emplace_back();
+    const auto t0 = Clock::now();
+    if (o.on_inputs) o.on_inputs(k, true);
+    c.unsupported = unsupported(m);
+    if (!c.unsupported) c.result = run_case(m);
+    if (o.on_inputs) o.on_inputs(k, false);
+    c.seconds = seconds_since(t0);
+    if (!deliver(m, k, c, o)) break;
   }
+  return out;
+}
+
+RunResult Backend::run(const MaterializedCase& m, const RunOptions& o) {
+  std::vector<CheckedRun> one = run_batch({&m}, o);
+  if (one.size() != 1) throw std::logic_error(traits().name + ": run_batch lost the case");
+  if (one[0].unsupported) {
+    RunResult r;
+    r.status = RunStatus::kUnsupported;
+    r.message = std::move(*one[0].unsupported);
+    return r;
+  }
+  return std::move(one[0].result);
+}
+
+std::vector<CheckedRun> PipelinedBackend::run_batch(
+    const std::vector<const MaterializedCase*>& cases, const RunOptions& o) {
+  std::vector<CheckedRun> out(cases.size());
+  struct InFlight {
+    size_t k = 0;
+    std::unique_ptr<Pending> pending;
+    double begin_s = 0;  // host time of begin_case and unsupported()
+  };
+  std::optional<InFlight> in_flight;
+  size_t delivered = 0;
+  // Finishes the call in flight and delivers its result; false when on_result stopped the batch.
+  const auto finish = [&]() {
+    InFlight f = std::move(*in_flight);
+    in_flight.reset();
+    const auto t0 = Clock::now();
+    CheckedRun& c = out[f.k];
+    c.result = finish_case(std::move(f.pending));
+    c.seconds = f.begin_s + seconds_since(t0);
+    delivered = f.k + 1;
+    return deliver(*cases[f.k], f.k, c, o);
+  };
+  bool more = true;
+  for (size_t k = 0; k < cases.size() && more; ++k) {
+    const MaterializedCase& m = *cases[k];
+    const auto t0 = Clock::now();
+    if (o.on_inputs) o.on_inputs(k, true);
+    out[k].unsupported = unsupported(m);
+    InFlight begun{k, nullptr, 0};
+    if (!out[k].unsupported) begun.pending = begin_case(m);  // reads m's vectors here only
+    if (o.on_inputs) o.on_inputs(k, false);
+    begun.begin_s = seconds_since(t0);
+    if (in_flight && !finish()) {
+      more = false;
+      break;
+    }
+    if (out[k].unsupported) {
+      out[k].seconds = begun.begin_s;
+      delivered = k + 1;
+      more = deliver(m, k, out[k], o);
+      continue;
+    }
+    in_flight = std::move(begun);
+    if (!overlaps()) more = finish();
+  }
+  if (more && in_flight) finish();
+  out.resize(delivered);
   return out;
 }
 

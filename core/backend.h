@@ -7,6 +7,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,142 +127,140 @@ struct RunResult {
   bool ok() const { return status == RunStatus::kOk; }
 };
 
-// One call of a batch (Backend::check_and_run): the case's unsupported() verdict, and run()'s
-// result when the case is supported.
+// One case of a batch (Backend::run_batch): the case's unsupported() verdict, and its result
+// when the case is supported.
 struct CheckedRun {
-  std::optional<std::string> unsupported;  // set: run() was not called for this case
+  std::optional<std::string> unsupported;  // set: the case was not run
   RunResult result;
-  double seconds = 0;  // this call's wall time as the caller saw it (a batch's shared cost split)
+  double seconds = 0;  // this case's wall time as the caller saw it (a batch's shared cost split)
 };
 
-// A backend describes itself through the methods from name() to token_tile(), one per field of
-// BackendTraits (core/backend_traits.h says what each means; the defaults here are its
-// defaults, except needs_worker, which follows on_device); traits() gathers them into that
-// one value, which the worker protocol sends and the commands print. A backend described by a
-// value it was given is a TraitsBackend.
+// How Backend::run_batch runs a batch and hands its results over.
+struct RunOptions {
+  // false: every result's out and lse are filled (bf16 outputs widened exactly). true: a bf16
+  // backend's results may keep only their raw outputs (RunResult::outputs_pending, with
+  // guard_violations counted: check_raw_outputs), for a caller that compares some results bit
+  // for bit on the raw buffers and widens only those it reads values from (widen_raw_outputs:
+  // the properties), or sends them on (`mlafuzz worker`, whose campaign side widens them).
+  bool raw_outputs = false;
+  // Called with each case's result, in the batch's order, as soon as it is known (a worker
+  // replies then); returning false stops the batch: the cases after k are not run and their
+  // results stay empty.
+  std::function<bool(size_t k, CheckedRun& c)> on_result;
+  // Called with (k, true) before the backend reads case k's input vectors and with (k, false)
+  // once it has read them, so that a caller may lend them (the worker's batch lends the first
+  // case's vectors to the variants that equal them). A backend that overlaps calls reads them
+  // when it begins the call, not when it finishes it.
+  std::function<void(size_t k, bool lend)> on_inputs;
+};
+
+// A backend describes itself by one BackendTraits value (core/backend_traits.h says what each
+// field means), which the worker protocol sends, the commands print and the properties read:
+// traits(). A backend states it once, usually by being a TraitsBackend of it.
+//
+// Running: run_batch() is the one way to run a backend (a case's property variants, a worker's
+// batch request, one case). A backend implements run_case() for one supported case; the default
+// run_batch checks each case (unsupported()), runs it and converts its outputs as the options
+// say. A worker proxy sends the whole batch in one request; a backend that overlaps two calls
+// (the CUDA backends) is a PipelinedBackend.
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Every description method's answer, in one value.
-  BackendTraits traits() const;
-  virtual std::string name() const = 0;
-  virtual Precision precision() const = 0;
-  virtual Availability availability() const { return {}; }
-  virtual Envelope envelope() const { return {}; }           // anything
-  virtual uint32_t inexact_invariants() const { return 0; }  // every invariant exact
-  virtual ExtraPipeline extra_pipeline() const { return ExtraPipeline::kJoint; }
-  virtual double abs_tol() const { return 0; }
-  virtual double rel_tol() const { return 0; }
-  virtual bool on_device() const { return false; }
-  virtual bool needs_worker() const { return on_device(); }
-  virtual bool is_reference() const { return false; }
-  virtual std::string simt_partner() const { return ""; }
-  virtual bool splits_kv() const { return false; }
-  virtual int token_tile() const { return 0; }
+  // What the backend says about itself; the reference lives as long as the backend.
+  virtual const BackendTraits& traits() const = 0;
   // Reason the backend cannot run this case by design, or nullopt if it can (the final word,
   // inside or outside the envelope).
   virtual std::optional<std::string> unsupported(const MaterializedCase& m) const {
     (void)m;
     return std::nullopt;
   }
-  virtual RunResult run(const MaterializedCase& m) = 0;
-  // Two-phase run, so that a caller serving a batch (`mlafuzz worker`, harness/campaign/
-  // worker.cc) can prepare the next case while this one runs on the device: begin_run(m)
-  // prepares and queues the call and returns at once; finish_run waits for it and gives what
-  // run(m) would. After begin_run returns, the call reads nothing of m but its scalar fields
-  // (the input vectors may be moved away; m itself must live until finish_run). At most
-  // max_in_flight() calls are begun and not finished, finished in the order begun. The defaults
-  // run the case in begin_run (max_in_flight 1: no overlap).
-  class PendingRun {
-   public:
-    virtual ~PendingRun() = default;
-  };
-  virtual int max_in_flight() const { return 1; }
-  virtual std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m);
-  virtual RunResult finish_run(std::unique_ptr<PendingRun> pending);
-  // unsupported() and, when supported, run() for each case in order: the property variants of
-  // a case. The default calls them one by one; a worker proxy sends all cases in one request
-  // (harness/campaign/worker.h), its results the same as the calls one by one.
-  virtual std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases);
-  // check_and_run whose results may keep only their raw outputs (outputs_pending, with
-  // guard_violations already counted: check_raw_outputs): for a caller that compares some
-  // results bit for bit on the raw buffers and widens only those it reads values from
-  // (widen_raw_outputs; the properties). The default is check_and_run.
-  virtual std::vector<CheckedRun> check_and_run_raw(
-      const std::vector<const MaterializedCase*>& cases) {
-    return check_and_run(cases);
-  }
+  // Runs every case in order: unsupported() and, when supported, the case, each result's
+  // outputs as `o` asks. One result per case (fewer only when o.on_result stopped the batch).
+  virtual std::vector<CheckedRun> run_batch(const std::vector<const MaterializedCase*>& cases,
+                                            const RunOptions& o = {});
+  // run_batch of the one case m, its verdict folded into the result (kUnsupported with the
+  // reason when unsupported() refuses it).
+  RunResult run(const MaterializedCase& m, const RunOptions& o = {});
+
+ protected:
+  // One case that unsupported() accepted. A bf16 backend's result may keep only its raw outputs
+  // (collect_outputs); run_batch converts them as its options ask (finish_outputs).
+  virtual RunResult run_case(const MaterializedCase& m) = 0;
+  // What run_batch does with case k's result: its outputs converted as o asks, then
+  // o.on_result. Returns false when on_result stopped the batch.
+  static bool deliver(const MaterializedCase& m, size_t k, CheckedRun& c, const RunOptions& o);
+
+  template <class>
+  friend class ForwardingBackend;
 };
 
-// A wrapper that describes itself exactly as the backend it wraps (every description method
-// forwarded: name, precision, envelope, invariance claims, extra pipeline, tolerances, device,
-// split-KV, token tile) and runs through it; a wrapper overrides only what it changes.
-// Base is Backend or an interface derived from it (campaign::IsolatedBackend).
+// Converts a result's pending raw outputs as a batch's options ask: widened (raw_outputs false,
+// widen_raw_outputs) or their guard bands counted (check_raw_outputs).
+void finish_outputs(const MaterializedCase& m, RunResult& r, bool raw_outputs);
+
+// A backend that runs two calls at once (the CUDA backends, harness/campaign's test worker):
+// run_batch begins case k (its host staging, copies and kernel queued) before it finishes case
+// k-1, so that k's host work overlaps k-1's device work; results keep their order. After
+// begin_case returns, the call reads nothing of m but its scalar fields (the input vectors may
+// be lent back: RunOptions::on_inputs), and m itself lives until finish_case. At most two
+// calls are begun and not finished, finished in the order begun. A fault surfaces when its own
+// case is finished (its result is delivered before the one queued behind it is finished).
+class PipelinedBackend : public Backend {
+ public:
+  std::vector<CheckedRun> run_batch(const std::vector<const MaterializedCase*>& cases,
+                                    const RunOptions& o = {}) override;
+
+ protected:
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+  };
+  // Whether two calls may be in flight now (false: each case is finished before the next begins).
+  virtual bool overlaps() const { return true; }
+  virtual std::unique_ptr<Pending> begin_case(const MaterializedCase& m) = 0;
+  // What run_case(m) would give for the call begun; its host time in RunResult::seconds.
+  virtual RunResult finish_case(std::unique_ptr<Pending> pending) = 0;
+  RunResult run_case(const MaterializedCase& m) override { return finish_case(begin_case(m)); }
+};
+
+// A wrapper that describes itself exactly as the backend it wraps (its traits) and runs through
+// it; a wrapper overrides only what it changes. Base is Backend or an interface derived from it
+// (campaign::IsolatedBackend, PipelinedBackend).
 template <class Base = Backend>
 class ForwardingBackend : public Base {
  public:
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name(); }
-  Precision precision() const override { return inner_->precision(); }
-  Availability availability() const override { return inner_->availability(); }
+  const BackendTraits& traits() const override { return inner_->traits(); }
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     return inner_->unsupported(m);
   }
-  Envelope envelope() const override { return inner_->envelope(); }
-  uint32_t inexact_invariants() const override { return inner_->inexact_invariants(); }
-  ExtraPipeline extra_pipeline() const override { return inner_->extra_pipeline(); }
-  double abs_tol() const override { return inner_->abs_tol(); }
-  double rel_tol() const override { return inner_->rel_tol(); }
-  bool on_device() const override { return inner_->on_device(); }
-  bool needs_worker() const override { return inner_->needs_worker(); }
-  bool is_reference() const override { return inner_->is_reference(); }
-  std::string simt_partner() const override { return inner_->simt_partner(); }
-  bool splits_kv() const override { return inner_->splits_kv(); }
-  int token_tile() const override { return inner_->token_tile(); }
-  RunResult run(const MaterializedCase& m) override { return inner_->run(m); }
 
  protected:
+  RunResult run_case(const MaterializedCase& m) override { return inner_->run_case(m); }
   std::unique_ptr<Backend> inner_;
 };
 
-// A backend whose description is one BackendTraits value it was given (a plugin's declaration,
-// a worker's INFO reply): every description method reads it. Base is Backend or an interface
-// derived from it (campaign::IsolatedBackend).
+// A backend whose description is one BackendTraits value it holds (set by its constructor: the
+// host models and oracles from what they are, a plugin from its declaration, a worker proxy
+// from its worker's INFO reply). Base is Backend or an interface derived from it
+// (campaign::IsolatedBackend).
 template <class Base = Backend>
 class TraitsBackend : public Base {
  public:
   TraitsBackend() = default;
   explicit TraitsBackend(BackendTraits traits) : traits_(std::move(traits)) {}
-  std::string name() const override { return traits_.name; }
-  Precision precision() const override { return traits_.precision; }
-  Availability availability() const override { return traits_.availability; }
-  Envelope envelope() const override { return traits_.envelope; }
-  uint32_t inexact_invariants() const override { return traits_.inexact_invariants; }
-  ExtraPipeline extra_pipeline() const override { return traits_.extra_pipeline; }
-  double abs_tol() const override { return traits_.abs_tol; }
-  double rel_tol() const override { return traits_.rel_tol; }
-  bool on_device() const override { return traits_.on_device; }
-  bool needs_worker() const override { return traits_.needs_worker; }
-  bool is_reference() const override { return traits_.is_reference; }
-  std::string simt_partner() const override { return traits_.simt_partner; }
-  bool splits_kv() const override { return traits_.splits_kv; }
-  int token_tile() const override { return traits_.token_tile; }
+  const BackendTraits& traits() const override { return traits_; }
 
  protected:
   BackendTraits traits_;
 };
 
-// Helper for bf16 backends: fills RunResult from guarded output buffers (the rvalue overload
-// moves the raw buffers into the result instead of copying them).
+// Helper for bf16 backends: a RunResult that holds the guarded output buffers as its raw
+// outputs (outputs_pending; out, lse and guard_violations are computed by run_batch as its
+// options ask: finish_outputs). The rvalue overload moves the buffers instead of copying them.
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs);
 
-// Raw-outputs mode (process-wide; `mlafuzz worker` turns it on, harness/campaign/worker.cc):
-// collect_outputs then keeps only the raw buffers and sets outputs_pending, so that a worker,
-// which serves many evaluation threads one call at a time, neither widens the output to float64
-// nor sends the widened copy; the campaign side calls widen_raw_outputs on the reply.
-void set_raw_outputs_only(bool on);
-bool raw_outputs_only();
 // Computes out, lse and guard_violations from out_raw and lse_raw as collect_outputs does (the
 // same values bit for bit) and clears outputs_pending; does nothing when it is not set.
 void widen_raw_outputs(const MaterializedCase& m, RunResult& r);

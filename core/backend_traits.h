@@ -1,6 +1,6 @@
 // What a backend says about itself, in one value: its name, precision pipeline, envelope,
 // invariance claims, tolerances and where it runs. Every backend produces one (Backend::traits:
-// a C++ backend from its description methods, a plugin from what it declares through
+// a C++ backend states it in its constructor, a plugin from what it declares through
 // include/mlafuzz/plugin.h, a python: kernel from its worker's INFO reply, a `mlafuzz worker`
 // proxy from its worker's kInfo reply), and the consumers (the campaign plan, the worker
 // protocol, list-backends, plugin-info) read that one value.

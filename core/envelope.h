@@ -1,6 +1,6 @@
 // What a kernel accepts (its envelope) and which exact invariants it promises.
 //
-// Every backend declares an Envelope (Backend::envelope()): the built-in kernels their launchers'
+// Every backend declares an Envelope (in BackendTraits): the built-in kernels their launchers'
 // real limits, plugins through mlafuzz_plugin_envelope (include/mlafuzz/plugin.h, ABI version 2),
 // `python:` kernels through their decorator, and a campaign may narrow it further with
 // `mlafuzz fuzz --envelope FILE.json`. The generator draws inside the intersection of the selected

@@ -496,17 +496,20 @@ OracleResult run_oracle_eigen(const MaterializedCase& m, int threads, OracleRowV
 namespace {
 
 // Shared by both oracle backends: float64 results, no raw buffers, errors become statuses.
-class OracleBackend final : public Backend {
+class OracleBackend final : public TraitsBackend<Backend> {
  public:
   OracleBackend(std::string name, bool loop, int threads)
-      : name_(std::move(name)), loop_(loop), threads_(threads) {}
-  std::string name() const override { return name_; }
-  Precision precision() const override { return Precision::kFloat64; }
-  // The Eigen oracle is the campaign's reference; oracle-loop is checked against it like any
-  // backend.
-  bool is_reference() const override { return !loop_; }
-  Envelope envelope() const override { return any_case_envelope(); }
-  RunResult run(const MaterializedCase& m) override {
+      : name_(std::move(name)), loop_(loop), threads_(threads) {
+    traits_.name = name_;
+    traits_.precision = Precision::kFloat64;
+    // The Eigen oracle is the campaign's reference; oracle-loop is checked against it like any
+    // backend.
+    traits_.is_reference = !loop_;
+    traits_.envelope = any_case_envelope();
+  }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r;
     const auto t0 = std::chrono::steady_clock::now();
     try {

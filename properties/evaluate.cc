@@ -152,7 +152,7 @@ struct CaseContext {
     std::vector<BoundsRequest> req{{pipeline_for(Precision::kFloat64), 0}};
     std::vector<BoundsKey> keys;
     for (const Backend* be : bes) {
-      if (be->precision() == Precision::kCustom) continue;
+      if (be->traits().precision == Precision::kCustom) continue;
       for (const int t : {0, insert_topk}) {
         if (t < 0 || (t != 0 && t == m.topk)) continue;
         const BoundsKey key = bounds_key(*be, t);
@@ -178,7 +178,8 @@ struct CaseContext {
     }
     std::vector<const Backend*> want{&be};
     for (const Backend* b : ran_backends) {
-      if (b->precision() != Precision::kCustom && key_of(*b) != key_of(be)) want.push_back(b);
+      if (b->traits().precision != Precision::kCustom && key_of(*b) != key_of(be))
+        want.push_back(b);
     }
     std::vector<BoundsRequest> req;
     std::vector<BoundsKey> keys;
@@ -208,10 +209,11 @@ struct CaseContext {
   // at the first request.
   std::map<const Backend*, Bounds> custom_bounds_;
   const Bounds& backend_bounds(const Backend& be) {
-    if (be.precision() != Precision::kCustom) return pipeline_bounds(be);
+    if (be.traits().precision != Precision::kCustom) return pipeline_bounds(be);
     auto it = custom_bounds_.find(&be);
     if (it == custom_bounds_.end()) {
-      it = custom_bounds_.emplace(&be, custom_bounds(ref, be.abs_tol(), be.rel_tol())).first;
+      it = custom_bounds_.emplace(&be, custom_bounds(ref, be.traits().abs_tol, be.traits().rel_tol))
+               .first;
     }
     return it->second;
   }
@@ -320,7 +322,8 @@ Side check_side(const RunResult& r, const MaterializedCase& m, bool bf16) {
 }
 
 bool is_bf16(const Backend& be) {
-  return be.precision() == Precision::kSimtFp32 || be.precision() == Precision::kMmaBf16;
+  return be.traits().precision == Precision::kSimtFp32 ||
+         be.traits().precision == Precision::kMmaBf16;
 }
 
 struct BackendState {
@@ -338,16 +341,16 @@ class Evaluator {
   // Phase 1: the clean run (before the oracle allocates anything).
   void start(BackendState& st) {
     Backend& be = *st.be;
-    const std::string name = be.name();
-    const Availability av = be.availability();
+    const std::string name = be.traits().name;
+    const Availability av = be.traits().availability;
     PropertyOutcome run = make(PropertyId::kRun, name);
     if (!av.available) {
       not_applicable_all(name, "backend not available: " + av.reason);
       return;
     }
-    // unsupported() and run() in one call (one request for a worker proxy).
-    std::vector<CheckedRun> clean = be.check_and_run({&ctx_.m});
-    if (clean.size() != 1) throw std::logic_error(name + ": check_and_run lost the clean run");
+    // unsupported() and the run in one call (one request for a worker proxy).
+    std::vector<CheckedRun> clean = be.run_batch({&ctx_.m});
+    if (clean.size() != 1) throw std::logic_error(name + ": run_batch lost the clean run");
     if (clean[0].unsupported) {
       not_applicable_all(name, "case outside the backend's envelope: " + *clean[0].unsupported);
       return;
@@ -359,7 +362,7 @@ class Evaluator {
 
   // The "run" outcome of a clean run made (st.clean): ok, unsupported or failed.
   void record_clean(BackendState& st, PropertyOutcome run) {
-    const std::string name = st.be->name();
+    const std::string name = st.be->traits().name;
     if (st.clean.status == RunStatus::kUnsupported) {
       not_applicable_all(name, "backend reported unsupported: " + st.clean.message);
       return;
@@ -377,11 +380,11 @@ class Evaluator {
   }
 
   // Phase 2: every property of a backend whose clean run succeeded. Which properties run is
-  // decided first, then every transformed case they need is run in one check_and_run (one
+  // decided first, then every transformed case they need is run in one run_batch (one
   // request for a worker proxy), then the checks consume the results in the table's order.
   void properties(BackendState& st) {
     if (!st.ran) return;
-    const std::string name = st.be->name();
+    const std::string name = st.be->traits().name;
     std::vector<std::pair<const PerBackend*, std::optional<std::string>>> wanted;
     for (const PerBackend& p : per_backend()) {
       const PropertyInfo& prop = property_info(p.id);
@@ -398,7 +401,9 @@ class Evaluator {
       // Raw results: the bitwise properties compare the raw buffers, run_variant widens the
       // ones a property reads values from (a production case's output is 2^25 elements).
       const auto t_runs = Clock::now();
-      std::vector<CheckedRun> runs = st.be->check_and_run_raw(plan);
+      RunOptions raw;
+      raw.raw_outputs = true;
+      std::vector<CheckedRun> runs = st.be->run_batch(plan, raw);
       ev_.steps[CaseStep::kVariantRuns] += since(t_runs);
       for (size_t i = 0; i < plan.size() && i < runs.size(); ++i) {
         batch_.emplace(plan[i], std::move(runs[i]));
@@ -436,14 +441,15 @@ class Evaluator {
  private:
   void mma_vs_simt_pairs(std::vector<BackendState>& states, const PropertyInfo& prop) {
     for (auto& a : states) {
-      if (!a.ran || a.be->precision() != Precision::kMmaBf16) continue;
-      const std::string partner = a.be->simt_partner();
+      if (!a.ran || a.be->traits().precision != Precision::kMmaBf16) continue;
+      const std::string partner = a.be->traits().simt_partner;
       if (partner.empty()) continue;
       for (auto& b : states) {
-        if (!b.ran || b.be->name() != partner || b.be->precision() != Precision::kSimtFp32) {
+        if (!b.ran || b.be->traits().name != partner ||
+            b.be->traits().precision != Precision::kSimtFp32) {
           continue;
         }
-        PropertyOutcome o = make(prop.name, a.be->name() + "|" + b.be->name());
+        PropertyOutcome o = make(prop.name, a.be->traits().name + "|" + b.be->traits().name);
         const BoundCheck bc =
             check_bounds(check_side(a.clean, ctx_.m, true), check_side(b.clean, ctx_.m, true),
                          ctx_.backend_bounds(*a.be), &ctx_.backend_bounds(*b.be),
@@ -590,7 +596,7 @@ class Evaluator {
       c = std::move(it->second);
       batch_.erase(it);
     } else {
-      std::vector<CheckedRun> one = be.check_and_run({&v});
+      std::vector<CheckedRun> one = be.run_batch({&v});
       if (one.size() == 1) c = std::move(one[0]);
     }
     if (c.unsupported) {
@@ -617,7 +623,7 @@ class Evaluator {
 
   void tolerance(BackendState& st) {
     Backend& be = *st.be;
-    PropertyOutcome o = make(PropertyId::kTolerance, be.name());
+    PropertyOutcome o = make(PropertyId::kTolerance, be.traits().name);
     const Side ref{&ctx_.ref.out, &ctx_.ref.lse, false};
     // The tolerance bound (tolerance_bound: the backend's own plus the oracle's), summed in the
     // check.
@@ -637,7 +643,7 @@ class Evaluator {
   }
 
   void determinism(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kDeterminism, st.be->name());
+    PropertyOutcome o = make(PropertyId::kDeterminism, st.be->traits().name);
     RunResult again;
     if (!exact(st, kInvariantDeterministic)) {
       if (run_variant(*st.be, ctx_.m, again, o)) {
@@ -658,7 +664,7 @@ class Evaluator {
   }
 
   void poison(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kPoison, st.be->name());
+    PropertyOutcome o = make(PropertyId::kPoison, st.be->traits().name);
     if (st.clean.guard_violations != 0) {
       o.passed = false;
       o.guard_written = true;
@@ -691,7 +697,7 @@ class Evaluator {
   }
 
   void relocate(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kRelocate, st.be->name());
+    PropertyOutcome o = make(PropertyId::kRelocate, st.be->traits().name);
     const MaterializedCase& rm = ctx_.relocation();
     RunResult r;
     if (!exact(st, kInvariantPagePlacement)) {
@@ -723,7 +729,7 @@ class Evaluator {
   }
 
   void batch_alone_prop(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kBatchAlone, st.be->name());
+    PropertyOutcome o = make(PropertyId::kBatchAlone, st.be->traits().name);
     if (ctx_.m.batch == 1) {
       o.applicable = false;
       o.detail = "B = 1: the row is already alone";
@@ -764,7 +770,7 @@ class Evaluator {
   }
 
   void head_alone_prop(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kHeadAlone, st.be->name());
+    PropertyOutcome o = make(PropertyId::kHeadAlone, st.be->traits().name);
     if (ctx_.m.heads == 1) {
       o.applicable = false;
       o.detail = "H = 1: the head is already alone";
@@ -798,7 +804,7 @@ class Evaluator {
 
   // Each query token of a row computed alone (s_q > 1), probed like batch-alone.
   void query_alone_prop(BackendState& st) {
-    PropertyOutcome o = make(PropertyId::kQueryAlone, st.be->name());
+    PropertyOutcome o = make(PropertyId::kQueryAlone, st.be->traits().name);
     const int S = ctx_.m.s_q, H = ctx_.m.heads;
     if (S == 1) {
       o.applicable = false;
@@ -838,7 +844,7 @@ class Evaluator {
   // the caches) leaves the mathematical result; within the sum of both runs' bounds.
   void move_to_extra_prop(BackendState& st) {
     if (ctx_.env.refuses_feature(kFeatureExtraCache)) {
-      PropertyOutcome o = make(PropertyId::kMoveToExtra, st.be->name());
+      PropertyOutcome o = make(PropertyId::kMoveToExtra, st.be->traits().name);
       o.applicable = false;
       o.detail = "the backends' envelope refuses an extra cache";
       ev_.outcomes.push_back(o);
@@ -856,12 +862,12 @@ class Evaluator {
 
   // Whether the backend promises invariant `inv` bit for bit (Backend::inexact_invariants).
   static bool exact(const BackendState& st, uint32_t inv) {
-    return (st.be->inexact_invariants() & inv) == 0;
+    return (st.be->traits().inexact_invariants & inv) == 0;
   }
 
   // The bound of a run of the backend against another run of it: its own bound twice.
   Bounds self_bounds(const Backend& be) {
-    if (be.precision() == Precision::kCustom) {
+    if (be.traits().precision == Precision::kCustom) {
       return add_bounds(ctx_.backend_bounds(be), ctx_.backend_bounds(be));
     }
     return add_bounds(ctx_.pipeline_bounds(be), ctx_.pipeline_bounds(be));
@@ -929,7 +935,7 @@ class Evaluator {
   void within_bound(BackendState& st, PropertyId prop, const MaterializedCase& v, int tile_topk,
                     const std::string& what, bool own_bound = false) {
     Backend& be = *st.be;
-    PropertyOutcome o = make(prop, be.name());
+    PropertyOutcome o = make(prop, be.traits().name);
     RunResult r;
     // A bf16 run is read in its raw buffers (not widened) when they fit.
     const bool bf16 = is_bf16(be);
@@ -938,7 +944,7 @@ class Evaluator {
       // The clean run's bound plus the variant's (summed in the check).
       const Bounds& clean = ctx_.backend_bounds(be);
       const Bounds* variant = &clean;
-      if (be.precision() != Precision::kCustom) {
+      if (be.traits().precision != Precision::kCustom) {
         variant = own_bound ? &ctx_.variant_bounds(v, be) : &ctx_.pipeline_bounds(be, tile_topk);
       }
       const BoundCheck bc =
@@ -960,7 +966,7 @@ class Evaluator {
   static constexpr int kSplitAgreeCounts[] = {1, -1};
   void split_agree(BackendState& st) {
     Backend& be = *st.be;
-    PropertyOutcome o = make(PropertyId::kSplitAgree, be.name());
+    PropertyOutcome o = make(PropertyId::kSplitAgree, be.traits().name);
     // The backend's bound twice (self_bounds), summed in the check.
     const Bounds& bound = ctx_.backend_bounds(be);
     double seconds = 0;
@@ -1048,7 +1054,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   CaseContext ctx;
   ctx.m = materialize(c);
   ev.steps[CaseStep::kMaterialize] = since(t0);
-  for (const Backend* be : backends) ctx.env = intersect(ctx.env, be->envelope());
+  for (const Backend* be : backends) ctx.env = intersect(ctx.env, be->traits().envelope);
   Evaluator e(ctx, properties, options, ev);
   // Clean runs before the oracle allocates its result (FlashMLA's order: reused memory cannot
   // fake a pass); the oracle's time is measured on its own.
@@ -1076,7 +1082,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
     std::vector<const Backend*> ran;
     for (const auto& st : states) {
       if (st.ran) ran.push_back(st.be);
-      if (st.ran && st.be->inexact_invariants() != 0) bounded = true;
+      if (st.ran && st.be->traits().inexact_invariants != 0) bounded = true;
     }
     if (!bounded) ran.clear();
     const bool insert = wants(PropertyId::kInsertInvalid);
@@ -1136,7 +1142,7 @@ std::vector<PropertyOutcome> judge_runs(
     states[i].clean = *runs[i].second;
     PropertyOutcome run;
     run.property = property_info(PropertyId::kRun).name;
-    run.backend = runs[i].first->name();
+    run.backend = runs[i].first->traits().name;
     run.seconds = runs[i].second->seconds;
     e.record_clean(states[i], run);
   }

@@ -113,8 +113,8 @@ void check_property_names(const std::vector<std::string>& names) {
 }
 
 std::optional<std::string> off_by_design(const PropertyInfo& p, const Backend& backend) {
-  if (backend.is_reference() && p.off_on_reference != nullptr) return p.off_on_reference;
-  if (p.id == PropertyId::kSplitAgree && !backend.splits_kv()) {
+  if (backend.traits().is_reference && p.off_on_reference != nullptr) return p.off_on_reference;
+  if (p.id == PropertyId::kSplitAgree && !backend.traits().splits_kv) {
     return "the backend does not split the KV list (split-KV backends: cpu-mma-split*, "
            "cuda-mma-split*)";
   }

@@ -1127,11 +1127,11 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
 }
 
 Pipeline pipeline_of(const Backend& be) {
-  Pipeline pl = pipeline_for(be.precision());
-  pl.lse_merged = be.extra_pipeline() == ExtraPipeline::kLseMerged;
+  Pipeline pl = pipeline_for(be.traits().precision);
+  pl.lse_merged = be.traits().extra_pipeline == ExtraPipeline::kLseMerged;
   // The backend's own tile where it is not the precision's (cpu-mma-small, cuda-mma-small: 32):
   // its online-softmax tile boundaries, whose count nt enters every rounding term.
-  if (be.token_tile() > 0 && pl.token_tile > 0) pl.token_tile = be.token_tile();
+  if (be.traits().token_tile > 0 && pl.token_tile > 0) pl.token_tile = be.traits().token_tile;
   return pl;
 }
 

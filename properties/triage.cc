@@ -210,7 +210,7 @@ std::vector<Backend*> failure_backends(const std::string& names,
     const std::string n =
         names.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
     for (Backend* b : backends) {
-      if (b->name() == n) use.push_back(b);
+      if (b->traits().name == n) use.push_back(b);
     }
     if (bar == std::string::npos) break;
     start = bar + 1;

@@ -337,17 +337,17 @@ Availability plugin_availability(const PluginDescription& d) {
 #endif
 }
 
-// Described by what the plugin declares (PluginDescription::traits), its availability asked
-// at each call.
+// Described by what the plugin declares (PluginDescription::traits), its availability that of
+// the device it runs on (plugin_availability).
 class PluginBackend final : public TraitsBackend<Backend> {
  public:
-  explicit PluginBackend(LoadedPlugin p) : TraitsBackend(p.desc.traits), p_(std::move(p)) {}
-
-  Availability availability() const override { return plugin_availability(p_.desc); }
+  explicit PluginBackend(LoadedPlugin p) : TraitsBackend(p.desc.traits), p_(std::move(p)) {
+    traits_.availability = plugin_availability(p_.desc);
+  }
 
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     if (p_.desc.abi_version < 2) {
-      if (auto why = beyond_version_1(m)) return name() + ": " + *why;
+      if (auto why = beyond_version_1(m)) return traits_.name + ": " + *why;
     }
     if (p_.supports == nullptr) return std::nullopt;
     // Sizes only: the pointers are null, as the ABI documents.
@@ -370,16 +370,12 @@ class PluginBackend final : public TraitsBackend<Backend> {
       supported = p_.supports(&call, reason.data(), reason.size());
     }
     if (supported != 0) return std::nullopt;
-    return name() + ": " + message_or(reason, "unsupported (no reason given)");
+    return traits_.name + ": " + message_or(reason, "unsupported (no reason given)");
   }
 
-  RunResult run(const MaterializedCase& m) override {
-    if (const auto why = unsupported(m)) {
-      RunResult r;
-      r.status = RunStatus::kUnsupported;
-      r.message = *why;
-      return r;
-    }
+ protected:
+  // A case that unsupported() accepted (run_batch asks it first).
+  RunResult run_case(const MaterializedCase& m) override {
     return p_.desc.traits.on_device ? run_device(m) : run_host(m);
   }
 
@@ -387,7 +383,7 @@ class PluginBackend final : public TraitsBackend<Backend> {
   RunResult call_failed(int rc, const std::array<char, kMessageLen>& err) const {
     RunResult r;
     r.status = RunStatus::kError;
-    r.message = name() + ": mlafuzz_plugin_run returned " + std::to_string(rc) + ": " +
+    r.message = traits_.name + ": mlafuzz_plugin_run returned " + std::to_string(rc) + ": " +
                 message_or(err, "(no message)");
     return r;
   }
@@ -417,7 +413,7 @@ class PluginBackend final : public TraitsBackend<Backend> {
     // stream. The plugin's own error message replaces the CUDA error name.
     std::string plugin_error;
     const auto staged = cuda_detail::make_kernel_backend(
-        name(), precision(), "", [](const mla::DecodeParams&) { return std::nullopt; },
+        traits_.name, traits_.precision, "", [](const mla::DecodeParams&) { return std::nullopt; },
         [&](const mla::DecodeParams& p) {
           const MlafuzzDecodeCall call =
               make_plugin_call(p, MLAFUZZ_RUNS_ON_DEVICE, nullptr, p_.desc.abi_version);
@@ -428,8 +424,10 @@ class PluginBackend final : public TraitsBackend<Backend> {
         });
     RunResult r;
     {
+      RunOptions raw;  // the raw outputs, converted by this backend's run_batch
+      raw.raw_outputs = true;
       const std::lock_guard<std::mutex> lock(plugin_call_mutex());
-      r = staged->run(m);
+      r = staged->run(m, raw);
     }
     if (!plugin_error.empty()) {
       r.status = RunStatus::kError;
@@ -440,7 +438,8 @@ class PluginBackend final : public TraitsBackend<Backend> {
     (void)m;
     RunResult r;
     r.status = RunStatus::kError;
-    r.message = name() + ": device plugins need a CUDA build (this mlafuzz was built without nvcc)";
+    r.message =
+        traits_.name + ": device plugins need a CUDA build (this mlafuzz was built without nvcc)";
     return r;
 #endif
   }

@@ -246,30 +246,23 @@ class PythonBackend final : public TraitsBackend<Backend> {
     return verdict(scalars(m).dump());
   }
 
-  RunResult run(const MaterializedCase& m) override {
+ protected:
+  // A case that unsupported() accepted (run_batch asks it first).
+  RunResult run_case(const MaterializedCase& m) override {
     const std::lock_guard<std::mutex> lock(mu_);
-    json req = scalars(m);  // the supports() request and the RUN request's layout line share it
-    if (desc_.has_supports) {
-      if (const auto why = verdict(req.dump())) {
-        RunResult r;
-        r.status = RunStatus::kUnsupported;
-        r.message = *why;
-        return r;
-      }
-    }
-    return run_locked(m, std::move(req));
+    return run_locked(m, scalars(m));
   }
 
  private:
   // supports()' verdict on a request of scalars (mu_ held).
   std::optional<std::string> verdict(const std::string& req) const {
-    if (!child_.running() && !start().empty()) return std::nullopt;  // run() records the fault
+    if (!child_.running() && !start().empty()) return std::nullopt;  // the run records the fault
     // supports() sees the scalar fields only (its arrays are None: the contract), so its verdict
     // on one request holds for every case with the same fields: a campaign's property variants
-    // (and run() after check_and_run's unsupported()) would otherwise cost a round trip each.
+    // would otherwise cost a round trip each.
     if (const auto hit = verdicts_.find(req); hit != verdicts_.end()) return hit->second;
     const ipc::Child::Reply r = child_.call(kMsgSupports, req, python_call_timeout());
-    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: run() sees
+    if (!r.fault.empty() || r.type != kMsgSupports) return std::nullopt;  // not kept: the run sees
     std::optional<std::string> verdict;
     try {
       const PythonSupportsReply reply = read_python_supports_reply(fields::Json::parse(r.payload));
@@ -570,8 +563,14 @@ class ShippedPythonBackend final : public TraitsBackend<Backend> {
   std::optional<std::string> unsupported(const MaterializedCase& m) const override {
     return inner_ ? inner_->unsupported(m) : std::nullopt;
   }
-  RunResult run(const MaterializedCase& m) override {
-    if (inner_) return inner_->run(m);
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
+    if (inner_) {  // the kernel's raw outputs, converted by this backend's run_batch
+      RunOptions raw;
+      raw.raw_outputs = true;
+      return inner_->run(m, raw);
+    }
     RunResult r;
     r.status = RunStatus::kError;
     r.message = traits_.name + " is not available: " + traits_.availability.reason;

@@ -38,7 +38,7 @@ class UnavailableBackend final : public TraitsBackend<Backend> {
     traits_.needs_worker = true;
     traits_.simt_partner = std::move(partner);
   }
-  RunResult run(const MaterializedCase&) override {
+  RunResult run_case(const MaterializedCase&) override {
     RunResult r;
     r.status = RunStatus::kError;
     r.message = traits_.name + " is not available: " + traits_.availability.reason;
@@ -333,7 +333,7 @@ std::vector<std::string> parse_backend_list(const std::string& list) {
     if (item.empty()) continue;
     if (item == "all" || item == "available") {
       for (const auto& spec : builtin_backends()) {
-        if (spec.make()->availability().available) names.push_back(spec.name);
+        if (spec.make()->traits().availability.available) names.push_back(spec.name);
       }
     } else {
       (void)resolve_backend(item);  // throws for unknown names before anything runs

@@ -411,7 +411,7 @@ int Campaign::run(Report* out) {
   {
     // The names the backends give themselves (plugins: "plugin:<name>").
     ThreadBackends probe = pool_.for_thread(0);
-    for (auto* b : probe.ptrs) backend_names_.push_back(b->name());
+    for (auto* b : probe.ptrs) backend_names_.push_back(b->traits().name);
   }
   print_banner();
   if (opts_.resume) resume();

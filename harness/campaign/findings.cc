@@ -304,7 +304,7 @@ std::function<bool(const Case&)> FindingStore::fault_predicate(const PropertyOut
   // Partners stay in the list (mma-vs-simt), the faulting backend is the fresh worker.
   std::vector<Backend*> ptrs = tb.ptrs;
   for (auto*& p : ptrs) {
-    if (p->name() == failure.backend) p = fp;
+    if (p->traits().name == failure.backend) p = fp;
   }
   const std::string backend = failure.backend;
   std::function<bool(const Case&)> still_fails = [this, fp, ptrs, backend, &probe](const Case& k) {

@@ -6,9 +6,9 @@
 
 namespace mlafuzz::campaign {
 
-RunResult SelfIsolatedBackend::run(const MaterializedCase& m) {
+RunResult SelfIsolatedBackend::run_case(const MaterializedCase& m) {
   const auto t0 = std::chrono::steady_clock::now();
-  RunResult r = inner_->run(m);
+  RunResult r = ForwardingBackend::run_case(m);
   // The whole call is the bridge's and the kernel's: the backend measures only its kernel.
   r.phases[Phase::kTransport] =
       std::max(0.0, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() -
@@ -17,7 +17,7 @@ RunResult SelfIsolatedBackend::run(const MaterializedCase& m) {
   totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     const std::lock_guard<std::mutex> lock(faults_mu_);
-    faults_.push_back({inner_->name(), r.message});
+    faults_.push_back({inner_->traits().name, r.message});
   }
   return r;
 }

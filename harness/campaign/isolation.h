@@ -19,10 +19,11 @@ class SelfIsolatedBackend final : public ForwardingBackend<IsolatedBackend> {
  public:
   explicit SelfIsolatedBackend(std::unique_ptr<Backend> inner)
       : ForwardingBackend<IsolatedBackend>(std::move(inner)) {}
-  RunResult run(const MaterializedCase& m) override;
-
   std::vector<FaultRecord> take_faults() override;
   std::shared_ptr<const CallTotals> totals() const override { return totals_; }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override;
 
  private:
   std::mutex faults_mu_;

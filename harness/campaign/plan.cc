@@ -111,7 +111,7 @@ void BackendPool::probe_foreign() {
   }
   // Foreign backends the campaign runs in this process (--isolate none) declare theirs here.
   for (auto& p : plan_) {
-    if (p.foreign && !p.isolated) p.envelope = make_backend(p.name)->envelope();
+    if (p.foreign && !p.isolated) p.envelope = make_backend(p.name)->traits().envelope;
   }
 }
 
@@ -166,7 +166,7 @@ ThreadBackends BackendPool::for_thread(int t) const {
       auto b = std::make_unique<SelfIsolatedBackend>(make_backend(p.name));
       {
         std::lock_guard<std::mutex> lock(totals_mu_);
-        call_totals_.emplace_back(b->name(), b->totals());
+        call_totals_.emplace_back(b->traits().name, b->totals());
       }
       tb.proxies.push_back(b.get());
       tb.owned.push_back(std::move(b));
@@ -183,7 +183,7 @@ ThreadBackends BackendPool::for_thread(int t) const {
       auto proxy = std::make_unique<ProxyBackend>(slot, opts_.case_timeout_s);
       {
         std::lock_guard<std::mutex> lock(totals_mu_);
-        call_totals_.emplace_back(proxy->name(), proxy->totals());
+        call_totals_.emplace_back(proxy->traits().name, proxy->totals());
       }
       tb.proxies.push_back(proxy.get());
       tb.owned.push_back(std::move(proxy));
@@ -200,14 +200,14 @@ std::unique_ptr<IsolatedBackend> BackendPool::fresh_worker(const std::string& ba
   std::string spec_name = backend;
   bool self_isolated = false;
   for (size_t i = 0; i < tb.ptrs.size(); ++i) {
-    if (tb.ptrs[i]->name() == backend) {
+    if (tb.ptrs[i]->traits().name == backend) {
       spec_name = plan_[i].name;
       self_isolated = plan_[i].self_isolated;
     }
   }
   if (self_isolated) return std::make_unique<SelfIsolatedBackend>(make_backend(spec_name));
   for (auto* p : tb.proxies) {
-    if (p->name() == backend) dev = p->device();
+    if (p->traits().name == backend) dev = p->device();
   }
   auto slot =
       std::make_shared<WorkerSlot>(WorkerSpec{worker_exe_, spec_name, dev, visible_, worker_log_});
@@ -217,7 +217,7 @@ std::unique_ptr<IsolatedBackend> BackendPool::fresh_worker(const std::string& ba
 void BackendPool::fill_gpu(Finding& f, const std::string& backend, const ThreadBackends& tb) const {
   if (backend.find('|') != std::string::npos) return;  // a pair: no single GPU
   for (auto* p : tb.proxies) {
-    if (p->name() == backend && p->on_device() && tb.device >= 0) {
+    if (p->traits().name == backend && p->traits().on_device && tb.device >= 0) {
       f.gpu_name = device_name(tb.device);
       f.driver_version = devinfo_.driver;
       f.cuda_version = devinfo_.runtime;
@@ -244,7 +244,7 @@ std::string BackendPool::backend_source(const std::string& backend,
     const std::string part = backend.substr(from, bar - from);
     std::string given = part;
     for (size_t i = 0; i < tb.ptrs.size() && i < plan_.size(); ++i) {
-      if (tb.ptrs[i]->name() == part) given = plan_[i].name;
+      if (tb.ptrs[i]->traits().name == part) given = plan_[i].name;
     }
     if (!out.empty()) out.push_back(',');
     out.append(absolute_backend_name(given));

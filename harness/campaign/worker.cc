@@ -57,7 +57,7 @@ std::optional<RunResult> sticky_fault(const Backend& backend, const WorkerHooks&
                                       int32_t heads, const RunResult& r) {
   std::optional<std::string> sticky;
   if (hooks.sticky_error) sticky = hooks.sticky_error(heads);
-  if (!sticky && !r.ok() && backend.on_device()) sticky = sticky_device_error();
+  if (!sticky && !r.ok() && backend.traits().on_device) sticky = sticky_device_error();
   if (!sticky) return std::nullopt;
   RunResult f;
   f.status = RunStatus::kFault;
@@ -65,14 +65,13 @@ std::optional<RunResult> sticky_fault(const Backend& backend, const WorkerHooks&
   return f;
 }
 
-// One case: the before_run hook, run, the sticky-fault check. Returns the exit code when the worker
-// must exit (4 after a sticky device fault: `r` is then the fault to report).
-std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double decode_s,
-                           const WorkerHooks& hooks, RunResult& r) {
+// One case's result, as the worker replies with it: its time and decode time, the before_run
+// hook, the sticky-fault check. Returns the exit code when the worker must exit (4 after a
+// sticky device fault: `r` is then the fault to report).
+std::optional<int> after_run(const Backend& backend, const MaterializedCase& m, double run_s,
+                             double decode_s, const WorkerHooks& hooks, RunResult& r) {
   if (hooks.before_run) hooks.before_run(m.heads);
-  const auto t0 = Clock::now();
-  r = backend.run(m);
-  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.seconds = run_s;
   r.phases[Phase::kDecode] = decode_s;
   r.phases[Phase::kRun] = r.seconds;
   if (auto f = sticky_fault(backend, hooks, m.heads, r)) {
@@ -82,6 +81,14 @@ std::optional<int> run_one(Backend& backend, const MaterializedCase& m, double d
   return std::nullopt;
 }
 
+// The worker's replies carry the raw outputs: the campaign widens them (many threads), not this
+// process (one call at a time for all of them).
+RunOptions worker_options() {
+  RunOptions o;
+  o.raw_outputs = true;
+  return o;
+}
+
 // A kRun request: decode, run, and the reply. Returns the exit code when the worker must exit
 // (4 after a sticky device fault, 3 when the reply cannot be written).
 std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkArea& bulk,
@@ -89,8 +96,16 @@ std::optional<int> serve_run(Backend& backend, const std::string& payload, BulkA
   const auto t_decode = Clock::now();
   const MaterializedCase m = decode_case(payload, &bulk);
   const double decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
+  std::vector<CheckedRun> ran = backend.run_batch({&m}, worker_options());
+  if (ran.size() != 1) throw std::logic_error("the backend lost the case");
   RunResult r;
-  if (const auto code = run_one(backend, m, decode_s, hooks, r)) {
+  if (ran[0].unsupported) {
+    r.status = RunStatus::kUnsupported;
+    r.message = *ran[0].unsupported;
+  } else {
+    r = std::move(ran[0].result);
+  }
+  if (const auto code = after_run(backend, m, ran[0].seconds, decode_s, hooks, r)) {
     write_frame_blocking(reply_fd, MsgType::kRun, encode_result(r));
     return code;
   }
@@ -112,16 +127,15 @@ void tag_inputs(DecodedBatch& batch) {
   }
 }
 
-// A kRunBatch request: every case checked (unsupported) and run in order, one reply per case
-// as soon as it is done, so that a fault or hang is the case's own. The replies' vectors follow
-// each other in the shared memory (the parent reads one while the next is written). A later
-// case's vectors that equal the first case's are lent from it while it is begun (no copy).
-// A backend that runs two calls at once (Backend::max_in_flight, the CUDA backends) has case k
-// checked and begun (its host staging, its copies and kernel queued) before case k-1 is
-// finished, so that k's host work overlaps k-1's device work; the replies keep their order. A
-// device fault surfaces when its own case is finished (the call queued behind it is never
-// replied to: the worker exits and the campaign reruns the rest of the batch one by one), so it
-// stays that case's finding; the before_run hook strikes there too.
+// A kRunBatch request: every case checked (unsupported) and run in order (Backend::run_batch),
+// one reply per case as soon as it is done, so that a fault or hang is the case's own. The
+// replies' vectors follow each other in the shared memory (the parent reads one while the next
+// is written). A later case's vectors that equal the first case's are lent from it while the
+// backend reads them (RunOptions::on_inputs: no copy). A backend that overlaps two calls (a
+// PipelinedBackend: the CUDA backends) surfaces a device fault when its own case is finished
+// (the call queued behind it is never replied to: the worker exits and the campaign reruns the
+// rest of the batch one by one), so it stays that case's finding; the before_run hook strikes
+// before that case's reply too.
 std::optional<int> serve_batch(Backend& backend, const std::string& payload, BulkArea& bulk,
                                const WorkerHooks& hooks, int reply_fd) {
   const auto t_decode = Clock::now();
@@ -130,62 +144,35 @@ std::optional<int> serve_batch(Backend& backend, const std::string& payload, Bul
   const size_t n = batch.cases.size();
   const double decode_s =
       std::chrono::duration<double>(Clock::now() - t_decode).count() / std::max<size_t>(n, 1);
-  const bool overlap = backend.max_in_flight() > 1;
-  struct InFlight {
-    std::unique_ptr<Backend::PendingRun> pending;
-    int32_t heads = 0;
-    double begin_s = 0;  // host time of begin_run: with finish_run's, the call's `run`
+  std::vector<const MaterializedCase*> cases;
+  for (const MaterializedCase& m : batch.cases) cases.push_back(&m);
+  std::optional<int> code;
+  RunOptions o = worker_options();
+  o.on_inputs = [&](size_t k, bool) {
+    swap_vectors(batch.cases[0], batch.cases[k], batch.same_as_first[k]);
   };
-  std::optional<InFlight> in_flight;
-  // Finishes the call in flight and replies; the exit code when the worker must exit.
-  const auto finish = [&]() -> std::optional<int> {
-    InFlight f = std::move(*in_flight);
-    in_flight.reset();
-    if (hooks.before_run) hooks.before_run(f.heads);
-    const auto t0 = Clock::now();
-    RunResult r = backend.finish_run(std::move(f.pending));
-    r.seconds = f.begin_s + std::chrono::duration<double>(Clock::now() - t0).count();
-    r.phases[Phase::kDecode] = decode_s;
-    r.phases[Phase::kRun] = r.seconds;
-    if (const auto fault = sticky_fault(backend, hooks, f.heads, r)) {
+  o.on_result = [&](size_t k, CheckedRun& c) {
+    if (c.unsupported) {
+      if (!write_frame_blocking(reply_fd, MsgType::kRunBatch,
+                                encode_checked(c.unsupported, {}, &bulk))) {
+        code = 3;
+      }
+      return !code;
+    }
+    code = after_run(backend, batch.cases[k], c.seconds, decode_s, hooks, c.result);
+    if (code) {  // a sticky fault: the result is the fault, sent without the shared memory
       write_frame_blocking(reply_fd, MsgType::kRunBatch,
-                           encode_checked(std::nullopt, *fault, nullptr));
-      return 4;
+                           encode_checked(std::nullopt, c.result, nullptr));
+      return false;
     }
     if (!write_frame_blocking(reply_fd, MsgType::kRunBatch,
-                              encode_checked(std::nullopt, r, &bulk))) {
-      return 3;
+                              encode_checked(std::nullopt, c.result, &bulk))) {
+      code = 3;
     }
-    return std::nullopt;
+    return !code;
   };
-  for (size_t k = 0; k < n; ++k) {
-    MaterializedCase& m = batch.cases[k];
-    const uint32_t lent = batch.same_as_first[k];
-    swap_vectors(batch.cases[0], m, lent);
-    const std::optional<std::string> why = backend.unsupported(m);
-    InFlight begun;
-    if (!why) {
-      const auto t0 = Clock::now();
-      begun = {backend.begin_run(m), m.heads, 0};  // reads m's vectors here only
-      begun.begin_s = std::chrono::duration<double>(Clock::now() - t0).count();
-    }
-    swap_vectors(batch.cases[0], m, lent);
-    if (in_flight) {
-      if (const auto code = finish()) return code;
-    }
-    if (why) {
-      if (!write_frame_blocking(reply_fd, MsgType::kRunBatch, encode_checked(why, {}, &bulk))) {
-        return 3;
-      }
-      continue;
-    }
-    in_flight = std::move(begun);
-    if (!overlap) {
-      if (const auto code = finish()) return code;
-    }
-  }
-  if (in_flight) return finish();
-  return std::nullopt;
+  backend.run_batch(cases, o);
+  return code;
 }
 
 // One request other than kQuit. Returns the exit code when the worker must exit.
@@ -264,9 +251,6 @@ int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_f
                      MAP_SHARED | MAP_NORESERVE, arena_fd, 0);
     if (p != MAP_FAILED) arena = {static_cast<const uint8_t*>(p), static_cast<size_t>(st.st_size)};
   }
-  // Protocol 2: the replies carry the raw outputs; the campaign widens them (many threads),
-  // not this process (one call at a time for all of them).
-  set_raw_outputs_only(true);
   MsgType type;
   std::string payload;
   while (true) {
@@ -517,11 +501,11 @@ std::optional<std::string> ProxyBackend::unsupported(const MaterializedCase& m) 
   try {
     return slot_->proc.unsupported(m, timeout_s_);
   } catch (const std::exception&) {
-    return std::nullopt;  // run() will record the fault
+    return std::nullopt;  // the run will record the fault
   }
 }
 
-RunResult ProxyBackend::run(const MaterializedCase& m) {
+RunResult ProxyBackend::run_case(const MaterializedCase& m) {
   RunResult r;
   const auto t_wait = Clock::now();
   {
@@ -535,7 +519,6 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
     r.phases[Phase::kTransport] = std::max(
         0.0, call_s - r.phases[Phase::kEncode] - r.phases[Phase::kDecode] - r.phases[Phase::kRun]);
   }
-  widen(m, r);  // outside the lock: the threads widen in parallel
   totals_->add(r.phases);
   if (r.status == RunStatus::kFault) {
     std::lock_guard<std::mutex> lock(faults_mu_);
@@ -544,18 +527,8 @@ RunResult ProxyBackend::run(const MaterializedCase& m) {
   return r;
 }
 
-std::vector<CheckedRun> ProxyBackend::check_and_run(
-    const std::vector<const MaterializedCase*>& cases) {
-  return proxy_batch(cases, true);
-}
-
-std::vector<CheckedRun> ProxyBackend::check_and_run_raw(
-    const std::vector<const MaterializedCase*>& cases) {
-  return proxy_batch(cases, false);
-}
-
-std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const MaterializedCase*>& cases,
-                                                  bool widen_values) {
+std::vector<CheckedRun> ProxyBackend::run_batch(const std::vector<const MaterializedCase*>& cases,
+                                                const RunOptions& o) {
   if (cases.empty()) return {};
   std::vector<CheckedRun> out;
   // The variants' buffers compared with the first case's before the worker is taken: the
@@ -585,13 +558,22 @@ std::vector<CheckedRun> ProxyBackend::proxy_batch(const std::vector<const Materi
       c.seconds = queue_s + call_s;
     }
   }
+  // Outside the lock: the threads widen in parallel.
   for (size_t i = 0; i < out.size(); ++i) {
-    if (!out[i].unsupported) widen(*cases[i], out[i].result, widen_values);
+    if (!out[i].unsupported) widen(*cases[i], out[i].result, !o.raw_outputs);
     // One request carried the whole batch: counted with its first call.
     totals_->add(out[i].result.phases, i == 0 ? 1 : 0);
     if (out[i].result.status == RunStatus::kFault) {
       std::lock_guard<std::mutex> lock(faults_mu_);
       faults_.push_back({traits_.name, out[i].result.message});
+    }
+  }
+  if (o.on_result) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (!o.on_result(i, out[i])) {
+        out.resize(i + 1);
+        break;
+      }
     }
   }
   return out;

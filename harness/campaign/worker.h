@@ -35,7 +35,7 @@ WorkerInfo describe_backend(const Backend& backend);
 struct WorkerHooks {
   // Wraps the backend the worker serves (e.g. in one that overlaps two calls).
   std::function<std::unique_ptr<Backend>(std::unique_ptr<Backend>)> wrap_backend;
-  // Called where a case with `heads` heads runs, before the backend's run or finish_run.
+  // Called where a case with `heads` heads has run, before its reply.
   std::function<void(int32_t heads)> before_run;
   // A sticky device error to report instead of the result of a case with `heads` heads.
   std::function<std::optional<std::string>(int32_t heads)> sticky_error;
@@ -45,7 +45,8 @@ struct WorkerHooks {
 // shm_fd (-1: none) is the parent's shared memory for large vectors (worker_protocol.h,
 // BulkArea). Returns the process exit code. (harness/cli/worker.cc calls it.)
 // arena_fd (-1: none) is a read-only descriptor of the parent's shared arena (flag 3 vectors).
-// The worker runs in raw-outputs mode (set_raw_outputs_only): the campaign widens the outputs.
+// The worker runs its backend with raw outputs (RunOptions::raw_outputs): the campaign widens
+// them.
 int run_worker(const std::string& backend_name, int in_fd, int out_fd, int shm_fd = -1,
                int arena_fd = -1, const WorkerHooks& hooks = {});
 
@@ -170,13 +171,11 @@ class ProxyBackend final : public TraitsBackend<IsolatedBackend> {
   // Described by the worker's INFO reply (its backend's traits).
   ProxyBackend(std::shared_ptr<WorkerSlot> slot, double case_timeout_s);
   std::optional<std::string> unsupported(const MaterializedCase& m) const override;
-  RunResult run(const MaterializedCase& m) override;
-  // One kRunBatch request for all cases. The queue, encode and transport time of the request
-  // are split evenly over its calls in the time breakdown.
-  std::vector<CheckedRun> check_and_run(const std::vector<const MaterializedCase*>& cases) override;
-  // The same request; the results keep their raw outputs (guard bands checked, not widened).
-  std::vector<CheckedRun> check_and_run_raw(
-      const std::vector<const MaterializedCase*>& cases) override;
+  // One kRunBatch request for all cases (the results delivered once the last reply is in). The
+  // queue, encode and transport time of the request are split evenly over its calls in the time
+  // breakdown. The worker sends raw outputs; they are widened or only checked here as `o` asks.
+  std::vector<CheckedRun> run_batch(const std::vector<const MaterializedCase*>& cases,
+                                    const RunOptions& o = {}) override;
 
   std::vector<FaultRecord> take_faults() override;
   int device() const override { return slot_->proc.spec().device; }
@@ -188,8 +187,8 @@ class ProxyBackend final : public TraitsBackend<IsolatedBackend> {
   std::shared_ptr<const CallTotals> totals() const override { return totals_; }
 
  private:
-  std::vector<CheckedRun> proxy_batch(const std::vector<const MaterializedCase*>& cases,
-                                      bool widen_values);
+  // One kRun request (a wrapper's run_case; the results' outputs left as the worker sent them).
+  RunResult run_case(const MaterializedCase& m) override;
   std::shared_ptr<WorkerSlot> slot_;
   double timeout_s_;
   mutable std::mutex faults_mu_;

@@ -129,7 +129,7 @@ int run_repro(const ReproOptions& opt) {
   const bool pairs =
       props.empty() || std::find(props.begin(), props.end(), "mma-vs-simt") != props.end();
   for (size_t i = 0, listed = owned.size(); pairs && i < listed; ++i) {
-    const std::string partner = owned[i]->simt_partner();
+    const std::string partner = owned[i]->traits().simt_partner;
     if (partner.empty() || std::find(names.begin(), names.end(), partner) != names.end()) continue;
     names.push_back(partner);
     owned.push_back(campaign::make_isolated_backend(partner, iso));

@@ -114,21 +114,23 @@ std::string output_summary(const MaterializedCase& m, const RunResult& r) {
 
 // Runs one backend; a backend never aborts the command: errors become results.
 void run_backend(const MaterializedCase& m, Ran& ran) {
-  const Availability av = ran.backend->availability();
+  const Availability av = ran.backend->traits().availability;
   if (!av.available) {
     ran.result.status = RunStatus::kError;
     ran.result.message = "not available here: " + av.reason;
     return;
   }
-  if (auto why = ran.backend->unsupported(m)) {
-    ran.result.status = RunStatus::kUnsupported;
-    ran.result.message = *why;
-    ran.skipped = true;
-    return;
-  }
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    ran.result = ran.backend->run(m);
+    std::vector<CheckedRun> one = ran.backend->run_batch({&m});
+    if (one.size() != 1) throw std::logic_error("the backend lost the case");
+    if (one[0].unsupported) {
+      ran.result.status = RunStatus::kUnsupported;
+      ran.result.message = *one[0].unsupported;
+      ran.skipped = true;
+      return;
+    }
+    ran.result = std::move(one[0].result);
   } catch (const std::exception& e) {
     ran.result = RunResult{};
     ran.result.status = RunStatus::kError;
@@ -276,7 +278,7 @@ int run_command(const RunOptions& o) {
     // as the backend names itself, as `fuzz` does: a plugin given by its path prints as
     // plugin:<declared name> (and its .npy files are named so).
     std::unique_ptr<Backend> be = campaign::make_isolated_backend(name, iso);
-    const std::string own = be->name();
+    const std::string own = be->traits().name;
     runs.push_back(Ran{own, std::move(be), {}, true, false});
   }
   if (!have_reference) {
@@ -339,7 +341,7 @@ int run_command(const RunOptions& o) {
         compare_results(r.result, ref.result, m.query_rows(), m.heads, m.d_v(), r.name, kReference);
     print(cmp, "");
     // Outcomes carry Backend::name(), which may differ from the name given (plugin:PATH).
-    const PropertyOutcome* tol = tolerance_of(r.backend->name());
+    const PropertyOutcome* tol = tolerance_of(r.backend->traits().name);
     if (tol == nullptr || !tol->applicable) {
       std::cout << "  verdict n/a: tolerance property not applicable"
                 << (tol ? " (" + tol->detail + ")" : std::string()) << "\n";
@@ -358,7 +360,7 @@ int run_command(const RunOptions& o) {
   // The original test's view: the new MMA kernel against the old SIMT one. Informational: the
   // pass/fail contract is against the oracle.
   for (const Ran& a : runs) {
-    const std::string partner = a.backend->simt_partner();
+    const std::string partner = a.backend->traits().simt_partner;
     if (partner.empty() || !a.result.ok()) continue;
     for (const Ran& b : runs) {
       if (b.name != partner || !b.result.ok()) continue;

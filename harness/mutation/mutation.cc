@@ -205,11 +205,11 @@ std::vector<MutantResult> run_python_mutants(
     }
     if (chosen.empty()) continue;
     const std::unique_ptr<Backend> control = make_python_kind_backend(o, base);
-    if (const Availability a = control->availability(); !a.available) {
+    if (const Availability a = control->traits().availability; !a.available) {
       throw std::runtime_error(base + " is not available: " + a.reason);
     }
     GenConfig gen = o.gen;
-    gen.envelope = intersect(gen.envelope, control->envelope());
+    gen.envelope = intersect(gen.envelope, control->traits().envelope);
     for (const auto& [name, description] : chosen) {
       MutantResult r;
       r.name = name;
@@ -221,7 +221,7 @@ std::vector<MutantResult> run_python_mutants(
           o, std::move(r),
           [&o, backend] {
             std::unique_ptr<Backend> b = make_python_kind_backend(o, backend);
-            if (const Availability a = b->availability(); !a.available) {
+            if (const Availability a = b->traits().availability; !a.available) {
               throw std::runtime_error(backend + " is not available: " + a.reason);
             }
             return b;
@@ -318,7 +318,7 @@ std::vector<MutantResult> run_mutants(const MutationOptions& o,
   if (!o.python_backends.empty()) return run_python_mutants(o, progress);
   const std::vector<mla::Mutant> mutants = o.only.empty() ? all_mutants() : o.only;
   const std::unique_ptr<Backend> control = make_kind_backend(o, base_backend(o.kind));
-  if (const Availability a = control->availability(); !a.available) {
+  if (const Availability a = control->traits().availability; !a.available) {
     throw std::runtime_error(base_backend(o.kind) + " is not available: " + a.reason);
   }
   // The combine's mutants run the split pipeline with one split per tile: their control is the

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -270,7 +271,7 @@ struct PhaseEvents {
   }
 };
 
-class CudaKernelBackend final : public Backend {
+class CudaKernelBackend final : public PipelinedBackend {
  public:
   CudaKernelBackend(std::string name, Precision precision, std::string simt_partner,
                     UnsupportedFn unsupported, LaunchFn launch, bool resident,
@@ -285,17 +286,24 @@ class CudaKernelBackend final : public Backend {
         resident_(resident && resident_inputs_enabled()),
         split_(std::move(split)),
         token_tile_(std::move(token_tile)) {}
-  bool splits_kv() const override { return split_.setting != mla::kSplitOff; }
-  // 0 (the MMA default of 64) unless the backend says otherwise (the small configuration).
-  int token_tile() const override { return token_tile_ ? token_tile_() : 0; }
 
-  std::string name() const override { return name_; }
-  Precision precision() const override { return precision_; }
-  // The launchers' limits (launch.h, common_unsupported).
-  Envelope envelope() const override { return envelope_; }
-  Availability availability() const override { return device_availability(); }
-  bool on_device() const override { return true; }
-  std::string simt_partner() const override { return simt_partner_; }
+  // The envelope is the launchers' limits (launch.h, common_unsupported); the availability and
+  // the token tile (0: the MMA default of 64, unless the device runs the small configuration)
+  // are asked of the device at the first call, not when the backend is made.
+  const BackendTraits& traits() const override {
+    std::call_once(traits_once_, [this] {
+      traits_.name = name_;
+      traits_.precision = precision_;
+      traits_.availability = device_availability();
+      traits_.envelope = envelope_;
+      traits_.on_device = true;
+      traits_.needs_worker = true;
+      traits_.simt_partner = simt_partner_;
+      traits_.splits_kv = splits_kv();
+      traits_.token_tile = token_tile_ ? token_tile_() : 0;
+    });
+    return traits_;
+  }
 
   // The production decode (docs/SPEC.md section 8: s_q query tokens per row, the extra cache) is
   // staged like the rest: the launchers decide.
@@ -307,19 +315,19 @@ class CudaKernelBackend final : public Backend {
     return unsupported_(p);
   }
 
-  RunResult run(const MaterializedCase& m) override { return finish_run(begin_run(m)); }
+ protected:
+  // A batch (run_batch: the campaign's worker, harness/campaign/worker.cc) overlaps two calls:
+  // the second one's host staging and queued copies while the first one's copies and kernel
+  // run. Each call in flight has its own output block, pinned staging, events and split
+  // workspace (slot 0 or 1), and keeps the input versions it reads (ResidentInput::release at
+  // its finish).
+  bool overlaps() const override { return resident_; }
 
-  // The campaign path overlaps two calls (harness/campaign/worker.cc, serve_batch): the second
-  // one's host staging and queued copies while the first one's copies and kernel run. Each call
-  // in flight has its own output block, pinned staging, events and split workspace (slot 0 or
-  // 1), and keeps the input versions it reads (ResidentInput::release at its finish).
-  int max_in_flight() const override { return resident_ ? 2 : 1; }
-
-  std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m) override {
+  std::unique_ptr<Pending> begin_case(const MaterializedCase& m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    auto p = std::make_unique<Pending>();
+    auto p = std::make_unique<Call>();
     p->m = &m;
-    if (const Availability a = availability(); !a.available) {
+    if (const Availability a = device_availability(); !a.available) {
       p->result.status = RunStatus::kError;
       p->result.message = name_ + ": " + a.reason;
     } else if (auto why = unsupported(m)) {
@@ -338,9 +346,9 @@ class CudaKernelBackend final : public Backend {
     return p;
   }
 
-  RunResult finish_run(std::unique_ptr<PendingRun> pending) override {
-    auto* p = dynamic_cast<Pending*>(pending.get());
-    if (p == nullptr) throw std::logic_error(name_ + ": finish_run of a call begun elsewhere");
+  RunResult finish_case(std::unique_ptr<Pending> pending) override {
+    auto* p = dynamic_cast<Call*>(pending.get());
+    if (p == nullptr) throw std::logic_error(name_ + ": finish_case of a call begun elsewhere");
     const auto t0 = std::chrono::steady_clock::now();
     RunResult r = p->queued ? finish_resident(*p) : std::move(p->result);
     if (p->queued && !r.ok()) after_failure(*p, r);
@@ -352,8 +360,8 @@ class CudaKernelBackend final : public Backend {
  private:
   // q, cache, indices, topk_length, sink, extra cache, extra indices, extra topk_length.
   static constexpr int kInputs = 8;
-  // A call begun (begin_run): its slot, what it staged, and where its result lies.
-  struct Pending final : PendingRun {
+  // A call begun (begin_case): its slot, what it staged, and where its result lies.
+  struct Call final : Pending {
     const MaterializedCase* m = nullptr;
     int slot = 0;
     bool queued = false;  // everything queued: finish_resident collects it; else `result`
@@ -366,7 +374,7 @@ class CudaKernelBackend final : public Backend {
   // After a failed call: the kept input versions are forgotten (an upload may not have
   // completed); an error or a fault (an out-of-memory among them) also gives the pools' free
   // blocks back, once the copies in flight are done (a fault: returns at once).
-  void after_failure(const Pending& p, const RunResult& r) {
+  void after_failure(const Call& p, const RunResult& r) {
     (void)p;
     for (ResidentInput& in : inputs_) in.invalidate();
     if (r.status == RunStatus::kError || r.status == RunStatus::kFault) {
@@ -441,7 +449,7 @@ class CudaKernelBackend final : public Backend {
   // and the canary fill), `kernel` and `download` the device-side durations between CUDA events
   // (the first event runs when the stream reaches it: after the call before, when two overlap).
   // kOk when everything is queued (p.result holds the host phases), else the failure.
-  RunResult begin_resident(const MaterializedCase& m, Pending& p) {
+  RunResult begin_resident(const MaterializedCase& m, Call& p) {
     const int slot = p.slot;
     p.out_n = OutputBuffers::out_elements(m);
     p.lse_n = OutputBuffers::lse_elements(m);
@@ -519,7 +527,7 @@ class CudaKernelBackend final : public Backend {
   }
 
   // The call's one synchronization (a kernel fault surfaces here) and its outputs.
-  RunResult finish_resident(Pending& p) {
+  RunResult finish_resident(Call& p) {
     const int slot = p.slot;
     PhaseEvents& ev = events_[slot];
     cudaError_t e;
@@ -604,6 +612,10 @@ class CudaKernelBackend final : public Backend {
     return r;
   }
 
+  bool splits_kv() const { return split_.setting != mla::kSplitOff; }
+
+  mutable std::once_flag traits_once_;
+  mutable BackendTraits traits_;
   Envelope envelope_;
   std::string name_;
   Precision precision_;

@@ -381,7 +381,7 @@ inline std::string split_suffix(int32_t split) {
 }
 
 template <Mutant M>
-class CpuMmaBackend final : public Backend {
+class CpuMmaBackend final : public TraitsBackend<Backend> {
  public:
   // split: mla::kSplitOff (the unsplit kernel), kSplitAuto, kSplitMax or a forced count n > 0.
   // tile: tokens per tile, 64 (mla::kMmaTokenTile) or 32 (mla::kMmaSmallTokenTile: the
@@ -391,27 +391,25 @@ class CpuMmaBackend final : public Backend {
       : block_h_(std::max(1, block_h)),
         lse_merged_(lse_merged),
         split_(split),
-        tile_(valid_mma_tile(tile) ? tile : mla::kMmaTokenTile) {}
-  std::string name() const override {
-    std::string n =
-        block_h_ == mla::kMmaDefaultBlockH ? "cpu-mma" : "cpu-mma-h" + std::to_string(block_h_);
+        tile_(valid_mma_tile(tile) ? tile : mla::kMmaTokenTile) {
+    std::string& n = traits_.name;
+    n = block_h_ == mla::kMmaDefaultBlockH ? "cpu-mma" : "cpu-mma-h" + std::to_string(block_h_);
     if (tile_ == mla::kMmaSmallTokenTile) n += "-small";
     if (lse_merged_) n += "-lse-merged";
     // The combine mutants always run the split pipeline: their name is the catalogue's.
     if (!mla::is_combine_mutant(M)) n += split_suffix(split_);
     if constexpr (M != Mutant::kNone) n += std::string("~") + mla::mutant_name(M);
-    return n;
+    traits_.precision = Precision::kMmaBf16;
+    // The kernel's envelope: a host model runs what the kernel it models runs.
+    traits_.envelope = builtin_kernel_envelope();
+    traits_.simt_partner = "cpu-simt";
+    traits_.extra_pipeline = lse_merged_ ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
+    traits_.splits_kv = split_ != mla::kSplitOff;
+    traits_.token_tile = tile_ == mla::kMmaTokenTile ? 0 : tile_;
   }
-  Precision precision() const override { return Precision::kMmaBf16; }
-  // The kernel's envelope: a host model runs what the kernel it models runs.
-  Envelope envelope() const override { return builtin_kernel_envelope(); }
-  std::string simt_partner() const override { return "cpu-simt"; }
-  ExtraPipeline extra_pipeline() const override {
-    return lse_merged_ ? ExtraPipeline::kLseMerged : ExtraPipeline::kJoint;
-  }
-  bool splits_kv() const override { return split_ != mla::kSplitOff; }
-  int token_tile() const override { return tile_ == mla::kMmaTokenTile ? 0 : tile_; }
-  RunResult run(const MaterializedCase& m) override {
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     const int32_t split =
         split_ != mla::kSplitOff && m.split_override != 0 ? m.split_override : split_;
     return run_guarded(m, [this, split](const HostCall& c) {

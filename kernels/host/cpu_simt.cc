@@ -150,13 +150,17 @@ void simt_per_head(const HostCall& call, SimtScratch& s) {
   }
 }
 
-class CpuSimtBackend final : public Backend {
+class CpuSimtBackend final : public TraitsBackend<Backend> {
  public:
-  std::string name() const override { return "cpu-simt"; }
-  Precision precision() const override { return Precision::kSimtFp32; }
-  // The kernel's envelope: a host model runs what the kernel it models runs.
-  Envelope envelope() const override { return builtin_kernel_envelope(); }
-  RunResult run(const MaterializedCase& m) override {
+  CpuSimtBackend() {
+    traits_.name = "cpu-simt";
+    traits_.precision = Precision::kSimtFp32;
+    // The kernel's envelope: a host model runs what the kernel it models runs.
+    traits_.envelope = builtin_kernel_envelope();
+  }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     return run_guarded(m, [this](const HostCall& c) { simt_per_head<Mutant::kNone>(c, scratch_); });
   }
 

@@ -42,10 +42,10 @@ using testing::random_recipe;
 
 constexpr uint64_t kSeed = 0x6a7e5eedull;
 
-#define SKIP_WITHOUT_DEVICE()                                          \
-  do {                                                                 \
-    const Availability a_ = make_cuda_mma_backend(32)->availability(); \
-    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;        \
+#define SKIP_WITHOUT_DEVICE()                                                 \
+  do {                                                                        \
+    const Availability a_ = make_cuda_mma_backend(32)->traits().availability; \
+    if (!a_.available) GTEST_SKIP() << "no GPU: " << a_.reason;               \
   } while (0)
 
 int random_cases(int dflt) {
@@ -234,16 +234,16 @@ TEST_P(CudaKernel, PooledBuffersAcrossCaseSizesGiveFreshBackendBits) {
   }
 }
 
-// Two calls in flight (Backend::begin_run / finish_run, as `mlafuzz worker` runs a batch):
-// each gives the bits of a fresh backend's run(), whatever the other one staged meanwhile. The
+// Two calls in flight (a PipelinedBackend's run_batch, as `mlafuzz worker` runs a batch): each
+// gives the bits of a fresh backend's run(), whatever the other one staged meanwhile. The
 // sequence mixes repeats (kept versions shared by both calls in flight), poisoned copies (a new
 // version while the first call still reads the old one), other sizes, and more than four
 // distinct caches (versions refilled while a call in flight holds one). The inputs are handed
-// over with worker tags (InputTags) as a worker lends them, and taken away after begin_run.
+// over with worker tags (InputTags) as a worker lends them (RunOptions::on_inputs), and taken
+// away once the backend has read them.
 TEST_P(CudaKernel, TwoCallsInFlightGiveTheSequentialBits) {
   SKIP_WITHOUT_DEVICE();
   auto be = make_backend(GetParam());
-  ASSERT_EQ(be->max_in_flight(), 2) << GetParam();
   CounterRng rng(kSeed + 4, Stream::kGenerator);
   std::vector<MaterializedCase> base;
   for (int i = 0; i < 3; ++i) base.push_back(materialize(random_recipe(rng)));
@@ -257,27 +257,40 @@ TEST_P(CudaKernel, TwoCallsInFlightGiveTheSequentialBits) {
   }
   std::vector<RunResult> want;
   for (const MaterializedCase& m : seq) want.push_back(make_backend(GetParam())->run(m));
-  std::unique_ptr<Backend::PendingRun> in_flight;
-  size_t in_flight_k = 0;
-  std::vector<RunResult> got(seq.size());
-  for (size_t k = 0; k < seq.size(); ++k) {
-    // Tags as a worker gives them: a repeat (k % 3 == 1) names the bytes of the case before it.
-    for (int i = 0; i < 8; ++i) {
-      seq[k].input_tags.tag[i] = 1000 * (k % 3 == 1 ? k : k + 1) + static_cast<uint64_t>(i);
+  std::vector<const MaterializedCase*> cases;
+  for (const MaterializedCase& m : seq) cases.push_back(&m);
+  RunOptions o;
+  size_t begun_before_finished = 0;  // cases read before the result of the case before them
+  size_t read = 0, delivered = 0;
+  o.on_inputs = [&](size_t k, bool lend) {
+    MaterializedCase& m = seq[k];
+    if (lend) {
+      // Tags as a worker gives them: a repeat (k % 3 == 1) names the bytes of the case before it.
+      for (int i = 0; i < 8; ++i) {
+        m.input_tags.tag[i] = 1000 * (k % 3 == 1 ? k : k + 1) + static_cast<uint64_t>(i);
+      }
+      return;
     }
-    std::unique_ptr<Backend::PendingRun> begun = be->begin_run(seq[k]);
-    // The worker's lending: the bytes are there for begin_run only (the case itself stays).
-    std::fill(seq[k].cache.begin(), seq[k].cache.end(), uint8_t{0xEE});
-    std::fill(seq[k].q.begin(), seq[k].q.end(), uint16_t{0xEEEE});
-    if (in_flight) got[in_flight_k] = be->finish_run(std::move(in_flight));
-    in_flight = std::move(begun);
-    in_flight_k = k;
-  }
-  got[in_flight_k] = be->finish_run(std::move(in_flight));
+    // The worker's lending: the bytes are there while the backend reads them only.
+    std::fill(m.cache.begin(), m.cache.end(), uint8_t{0xEE});
+    std::fill(m.q.begin(), m.q.end(), uint16_t{0xEEEE});
+    read = k + 1;
+  };
+  o.on_result = [&](size_t k, CheckedRun&) {
+    if (read > k + 1) ++begun_before_finished;
+    delivered = k + 1;
+    return true;
+  };
+  const std::vector<CheckedRun> got = be->run_batch(cases, o);
+  ASSERT_EQ(got.size(), seq.size());
+  EXPECT_EQ(delivered, seq.size());
+  EXPECT_EQ(begun_before_finished, seq.size() - 1) << GetParam() << ": the calls did not overlap";
   for (size_t k = 0; k < seq.size(); ++k) {
-    ASSERT_TRUE(got[k].ok() && want[k].ok()) << k << ": " << got[k].message << want[k].message;
-    EXPECT_EQ(got[k].guard_violations, 0) << GetParam() << " call " << k;
-    EXPECT_TRUE(testing::same_bits(got[k], want[k]))
+    const RunResult& r = got[k].result;
+    ASSERT_FALSE(got[k].unsupported) << k << ": " << *got[k].unsupported;
+    ASSERT_TRUE(r.ok() && want[k].ok()) << k << ": " << r.message << want[k].message;
+    EXPECT_EQ(r.guard_violations, 0) << GetParam() << " call " << k;
+    EXPECT_TRUE(testing::same_bits(r, want[k]))
         << GetParam() << " call " << k << ": two in flight differ from one at a time";
   }
 }
@@ -315,7 +328,7 @@ TEST(CudaSplit, OneSplitGivesTheUnsplitKernelsBits) {
 TEST(CudaSplit, SplitCountsAgreeWithinTheBound) {
   SKIP_WITHOUT_DEVICE();
   auto be = make_backend("cuda-mma-split");
-  ASSERT_TRUE(be->splits_kv());
+  ASSERT_TRUE(be->traits().splits_kv);
   CounterRng rng(kSeed + 11, Stream::kGenerator);
   const int cases = random_cases(100);
   for (int i = 0; i < cases; ++i) {
@@ -622,7 +635,7 @@ TEST_P(CudaProduction, GeneratedProductionAndEdgeCasesWithinBound) {
   auto backend = make_backend(name);
   auto host = make_backend(host_model_of(name));
   GenConfig cfg;
-  cfg.envelope = backend->envelope();
+  cfg.envelope = backend->traits().envelope;
   cfg.families = {"production", "edge"};
   const int cases = random_cases(200);
   std::printf("[seed] %s: %d cases of generate_case(0x%llx, i, production+edge)\n", name.c_str(),

@@ -4,7 +4,7 @@
 //   MLAFUZZ_TEST_FAULT=crash|abort|hang|sticky[:MIN_HEADS]: segfault, abort, hang, or report a
 //     sticky device error where a case with at least MIN_HEADS heads (default 1) runs;
 //   MLAFUZZ_TEST_OVERLAP=1: the backend wrapped so that it overlaps two calls as the CUDA
-//     backends do (begin_run keeps a copy of the case, finish_run runs it).
+//     backends do (a PipelinedBackend: begin_case keeps a copy of the case, finish_case runs it).
 // Usage: as `mlafuzz worker`: worker --backend NAME [--shm-fd N] [--arena-fd N].
 #include <signal.h>
 #include <unistd.h>
@@ -22,25 +22,26 @@
 namespace mlafuzz::campaign {
 namespace {
 
-class OverlapForTests final : public ForwardingBackend<> {
+class OverlapForTests final : public ForwardingBackend<PipelinedBackend> {
  public:
   explicit OverlapForTests(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
-  int max_in_flight() const override { return 2; }
-  std::unique_ptr<PendingRun> begin_run(const MaterializedCase& m) override {
-    if (++in_flight_ > 2) throw std::logic_error("more than max_in_flight() calls begun");
+
+ protected:
+  std::unique_ptr<Pending> begin_case(const MaterializedCase& m) override {
+    if (++in_flight_ > 2) throw std::logic_error("more than two calls begun");
     auto p = std::make_unique<Copied>();
     p->m = m;
     return p;
   }
-  RunResult finish_run(std::unique_ptr<PendingRun> pending) override {
+  RunResult finish_case(std::unique_ptr<Pending> pending) override {
     auto* p = dynamic_cast<Copied*>(pending.get());
-    if (p == nullptr) throw std::logic_error("finish_run of a call begun elsewhere");
+    if (p == nullptr) throw std::logic_error("finish_case of a call begun elsewhere");
     --in_flight_;
-    return inner_->run(p->m);
+    return ForwardingBackend::run_case(p->m);
   }
 
  private:
-  struct Copied final : PendingRun {
+  struct Copied final : Pending {
     MaterializedCase m;
   };
   int in_flight_ = 0;

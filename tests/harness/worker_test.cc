@@ -135,8 +135,8 @@ TEST(WorkerProtocol, EmptyVectorsRoundTrip) {
   EXPECT_TRUE(rb.lse_raw.empty());
 }
 
-// Protocol 2: a worker in raw-outputs mode sends the raw buffers only; widen_raw_outputs on the
-// campaign side gives the same out, lse and guard count as collect_outputs in the worker did.
+// Protocol 2: a worker (raw outputs) sends the raw buffers only; widen_raw_outputs on the
+// campaign side gives the same out, lse and guard count as widening them in the worker did.
 TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
   const MaterializedCase m = small_case(3);
   OutputBuffers bufs(m);
@@ -149,12 +149,10 @@ TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
     }
   }
   bufs.out[1] = 0;  // a guard element written: one violation
-  ASSERT_FALSE(raw_outputs_only());
-  const RunResult want = collect_outputs(m, bufs);
+  RunResult want = collect_outputs(m, bufs);
+  finish_outputs(m, want, /*raw_outputs=*/false);
   ASSERT_EQ(want.guard_violations, 1);
-  set_raw_outputs_only(true);
   const RunResult pending = collect_outputs(m, bufs);
-  set_raw_outputs_only(false);
   EXPECT_TRUE(pending.outputs_pending);
   EXPECT_TRUE(pending.out.empty());
   EXPECT_TRUE(pending.lse.empty());
@@ -178,8 +176,8 @@ TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
   EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
 }
 
-// check_raw_outputs (lazy widening): a pending result gets its guard count and keeps
-// its raw buffers only; widening it later gives collect_outputs' bits.
+// check_raw_outputs (lazy widening, RunOptions::raw_outputs): a pending result gets its guard
+// count and keeps its raw buffers only; widening it later gives the same bits.
 TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
   const MaterializedCase m = small_case(3);
   OutputBuffers bufs(m);
@@ -192,12 +190,11 @@ TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
   }
   bufs.out[2] = 0;
   bufs.lse[bufs.lse.size() - 1] = 1.0f;  // two guard elements written
-  const RunResult want = collect_outputs(m, bufs);
+  RunResult want = collect_outputs(m, bufs);
+  finish_outputs(m, want, /*raw_outputs=*/false);
   ASSERT_EQ(want.guard_violations, 2);
-  set_raw_outputs_only(true);
   RunResult got = collect_outputs(m, bufs);
-  set_raw_outputs_only(false);
-  check_raw_outputs(m, got);
+  finish_outputs(m, got, /*raw_outputs=*/true);
   EXPECT_TRUE(got.outputs_pending);
   EXPECT_TRUE(got.out.empty());
   EXPECT_EQ(got.guard_violations, 2);
@@ -430,9 +427,9 @@ TEST(Worker, ProxyGivesTheInProcessBits) {
   const MaterializedCase m = small_case(2);
   auto slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
   ProxyBackend proxy(slot, 60);
-  EXPECT_EQ(proxy.name(), "cpu-simt");
-  EXPECT_EQ(proxy.precision(), Precision::kSimtFp32);
-  EXPECT_FALSE(proxy.on_device());
+  EXPECT_EQ(proxy.traits().name, "cpu-simt");
+  EXPECT_EQ(proxy.traits().precision, Precision::kSimtFp32);
+  EXPECT_FALSE(proxy.traits().on_device);
   const RunResult a = proxy.run(m);
   const RunResult b = make_backend("cpu-simt")->run(m);
   ASSERT_EQ(a.status, RunStatus::kOk) << a.message;
@@ -486,7 +483,7 @@ TEST(Worker, StickyDeviceErrorBecomesFault) {
 void expect_batch_gives_the_calls_one_by_one(std::shared_ptr<WorkerSlot> slot,
                                              const std::vector<const MaterializedCase*>& cases) {
   ProxyBackend proxy(slot, 60);
-  const std::vector<CheckedRun> got = proxy.check_and_run(cases);
+  const std::vector<CheckedRun> got = proxy.run_batch(cases);
   ASSERT_EQ(got.size(), cases.size());
   const auto local = make_backend("cpu-mma");
   for (size_t k = 0; k < cases.size(); ++k) {
@@ -526,7 +523,7 @@ void expect_batch_fault_isolated(const char* hook, const std::string& needle, do
     slot->proc.info();
   }
   ProxyBackend proxy(slot, timeout);
-  const std::vector<CheckedRun> got = proxy.check_and_run({&small, &big, &big, &small});
+  const std::vector<CheckedRun> got = proxy.run_batch({&small, &big, &big, &small});
   ASSERT_EQ(got.size(), 4u);
   EXPECT_EQ(got[0].result.status, RunStatus::kOk) << got[0].result.message;
   EXPECT_EQ(got[1].result.status, RunStatus::kFault);
@@ -541,8 +538,8 @@ void expect_batch_fault_isolated(const char* hook, const std::string& needle, do
   EXPECT_EQ(slot->faults, 1);
 }
 
-// The overlapped batch loop (a backend with max_in_flight() 2, as the CUDA backends: case k
-// begun before case k-1 is finished), through the test worker's MLAFUZZ_TEST_OVERLAP=1.
+// The overlapped batch loop (a PipelinedBackend, as the CUDA backends: case k begun before case
+// k-1 is finished), through the test worker's MLAFUZZ_TEST_OVERLAP=1.
 struct OverlapEnv {
   OverlapEnv() { ::setenv("MLAFUZZ_TEST_OVERLAP", "1", 1); }
   ~OverlapEnv() { ::unsetenv("MLAFUZZ_TEST_OVERLAP"); }
@@ -578,36 +575,37 @@ TEST(Worker, StickyErrorInAnOverlappedBatchCostsOneCase) {
 
 // A python: kernel in a campaign is wrapped (SelfIsolatedBackend): the wrapper must describe
 // it as the kernel does, or its invariance claims and extra pipeline would be ignored there.
-class DescribedBackend final : public Backend {
+class DescribedBackend final : public TraitsBackend<Backend> {
  public:
-  std::string name() const override { return "described"; }
-  Precision precision() const override { return Precision::kSimtFp32; }
-  Envelope envelope() const override {
-    Envelope e;
-    e.heads.max = 7;
-    e.refuses = kFeatureExtraCache;
-    return e;
+  DescribedBackend() {
+    traits_.name = "described";
+    traits_.precision = Precision::kSimtFp32;
+    traits_.envelope.heads.max = 7;
+    traits_.envelope.refuses = kFeatureExtraCache;
+    traits_.inexact_invariants = kInvariantBatch | kInvariantHead;
+    traits_.extra_pipeline = ExtraPipeline::kLseMerged;
+    traits_.abs_tol = 0.25;
+    traits_.splits_kv = true;
+    traits_.token_tile = 32;
+    traits_.simt_partner = "partner";
   }
-  uint32_t inexact_invariants() const override { return kInvariantBatch | kInvariantHead; }
-  ExtraPipeline extra_pipeline() const override { return ExtraPipeline::kLseMerged; }
-  double abs_tol() const override { return 0.25; }
-  bool splits_kv() const override { return true; }
-  int token_tile() const override { return 32; }
-  std::string simt_partner() const override { return "partner"; }
-  RunResult run(const MaterializedCase&) override { return {}; }
+
+ protected:
+  RunResult run_case(const MaterializedCase&) override { return {}; }
 };
 
 TEST(Isolation, SelfIsolatedBackendDescribesItselfAsTheKernel) {
   const SelfIsolatedBackend w(std::make_unique<DescribedBackend>());
   const DescribedBackend d;
-  EXPECT_EQ(w.name(), d.name());
-  EXPECT_EQ(w.inexact_invariants(), d.inexact_invariants());
-  EXPECT_EQ(w.extra_pipeline(), d.extra_pipeline());
-  EXPECT_EQ(envelope_to_json(w.envelope()).dump(), envelope_to_json(d.envelope()).dump());
-  EXPECT_EQ(w.abs_tol(), d.abs_tol());
-  EXPECT_EQ(w.splits_kv(), d.splits_kv());
-  EXPECT_EQ(w.token_tile(), d.token_tile());
-  EXPECT_EQ(w.simt_partner(), d.simt_partner());
+  EXPECT_EQ(w.traits().name, d.traits().name);
+  EXPECT_EQ(w.traits().inexact_invariants, d.traits().inexact_invariants);
+  EXPECT_EQ(w.traits().extra_pipeline, d.traits().extra_pipeline);
+  EXPECT_EQ(envelope_to_json(w.traits().envelope).dump(),
+            envelope_to_json(d.traits().envelope).dump());
+  EXPECT_EQ(w.traits().abs_tol, d.traits().abs_tol);
+  EXPECT_EQ(w.traits().splits_kv, d.traits().splits_kv);
+  EXPECT_EQ(w.traits().token_tile, d.traits().token_tile);
+  EXPECT_EQ(w.traits().simt_partner, d.traits().simt_partner);
 }
 
 TEST(Worker, CrashInABatchCostsOneCase) { expect_batch_fault_isolated("crash:2", "signal 11", 60); }
@@ -643,15 +641,17 @@ TEST(Worker, EvaluationThroughABatchingWorkerMatchesInProcess) {
   EXPECT_EQ(proxy.totals()->requests(), 2 * compared);
 }
 
-// check_and_run_raw: the same request, results left pending (guard bands counted); widened,
-// the bits of the in-process backend.
+// run_batch with raw outputs: the same request, results left pending (guard bands counted);
+// widened, the bits of the in-process backend.
 TEST(Worker, RawBatchLeavesTheWideningToTheCaller) {
   const MaterializedCase m = small_case(3);
   const MaterializedCase poisoned = poison_case(m, 2), relocated = relocate_pages(m, 5);
   const std::vector<const MaterializedCase*> cases{&m, &poisoned, &relocated};
   auto slot = std::make_shared<WorkerSlot>(spec("cpu-simt"));
   ProxyBackend proxy(slot, 60);
-  std::vector<CheckedRun> got = proxy.check_and_run_raw(cases);
+  RunOptions raw;
+  raw.raw_outputs = true;
+  std::vector<CheckedRun> got = proxy.run_batch(cases, raw);
   ASSERT_EQ(got.size(), cases.size());
   const auto local = make_backend("cpu-simt");
   for (size_t k = 0; k < cases.size(); ++k) {
@@ -716,7 +716,7 @@ TEST(Worker, UnknownBackendIsAClearError) {
 TEST(Worker, MutantNamesResolveInWorkers) {
   auto slot = std::make_shared<WorkerSlot>(spec("cpu-mma~unmasked-pad-columns"));
   ProxyBackend proxy(slot, 60);
-  EXPECT_EQ(proxy.name(), "cpu-mma~unmasked-pad-columns");
+  EXPECT_EQ(proxy.traits().name, "cpu-mma~unmasked-pad-columns");
 }
 
 TEST(Worker, DeviceInfoAnswers) {

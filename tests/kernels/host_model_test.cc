@@ -252,8 +252,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, HostModelInvariants,
 
 TEST(CpuMma, BlockH64GivesTheSameBitsAsBlockH32) {
   auto h32 = make_cpu_mma_backend(32), h64 = make_cpu_mma_backend(64);
-  EXPECT_EQ(h32->name(), "cpu-mma");
-  EXPECT_EQ(h64->name(), "cpu-mma-h64");
+  EXPECT_EQ(h32->traits().name, "cpu-mma");
+  EXPECT_EQ(h64->traits().name, "cpu-mma-h64");
   CounterRng rng(kSeed + 5, Stream::kGenerator);
   for (int i = 0; i < 20; ++i) {
     const MaterializedCase m = materialize(random_recipe(rng));
@@ -424,9 +424,9 @@ Case small_tile_case(int topk, uint64_t seed) {
 
 TEST(CpuMmaSmall, NamesItsTileAndTheToleranceModelCountsIt) {
   auto small = make_backend("cpu-mma-small"), dflt = make_backend("cpu-mma");
-  EXPECT_EQ(small->name(), "cpu-mma-small");
-  EXPECT_EQ(small->token_tile(), mla::kMmaSmallTokenTile);
-  EXPECT_EQ(dflt->token_tile(), 0);  // the precision's default
+  EXPECT_EQ(small->traits().name, "cpu-mma-small");
+  EXPECT_EQ(small->traits().token_tile, mla::kMmaSmallTokenTile);
+  EXPECT_EQ(dflt->traits().token_tile, 0);  // the precision's default
   EXPECT_EQ(pipeline_of(*small).token_tile, mla::kMmaSmallTokenTile);
   EXPECT_EQ(pipeline_of(*dflt).token_tile, mla::kMmaTokenTile);
   // More tiles, more rescales: on a 512-entry list the 32-token bound is wider somewhere and

@@ -96,8 +96,8 @@ TEST(CpuMmaMutants, CatalogueCoversEveryHostMutant) {
   for (Mutant mu : all) {
     auto b = make_cpu_mma_mutant_backend(mu);
     ASSERT_NE(b, nullptr);
-    EXPECT_EQ(b->name(), std::string("cpu-mma~") + mla::mutant_name(mu));
-    EXPECT_EQ(b->precision(), Precision::kMmaBf16);
+    EXPECT_EQ(b->traits().name, std::string("cpu-mma~") + mla::mutant_name(mu));
+    EXPECT_EQ(b->traits().precision, Precision::kMmaBf16);
   }
 }
 

@@ -64,8 +64,8 @@ TEST(SplitRule, CountsFollowTheRowAndTheDeviceOnly) {
 TEST(SplitKv, OneSplitEqualsTheUnsplitModelBitForBit) {
   auto unsplit = make_backend("cpu-mma"), one = make_backend("cpu-mma-split1");
   auto many = make_backend("cpu-mma-split-max");
-  EXPECT_FALSE(unsplit->splits_kv());
-  EXPECT_TRUE(one->splits_kv());
+  EXPECT_FALSE(unsplit->traits().splits_kv);
+  EXPECT_TRUE(one->traits().splits_kv);
   CounterRng rng(kSeed, Stream::kGenerator);
   int differed = 0;
   for (int i = 0; i < 40; ++i) {

@@ -604,12 +604,12 @@ TEST(OracleBackend, NamesPrecisionAndResults) {
   const MaterializedCase m = testing::random_case(s, 9);
   auto eig = make_oracle_backend();
   auto loop = make_oracle_loop_backend();
-  EXPECT_EQ(eig->name(), "oracle");
-  EXPECT_EQ(loop->name(), "oracle-loop");
-  EXPECT_EQ(eig->precision(), Precision::kFloat64);
-  EXPECT_EQ(loop->precision(), Precision::kFloat64);
-  EXPECT_FALSE(eig->on_device());
-  EXPECT_TRUE(eig->availability().available);
+  EXPECT_EQ(eig->traits().name, "oracle");
+  EXPECT_EQ(loop->traits().name, "oracle-loop");
+  EXPECT_EQ(eig->traits().precision, Precision::kFloat64);
+  EXPECT_EQ(loop->traits().precision, Precision::kFloat64);
+  EXPECT_FALSE(eig->traits().on_device);
+  EXPECT_TRUE(eig->traits().availability.available);
   EXPECT_FALSE(eig->unsupported(m).has_value());
   const RunResult r = eig->run(m);
   ASSERT_TRUE(r.ok()) << r.message;

@@ -54,7 +54,7 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
   Envelope v1;
   v1.s_q.values = {1};
   v1.refuses = kFeatureExtraCache | kFeatureExtraTopkLength;
-  EXPECT_EQ(plugin->envelope(), v1) << envelope_to_json(plugin->envelope()).dump();
+  EXPECT_EQ(plugin->traits().envelope, v1) << envelope_to_json(plugin->traits().envelope).dump();
   EXPECT_EQ(d.traits.envelope, v1);
   auto oracle = make_backend("oracle");
   std::vector<Backend*> backends{oracle.get(), plugin.get()};
@@ -63,7 +63,7 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
   const uint64_t seed = 11;
   int ran = 0;
   GenConfig cfg;
-  cfg.envelope = plugin->envelope();  // as a campaign draws for it
+  cfg.envelope = plugin->traits().envelope;  // as a campaign draws for it
   for (uint64_t i = 0; i < 25; ++i) {
     const Case c = generate_case(seed, i, cfg, nullptr);
     const CaseEvaluation ev = evaluate_case(c, backends, {});
@@ -72,7 +72,7 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
     }
     const PropertyOutcome* run = nullptr;
     for (const auto& o : ev.outcomes) {
-      if (o.property == "run" && o.backend == plugin->name()) run = &o;
+      if (o.property == "run" && o.backend == plugin->traits().name) run = &o;
     }
     ASSERT_NE(run, nullptr);
     ran += run->applicable && run->passed;
@@ -84,12 +84,12 @@ TEST(AbiV1, VersionOnePluginLoadsAndRunsEveryProperty) {
 // the cache, both V32 scale conventions (a reader that rounds fp32 scales is tested for it).
 // The example, which names both, gets both.
 TEST(AbiV1, EarlierPluginsNeverGetOutOfRangeAndReadBothScaleConventions) {
-  const Envelope old = load_plugin_backend(kV1Plugin)->envelope();
+  const Envelope old = load_plugin_backend(kV1Plugin)->traits().envelope;
   EXPECT_FALSE(old.allows(mla::InvalidIndexRule::kOutOfRange));
   EXPECT_TRUE(old.allows(mla::InvalidIndexRule::kAnyNegative));
   EXPECT_TRUE(old.allows(ScaleConvention::kFp32));
   EXPECT_TRUE(old.allows(ScaleConvention::kPowerOfTwo));
-  const Envelope example = load_plugin_backend(MLAFUZZ_TEST_PLUGIN_CPU)->envelope();
+  const Envelope example = load_plugin_backend(MLAFUZZ_TEST_PLUGIN_CPU)->traits().envelope;
   EXPECT_TRUE(example.allows(mla::InvalidIndexRule::kOutOfRange));
   EXPECT_TRUE(example.allows(ScaleConvention::kFp32));
 }
@@ -197,11 +197,11 @@ TEST(Envelope, FlashMlaLikePluginGetsApplicableCasesWithTheEdgeClasses) {
   auto plugin = load_plugin_backend(variant("flashmla"));
   auto oracle = make_backend("oracle");
   GenConfig inside;
-  inside.envelope = intersect(oracle->envelope(), plugin->envelope());
+  inside.envelope = intersect(oracle->traits().envelope, plugin->traits().envelope);
   const uint64_t seed = 14;
   const int n = 500;
   Census in = census(plugin.get(), {}, inside, seed, n);
-  Census out = census(nullptr, plugin->envelope(), GenConfig{}, seed, n);
+  Census out = census(nullptr, plugin->traits().envelope, GenConfig{}, seed, n);
   const double frac_in = double(in.applicable) / in.cases;
   const double frac_out = double(out.applicable) / out.cases;
   std::printf(
@@ -293,7 +293,7 @@ TEST(Envelope, CudaKernelsAcceptTheProductionDecode) {
 TEST(Envelope, ShrinkingNeverLeavesTheEnvelope) {
   auto plugin = load_plugin_backend(variant("flashmla"));
   GenConfig cfg;
-  cfg.envelope = plugin->envelope();
+  cfg.envelope = plugin->traits().envelope;
   const uint64_t seed = 5;
   int shrunk = 0;
   for (uint64_t i = 0; i < 200 && shrunk < 3; ++i) {
@@ -330,7 +330,7 @@ Case batch_case() {
 
 TEST(Invariance, SummationOrderDependingOnBFailsBatchAloneWhenClaimedExact) {
   auto plugin = load_plugin_backend(variant("batch_order"));
-  EXPECT_EQ(plugin->inexact_invariants(), 0u);
+  EXPECT_EQ(plugin->traits().inexact_invariants, 0u);
   const CaseEvaluation ev = evaluate_case(batch_case(), {plugin.get()}, {"batch-alone"});
   const PropertyOutcome* o = find(ev, "batch-alone");
   ASSERT_NE(o, nullptr);
@@ -341,7 +341,7 @@ TEST(Invariance, SummationOrderDependingOnBFailsBatchAloneWhenClaimedExact) {
 
 TEST(Invariance, DeclaredInexactBatchIsCheckedWithinTheBoundAndPasses) {
   auto plugin = load_plugin_backend(variant("batch_order_inexact"));
-  EXPECT_EQ(plugin->inexact_invariants(), kInvariantBatch);
+  EXPECT_EQ(plugin->traits().inexact_invariants, kInvariantBatch);
   const CaseEvaluation ev =
       evaluate_case(batch_case(), {plugin.get()}, {"batch-alone", "head-alone", "tolerance"});
   const PropertyOutcome* o = find(ev, "batch-alone");
@@ -378,8 +378,8 @@ TEST(Invariance, GrosslyWrongInexactKernelStillFailsTheBoundedCheck) {
 TEST(ExtraPipeline, DeclaredLseMergedReachesTheToleranceModel) {
   auto joint = load_plugin_backend(variant("flashmla"));
   auto merged = load_plugin_backend(variant("lse_merged"));
-  EXPECT_EQ(joint->extra_pipeline(), ExtraPipeline::kJoint);
-  EXPECT_EQ(merged->extra_pipeline(), ExtraPipeline::kLseMerged);
+  EXPECT_EQ(joint->traits().extra_pipeline, ExtraPipeline::kJoint);
+  EXPECT_EQ(merged->traits().extra_pipeline, ExtraPipeline::kLseMerged);
   const campaign::WorkerInfo info =
       campaign::decode_info(campaign::encode_info(campaign::describe_backend(*merged)));
   EXPECT_EQ(info.traits.extra_pipeline, ExtraPipeline::kLseMerged);

@@ -25,9 +25,9 @@ std::string mma_plugin_path() {
 
 TEST(MmaPluginGpu, SameBitsAsTheBuiltInKernel) {
   const auto plugin = load_plugin_backend(mma_plugin_path());
-  EXPECT_EQ(plugin->name(), "plugin:mma-kernel-example");
-  EXPECT_EQ(plugin->precision(), Precision::kMmaBf16);
-  if (const Availability a = plugin->availability(); !a.available) {
+  EXPECT_EQ(plugin->traits().name, "plugin:mma-kernel-example");
+  EXPECT_EQ(plugin->traits().precision, Precision::kMmaBf16);
+  if (const Availability a = plugin->traits().availability; !a.available) {
     GTEST_SKIP() << "waived: " << a.reason;
   }
   const auto builtin = make_backend("cuda-mma");
@@ -52,7 +52,7 @@ TEST(MmaPluginGpu, SameBitsAsTheBuiltInKernel) {
 
 TEST(MmaPluginGpu, PassesEveryProperty) {
   const auto plugin = load_plugin_backend(mma_plugin_path());
-  if (const Availability a = plugin->availability(); !a.available) {
+  if (const Availability a = plugin->traits().availability; !a.available) {
     GTEST_SKIP() << "waived: " << a.reason;
   }
   std::vector<Backend*> backends{plugin.get()};

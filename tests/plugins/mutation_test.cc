@@ -123,12 +123,15 @@ TEST_F(CpuMutants, JsonReportIsComplete) {
 // run overwrites an output guard element ("poison" fails on any case) and, from three rows up,
 // rows race (every other run flips an output bit: "determinism" fails). The correct cpu-mma
 // computes the rest.
-class RowRaceBackend : public Backend {
+class RowRaceBackend : public TraitsBackend<Backend> {
  public:
-  explicit RowRaceBackend(int race_rows = 3) : race_rows_(race_rows) {}
-  std::string name() const override { return "cpu-mma~row-race"; }
-  Precision precision() const override { return inner_->precision(); }
-  RunResult run(const MaterializedCase& m) override {
+  explicit RowRaceBackend(int race_rows = 3) : race_rows_(race_rows) {
+    traits_.name = "cpu-mma~row-race";
+    traits_.precision = inner_->traits().precision;
+  }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     r.guard_violations += 1;
     if (m.batch >= race_rows_ && ++races_ % 2 == 0) r.out_raw.at(OutputBuffers::kGuard) ^= 1;

@@ -57,21 +57,21 @@ TEST(PluginLoad, CpuPluginDeclaresItself) {
   EXPECT_EQ(d.traits.precision, Precision::kSimtFp32);
   EXPECT_TRUE(d.has_supports);
   const auto b = load_plugin_backend(kCpuPlugin);
-  EXPECT_EQ(b->name(), "plugin:cpu-fp32-example");
-  EXPECT_TRUE(b->availability().available);
+  EXPECT_EQ(b->traits().name, "plugin:cpu-fp32-example");
+  EXPECT_TRUE(b->traits().availability.available);
   EXPECT_EQ(b->traits(), d.traits);  // the backend says what the description says
   // A host plugin says so, and as foreign code it still asks for a worker process.
-  EXPECT_FALSE(b->on_device());
-  EXPECT_TRUE(b->needs_worker());
+  EXPECT_FALSE(b->traits().on_device);
+  EXPECT_TRUE(b->traits().needs_worker);
   EXPECT_TRUE(resolve_backend(std::string("plugin:") + kCpuPlugin).foreign);
 }
 
 TEST(PluginLoad, RegistryResolvesPathAndLoadedName) {
   const auto by_path = make_backend(std::string(kPluginPrefix) + kCpuPlugin);
-  EXPECT_EQ(by_path->name(), "plugin:cpu-fp32-example");
+  EXPECT_EQ(by_path->traits().name, "plugin:cpu-fp32-example");
   EXPECT_EQ(loaded_plugin_path("plugin:cpu-fp32-example"), kCpuPlugin);
   const auto by_name = make_backend("plugin:cpu-fp32-example");
-  EXPECT_EQ(by_name->name(), "plugin:cpu-fp32-example");
+  EXPECT_EQ(by_name->traits().name, "plugin:cpu-fp32-example");
 }
 
 TEST(PluginLoad, DeclaredNamesResolveThroughThePluginPath) {
@@ -81,7 +81,7 @@ TEST(PluginLoad, DeclaredNamesResolveThroughThePluginPath) {
   ASSERT_EQ(setenv("MLAFUZZ_PLUGIN_PATH",
                    ("/nonexistent:" + std::string(MLAFUZZ_TEST_PLUGIN_DIR)).c_str(), 1),
             0);
-  EXPECT_EQ(make_backend("plugin:faulty-8")->name(), "plugin:faulty-8");
+  EXPECT_EQ(make_backend("plugin:faulty-8")->traits().name, "plugin:faulty-8");
   EXPECT_EQ(resolve_plugin("faulty-8"), faulty("hang"));
   try {
     make_backend("plugin:no-such-plugin");

@@ -59,7 +59,7 @@ std::string failures_of(const CaseEvaluation& ev) {
 TEST(StrideBugs, EachIgnoredStrideFailsOnPaddedRowsAndOnlyThere) {
   for (int bug = 0; bug <= 6; ++bug) {
     const auto plugin = load_plugin_backend(plugin_path(bug));
-    ASSERT_EQ(plugin->name(), "plugin:stride-bug-" + std::to_string(bug));
+    ASSERT_EQ(plugin->traits().name, "plugin:stride-bug-" + std::to_string(bug));
     const std::vector<Backend*> backends{plugin.get()};
     const CaseEvaluation padded = evaluate_case(padded_case(), backends, {});
     const CaseEvaluation contiguous = evaluate_case(contiguous_case(), backends, {});

@@ -34,8 +34,8 @@ GenConfig extra_cases() {
 TEST(LseMerged, DeclaresItsPipelineAndSelectsTheMergedBound) {
   const auto merged = make_backend("cpu-mma-lse-merged");
   const auto joint = make_backend("cpu-mma");
-  EXPECT_EQ(merged->extra_pipeline(), ExtraPipeline::kLseMerged);
-  EXPECT_EQ(joint->extra_pipeline(), ExtraPipeline::kJoint);
+  EXPECT_EQ(merged->traits().extra_pipeline, ExtraPipeline::kLseMerged);
+  EXPECT_EQ(joint->traits().extra_pipeline, ExtraPipeline::kJoint);
   EXPECT_TRUE(pipeline_of(*merged).lse_merged);
   EXPECT_FALSE(pipeline_of(*joint).lse_merged);
   EXPECT_STREQ(extra_pipeline_name(ExtraPipeline::kLseMerged), "lse_merged");

@@ -151,7 +151,7 @@ TEST(Tolerance, HostModelsSitUnderTheBound) {
     auto be = make_backend(name);
     const RunResult r = be->run(m);
     ASSERT_TRUE(r.ok()) << r.message;
-    const Bounds bd = add_bounds(compute_bounds(m, ref, pipeline_for(be->precision())),
+    const Bounds bd = add_bounds(compute_bounds(m, ref, pipeline_for(be->traits().precision)),
                                  compute_bounds(m, ref, pipeline_for(Precision::kFloat64)));
     const BoundCheck bc = check_bounds(Side{&r.out, &r.lse, true}, Side{&ref.out, &ref.lse, false},
                                        bd, m.batch, m.heads, m.d_v());
@@ -690,11 +690,15 @@ TEST(PropertyTable, UnknownNamesListTheKnownOnes) {
 }
 
 // cpu-simt with one output element replaced by NaN (a non-finite position mismatch).
-class NanBackend : public Backend {
+class NanBackend : public TraitsBackend<Backend> {
  public:
-  std::string name() const override { return "nan-simt"; }
-  Precision precision() const override { return Precision::kSimtFp32; }
-  RunResult run(const MaterializedCase& m) override {
+  NanBackend() {
+    traits_.name = "nan-simt";
+    traits_.precision = Precision::kSimtFp32;
+  }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     r.out[0] = std::nan("");
     r.out_raw[OutputBuffers::kGuard] = 0x7fc0;  // the same element in the raw buffer: bf16 NaN

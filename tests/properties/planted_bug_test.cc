@@ -73,7 +73,7 @@ TEST(PlantedBug, UnmaskedPadColumnsFoundShrunkSavedAndReproduced) {
   EXPECT_EQ(to_json(back.c), to_json(sr.minimal));
 
   const std::string bin = MLAFUZZ_BINARY;
-  const std::string with_mutant = bin + " repro " + path + " --backends " + mutant->name();
+  const std::string with_mutant = bin + " repro " + path + " --backends " + mutant->traits().name;
   const std::string with_correct = bin + " repro " + path + " --backends cpu-mma";
   EXPECT_EQ(run_command(with_mutant), 1) << with_mutant;
   EXPECT_EQ(run_command(with_correct), 0) << with_correct;

@@ -574,9 +574,13 @@ class TwoBugs : public ForwardingBackend<> {
       : ForwardingBackend<>(make_cpu_mma_backend()),
         a_(make_cpu_mma_mutant_backend(a)),
         b_(make_cpu_mma_mutant_backend(b)),
-        name_(std::string("two-bugs~") + mla::mutant_name(a) + "+" + mla::mutant_name(b)) {}
-  std::string name() const override { return name_; }
-  RunResult run(const MaterializedCase& m) override {
+        traits_(inner_->traits()) {
+    traits_.name = std::string("two-bugs~") + mla::mutant_name(a) + "+" + mla::mutant_name(b);
+  }
+  const BackendTraits& traits() const override { return traits_; }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     const RunResult good = inner_->run(m);
     const RunResult a = a_->run(m);
     RunResult r = b_->run(m);
@@ -598,7 +602,7 @@ class TwoBugs : public ForwardingBackend<> {
     }
   }
   std::unique_ptr<Backend> a_, b_;
-  std::string name_;
+  BackendTraits traits_;  // cpu-mma's, under the name of the two bugs
 };
 
 // A kernel without the softmax's max subtraction, as far as the result goes. Every (row, head)
@@ -606,9 +610,13 @@ class TwoBugs : public ForwardingBackend<> {
 // / 0) gets NaN outputs and LSE; the rest is the correct model's.
 class ExpOverflows : public ForwardingBackend<> {
  public:
-  ExpOverflows() : ForwardingBackend<>(make_cpu_mma_backend()) {}
-  std::string name() const override { return "exp-overflows"; }
-  RunResult run(const MaterializedCase& m) override {
+  ExpOverflows() : ForwardingBackend<>(make_cpu_mma_backend()), traits_(inner_->traits()) {
+    traits_.name = "exp-overflows";
+  }
+  const BackendTraits& traits() const override { return traits_; }
+
+ protected:
+  RunResult run_case(const MaterializedCase& m) override {
     RunResult r = inner_->run(m);
     if (r.status != RunStatus::kOk) return r;
     const int32_t H = m.heads, dv = m.d_v();
@@ -633,6 +641,9 @@ class ExpOverflows : public ForwardingBackend<> {
     }
     return r;
   }
+
+ private:
+  BackendTraits traits_;  // cpu-mma's, under its own name
 };
 
 TEST(Triage, ALogitRangeCauseIsTheSameWhicheverSeedFindsIt) {
@@ -668,8 +679,8 @@ std::set<std::string> groups_of(Backend& backend, uint64_t seed) {
     if (!ev.failed() || ev.failures().front()->property != "tolerance") continue;
     const PropertyOutcome& o = *ev.failures().front();
     const Triage t = triage_failure(c, o, {&backend}, TriageOptions{});
-    std::cout << backend.name() << " seed " << seed << " case " << i << ": " << o.property << " -> "
-              << t.signature << "\n";
+    std::cout << backend.traits().name << " seed " << seed << " case " << i << ": " << o.property
+              << " -> " << t.signature << "\n";
     groups.insert(t.signature.substr(t.signature.find(" | ")));
   }
   return groups;
@@ -686,7 +697,7 @@ TEST(Triage, TwoBugsPlantedTogetherGiveTheirTwoGroups) {
     ASSERT_EQ(alone.size(), 2u);
     TwoBugs both(a, b);
     std::set<std::string> groups = groups_of(both, 2);
-    EXPECT_EQ(groups, alone) << both.name() << ", seeds 1 and 2; rerun: " << kRerun
+    EXPECT_EQ(groups, alone) << both.traits().name << ", seeds 1 and 2; rerun: " << kRerun
                              << " --gtest_filter=Triage.TwoBugsPlantedTogetherGiveTheirTwoGroups";
   }
 }

@@ -205,8 +205,9 @@ TEST(WritersTolerance, CorrectReadersStayBelowOneAndAPowerOfTwoReaderExceedsIt) 
         const double bug = tightness(*be, m, rounded_scales(m));
         worst_correct = std::max(worst_correct, t);
         least_buggy = std::min(least_buggy, bug);
-        EXPECT_LT(t, 1.0) << be->name() << " mode " << scale_mode_name(mode) << " seed " << seed;
-        EXPECT_GT(bug, 1.0) << be->name() << " reading power-of-two scales, mode "
+        EXPECT_LT(t, 1.0) << be->traits().name << " mode " << scale_mode_name(mode) << " seed "
+                          << seed;
+        EXPECT_GT(bug, 1.0) << be->traits().name << " reading power-of-two scales, mode "
                             << scale_mode_name(mode) << " seed " << seed;
       }
       // The same MMA run under a model without the dequantization term.
