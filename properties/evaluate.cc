@@ -118,6 +118,23 @@ void note_wrong(PropertyOutcome& o, const RunResult& got, bool got_bf16,
   o.wrong.out_columns.assign(columns.begin(), columns.end());
 }
 
+// An oracle row visitor that forwards each row to another and adds up the time the rows take
+// there (one oracle thread: no two visits at once), so that a case's breakdown keeps the oracle's
+// time and the bounds' apart.
+class TimedRows final : public OracleRowVisitor {
+ public:
+  explicit TimedRows(OracleRowVisitor& inner) : inner_(inner) {}
+  void visit(const OracleRowView& row) override {
+    const auto t = Clock::now();
+    inner_.visit(row);
+    seconds += since(t);
+  }
+  double seconds = 0;
+
+ private:
+  OracleRowVisitor& inner_;
+};
+
 // Per-case state shared by all backends: the case, the oracle, the bounds per pipeline.
 struct CaseContext {
   MaterializedCase m;
@@ -145,30 +162,38 @@ struct CaseContext {
     return it->second;
   }
   // The oracle's own bound and every pipeline bound the properties will ask for (each backend's
-  // pipeline; with `insert_topk`, also at insert-invalid's longer list), in one
-  // compute_bounds_set pass over the case: the same values as computing each when first asked.
-  void prefetch_bounds(const std::vector<const Backend*>& bes, int insert_topk) {
+  // pipeline; with `insert_topk`, also at insert-invalid's longer list), as the requests of one
+  // bounds pass over the case (store_prefetched takes its result): the same values as computing
+  // each when first asked.
+  std::vector<BoundsKey> prefetched_keys_;
+  std::vector<BoundsRequest> prefetch_requests(const std::vector<const Backend*>& bes,
+                                               int insert_topk) {
     ran_backends = bes;
+    prefetched_keys_.clear();
     std::vector<BoundsRequest> req{{pipeline_for(Precision::kFloat64), 0}};
-    std::vector<BoundsKey> keys;
     for (const Backend* be : bes) {
       if (be->traits().precision == Precision::kCustom) continue;
       for (const int t : {0, insert_topk}) {
         if (t < 0 || (t != 0 && t == m.topk)) continue;
         const BoundsKey key = bounds_key(*be, t);
-        if (bounds.count(key) != 0 || std::find(keys.begin(), keys.end(), key) != keys.end()) {
+        if (bounds.count(key) != 0 || std::find(prefetched_keys_.begin(), prefetched_keys_.end(),
+                                                key) != prefetched_keys_.end()) {
           continue;
         }
-        keys.push_back(key);
+        prefetched_keys_.push_back(key);
         req.push_back({pipeline_of(*be), t});
       }
     }
-    std::vector<Bounds> got = compute_bounds_set(m, ref, req);
+    return req;
+  }
+  void store_prefetched(std::vector<Bounds> got) {
     b64 = std::move(got[0]);
-    for (size_t i = 0; i < keys.size(); ++i) bounds.emplace(keys[i], std::move(got[i + 1]));
+    for (size_t i = 0; i < prefetched_keys_.size(); ++i) {
+      bounds.emplace(prefetched_keys_[i], std::move(got[i + 1]));
+    }
   }
   // The bound of a transformed case v for backend be's pipeline (v's own lists and tiles, the
-  // same exact result): computed at the first request for every backend prefetch_bounds saw, in
+  // same exact result): computed at the first request for every backend prefetch_requests saw, in
   // one compute_bounds_set pass over v.
   std::map<std::pair<const MaterializedCase*, BoundsKey>, Bounds> variant_bounds_;
   const Bounds& variant_bounds(const MaterializedCase& v, const Backend& be) {
@@ -199,7 +224,7 @@ struct CaseContext {
     }
     return variant_bounds_.at({&v, key_of(be)});
   }
-  // The backends whose clean run succeeded (set by prefetch_bounds).
+  // The backends whose clean run succeeded (set by prefetch_requests).
   std::vector<const Backend*> ran_backends;
   // Seconds spent computing bounds on demand (pipeline_bounds, variant_bounds), for the
   // evaluation's steps: the checks' time less this is the checks' own.
@@ -1065,30 +1090,34 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
     e.start(states[i]);
   }
   ev.steps[CaseStep::kCleanRuns] = since(t_clean);
-  const auto to = Clock::now();
-  ctx.ref = run_oracle_eigen(ctx.m, 1);
-  ev.oracle_seconds = since(to);
-  ev.steps[CaseStep::kOracle] = ev.oracle_seconds;
-  {
-    const auto t_bounds = Clock::now();
-    // The bounds the clean runs' properties need, in one pass (insert-invalid's longer list
-    // when that property runs).
-    const auto wants = [&](PropertyId id) { return selected(properties, property_info(id).name); };
-    // Only the bitwise properties selected, of backends that claim them all exact: the oracle's
-    // own bound (as always), no pipeline bounds.
-    bool bounded = wants(PropertyId::kTolerance) || wants(PropertyId::kMmaVsSimt) ||
-                   wants(PropertyId::kPermute) || wants(PropertyId::kInsertInvalid) ||
-                   wants(PropertyId::kMoveToExtra) || wants(PropertyId::kSplitAgree);
-    std::vector<const Backend*> ran;
-    for (const auto& st : states) {
-      if (st.ran) ran.push_back(st.be);
-      if (st.ran && st.be->traits().inexact_invariants != 0) bounded = true;
-    }
-    if (!bounded) ran.clear();
-    const bool insert = wants(PropertyId::kInsertInvalid);
-    ctx.prefetch_bounds(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1);
-    ev.steps[CaseStep::kBounds] += since(t_bounds);
+  // The bounds the clean runs' properties need (insert-invalid's longer list when that property
+  // runs), formed from the oracle's rows while it computes them (BoundsSetVisitor: the keys it
+  // decoded and the logits it formed are not formed again).
+  const auto wants = [&](PropertyId id) { return selected(properties, property_info(id).name); };
+  // Only the bitwise properties selected, of backends that claim them all exact: the oracle's
+  // own bound (as always), no pipeline bounds.
+  bool bounded = wants(PropertyId::kTolerance) || wants(PropertyId::kMmaVsSimt) ||
+                 wants(PropertyId::kPermute) || wants(PropertyId::kInsertInvalid) ||
+                 wants(PropertyId::kMoveToExtra) || wants(PropertyId::kSplitAgree);
+  std::vector<const Backend*> ran;
+  for (const auto& st : states) {
+    if (st.ran) ran.push_back(st.be);
+    if (st.ran && st.be->traits().inexact_invariants != 0) bounded = true;
   }
+  if (!bounded) ran.clear();
+  const bool insert = wants(PropertyId::kInsertInvalid);
+  BoundsSetVisitor bounds_rows(
+      ctx.m,
+      ctx.prefetch_requests(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1));
+  TimedRows timed(bounds_rows);
+  const auto to = Clock::now();
+  ctx.ref = run_oracle_eigen(ctx.m, 1, &timed);
+  // The oracle's time on its own: its call less the time its rows spent in the bounds.
+  ev.oracle_seconds = since(to) - timed.seconds;
+  ev.steps[CaseStep::kOracle] = ev.oracle_seconds;
+  const auto t_bounds = Clock::now();
+  ctx.store_prefetched(bounds_rows.take());
+  ev.steps[CaseStep::kBounds] += timed.seconds + since(t_bounds);
   for (auto& st : states) e.properties(st);
   e.mma_vs_simt(states);
   ev.seconds = since(t0);
