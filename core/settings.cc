@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "core/json_fields.h"
 
 namespace mlafuzz::settings {
 
@@ -12,21 +13,25 @@ extern const char* const kSettingsJson;
 
 namespace {
 
+// One entry of python/mlafuzz/settings.json ("kept" only on a switch of an earlier path).
+const fields::Table<Setting>& setting_fields() {
+  using fields::field;
+  static const fields::Table<Setting> t = {
+      field("name", &Setting::name),
+      field("type", &Setting::type),
+      field("default", &Setting::default_text),
+      field("scope", &Setting::scope),
+      field("reader", &Setting::reader),
+      field("description", &Setting::description),
+      fields::optional_field("kept", &Setting::kept),
+  };
+  return t;
+}
+
 std::vector<Setting> parse_table() {
-  const nlohmann::json j = nlohmann::json::parse(kSettingsJson);
-  std::vector<Setting> out;
-  for (const auto& e : j.at("settings")) {
-    Setting s;
-    s.name = e.at("name").get<std::string>();
-    s.type = e.at("type").get<std::string>();
-    s.default_text = e.at("default").get<std::string>();
-    s.scope = e.at("scope").get<std::string>();
-    s.reader = e.at("reader").get<std::string>();
-    s.description = e.at("description").get<std::string>();
-    s.kept = e.value("kept", "");
-    out.push_back(std::move(s));
-  }
-  return out;
+  const fields::Json j = fields::Json::parse(kSettingsJson);
+  return fields::read_array(j.at("settings"), setting_fields(),
+                            {.path = "settings.json: settings", .unknown_is_error = true});
 }
 
 std::string lower(std::string s) {

@@ -1,6 +1,6 @@
 #include "harness/backends/device_query.h"
 
-#include <nlohmann/json.hpp>
+#include "core/json_fields.h"
 
 #if MLAFUZZ_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -12,6 +12,17 @@ namespace {
 [[maybe_unused]] std::string version_text(int v) {
   // CUDA encodes versions as 1000 * major + 10 * minor.
   return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10);
+}
+
+// The device query's child process (plan.cc) writes this object and its parent reads it back.
+const fields::Table<DeviceInfo>& device_info_fields() {
+  using fields::field;
+  static const fields::Table<DeviceInfo> t = {
+      field("count", &DeviceInfo::count),   field("names", &DeviceInfo::names),
+      field("driver", &DeviceInfo::driver), field("runtime", &DeviceInfo::runtime),
+      field("error", &DeviceInfo::error),
+  };
+  return t;
 }
 
 }  // namespace
@@ -52,23 +63,12 @@ std::optional<std::string> sticky_device_error() {
 }
 
 std::string device_info_to_json(const DeviceInfo& d) {
-  nlohmann::ordered_json j;
-  j["count"] = d.count;
-  j["names"] = d.names;
-  j["driver"] = d.driver;
-  j["runtime"] = d.runtime;
-  j["error"] = d.error;
-  return j.dump() + "\n";
+  return fields::write(d, device_info_fields()).dump() + "\n";
 }
 
 DeviceInfo device_info_from_json(const std::string& text) {
-  const auto j = nlohmann::json::parse(text);
   DeviceInfo d;
-  d.count = j.at("count").get<int>();
-  d.names = j.at("names").get<std::vector<std::string>>();
-  d.driver = j.at("driver").get<std::string>();
-  d.runtime = j.at("runtime").get<std::string>();
-  d.error = j.at("error").get<std::string>();
+  fields::read(fields::Json::parse(text), d, device_info_fields(), {.path = "device query"});
   return d;
 }
 

@@ -328,11 +328,7 @@ Field<Report> breakdown_field(const char* key, V Report::*member, Json (*to)(con
   return {key, fields::kAllViews,
           [member, to](const Report& r, const WriteStyle&) { return to(r.*member); },
           [member, from](Report& r, const Json& v, const std::string& path) {
-            try {
-              r.*member = from(v, path);
-            } catch (const std::runtime_error& e) {
-              throw FieldError(path, e.what());
-            }
+            r.*member = from(v, path);
           },
           /*optional=*/true};
 }

@@ -2,48 +2,87 @@
 
 #include <fmt/format.h>
 
-#include <stdexcept>
+#include <array>
+#include <utility>
+
+#include "core/json_fields.h"
 
 namespace mlafuzz::campaign {
 
 using Json = nlohmann::ordered_json;
 
+namespace {
+
+using fields::Field;
+using fields::Table;
+
+// A field for the seconds at `index` of (t.*steps).seconds, the array of a case's steps or a
+// call's phases; absent from reports written before the step or phase existed.
+template <class T, class Steps>
+Field<T> seconds_field(std::string key, Steps T::*steps, int index) {
+  return {std::move(key), fields::kAllViews,
+          [steps, index](const T& t, const fields::WriteStyle& s) {
+            return fields::number((t.*steps).seconds[index], s);
+          },
+          [steps, index](T& t, const Json& v, const std::string& path) {
+            (t.*steps).seconds[index] = fields::read_double(v, path);
+          },
+          /*optional=*/true};
+}
+
+// One backend's entry: calls, requests (absent in reports from before batched requests), then
+// the seconds of each phase.
+const Table<BackendTime>& backend_time_fields() {
+  static const Table<BackendTime> t = [] {
+    Table<BackendTime> t = {fields::field("calls", &BackendTime::calls),
+                            fields::field("requests", &BackendTime::requests)};
+    t.back().optional = true;
+    for (int i = 0; i < kPhaseCount; ++i) {
+      t.push_back(seconds_field(phase_name(static_cast<Phase>(i)), &BackendTime::phases, i));
+    }
+    return t;
+  }();
+  return t;
+}
+
+// cases, the seconds of each step, wall and thread CPU (the steps and the two totals absent in
+// reports from before they were measured).
+const Table<CaseBreakdown>& case_breakdown_fields() {
+  static const Table<CaseBreakdown> t = [] {
+    Table<CaseBreakdown> t = {fields::field("cases", &CaseBreakdown::cases)};
+    for (int i = 0; i < kCaseStepCount; ++i) {
+      t.push_back(
+          seconds_field(case_step_name(static_cast<CaseStep>(i)), &CaseBreakdown::steps, i));
+    }
+    for (auto [key, member] :
+         {std::pair{"wall", &CaseSteps::wall}, std::pair{"thread_cpu", &CaseSteps::thread_cpu}}) {
+      t.push_back({key, fields::kAllViews,
+                   [member](const CaseBreakdown& c, const fields::WriteStyle& s) {
+                     return fields::number(c.steps.*member, s);
+                   },
+                   [member](CaseBreakdown& c, const Json& v, const std::string& path) {
+                     c.steps.*member = fields::read_double(v, path);
+                   },
+                   /*optional=*/true});
+    }
+    return t;
+  }();
+  return t;
+}
+
+}  // namespace
+
 Json time_breakdown_to_json(const TimeBreakdown& t) {
   Json j = Json::object();
-  for (const auto& [backend, bt] : t) {
-    Json e;
-    e["calls"] = bt.calls;
-    e["requests"] = bt.requests;
-    for (int i = 0; i < kPhaseCount; ++i)
-      e[phase_name(static_cast<Phase>(i))] = bt.phases.seconds[i];
-    j[backend] = e;
-  }
+  for (const auto& [backend, bt] : t) j[backend] = fields::write(bt, backend_time_fields());
   return j;
 }
 
 TimeBreakdown time_breakdown_from_json(const Json& j, const std::string& path) {
-  if (!j.is_object()) throw std::runtime_error(path + ": expected an object");
+  if (!j.is_object()) throw fields::FieldError(path, "expected an object");
   TimeBreakdown t;
   for (const auto& [backend, e] : j.items()) {
-    const std::string where = path + "." + backend;
-    if (!e.is_object() || !e.contains("calls") || !e["calls"].is_number_integer()) {
-      throw std::runtime_error(where + ".calls: expected an integer");
-    }
-    BackendTime bt;
-    bt.calls = e["calls"].get<int64_t>();
-    if (e.contains("requests")) {  // absent in reports from before batched requests
-      if (!e["requests"].is_number_integer())
-        throw std::runtime_error(where + ".requests: expected an integer");
-      bt.requests = e["requests"].get<int64_t>();
-    }
-    for (int i = 0; i < kPhaseCount; ++i) {
-      const char* name = phase_name(static_cast<Phase>(i));
-      if (!e.contains(name)) continue;  // a phase added later: absent in older reports
-      if (!e[name].is_number())
-        throw std::runtime_error(where + "." + name + ": expected a number");
-      bt.phases.seconds[i] = e[name].get<double>();
-    }
-    t[backend] = bt;
+    fields::read(e, t[backend], backend_time_fields(), {.path = fields::child(path, backend)});
   }
   return t;
 }
@@ -75,33 +114,12 @@ std::string render_time_breakdown(const TimeBreakdown& t) {
 }
 
 Json case_breakdown_to_json(const CaseBreakdown& c) {
-  Json j;
-  j["cases"] = c.cases;
-  for (int i = 0; i < kCaseStepCount; ++i) {
-    j[case_step_name(static_cast<CaseStep>(i))] = c.steps.seconds[i];
-  }
-  j["wall"] = c.steps.wall;
-  j["thread_cpu"] = c.steps.thread_cpu;
-  return j;
+  return fields::write(c, case_breakdown_fields());
 }
 
 CaseBreakdown case_breakdown_from_json(const Json& j, const std::string& path) {
-  if (!j.is_object()) throw std::runtime_error(path + ": expected an object");
-  if (!j.contains("cases") || !j["cases"].is_number_integer()) {
-    throw std::runtime_error(path + ".cases: expected an integer");
-  }
   CaseBreakdown c;
-  c.cases = j["cases"].get<int64_t>();
-  const auto number = [&](const char* name, double& into) {
-    if (!j.contains(name)) return;  // a step added later: absent in older reports
-    if (!j[name].is_number()) throw std::runtime_error(path + "." + name + ": expected a number");
-    into = j[name].get<double>();
-  };
-  for (int i = 0; i < kCaseStepCount; ++i) {
-    number(case_step_name(static_cast<CaseStep>(i)), c.steps.seconds[i]);
-  }
-  number("wall", c.steps.wall);
-  number("thread_cpu", c.steps.thread_cpu);
+  fields::read(j, c, case_breakdown_fields(), {.path = path});
   return c;
 }
 

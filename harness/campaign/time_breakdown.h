@@ -22,7 +22,7 @@ using TimeBreakdown = std::map<std::string, BackendTime>;  // by backend name
 
 // {"cuda-mma": {"calls": 123, "requests": 24, "queue": 0.5, "encode": 0.01, ...}, ...}
 nlohmann::ordered_json time_breakdown_to_json(const TimeBreakdown& t);
-// Reads what time_breakdown_to_json wrote; throws std::runtime_error naming `path` and the key.
+// Reads what time_breakdown_to_json wrote; throws fields::FieldError naming the key's JSON path.
 TimeBreakdown time_breakdown_from_json(const nlohmann::ordered_json& j, const std::string& path);
 // Adds b into a (merging shards' reports).
 void merge_time_breakdown(TimeBreakdown& a, const TimeBreakdown& b);
@@ -38,7 +38,7 @@ struct CaseBreakdown {
 };
 // {"cases": 123, "generate": 0.1, "materialize": 1.2, ..., "wall": 9.8, "thread_cpu": 7.7}
 nlohmann::ordered_json case_breakdown_to_json(const CaseBreakdown& c);
-// Reads what case_breakdown_to_json wrote; throws std::runtime_error naming `path` and the key.
+// Reads what case_breakdown_to_json wrote; throws fields::FieldError naming the key's JSON path.
 CaseBreakdown case_breakdown_from_json(const nlohmann::ordered_json& j, const std::string& path);
 // One line: milliseconds per case of each step, of the wall time and of the thread's CPU time.
 std::string render_case_breakdown(const CaseBreakdown& c);

@@ -478,6 +478,48 @@ TEST(ReportCaseBreakdown, FilledByTheCampaignRoundTripsAndMerges) {
   }
 }
 
+// The time per worker call, written and read through one field table: the layout is pinned,
+// older entries (no "requests", a phase added later) read with zeros, a bad entry is named.
+TEST(ReportTimeBreakdown, WritesItsLayoutReadsOlderEntriesAndNamesABadField) {
+  TimeBreakdown t;
+  t["cuda-mma"].calls = 12;
+  t["cuda-mma"].requests = 3;
+  t["cuda-mma"].phases[Phase::kKernel] = 0.25;
+  const Json j = time_breakdown_to_json(t);
+  EXPECT_EQ(j.dump(),
+            R"({"cuda-mma":{"calls":12,"requests":3,"queue":0.0,"encode":0.0,"transport":0.0,)"
+            R"("decode":0.0,"run":0.0,"alloc":0.0,"upload":0.0,"kernel":0.25,"download":0.0,)"
+            R"("stage":0.0,"widen":0.0}})");
+  const TimeBreakdown back = time_breakdown_from_json(j, "campaign.time_breakdown");
+  EXPECT_EQ(back.at("cuda-mma").calls, 12);
+  EXPECT_EQ(back.at("cuda-mma").requests, 3);
+  EXPECT_EQ(back.at("cuda-mma").phases[Phase::kKernel], 0.25);
+
+  const TimeBreakdown old =
+      time_breakdown_from_json(Json::parse(R"({"cpu-mma": {"calls": 5, "run": 1.5}})"), "x");
+  EXPECT_EQ(old.at("cpu-mma").calls, 5);
+  EXPECT_EQ(old.at("cpu-mma").requests, 0);
+  EXPECT_EQ(old.at("cpu-mma").phases[Phase::kRun], 1.5);
+  EXPECT_EQ(old.at("cpu-mma").phases[Phase::kWiden], 0);
+
+  const auto error = [](const char* text) -> std::string {
+    try {
+      time_breakdown_from_json(Json::parse(text), "campaign.time_breakdown");
+    } catch (const std::runtime_error& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(error(R"({"cpu-mma": {"run": 1.5}})"),
+            "campaign.time_breakdown.cpu-mma.calls: missing");
+  EXPECT_EQ(error(R"({"cpu-mma": {"calls": 1, "requests": 0.5}})"),
+            "campaign.time_breakdown.cpu-mma.requests: expected an integer");
+  EXPECT_EQ(error(R"({"cpu-mma": {"calls": 1, "kernel": "fast"}})"),
+            "campaign.time_breakdown.cpu-mma.kernel: expected a number (or \"inf\", \"-inf\", "
+            "\"nan\")");
+  EXPECT_EQ(error(R"([1])"), "campaign.time_breakdown: expected an object");
+}
+
 // Findings compare by group: the same bug on another night's seed (another first case, other
 // raw classes) is still open, a group NEW alone has is a regression, and a version-1 OLD report's
 // ungrouped findings match NEW groups by backend and property.

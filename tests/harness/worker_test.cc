@@ -16,6 +16,7 @@
 #include "core/materialize.h"
 #include "core/rng.h"
 #include "core/shared_arena.h"
+#include "harness/backends/device_query.h"
 #include "harness/backends/python_backend.h"
 #include "harness/backends/registry.h"
 #include "harness/campaign/isolation.h"
@@ -722,7 +723,17 @@ TEST(Worker, MutantNamesResolveInWorkers) {
 TEST(Worker, DeviceInfoAnswers) {
   const auto text = ipc::run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
   ASSERT_TRUE(text.has_value());
-  EXPECT_NE(text->find("\"count\""), std::string::npos) << *text;
+  // The parent reads the child's answer through the same field table the child wrote it with.
+  const DeviceInfo d = device_info_from_json(*text);
+  EXPECT_EQ(device_info_to_json(d), *text);
+  EXPECT_EQ(static_cast<size_t>(d.count), d.names.size());
+  try {
+    device_info_from_json(R"({"count": "two", "names": [], "driver": "", "runtime": "",)"
+                          R"( "error": ""})");
+    ADD_FAILURE() << "a non-integer count was read";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "device query.count: expected an integer");
+  }
 }
 
 // A campaign tells the Python device workers it starts how many of them share the GPU
