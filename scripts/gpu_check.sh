@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call on the GPU machine (see ../shared/GPU.md): GPU tests, compute-sanitizer memcheck and
+# One call on the GPU machine (docs/testing.md): GPU tests, compute-sanitizer memcheck and
 # racecheck on a small sample, and the kernel benchmark. Run from the repository root with a
-# build folder that holds tests/gpu/gpu_tests and bench/kernels/bench_kernels (built elsewhere,
-# carried along). Logs go to $OUT (default /tmp/mlafuzz-gpu-check).
+# build folder that holds tests/kernels/cuda/gpu_tests and bench/kernels/bench_kernels (built
+# elsewhere, carried along). Logs go to $OUT (default /tmp/mlafuzz-gpu-check).
 #
 #   scripts/gpu_check.sh [BUILD_DIR] [all|tests|sanitize|bench]...
 set -u
@@ -12,7 +12,7 @@ STEPS=${*:-all}
 OUT=${OUT:-/tmp/mlafuzz-gpu-check}
 mkdir -p "$OUT"
 export MLAFUZZ_CORPUS_DIR=${MLAFUZZ_CORPUS_DIR:-$PWD/corpus/cases}
-TESTS=$BUILD/tests/gpu/gpu_tests
+TESTS=$BUILD/tests/kernels/cuda/gpu_tests
 BENCH=$BUILD/bench/kernels/bench_kernels
 want() { [[ " $STEPS " == *" all "* || " $STEPS " == *" $1 "* ]]; }
 summary=()

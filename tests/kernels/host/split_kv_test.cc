@@ -17,7 +17,7 @@
 #include "oracle/oracle.h"
 #include "properties/evaluate.h"
 #include "properties/tolerance.h"
-#include "tests/kernels/host_test_support.h"
+#include "tests/kernels/host/host_test_support.h"
 
 namespace mlafuzz {
 namespace {

@@ -11,7 +11,7 @@
 #include "kernels/host/host_mutants.h"
 #include "mla/mutants.h"
 #include "mla/split_kv.h"
-#include "tests/kernels/host_test_support.h"
+#include "tests/kernels/host/host_test_support.h"
 
 namespace mlafuzz {
 namespace {

@@ -16,7 +16,7 @@
 #include "mla/fp_formats.h"
 #include "oracle/oracle.h"
 #include "properties/tolerance.h"
-#include "tests/kernels/host_test_support.h"
+#include "tests/kernels/host/host_test_support.h"
 
 namespace mlafuzz {
 namespace {
