@@ -120,25 +120,24 @@ RunResult widen_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
           OutputBuffers::kGuard + b * bufs.lse_batch_stride + t * bufs.lse_token_stride + h)];
     }
   }
-  r.guard_violations = bufs.guard_violations(m);
   return r;
 }
 
 }  // namespace
 
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs) {
-  (void)m;
   RunResult r;
   r.outputs_pending = true;
+  r.guard_violations = bufs.guard_violations(m);
   r.out_raw = bufs.out;
   r.lse_raw = bufs.lse;
   return r;
 }
 
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs) {
-  (void)m;
   RunResult r;
   r.outputs_pending = true;
+  r.guard_violations = bufs.guard_violations(m);
   r.out_raw = std::move(bufs.out);
   r.lse_raw = std::move(bufs.lse);
   return r;
@@ -163,11 +162,7 @@ bool raw_sizes_ok(const MaterializedCase& m, RunResult& r) {
 }  // namespace
 
 void check_raw_outputs(const MaterializedCase& m, RunResult& r) {
-  if (!r.outputs_pending || !raw_sizes_ok(m, r)) return;
-  OutputBuffers bufs(m, std::move(r.out_raw), std::move(r.lse_raw));
-  r.guard_violations = bufs.guard_violations(m);
-  r.out_raw = std::move(bufs.out);
-  r.lse_raw = std::move(bufs.lse);
+  if (r.outputs_pending) raw_sizes_ok(m, r);
 }
 
 void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
@@ -178,7 +173,6 @@ void widen_raw_outputs(const MaterializedCase& m, RunResult& r) {
   RunResult w = widen_outputs(m, bufs);
   r.out = std::move(w.out);
   r.lse = std::move(w.lse);
-  r.guard_violations = w.guard_violations;
   r.out_raw = std::move(bufs.out);
   r.lse_raw = std::move(bufs.lse);
 }

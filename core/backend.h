@@ -117,9 +117,11 @@ struct RunResult {
   // the bitwise invariants compare these bits.
   std::vector<uint16_t> out_raw;
   std::vector<float> lse_raw;
+  // Guard elements the backend overwrote, counted once, where the outputs are collected
+  // (collect_outputs: in a `mlafuzz worker` for a worker's backend, whose reply carries it).
   int64_t guard_violations = 0;
-  // Set by collect_outputs in raw-outputs mode (a `mlafuzz worker`): out, lse and
-  // guard_violations are not computed yet; widen_raw_outputs fills them from the raw buffers.
+  // Set by collect_outputs: out and lse are not computed yet; widen_raw_outputs fills them from
+  // the raw buffers.
   bool outputs_pending = false;
   double seconds = 0;  // wall time of the call, for reports
   CallPhases phases;   // where `seconds` went, as far as the layers measured it
@@ -138,8 +140,8 @@ struct CheckedRun {
 // How Backend::run_batch runs a batch and hands its results over.
 struct RunOptions {
   // false: every result's out and lse are filled (bf16 outputs widened exactly). true: a bf16
-  // backend's results may keep only their raw outputs (RunResult::outputs_pending, with
-  // guard_violations counted: check_raw_outputs), for a caller that compares some results bit
+  // backend's results may keep only their raw outputs (RunResult::outputs_pending, their sizes
+  // checked: check_raw_outputs), for a caller that compares some results bit
   // for bit on the raw buffers and widens only those it reads values from (widen_raw_outputs:
   // the properties), or sends them on (`mlafuzz worker`, whose campaign side widens them).
   bool raw_outputs = false;
@@ -195,7 +197,7 @@ class Backend {
 };
 
 // Converts a result's pending raw outputs as a batch's options ask: widened (raw_outputs false,
-// widen_raw_outputs) or their guard bands counted (check_raw_outputs).
+// widen_raw_outputs) or only their sizes checked (check_raw_outputs).
 void finish_outputs(const MaterializedCase& m, RunResult& r, bool raw_outputs);
 
 // A backend that runs two calls at once (the CUDA backends, harness/campaign's test worker):
@@ -256,17 +258,19 @@ class TraitsBackend : public Base {
 };
 
 // Helper for bf16 backends: a RunResult that holds the guarded output buffers as its raw
-// outputs (outputs_pending; out, lse and guard_violations are computed by run_batch as its
-// options ask: finish_outputs). The rvalue overload moves the buffers instead of copying them.
+// outputs, their guard violations counted (outputs_pending; out and lse are computed by
+// run_batch as its options ask: finish_outputs). The rvalue overload moves the buffers instead
+// of copying them.
 RunResult collect_outputs(const MaterializedCase& m, const OutputBuffers& bufs);
 RunResult collect_outputs(const MaterializedCase& m, OutputBuffers&& bufs);
 
-// Computes out, lse and guard_violations from out_raw and lse_raw as collect_outputs does (the
-// same values bit for bit) and clears outputs_pending; does nothing when it is not set.
+// Computes out and lse from out_raw and lse_raw (the bf16 values widened exactly) and clears
+// outputs_pending; guard_violations stays as collect_outputs counted it. Raw buffers of the
+// wrong sizes for m make r a kFault saying so. Does nothing when outputs_pending is not set.
 void widen_raw_outputs(const MaterializedCase& m, RunResult& r);
 // The cheap half of widen_raw_outputs for a pending result: the raw buffers' sizes checked (a
-// mismatch makes r a kFault, as there) and guard_violations counted; out and lse stay empty
-// and outputs_pending set, for widen_raw_outputs later. Does nothing when nothing is pending.
+// mismatch makes r a kFault, as there); out and lse stay empty and outputs_pending set, for
+// widen_raw_outputs later. Does nothing when nothing is pending.
 void check_raw_outputs(const MaterializedCase& m, RunResult& r);
 
 }  // namespace mlafuzz

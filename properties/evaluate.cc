@@ -612,7 +612,7 @@ class Evaluator {
 
   // Runs a transformed case (its result from the backend's batch when planned, else a call now);
   // a failed run becomes a failed outcome of the property. With `values` false the result may
-  // keep only its raw outputs (outputs_pending; guard_violations counted): for bitwise_equal,
+  // keep only its raw outputs (outputs_pending; its sizes checked): for bitwise_equal,
   // which compares those; otherwise it is widened here.
   bool run_variant(Backend& be, const MaterializedCase& v, RunResult& r, PropertyOutcome& o,
                    bool values = true) {

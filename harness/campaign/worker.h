@@ -180,7 +180,7 @@ class ProxyBackend final : public TraitsBackend<IsolatedBackend> {
   std::vector<FaultRecord> take_faults() override;
   int device() const override { return slot_->proc.spec().device; }
   // A result with raw outputs only (protocol 2) widened here (values false: only
-  // check_raw_outputs, the guard bands), timed as Phase::kWiden.
+  // check_raw_outputs, the sizes), timed as Phase::kWiden.
   static void widen(const MaterializedCase& m, RunResult& r, bool values = true);
   // Calls made through this proxy and where their time went (the campaign's time breakdown);
   // shared so that the campaign reads them while (and after) the proxy's thread runs.

@@ -177,9 +177,9 @@ TEST(WorkerProtocol, RawOutputsAreWidenedOnTheCampaignSideBitForBit) {
   EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
 }
 
-// check_raw_outputs (lazy widening, RunOptions::raw_outputs): a pending result gets its guard
-// count and keeps its raw buffers only; widening it later gives the same bits.
-TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
+// check_raw_outputs (lazy widening, RunOptions::raw_outputs): a pending result keeps the guard
+// count collect_outputs made and its raw buffers only; widening it later gives the same bits.
+TEST(WorkerProtocol, RawCheckKeepsTheGuardCountAndLeavesTheWideningForLater) {
   const MaterializedCase m = small_case(3);
   OutputBuffers bufs(m);
   for (int64_t b = 0; b < m.batch; ++b) {
@@ -212,6 +212,25 @@ TEST(WorkerProtocol, RawCheckCountsGuardsAndLeavesTheWideningForLater) {
   check_raw_outputs(m, bad);
   EXPECT_EQ(bad.status, RunStatus::kFault);
   EXPECT_NE(bad.message.find("raw outputs"), std::string::npos) << bad.message;
+}
+
+// The guard bands are counted once, where the worker collects the outputs: the campaign side
+// (ProxyBackend::widen, widening or only checking) keeps the count the reply carries.
+TEST(WorkerProtocol, TheCampaignKeepsTheWorkersGuardCount) {
+  const MaterializedCase m = small_case(2);
+  OutputBuffers bufs(m);
+  bufs.out[0] = 0;  // one guard element written
+  RunResult sent = collect_outputs(m, bufs);
+  ASSERT_EQ(sent.guard_violations, 1);
+  sent.guard_violations = 5;  // a count the guard bands do not show: a recount would give 1
+  for (const bool values : {true, false}) {
+    RunResult got = decode_result(encode_result(sent));
+    ASSERT_TRUE(got.outputs_pending);
+    ProxyBackend::widen(m, got, values);
+    EXPECT_EQ(got.status, RunStatus::kOk) << got.message;
+    EXPECT_EQ(got.outputs_pending, !values);
+    EXPECT_EQ(got.guard_violations, 5) << "values " << values;
+  }
 }
 
 // Protocol 2: vectors in the parent's shared arena travel as offsets there (not copied into the
