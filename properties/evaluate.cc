@@ -163,34 +163,31 @@ struct CaseContext {
   }
   // The oracle's own bound and every pipeline bound the properties will ask for (each backend's
   // pipeline; with `insert_topk`, also at insert-invalid's longer list), as the requests of one
-  // bounds pass over the case (store_prefetched takes its result): the same values as computing
-  // each when first asked.
-  std::vector<BoundsKey> prefetched_keys_;
-  std::vector<BoundsRequest> prefetch_requests(const std::vector<const Backend*>& bes,
-                                               int insert_topk) {
+  // bounds pass over the case, each pipeline bound's with its key (store_prefetched takes the
+  // pass's result): the same values as computing each when first asked.
+  struct BoundsPrefetch {
+    std::vector<BoundsRequest> requests;  // the oracle's own bound first
+    std::vector<BoundsKey> keys;          // keys[i] is the key of requests[i + 1]
+  };
+  BoundsPrefetch prefetch_requests(const std::vector<const Backend*>& bes, int insert_topk) {
     ran_backends = bes;
-    prefetched_keys_.clear();
-    std::vector<BoundsRequest> req{{pipeline_for(Precision::kFloat64), 0}};
+    BoundsPrefetch p;
+    p.requests.push_back({pipeline_for(Precision::kFloat64), 0});
     for (const Backend* be : bes) {
       if (be->traits().precision == Precision::kCustom) continue;
       for (const int t : {0, insert_topk}) {
         if (t < 0 || (t != 0 && t == m.topk)) continue;
         const BoundsKey key = bounds_key(*be, t);
-        if (bounds.count(key) != 0 || std::find(prefetched_keys_.begin(), prefetched_keys_.end(),
-                                                key) != prefetched_keys_.end()) {
-          continue;
-        }
-        prefetched_keys_.push_back(key);
-        req.push_back({pipeline_of(*be), t});
+        if (std::find(p.keys.begin(), p.keys.end(), key) != p.keys.end()) continue;
+        p.keys.push_back(key);
+        p.requests.push_back({pipeline_of(*be), t});
       }
     }
-    return req;
+    return p;
   }
-  void store_prefetched(std::vector<Bounds> got) {
+  void store_prefetched(const std::vector<BoundsKey>& keys, std::vector<Bounds> got) {
     b64 = std::move(got[0]);
-    for (size_t i = 0; i < prefetched_keys_.size(); ++i) {
-      bounds.emplace(prefetched_keys_[i], std::move(got[i + 1]));
-    }
+    for (size_t i = 0; i < keys.size(); ++i) bounds.emplace(keys[i], std::move(got[i + 1]));
   }
   // The bound of a transformed case v for backend be's pipeline (v's own lists and tiles, the
   // same exact result): computed at the first request for every backend prefetch_requests saw, in
@@ -1106,9 +1103,9 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   }
   if (!bounded) ran.clear();
   const bool insert = wants(PropertyId::kInsertInvalid);
-  BoundsSetVisitor bounds_rows(
-      ctx.m,
-      ctx.prefetch_requests(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1));
+  CaseContext::BoundsPrefetch prefetch =
+      ctx.prefetch_requests(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1);
+  BoundsSetVisitor bounds_rows(ctx.m, std::move(prefetch.requests));
   TimedRows timed(bounds_rows);
   const auto to = Clock::now();
   ctx.ref = run_oracle_eigen(ctx.m, 1, &timed);
@@ -1116,7 +1113,7 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
   ev.oracle_seconds = since(to) - timed.seconds;
   ev.steps[CaseStep::kOracle] = ev.oracle_seconds;
   const auto t_bounds = Clock::now();
-  ctx.store_prefetched(bounds_rows.take());
+  ctx.store_prefetched(prefetch.keys, bounds_rows.take());
   ev.steps[CaseStep::kBounds] += timed.seconds + since(t_bounds);
   for (auto& st : states) e.properties(st);
   e.mma_vs_simt(states);
