@@ -160,54 +160,72 @@ std::vector<float> to_float(const std::vector<double>& v) {
   return std::vector<float>(v.begin(), v.end());
 }
 
-// Inputs as the kernels see them, outputs of every backend, the recipe, and the resolved
-// scalars scripts/check_dump.py needs to recompute the oracle from the raw bytes.
-void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m,
-                const std::vector<Ran>& runs) {
-  make_dirs(dir);
-  const auto path = [&](const std::string& f) { return dir + "/" + f; };
-  // q with its head padding, the index lists as [B, (s_q,) topk]: the batch-row gaps
-  // (q_batch_pad, indices_row_pad) are left out, their strides recorded in params.json.
+// The file-name suffix of a backend's outputs: "_<name>", '/' written '_'
+// (python:dir/file.py:func).
+std::string file_suffix(const std::string& name) {
+  std::string suffix = "_" + name;
+  std::replace(suffix.begin(), suffix.end(), '/', '_');
+  return suffix;
+}
+
+// The rows of q (with its head padding) and of the index lists as [B, (s_q,) topk]: the
+// batch-row gaps (q_batch_pad, indices_row_pad) left out, their strides recorded in params.json.
+struct PackedRows {
   std::vector<uint16_t> q;
-  std::vector<int32_t> idx, xidx;
+  std::vector<int32_t> indices, extra_indices;
+};
+
+PackedRows packed_rows(const MaterializedCase& m) {
+  PackedRows p;
   for (int32_t b = 0; b < m.batch; ++b) {
     for (int32_t s = 0; s < m.s_q; ++s) {
       const auto row = m.q.begin() + b * m.q_batch_stride + s * m.q_token_stride;
-      q.insert(q.end(), row, row + m.heads * m.q_head_stride);
+      p.q.insert(p.q.end(), row, row + m.heads * m.q_head_stride);
       const auto irow = m.indices.begin() + b * m.indices_batch_stride + s * m.indices_token_stride;
-      idx.insert(idx.end(), irow, irow + m.topk);
+      p.indices.insert(p.indices.end(), irow, irow + m.topk);
       if (m.has_extra) {
         const auto xrow = m.extra_indices.begin() + b * m.extra_indices_batch_stride +
                           s * m.extra_indices_token_stride;
-        xidx.insert(xidx.end(), xrow, xrow + m.extra_topk);
+        p.extra_indices.insert(p.extra_indices.end(), xrow, xrow + m.extra_topk);
       }
     }
   }
-  write_npy(path("q.npy"), q, with_tokens(m, {m.heads, m.q_head_stride}));
+  return p;
+}
+
+// The inputs as the kernels see them: packed rows, and the whole buffers with their row gaps.
+void write_dump_inputs(const std::function<std::string(const std::string&)>& path,
+                       const MaterializedCase& m) {
+  const PackedRows rows = packed_rows(m);
+  write_npy(path("q.npy"), rows.q, with_tokens(m, {m.heads, m.q_head_stride}));
   // The whole buffers as the kernels get them, row gaps included (params.json's "call" gives
   // their strides): mlafuzz.replay builds its call from these.
   write_npy(path("q_raw.npy"), m.q, {static_cast<int64_t>(m.q.size())});
   write_npy(path("indices_raw.npy"), m.indices, {static_cast<int64_t>(m.indices.size())});
   write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
-  write_npy(path("indices.npy"), idx, with_tokens(m, {m.topk}));
+  write_npy(path("indices.npy"), rows.indices, with_tokens(m, {m.topk}));
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
   if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
   if (m.has_extra) {
     write_npy(path("extra_kv_cache.npy"), m.extra_cache,
               {m.extra_geom.num_pages, m.extra_geom.page_stride});
-    write_npy(path("extra_indices.npy"), xidx, with_tokens(m, {m.extra_topk}));
+    write_npy(path("extra_indices.npy"), rows.extra_indices, with_tokens(m, {m.extra_topk}));
     write_npy(path("extra_indices_raw.npy"), m.extra_indices,
               {static_cast<int64_t>(m.extra_indices.size())});
     if (!m.extra_topk_length.empty()) {
       write_npy(path("extra_topk_length.npy"), m.extra_topk_length, {m.batch});
     }
   }
+}
+
+// The outputs of every backend that ran (the reference's also in float64).
+void write_dump_outputs(const std::function<std::string(const std::string&)>& path,
+                        const MaterializedCase& m, const std::vector<Ran>& runs) {
+  const std::vector<int64_t> out_shape = with_tokens(m, {m.heads, m.d_v()}),
+                             lse_shape = with_tokens(m, {m.heads});
   for (const Ran& r : runs) {
     if (!r.result.ok()) continue;
-    const std::vector<int64_t> out_shape = with_tokens(m, {m.heads, m.d_v()}),
-                               lse_shape = with_tokens(m, {m.heads});
-    std::string suffix = r.name == kReference ? "" : "_" + r.name;
-    std::replace(suffix.begin(), suffix.end(), '/', '_');  // python:dir/file.py:func
+    const std::string suffix = r.name == kReference ? "" : file_suffix(r.name);
     write_npy(path("out" + suffix + ".npy"), to_float(r.result.out), out_shape);
     write_npy(path("lse" + suffix + ".npy"), to_float(r.result.lse), lse_shape);
     if (r.name == kReference) {
@@ -215,21 +233,27 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
       write_npy(path("lse64.npy"), r.result.lse, lse_shape);
     }
   }
-  // Every listed backend's tolerance bound (whether its run succeeded or not: the bound depends
-  // on the case and the backend's declarations only), as the tolerance property applies it.
+}
+
+// Every listed backend's tolerance bound (whether its run succeeded or not: the bound depends
+// on the case and the backend's declarations only), as the tolerance property applies it.
+void write_dump_bounds(const std::function<std::string(const std::string&)>& path,
+                       const MaterializedCase& m, const std::vector<Ran>& runs) {
   const Ran& ref = runs.front();
-  if (ref.result.ok()) {
-    const OracleResult oracle{ref.result.out, ref.result.lse};
-    for (const Ran& r : runs) {
-      if (r.name == kReference) continue;
-      const ElementBounds b = tolerance_bounds(m, oracle, *r.backend);
-      std::string suffix = "_" + r.name;
-      std::replace(suffix.begin(), suffix.end(), '/', '_');
-      write_npy(path("bound_out" + suffix + ".npy"), b.out, with_tokens(m, {m.heads, m.d_v()}));
-      write_npy(path("bound_lse" + suffix + ".npy"), b.lse, with_tokens(m, {m.heads}));
-    }
+  if (!ref.result.ok()) return;
+  const OracleResult oracle{ref.result.out, ref.result.lse};
+  for (const Ran& r : runs) {
+    if (r.name == kReference) continue;
+    const ElementBounds b = tolerance_bounds(m, oracle, *r.backend);
+    const std::string suffix = file_suffix(r.name);
+    write_npy(path("bound_out" + suffix + ".npy"), b.out, with_tokens(m, {m.heads, m.d_v()}));
+    write_npy(path("bound_lse" + suffix + ".npy"), b.lse, with_tokens(m, {m.heads}));
   }
-  write_file_atomic(path("case.json"), to_json(c));
+}
+
+// params.json: the resolved scalars and strides scripts/check_dump.py needs to recompute the
+// oracle from the raw bytes.
+nlohmann::ordered_json dump_params(const Case& c, const MaterializedCase& m) {
   nlohmann::ordered_json p;
   p["geometry"] = geometry_to_json(m.geom);  // page_stride resolved
   p["batch"] = m.batch;
@@ -263,19 +287,30 @@ void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m
   // The scalar fields of the call a python: kernel gets (docs/WORKER_PROTOCOL.md).
   p["call"] = nlohmann::ordered_json::parse(python_call_fields(m));
   p["content_hash"] = fmt::format("{:016x}", content_hash(m));
-  write_file_atomic(path("params.json"), json_to_text(p));
+  return p;
 }
 
-int run_command(const RunOptions& o) {
-  // Everything that can be bad input is checked before anything runs or is written.
-  const Case c = load_case(o.case_path);
-  const campaign::IsolationOptions iso = isolation_options(o.isolation);
+// Inputs as the kernels see them, outputs of every backend, the recipe, and the resolved
+// scalars scripts/check_dump.py needs to recompute the oracle from the raw bytes.
+void write_dump(const std::string& dir, const Case& c, const MaterializedCase& m,
+                const std::vector<Ran>& runs) {
+  make_dirs(dir);
+  const auto path = [&](const std::string& f) { return dir + "/" + f; };
+  write_dump_inputs(path, m);
+  write_dump_outputs(path, m, runs);
+  write_dump_bounds(path, m, runs);
+  write_file_atomic(path("case.json"), to_json(c));
+  write_file_atomic(path("params.json"), json_to_text(dump_params(c, m)));
+}
+
+// The backends to run, as named (plugins in a worker process: a crash or exit() in one is a
+// FAULT line, exit 1), the reference first: added when not listed.
+std::vector<Ran> backends_to_run(const std::string& list, const campaign::IsolationOptions& iso) {
   std::vector<Ran> runs;
   bool have_reference = false;
-  for (const std::string& name : parse_backend_list(o.backends)) {
+  for (const std::string& name : parse_backend_list(list)) {
     have_reference = have_reference || name == kReference;
-    // Plugins run in a worker process: a crash or exit() in one is a FAULT line, exit 1. Named
-    // as the backend names itself, as `fuzz` does: a plugin given by its path prints as
+    // Named as the backend names itself, as `fuzz` does: a plugin given by its path prints as
     // plugin:<declared name> (and its .npy files are named so).
     std::unique_ptr<Backend> be = campaign::make_isolated_backend(name, iso);
     const std::string own = be->traits().name;
@@ -284,15 +319,21 @@ int run_command(const RunOptions& o) {
   if (!have_reference) {
     runs.insert(runs.begin(), Ran{kReference, make_backend(kReference), {}, false, false});
   }
-  const MaterializedCase m = materialize(c);
+  return runs;
+}
 
+void print_case_line(const Case& c, const MaterializedCase& m, const std::string& case_path) {
   std::cout << fmt::format(
       "case {}: {} B={} H={} topk={} P={} S0={} pages={} d_qk={} d_v={} sm_scale={:.9g}{} "
       "hash={:016x}\n",
-      c.name.empty() ? o.case_path : c.name, layout_name(m.geom.layout), m.batch, m.heads, m.topk,
+      c.name.empty() ? case_path : c.name, layout_name(m.geom.layout), m.batch, m.heads, m.topk,
       m.geom.page_size, m.geom.page_stride, m.geom.num_pages, m.d_qk(), m.d_v(), m.sm_scale,
       production_summary(m), content_hash(m));
+}
 
+// Runs every backend and prints its line. Returns whether one failed (an error, a fault or a
+// guard write; an unsupported case is no failure).
+bool run_and_print(const MaterializedCase& m, std::vector<Ran>& runs) {
   bool failed = false;
   for (Ran& r : runs) {
     run_backend(m, r);
@@ -306,25 +347,33 @@ int run_command(const RunOptions& o) {
     }
     if (r.result.guard_violations != 0) failed = true;
   }
+  return failed;
+}
 
+// One comparison's lines: FlashMLA's and the original test's metrics.
+void print_comparison(const MaterializedCase& m, const Comparison& cmp, const char* note) {
+  const std::string prefix =
+      fmt::format("B={} H={} topk={} len={}", m.batch, m.heads, m.topk, m.s_q);  // len: s_q
+  std::cout << fmt::format("{} vs {}{}: {}: {}\n", cmp.backend, cmp.reference, note, prefix,
+                           cmp.original_line());
+  std::string lines = "  " + cmp.metrics_lines();
+  for (size_t i = 0; (i = lines.find('\n', i)) != std::string::npos; i += 3) {
+    lines.insert(i + 1, "  ");
+  }
+  std::cout << lines << "\n";
+}
+
+// Each backend that ran against the reference: its metrics, then the verdict, the `tolerance`
+// property as a campaign computes it. Returns whether a verdict failed.
+bool print_verdicts(const MaterializedCase& m, const std::vector<Ran>& runs) {
   const Ran& ref = runs.front();  // the reference is always first
   if (!ref.result.ok()) {
     std::cout << "no comparison: the reference oracle did not run\n";
+    return false;
   }
-  const std::string prefix =
-      fmt::format("B={} H={} topk={} len={}", m.batch, m.heads, m.topk, m.s_q);  // len: s_q
-  auto print = [&](const Comparison& cmp, const char* note) {
-    std::cout << fmt::format("{} vs {}{}: {}: {}\n", cmp.backend, cmp.reference, note, prefix,
-                             cmp.original_line());
-    std::string lines = "  " + cmp.metrics_lines();
-    for (size_t i = 0; (i = lines.find('\n', i)) != std::string::npos; i += 3)
-      lines.insert(i + 1, "  ");
-    std::cout << lines << "\n";
-  };
-  // The verdict: the `tolerance` property of every backend that ran, as a campaign computes it.
   std::vector<std::pair<Backend*, const RunResult*>> judged;
   for (const Ran& r : runs) {
-    if (r.name == kReference || !r.result.ok() || !ref.result.ok()) continue;
+    if (r.name == kReference || !r.result.ok()) continue;
     judged.emplace_back(r.backend.get(), &r.result);
   }
   const std::vector<PropertyOutcome> outcomes =
@@ -335,11 +384,12 @@ int run_command(const RunOptions& o) {
     }
     return nullptr;
   };
+  bool failed = false;
   for (const Ran& r : runs) {
-    if (r.name == kReference || !r.result.ok() || !ref.result.ok()) continue;
+    if (r.name == kReference || !r.result.ok()) continue;
     const Comparison cmp =
         compare_results(r.result, ref.result, m.query_rows(), m.heads, m.d_v(), r.name, kReference);
-    print(cmp, "");
+    print_comparison(m, cmp, "");
     // Outcomes carry Backend::name(), which may differ from the name given (plugin:PATH).
     const PropertyOutcome* tol = tolerance_of(r.backend->traits().name);
     if (tol == nullptr || !tol->applicable) {
@@ -357,34 +407,51 @@ int run_command(const RunOptions& o) {
         tol->passed ? "" : "\n  worst: " + tol->detail);
     failed = failed || !pass;
   }
-  // The original test's view: the new MMA kernel against the old SIMT one. Informational: the
-  // pass/fail contract is against the oracle.
+  return failed;
+}
+
+// The original test's view: the new MMA kernel against the old SIMT one. Informational: the
+// pass/fail contract is against the oracle.
+void print_mma_vs_simt(const MaterializedCase& m, const std::vector<Ran>& runs) {
   for (const Ran& a : runs) {
     const std::string partner = a.backend->traits().simt_partner;
     if (partner.empty() || !a.result.ok()) continue;
     for (const Ran& b : runs) {
       if (b.name != partner || !b.result.ok()) continue;
-      print(compare_results(a.result, b.result, m.query_rows(), m.heads, m.d_v(), a.name, b.name),
-            " (informational)");
+      print_comparison(
+          m, compare_results(a.result, b.result, m.query_rows(), m.heads, m.d_v(), a.name, b.name),
+          " (informational)");
     }
   }
+}
 
+// The command that runs the case again on the same backends, as pasted from anywhere.
+std::string run_again_command(const RunOptions& o) {
+  std::error_code ec;
+  const std::filesystem::path case_path = std::filesystem::absolute(o.case_path, ec);
+  std::string backends;
+  for (const std::string& name : parse_backend_list(o.backends)) {
+    backends += (backends.empty() ? "" : ",") + absolute_backend_name(name);
+  }
+  return command_to_run_again() + " run --case " +
+         shell_word(ec ? o.case_path : case_path.string()) + " --backends " + shell_word(backends);
+}
+
+int run_command(const RunOptions& o) {
+  // Everything that can be bad input is checked before anything runs or is written.
+  const Case c = load_case(o.case_path);
+  std::vector<Ran> runs = backends_to_run(o.backends, isolation_options(o.isolation));
+  const MaterializedCase m = materialize(c);
+  print_case_line(c, m, o.case_path);
+  bool failed = run_and_print(m, runs);
+  failed = print_verdicts(m, runs) || failed;
+  print_mma_vs_simt(m, runs);
   if (!o.dump_dir.empty()) {
     write_dump(o.dump_dir, c, m, runs);
     std::cout << "dumped inputs and outputs to " << o.dump_dir
               << " (check: python3 scripts/check_dump.py " << o.dump_dir << ")\n";
   }
-  if (failed) {
-    std::error_code ec;
-    const std::filesystem::path case_path = std::filesystem::absolute(o.case_path, ec);
-    std::string backends;
-    for (const std::string& name : parse_backend_list(o.backends)) {
-      backends += (backends.empty() ? "" : ",") + absolute_backend_name(name);
-    }
-    std::cout << "FAILED; reproduce with: " << command_to_run_again() << " run --case "
-              << shell_word(ec ? o.case_path : case_path.string()) << " --backends "
-              << shell_word(backends) << "\n";
-  }
+  if (failed) std::cout << "FAILED; reproduce with: " << run_again_command(o) << "\n";
   return failed ? kExitFailed : kExitOk;
 }
 
