@@ -163,6 +163,136 @@ bool FindingStore::claim(const std::string& pre_key, Finding first, const Case& 
   return true;
 }
 
+// One shrink of a failure of the class `pre_key`: what it learns as it goes (the probe), the halt
+// test asked before each evaluation, and the hooks and limits that its triages and walks share.
+class FindingStore::ShrinkRun {
+ public:
+  ShrinkRun(FindingStore& store, ThreadBackends& tb, const std::string& pre_key,
+            const PropertyOutcome& failure)
+      : store_(store),
+        tb_(tb),
+        pre_key_(pre_key),
+        limits_{store.opts_.shrink_evals, store.opts_.shrink_time_s} {
+    probe_.last = failure;
+    hooks_.on_step = [this](const Case& k) { store_.step(pre_key_, k, probe_.last); };
+    hooks_.stop = [this] { return halt(); };
+  }
+  ShrinkRun(const ShrinkRun&) = delete;
+  ShrinkRun& operator=(const ShrinkRun&) = delete;
+
+  // A wrong result: the triage of the case (shrink, walk, causes).
+  void shrink_wrong_result(const PropertyOutcome& failure, const Case& c, Shrunk& r) {
+    tb_.take_faults();
+    const Triage t = triage_failure(c, failure, tb_.ptrs, triage_options(limits_));
+    r.minimal = t.minimal;
+    r.shrunk = t.steps > 0;
+    r.evaluations = t.evaluations;
+    r.note = store_.stop_note(t.stopped_by, t.evaluations, probe_.hangs, pre_key_);
+    // A triage cut short (the campaign stopping, hangs) keeps the case so far, grouped as it
+    // stands: its failure is the one it was found with.
+    if (!take_group(t, r) && r.note.empty()) {
+      r.note = store_.stop_note(ShrinkStop::kStopped, t.evaluations, probe_.hangs, pre_key_);
+    }
+  }
+
+  // A fault: the case shrunk through a fresh worker of the backend, keeping it failing with a
+  // fault or without; then triaged as the failure the minimal case shows when it does not
+  // fault, else grouped as a fault with the entries it needs.
+  void shrink_fault(const PropertyOutcome& failure, const Case& c, Shrunk& r) {
+    const std::function<bool(const Case&)> still_fails =
+        store_.fault_predicate(failure, c, tb_, probe_);
+    if (!still_fails) {
+      r.note = "the fault did not happen again on a fresh worker: the case as found";
+      return;
+    }
+    hooks_.stop = [this] { return probe_.hangs >= kMaxShrinkHangs || !store_.stopping_().empty(); };
+    // The walk keeps the backend failing, with a fault or without: a wrong read faults or not by
+    // where it lands (an entry far past the cache), and the canonical case decides the kind.
+    probe_.any_failure = true;
+    const ShrinkResult sr =
+        shrink_canonical(c, still_fails, still_fails, limits_, store_.pool_.envelope(), hooks_);
+    r.minimal = sr.minimal;
+    r.shrunk = sr.steps > 0;
+    r.outcome = probe_.last;
+    r.evaluations = sr.evaluations;
+    r.note = store_.stop_note(sr.stopped_by, sr.evaluations, probe_.hangs, pre_key_);
+    if (sr.budget_exhausted()) return;
+    probe_.wrong.reset();
+    ++r.evaluations;
+    if (still_fails(sr.minimal) && probe_.wrong) {
+      triage_wrong_minimal(sr.minimal, r);
+    } else {
+      group_fault(sr, still_fails, r);
+    }
+  }
+
+ private:
+  // Asked before each evaluation: the hangs met since the last one counted.
+  bool halt() {
+    for (const auto& [backend, message] : tb_.take_faults()) {
+      if (ipc::is_hang(message)) {
+        ++probe_.hangs;
+        break;
+      }
+    }
+    return probe_.hangs >= kMaxShrinkHangs || !store_.stopping_().empty();
+  }
+
+  TriageOptions triage_options(const ShrinkLimits& l) {
+    TriageOptions to;
+    to.properties = store_.properties_;
+    to.limits = l;
+    to.envelope = store_.pool_.envelope();
+    to.stopping = [this] { return halt(); };
+    to.hooks = hooks_;
+    return to;
+  }
+
+  // The group of a triage that ended (not cut short by the campaign stopping or hangs): false
+  // when it was cut short.
+  bool take_group(const Triage& t, Shrunk& r) {
+    if (t.stopped_by == ShrinkStop::kStopped || halt()) return false;
+    r.outcome = t.primary;
+    r.triaged = true;
+    r.group = group_of(t);
+    return true;
+  }
+
+  // No fault on the minimal case: triaged as the failure it shows there, with what is left of
+  // the evaluations.
+  void triage_wrong_minimal(const Case& minimal, Shrunk& r) {
+    tb_.take_faults();
+    const ShrinkLimits left{limits_.max_evaluations - r.evaluations, limits_.max_seconds};
+    const Triage t = triage_failure(minimal, *probe_.wrong, tb_.ptrs, triage_options(left));
+    r.minimal = t.minimal;
+    r.evaluations += t.evaluations;
+    take_group(t, r);
+  }
+
+  // The group of the case the walk ended on, and the entries the fault needs.
+  void group_fault(const ShrinkResult& sr, const std::function<bool(const Case&)>& still_fails,
+                   Shrunk& r) {
+    Finding g = make_finding(probe_.last, sr.minimal, store_.opts_.seed, 0);
+    g.properties = {"run"};
+    std::vector<int32_t> tokens;
+    const int left = limits_.max_evaluations - sr.evaluations;
+    if (left > 0) {
+      g.locus =
+          needed_entries(sr.minimal, still_fails, std::min(left, 16), &r.evaluations, &tokens);
+    }
+    g.inputs = inline_inputs(sr.minimal, tokens);
+    r.triaged = true;
+    r.group = std::move(g);
+  }
+
+  FindingStore& store_;
+  ThreadBackends& tb_;
+  const std::string& pre_key_;
+  const ShrinkLimits limits_;
+  ShrinkProbe probe_;
+  ShrinkHooks hooks_;
+};
+
 FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const Case& c,
                                           ThreadBackends& tb, const std::string& pre_key) {
   Shrunk r;
@@ -176,96 +306,13 @@ FindingStore::Shrunk FindingStore::shrink(const PropertyOutcome& failure, const 
     r.note = why + " before shrinking";
     return r;
   }
-  const bool fault = failure.property == "fault";
-  ShrinkProbe probe;
-  probe.last = failure;
-  // Asked before each evaluation: the hangs met since the last one counted.
-  const auto halt = [this, &tb, &probe] {
-    for (const auto& [backend, message] : tb.take_faults()) {
-      if (ipc::is_hang(message)) {
-        ++probe.hangs;
-        break;
-      }
-    }
-    return probe.hangs >= kMaxShrinkHangs || !stopping_().empty();
-  };
-  ShrinkHooks hooks;
-  hooks.on_step = [this, &pre_key, &probe](const Case& k) { step(pre_key, k, probe.last); };
-  hooks.stop = halt;
-  const ShrinkLimits limits{opts_.shrink_evals, opts_.shrink_time_s};
-  const auto triage_options = [&](const ShrinkLimits& l) {
-    TriageOptions to;
-    to.properties = properties_;
-    to.limits = l;
-    to.envelope = pool_.envelope();
-    to.stopping = halt;
-    to.hooks = hooks;
-    return to;
-  };
+  ShrinkRun run(*this, tb, pre_key, failure);
   try {
-    if (!fault) {
-      tb.take_faults();
-      const Triage t = triage_failure(c, failure, tb.ptrs, triage_options(limits));
-      r.minimal = t.minimal;
-      r.shrunk = t.steps > 0;
-      r.evaluations = t.evaluations;
-      r.note = stop_note(t.stopped_by, t.evaluations, probe.hangs, pre_key);
-      // A triage cut short (the campaign stopping, hangs) keeps the case so far, grouped as it
-      // stands: its failure is the one it was found with.
-      if (t.stopped_by != ShrinkStop::kStopped && !halt()) {
-        r.outcome = t.primary;
-        r.triaged = true;
-        r.group = group_of(t);
-      } else if (r.note.empty()) {
-        r.note = stop_note(ShrinkStop::kStopped, t.evaluations, probe.hangs, pre_key);
-      }
-      return r;
+    if (failure.property == "fault") {
+      run.shrink_fault(failure, c, r);
+    } else {
+      run.shrink_wrong_result(failure, c, r);
     }
-    const std::function<bool(const Case&)> still_fails = fault_predicate(failure, c, tb, probe);
-    if (!still_fails) {
-      r.note = "the fault did not happen again on a fresh worker: the case as found";
-      return r;
-    }
-    hooks.stop = [this, &probe] { return probe.hangs >= kMaxShrinkHangs || !stopping_().empty(); };
-    // The walk keeps the backend failing, with a fault or without: a wrong read faults or not by
-    // where it lands (an entry far past the cache), and the canonical case decides the kind.
-    probe.any_failure = true;
-    const ShrinkResult sr =
-        shrink_canonical(c, still_fails, still_fails, limits, pool_.envelope(), hooks);
-    r.minimal = sr.minimal;
-    r.shrunk = sr.steps > 0;
-    r.outcome = probe.last;
-    r.evaluations = sr.evaluations;
-    r.note = stop_note(sr.stopped_by, sr.evaluations, probe.hangs, pre_key);
-    if (sr.budget_exhausted()) return r;
-    probe.wrong.reset();
-    ++r.evaluations;
-    if (still_fails(sr.minimal) && probe.wrong) {
-      // No fault on the minimal case: triaged as the failure it shows there.
-      tb.take_faults();
-      const ShrinkLimits left{limits.max_evaluations - r.evaluations, limits.max_seconds};
-      const Triage t = triage_failure(sr.minimal, *probe.wrong, tb.ptrs, triage_options(left));
-      r.minimal = t.minimal;
-      r.evaluations += t.evaluations;
-      if (t.stopped_by != ShrinkStop::kStopped && !halt()) {
-        r.outcome = t.primary;
-        r.triaged = true;
-        r.group = group_of(t);
-      }
-      return r;
-    }
-    // The group of the case the walk ended on, and the entries the fault needs.
-    Finding g = make_finding(probe.last, sr.minimal, opts_.seed, 0);
-    g.properties = {"run"};
-    std::vector<int32_t> tokens;
-    const int left = limits.max_evaluations - sr.evaluations;
-    if (left > 0) {
-      g.locus =
-          needed_entries(sr.minimal, still_fails, std::min(left, 16), &r.evaluations, &tokens);
-    }
-    g.inputs = inline_inputs(sr.minimal, tokens);
-    r.triaged = true;
-    r.group = std::move(g);
   } catch (const std::exception& e) {
     console_.message("\nmlafuzz: shrinking " + pre_key + " stopped: " + e.what() + "\n");
     r.note = std::string("shrinking stopped: ") + e.what();

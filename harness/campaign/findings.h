@@ -85,6 +85,7 @@ class FindingStore {
     int evaluations = 0;  // of the shrink, the walk and the locus
   };
   struct ShrinkProbe;
+  class ShrinkRun;  // one shrink: its probe, hooks and limits
 
   // A new record for the first failure of `pre_key`, saved at once; false when the class is
   // known (the failure is counted).
