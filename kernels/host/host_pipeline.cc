@@ -36,7 +36,10 @@ const float* e4m3_table() {
   return table.data();
 }
 
-std::optional<std::string> check_inputs(const MaterializedCase& m) {
+namespace {
+
+// The cache's geometry, and its buffer against it.
+std::optional<std::string> check_cache(const MaterializedCase& m) {
   const mla::CacheGeometry& g = m.geom;
   std::ostringstream why;
   if (m.batch < 0 || m.heads < 0 || m.topk < 0) return "batch, heads and topk must be >= 0";
@@ -52,8 +55,13 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
     why << "cache holds " << m.cache.size() << " bytes, the geometry needs " << mla::cache_bytes(g);
     return why.str();
   }
+  return std::nullopt;
+}
+
+// s_q, q's strides, and q's buffer against them.
+std::optional<std::string> check_q(const MaterializedCase& m) {
   const mla::DecodeParams p = m.host_params();
-  const int64_t d_qk = mla::d_qk(g);
+  const int64_t d_qk = mla::d_qk(m.geom);
   if (m.s_q < 1) return "s_q must be >= 1";
   if (p.q_head_stride < d_qk) return "q_head_stride is below d_qk";
   if (p.q_token_stride < m.heads * p.q_head_stride)
@@ -64,11 +72,17 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
     const int64_t need = (m.batch - 1) * p.q_batch_stride + (m.s_q - 1) * p.q_token_stride +
                          (m.heads - 1) * p.q_head_stride + d_qk;
     if (static_cast<int64_t>(m.q.size()) < need) {
+      std::ostringstream why;
       why << "q holds " << m.q.size() << " elements, the strides need " << need;
       return why.str();
     }
   }
-  if (m.out_head_stride < mla::d_v(g)) return "out_head_stride is below d_v";
+  return std::nullopt;
+}
+
+// The strides of out and lse.
+std::optional<std::string> check_output_strides(const MaterializedCase& m) {
+  if (m.out_head_stride < mla::d_v(m.geom)) return "out_head_stride is below d_v";
   if (m.out_token_stride < m.heads * m.out_head_stride) {
     return "out_token_stride is below H * out_head_stride";
   }
@@ -79,6 +93,11 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
   if (m.lse_batch_stride < m.s_q * m.lse_token_stride) {
     return "lse_batch_stride is below s_q * lse_token_stride";
   }
+  return std::nullopt;
+}
+
+// The strides of both caches' index lists.
+std::optional<std::string> check_index_strides(const MaterializedCase& m) {
   if (m.indices_token_stride < m.topk) return "indices_token_stride is below topk";
   if (m.indices_batch_stride < m.s_q * m.indices_token_stride) {
     return "indices_batch_stride is below s_q * indices_token_stride";
@@ -87,19 +106,62 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
                       m.extra_indices_batch_stride < m.s_q * m.extra_indices_token_stride)) {
     return "the extra cache's index strides are below s_q * extra_topk";
   }
+  return std::nullopt;
+}
+
+// One cache's index lists, as check_list reads them.
+struct IndexLists {
+  const char* name;
+  const std::vector<int32_t>& idx;
+  const std::vector<int32_t>& len;
+  int32_t topk;
+  int64_t batch_stride, token_stride, slots;
+};
+
+// A list buffer and its topk_length against the case, and every valid entry inside its cache.
+std::optional<std::string> check_lists(const MaterializedCase& m, const IndexLists& l) {
+  if (m.batch > 0 && m.s_q > 0 && l.topk > 0 &&
+      static_cast<int64_t>(l.idx.size()) <
+          (m.batch - 1) * l.batch_stride + (m.s_q - 1) * l.token_stride + l.topk) {
+    return std::string(l.name) + " holds fewer entries than batch * s_q * topk";
+  }
+  if (!l.len.empty() && static_cast<int64_t>(l.len.size()) < m.batch) {
+    return std::string(l.name) + ": its topk_length holds fewer than batch entries";
+  }
+  for (int32_t b = 0; b < m.batch; ++b) {
+    const int32_t topk_len = l.len.empty() ? -1 : l.len[b];
+    for (int32_t t = 0; t < m.s_q; ++t) {
+      for (int32_t k = 0; k < l.topk; ++k) {
+        const int32_t idx = l.idx[static_cast<size_t>(b * l.batch_stride + t * l.token_stride + k)];
+        if (!mla::index_valid_in(idx, k, topk_len, m.conv, l.slots)) continue;
+        if (idx < 0 || idx >= l.slots) {
+          std::ostringstream why;
+          why << l.name << "[" << b << "]";
+          if (m.s_q > 1) why << "[" << t << "]";
+          why << "[" << k << "] = " << idx << " is a valid entry outside the " << l.slots
+              << " cache slots (only -1 is invalid under the minus-one-only rule)";
+          return why.str();
+        }
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> check_inputs(const MaterializedCase& m) {
+  if (auto why = check_cache(m)) return why;
+  if (auto why = check_q(m)) return why;
+  if (auto why = check_output_strides(m)) return why;
+  if (auto why = check_index_strides(m)) return why;
   if (!m.sink.empty() && static_cast<int64_t>(m.sink.size()) < m.heads) {
     return "sink holds fewer than heads entries";
   }
   // Both caches' lists: every valid entry inside its cache.
-  struct Lists {
-    const char* name;
-    const std::vector<int32_t>& idx;
-    const std::vector<int32_t>& len;
-    int32_t topk;
-    int64_t batch_stride, token_stride, slots;
-  };
-  std::vector<Lists> lists = {{"indices", m.indices, m.topk_length, m.topk, m.indices_batch_stride,
-                               m.indices_token_stride, mla::num_slots(g)}};
+  std::vector<IndexLists> lists = {{"indices", m.indices, m.topk_length, m.topk,
+                                    m.indices_batch_stride, m.indices_token_stride,
+                                    mla::num_slots(m.geom)}};
   if (m.has_extra) {
     const mla::CacheGeometry& e = m.extra_geom;
     if (e.page_size < 1 || e.num_pages < 0 || e.page_stride < mla::min_page_stride(e) ||
@@ -111,32 +173,8 @@ std::optional<std::string> check_inputs(const MaterializedCase& m) {
                      m.extra_indices_batch_stride, m.extra_indices_token_stride,
                      mla::num_slots(e)});
   }
-  for (const Lists& l : lists) {
-    if (m.batch > 0 && m.s_q > 0 && l.topk > 0 &&
-        static_cast<int64_t>(l.idx.size()) <
-            (m.batch - 1) * l.batch_stride + (m.s_q - 1) * l.token_stride + l.topk) {
-      return std::string(l.name) + " holds fewer entries than batch * s_q * topk";
-    }
-    if (!l.len.empty() && static_cast<int64_t>(l.len.size()) < m.batch) {
-      return std::string(l.name) + ": its topk_length holds fewer than batch entries";
-    }
-    for (int32_t b = 0; b < m.batch; ++b) {
-      const int32_t topk_len = l.len.empty() ? -1 : l.len[b];
-      for (int32_t t = 0; t < m.s_q; ++t) {
-        for (int32_t k = 0; k < l.topk; ++k) {
-          const int32_t idx =
-              l.idx[static_cast<size_t>(b * l.batch_stride + t * l.token_stride + k)];
-          if (!mla::index_valid_in(idx, k, topk_len, m.conv, l.slots)) continue;
-          if (idx < 0 || idx >= l.slots) {
-            why << l.name << "[" << b << "]";
-            if (m.s_q > 1) why << "[" << t << "]";
-            why << "[" << k << "] = " << idx << " is a valid entry outside the " << l.slots
-                << " cache slots (only -1 is invalid under the minus-one-only rule)";
-            return why.str();
-          }
-        }
-      }
-    }
+  for (const IndexLists& l : lists) {
+    if (auto why = check_lists(m, l)) return why;
   }
   return std::nullopt;
 }
