@@ -195,180 +195,244 @@ inline void pv_tile2(const DecodedRow& row, int32_t width, int32_t width_v, int3
   }
 }
 
-// tile: tokens per tile, mla::kMmaTokenTile (cpu-mma) or mla::kMmaSmallTokenTile
-// (cpu-mma-small, the sm_120-sized kernel configuration).
+// One call of the MMA kernel's host model (mma_head_tiled): the scratch sized for a block of
+// block_h heads, and the kernel's steps for each block of heads of each query token: the tiles
+// of one list folded into the block's online softmaxes, then the store of the block's heads,
+// unsplit (the main tiles then the extra tiles), LSE-merged (each list alone, then the merge) or
+// split (mla/split_kv.h: the splits' partials, then their combine).
 template <Mutant M>
-void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool lse_merged = false,
-                    int32_t split = mla::kSplitOff, int32_t tile = mla::kMmaTokenTile) {
-  const mla::DecodeParams& p = call.p;
-  const PaddedColumns cols = padded_columns(p.geom);
-  const ColumnLayout layout = identity_layout(cols, kDotLanes);
-  const int32_t width = layout.width;
-  const size_t w = static_cast<size_t>(width);
-  s.q.resize(block_h * w);
-  s.o.resize(block_h * w);
-  s.x.resize(static_cast<size_t>(block_h) * tile);
-  s.pb.resize(static_cast<size_t>(block_h) * tile);
-  s.state.resize(block_h);
-  const bool merged = lse_merged && p.has_extra;
-  if (merged) {
-    s.o2.resize(block_h * w);
-    s.state2.resize(block_h);
+class MmaTiledRun {
+ public:
+  // tile: tokens per tile, mla::kMmaTokenTile (cpu-mma) or mla::kMmaSmallTokenTile
+  // (cpu-mma-small, the sm_120-sized kernel configuration).
+  MmaTiledRun(const HostCall& call, int32_t block_h, MmaScratch& s, bool lse_merged, int32_t split,
+              int32_t tile)
+      : call_(call),
+        p_(call.p),
+        cols_(padded_columns(p_.geom)),
+        layout_(identity_layout(cols_, kDotLanes)),
+        width_(layout_.width),
+        w_(static_cast<size_t>(width_)),
+        s_(s),
+        block_h_(block_h),
+        split_(split),
+        tile_(tile),
+        merged_(lse_merged && p_.has_extra) {
+    s.q.resize(block_h * w_);
+    s.o.resize(block_h * w_);
+    s.x.resize(static_cast<size_t>(block_h) * tile);
+    s.pb.resize(static_cast<size_t>(block_h) * tile);
+    s.state.resize(block_h);
+    if (merged_) {
+      s.o2.resize(block_h * w_);
+      s.state2.resize(block_h);
+    }
   }
-  // Folds the tiles of one decoded list into the block's heads nh (one online softmax per head,
-  // in `state` with output accumulators `o`).
-  // fold_tile: tile t of one list.
-  auto fold_tile = [&](const DecodedRow& row, int32_t topk, int32_t t, int32_t nh,
-                       mla::SoftmaxState* state, float* o) {
-    {
-      const int32_t k0 = t * tile, k1 = std::min(topk, k0 + tile);
-      // S = Q K^T for the block (two heads per K load), scaled in fp32 after the product.
-      for (int32_t j = 0; j < nh; j += 2) {
-        const bool pair = j + 1 < nh;
-        float* xa = s.x.data() + j * tile;
-        float* xb = pair ? xa + tile : nullptr;
-        for (int32_t jj = 0; jj < tile; ++jj) {
-          const int32_t k = k0 + jj;
-          if (k < k1 && row.valid[k]) {
-            float da = 0, db = 0;
-            dot_lanes2(s.q.data() + j * w, pair ? s.q.data() + (j + 1) * w : nullptr,
-                       row.kv.data() + static_cast<size_t>(k) * w, width, &da, &db);
-            xa[jj] = da * p.sm_scale;
-            if (pair) xb[jj] = db * p.sm_scale;
+
+  // Every query token of every batch row, block of heads by block of heads.
+  void run() {
+    for (int32_t b = 0; b < p_.batch; ++b) {
+      for (int32_t q = 0; q < p_.s_q; ++q) {
+        decode_row<M, true>(main_list(call_, b, q), p_.conv, cols_, layout_, &s_.row);
+        if (p_.has_extra) {
+          decode_row<M, true>(extra_list(call_, b, q), p_.conv, cols_, layout_, &s_.extra);
+        }
+        for (int32_t h0 = 0; h0 < p_.heads; h0 += block_h_) {
+          const int32_t nh = std::min(block_h_, p_.heads - h0);
+          for (int32_t j = 0; j < nh; ++j) {
+            load_q_bf16<M>(p_, cols_, layout_, b, q, h0 + j, s_.q.data() + j * w_);
+            s_.state[j] = mla::SoftmaxState{};
+          }
+          if (split_ != mla::kSplitOff) {
+            split_block(b, q, h0, nh);
+          } else if (merged_) {
+            lse_merged_block(b, q, h0, nh);
           } else {
-            xa[jj] = mla::neg_inf();
-            if (pair) xb[jj] = mla::neg_inf();
+            joint_block(b, q, h0, nh);
           }
         }
       }
-      for (int32_t j = 0; j < nh; ++j) {
-        softmax_tile<M>(s.x.data() + j * tile, tile, cols.width_v, state[j], o + j * w,
-                        s.pb.data() + j * tile);
-      }
-      for (int32_t j = 0; j < nh; j += 2) {
-        const bool pair = j + 1 < nh;
-        pv_tile2(row, width, cols.width_v, k0, k1, s.pb.data() + j * tile,
-                 pair ? s.pb.data() + (j + 1) * tile : nullptr, o + j * w,
-                 pair ? o + (j + 1) * w : nullptr);
+    }
+  }
+
+ private:
+  // S = Q K^T of tokens [k0, k1) of the tile beginning at k0 for the block's nh heads (two heads
+  // per K load), scaled in fp32 after the product, into s.x; masked tokens and those past k1:
+  // -inf.
+  void logits(const DecodedRow& row, int32_t k0, int32_t k1, int32_t nh) {
+    for (int32_t j = 0; j < nh; j += 2) {
+      const bool pair = j + 1 < nh;
+      float* xa = s_.x.data() + j * tile_;
+      float* xb = pair ? xa + tile_ : nullptr;
+      for (int32_t jj = 0; jj < tile_; ++jj) {
+        const int32_t k = k0 + jj;
+        if (k < k1 && row.valid[k]) {
+          float da = 0, db = 0;
+          dot_lanes2(s_.q.data() + j * w_, pair ? s_.q.data() + (j + 1) * w_ : nullptr,
+                     row.kv.data() + static_cast<size_t>(k) * w_, width_, &da, &db);
+          xa[jj] = da * p_.sm_scale;
+          if (pair) xb[jj] = db * p_.sm_scale;
+        } else {
+          xa[jj] = mla::neg_inf();
+          if (pair) xb[jj] = mla::neg_inf();
+        }
       }
     }
-  };
-  auto fold_list = [&](const DecodedRow& row, int32_t topk, int32_t nh, mla::SoftmaxState* state,
-                       float* o) {
-    const int32_t tiles = num_token_tiles<M>(topk, tile);
+  }
+
+  // Folds tile t of one decoded list into the block's heads nh (one online softmax per head, in
+  // `state` with output accumulators `o`): the logits, the softmax step, then P V.
+  void fold_tile(const DecodedRow& row, int32_t topk, int32_t t, int32_t nh,
+                 mla::SoftmaxState* state, float* o) {
+    const int32_t k0 = t * tile_, k1 = std::min(topk, k0 + tile_);
+    logits(row, k0, k1, nh);
+    for (int32_t j = 0; j < nh; ++j) {
+      softmax_tile<M>(s_.x.data() + j * tile_, tile_, cols_.width_v, state[j], o + j * w_,
+                      s_.pb.data() + j * tile_);
+    }
+    for (int32_t j = 0; j < nh; j += 2) {
+      const bool pair = j + 1 < nh;
+      pv_tile2(row, width_, cols_.width_v, k0, k1, s_.pb.data() + j * tile_,
+               pair ? s_.pb.data() + (j + 1) * tile_ : nullptr, o + j * w_,
+               pair ? o + (j + 1) * w_ : nullptr);
+    }
+  }
+
+  // Every tile of one decoded list, in order.
+  void fold_list(const DecodedRow& row, int32_t topk, int32_t nh, mla::SoftmaxState* state,
+                 float* o) {
+    const int32_t tiles = num_token_tiles<M>(topk, tile_);
     for (int32_t t = 0; t < tiles; ++t) fold_tile(row, topk, t, nh, state, o);
-  };
+  }
+
+  // The store of the block's heads from s.state and s.o.
+  void store_block(const HostCall& call, int32_t b, int32_t q, int32_t h0, int32_t nh) {
+    for (int32_t j = 0; j < nh; ++j) {
+      store_head<M>(call, cols_, layout_, b, q, h0 + j, s_.state[j], s_.o.data() + j * w_,
+                    /*reciprocal=*/true);
+    }
+  }
+
+  // The main tiles, then the extra tiles, through one online softmax (as FlashMLA's sparse
+  // decode walks them).
+  void joint_block(int32_t b, int32_t q, int32_t h0, int32_t nh) {
+    std::fill(s_.o.begin(), s_.o.end(), 0.0f);
+    fold_list(s_.row, p_.topk, nh, s_.state.data(), s_.o.data());
+    if (p_.has_extra) fold_list(s_.extra, p_.extra_topk, nh, s_.state.data(), s_.o.data());
+    store_block(call_, b, q, h0, nh);
+  }
+
+  // Each list alone, then the LSE merge (store_head_lse_merged).
+  void lse_merged_block(int32_t b, int32_t q, int32_t h0, int32_t nh) {
+    std::fill(s_.o.begin(), s_.o.end(), 0.0f);
+    std::fill(s_.o2.begin(), s_.o2.end(), 0.0f);
+    for (int32_t j = 0; j < nh; ++j) s_.state2[j] = mla::SoftmaxState{};
+    fold_list(s_.row, p_.topk, nh, s_.state.data(), s_.o.data());
+    fold_list(s_.extra, p_.extra_topk, nh, s_.state2.data(), s_.o2.data());
+    for (int32_t j = 0; j < nh; ++j) {
+      const mla::SoftmaxState st[2] = {s_.state[j], s_.state2[j]};
+      const float* const o[2] = {s_.o.data() + j * w_, s_.o2.data() + j * w_};
+      store_head_lse_merged(call_, cols_, layout_, b, q, h0 + j, st, o);
+    }
+  }
+
   // The split pipeline of one head block: tiles [0, nt_main) of the main list then [nt_main,
   // nt) of the extra list, cut into ns splits, each folded from a fresh state into its partial;
   // then the combine, and the store of the merged state.
-  auto split_block = [&](int32_t b, int32_t q, int32_t h0, int32_t nh) {
-    const int32_t nt_main = mla::list_tiles<M>(p.topk, main_list(call, b, q).topk_len, tile);
+  void split_block(int32_t b, int32_t q, int32_t h0, int32_t nh) {
+    const int32_t nt_main = mla::list_tiles<M>(p_.topk, main_list(call_, b, q).topk_len, tile_);
     const int32_t nt_extra =
-        p.has_extra ? mla::list_tiles<M>(p.extra_topk, extra_list(call, b, q).topk_len, tile) : 0;
+        p_.has_extra ? mla::list_tiles<M>(p_.extra_topk, extra_list(call_, b, q).topk_len, tile_)
+                     : 0;
     const int32_t nt = nt_main + nt_extra;
-    const int32_t ns = mla::split_count(nt, split, mla::kHostModelSmCount);
-    s.part_m.resize(static_cast<size_t>(ns) * block_h);
-    s.part_l.resize(static_cast<size_t>(ns) * block_h);
-    s.part_o.resize(static_cast<size_t>(ns) * block_h * w);
+    const int32_t ns = mla::split_count(nt, split_, mla::kHostModelSmCount);
+    fold_splits(nt_main, nt, ns, h0, nh);
+    for (int32_t j = 0; j < nh; ++j) combine_splits(ns, j);
+    // kSinkPerSplit: the partials already hold the sink; the combine adds none.
+    HostCall store_call = call_;
+    if constexpr (M == Mutant::kSinkPerSplit) store_call.p.sink = nullptr;
+    store_block(store_call, b, q, h0, nh);
+  }
+
+  // The ns splits' partials (m, l with the split's sink term, O) of the block's heads, in
+  // s.part_m, s.part_l and s.part_o.
+  void fold_splits(int32_t nt_main, int32_t nt, int32_t ns, int32_t h0, int32_t nh) {
+    s_.part_m.resize(static_cast<size_t>(ns) * block_h_);
+    s_.part_l.resize(static_cast<size_t>(ns) * block_h_);
+    s_.part_o.resize(static_cast<size_t>(ns) * block_h_ * w_);
     for (int32_t i = 0; i < ns; ++i) {
-      for (int32_t j = 0; j < nh; ++j) s.state[j] = mla::SoftmaxState{};
-      std::fill(s.o.begin(), s.o.end(), 0.0f);
+      for (int32_t j = 0; j < nh; ++j) s_.state[j] = mla::SoftmaxState{};
+      std::fill(s_.o.begin(), s_.o.end(), 0.0f);
       const int32_t tb = mla::split_tile_begin(nt, ns, i),
                     te = mla::split_tile_begin(nt, ns, i + 1);
       for (int32_t t = tb; t < te; ++t) {
         if (t < nt_main) {
-          fold_tile(s.row, p.topk, t, nh, s.state.data(), s.o.data());
+          fold_tile(s_.row, p_.topk, t, nh, s_.state.data(), s_.o.data());
         } else {
-          fold_tile(s.extra, p.extra_topk, t - nt_main, nh, s.state.data(), s.o.data());
+          fold_tile(s_.extra, p_.extra_topk, t - nt_main, nh, s_.state.data(), s_.o.data());
         }
       }
       for (int32_t j = 0; j < nh; ++j) {
-        const size_t at = static_cast<size_t>(i) * block_h + j;
-        s.part_m[at] = s.state[j].m;
-        s.part_l[at] = mla::split_partial_l<M>(s.state[j], p.sink, h0 + j);
-        std::copy(s.o.begin() + j * w, s.o.begin() + (j + 1) * w, s.part_o.begin() + at * w);
-      }
-    }
-    // The combine (mla/split_kv.h), per head; the merged O goes to s.o.
-    for (int32_t j = 0; j < nh; ++j) {
-      const mla::SoftmaxState merged =
-          mla::merge_split_states<M>(s.part_m.data() + j, s.part_l.data() + j, ns, block_h);
-      float* O = s.o.data() + j * w;
-      std::fill(O, O + w, 0.0f);
-      if (merged.m != mla::neg_inf()) {
-        bool first = true;
-        for (int32_t i = 0; i < ns; ++i) {
-          const size_t at = static_cast<size_t>(i) * block_h + j;
-          const float mi = s.part_m[at];
-          const float* Oi = s.part_o.data() + at * w;
-          if constexpr (M == Mutant::kSplitEmptyNaN) {
-            // Each split normalized by its own l, then weighted by a_i l_i: 0/0 when empty.
-            const float wi = mla::mul_rn(mla::split_weight<M>(mi, merged.m), s.part_l[at]);
-            for (int32_t c = 0; c < cols.width_v; ++c) {
-              const float t = mla::mul_rn(wi, Oi[c] / s.part_l[at]);
-              O[c] = first ? t : mla::add_rn(O[c], t);
-            }
-            first = false;
-            continue;
-          }
-          if (mi == mla::neg_inf()) continue;  // an empty split weighs 0: skipping is exact
-          const float a = mla::split_weight<M>(mi, merged.m);
-          for (int32_t c = 0; c < cols.width_v; ++c) {
-            const float t = mla::mul_rn(a, Oi[c]);
-            O[c] = first ? t : mla::add_rn(O[c], t);
-          }
-          first = false;
-        }
-      }
-      s.state[j] = merged;
-    }
-    // kSinkPerSplit: the partials already hold the sink; the combine adds none.
-    HostCall store_call = call;
-    if constexpr (M == Mutant::kSinkPerSplit) store_call.p.sink = nullptr;
-    for (int32_t j = 0; j < nh; ++j) {
-      store_head<M>(store_call, cols, layout, b, q, h0 + j, s.state[j], s.o.data() + j * w,
-                    /*reciprocal=*/true);
-    }
-  };
-  for (int32_t b = 0; b < p.batch; ++b) {
-    for (int32_t q = 0; q < p.s_q; ++q) {
-      decode_row<M, true>(main_list(call, b, q), p.conv, cols, layout, &s.row);
-      if (p.has_extra) decode_row<M, true>(extra_list(call, b, q), p.conv, cols, layout, &s.extra);
-      for (int32_t h0 = 0; h0 < p.heads; h0 += block_h) {
-        const int32_t nh = std::min(block_h, p.heads - h0);
-        for (int32_t j = 0; j < nh; ++j) {
-          load_q_bf16<M>(p, cols, layout, b, q, h0 + j, s.q.data() + j * w);
-          s.state[j] = mla::SoftmaxState{};
-        }
-        if (split != mla::kSplitOff) {
-          split_block(b, q, h0, nh);
-          continue;
-        }
-        std::fill(s.o.begin(), s.o.end(), 0.0f);
-        if (merged) {
-          // Each list alone, then the LSE merge (store_head_lse_merged).
-          std::fill(s.o2.begin(), s.o2.end(), 0.0f);
-          for (int32_t j = 0; j < nh; ++j) s.state2[j] = mla::SoftmaxState{};
-          fold_list(s.row, p.topk, nh, s.state.data(), s.o.data());
-          fold_list(s.extra, p.extra_topk, nh, s.state2.data(), s.o2.data());
-          for (int32_t j = 0; j < nh; ++j) {
-            const mla::SoftmaxState st[2] = {s.state[j], s.state2[j]};
-            const float* const o[2] = {s.o.data() + j * w, s.o2.data() + j * w};
-            store_head_lse_merged(call, cols, layout, b, q, h0 + j, st, o);
-          }
-          continue;
-        }
-        // The main tiles, then the extra tiles, through one online softmax (as FlashMLA's
-        // sparse decode walks them).
-        fold_list(s.row, p.topk, nh, s.state.data(), s.o.data());
-        if (p.has_extra) fold_list(s.extra, p.extra_topk, nh, s.state.data(), s.o.data());
-        for (int32_t j = 0; j < nh; ++j) {
-          store_head<M>(call, cols, layout, b, q, h0 + j, s.state[j], s.o.data() + j * w,
-                        /*reciprocal=*/true);
-        }
+        const size_t at = static_cast<size_t>(i) * block_h_ + j;
+        s_.part_m[at] = s_.state[j].m;
+        s_.part_l[at] = mla::split_partial_l<M>(s_.state[j], p_.sink, h0 + j);
+        std::copy(s_.o.begin() + j * w_, s_.o.begin() + (j + 1) * w_, s_.part_o.begin() + at * w_);
       }
     }
   }
+
+  // The combine (mla/split_kv.h) of head j's ns partials: the merged state to s.state[j], the
+  // merged O to s.o.
+  void combine_splits(int32_t ns, int32_t j) {
+    const mla::SoftmaxState merged =
+        mla::merge_split_states<M>(s_.part_m.data() + j, s_.part_l.data() + j, ns, block_h_);
+    float* O = s_.o.data() + j * w_;
+    std::fill(O, O + w_, 0.0f);
+    if (merged.m != mla::neg_inf()) {
+      bool first = true;
+      for (int32_t i = 0; i < ns; ++i) {
+        const size_t at = static_cast<size_t>(i) * block_h_ + j;
+        const float mi = s_.part_m[at];
+        const float* Oi = s_.part_o.data() + at * w_;
+        if constexpr (M == Mutant::kSplitEmptyNaN) {
+          // Each split normalized by its own l, then weighted by a_i l_i: 0/0 when empty.
+          const float wi = mla::mul_rn(mla::split_weight<M>(mi, merged.m), s_.part_l[at]);
+          for (int32_t c = 0; c < cols_.width_v; ++c) {
+            const float t = mla::mul_rn(wi, Oi[c] / s_.part_l[at]);
+            O[c] = first ? t : mla::add_rn(O[c], t);
+          }
+          first = false;
+          continue;
+        }
+        if (mi == mla::neg_inf()) continue;  // an empty split weighs 0: skipping is exact
+        const float a = mla::split_weight<M>(mi, merged.m);
+        for (int32_t c = 0; c < cols_.width_v; ++c) {
+          const float t = mla::mul_rn(a, Oi[c]);
+          O[c] = first ? t : mla::add_rn(O[c], t);
+        }
+        first = false;
+      }
+    }
+    s_.state[j] = merged;
+  }
+
+  const HostCall& call_;
+  const mla::DecodeParams& p_;
+  const PaddedColumns cols_;
+  const ColumnLayout layout_;
+  const int32_t width_;
+  const size_t w_;
+  MmaScratch& s_;
+  const int32_t block_h_;
+  const int32_t split_;
+  const int32_t tile_;
+  const bool merged_;
+};
+
+template <Mutant M>
+void mma_head_tiled(const HostCall& call, int32_t block_h, MmaScratch& s, bool lse_merged = false,
+                    int32_t split = mla::kSplitOff, int32_t tile = mla::kMmaTokenTile) {
+  MmaTiledRun<M>(call, block_h, s, lse_merged, split, tile).run();
 }
 
 // Backend name suffix of a split setting: "" (unsplit), "-split1", "-split" (automatic),
