@@ -17,7 +17,6 @@
 #include <span>
 #include <sstream>
 
-#include "core/compare.h"
 #include "core/value_format.h"
 #include "mla/fp_formats.h"
 #include "mla/split_kv.h"
@@ -1223,18 +1222,31 @@ inline void bf16_interval_finite(double v, double* lo, double* hi) {
   *hi = zero ? 0x1p-134 : v + (pos ? away : toward);
 }
 
-// The finite-element figures of one row of d_v outputs, all finite on both sides, in loops
-// without branches or reductions that the compiler vectorizes: per element the excess over the
-// sides' rounding intervals and the error (row_excess, which says whether any excess is
-// positive), then the ratio of the excess to the bound (bound + plus) in t[] (row_ratios, for a
-// row with a positive excess; the others' ratios are all 0 and their bounds are not read). The
-// division is computed for every element, also where the ratio is 0 or +inf (tolerance.cc is
+// The finite-element figures of one row of d_v outputs in one loop without branches that the
+// compiler vectorizes: per element the excess over the sides' rounding intervals and the error
+// (excess[], err[]), and over the row whether every value of both sides is finite, whether any
+// excess is positive, the largest error and the largest |b| (maxima over the bits as int64:
+// value order for values >= 0). Only a row finite on both sides uses the figures. Then, for a row
+// with a positive excess, the ratio of the excess to the bound (bound + plus) in t[] and its
+// largest value (row_ratios; the other rows' ratios are all 0 and their bounds are not read).
+// The division is computed for every element, also where the ratio is 0 or +inf (tolerance.cc is
 // compiled with -fno-trapping-math, properties/CMakeLists.txt).
+struct RowFigures {
+  bool finite = false, any_excess = false;
+  double err_max = 0, ref_max = 0;
+};
+
+inline int64_t bits_of(double v) { return std::bit_cast<int64_t>(v); }
+
 template <bool kBf16A, bool kBf16B>
-bool row_excess(const double* ao, const double* bo, int32_t n, double* excess, double* err) {
+RowFigures row_excess(const double* ao, const double* bo, int32_t n, double* excess, double* err) {
+  constexpr int64_t kExponent = 0x7ff0000000000000;
+  int64_t off = 0, err_max = 0, ref_max = 0;
   int any = 0;
   for (int32_t i = 0; i < n; ++i) {
     const double va = ao[i], vb = bo[i];
+    off |= static_cast<int64_t>((bits_of(va) & kExponent) == kExponent) |
+           static_cast<int64_t>((bits_of(vb) & kExponent) == kExponent);
     double alo = va, ahi = va, blo = vb, bhi = vb;
     if constexpr (kBf16A) bf16_interval_finite(va, &alo, &ahi);
     if constexpr (kBf16B) bf16_interval_finite(vb, &blo, &bhi);
@@ -1243,23 +1255,35 @@ bool row_excess(const double* ao, const double* bo, int32_t n, double* excess, d
     const double e = m < 0.0 ? 0.0 : m;
     excess[i] = e;
     any |= e > 0;
-    err[i] = std::fabs(va - vb);
+    const double d = std::fabs(va - vb);
+    err[i] = d;
+    const int64_t db = bits_of(d), rb = bits_of(std::fabs(vb));
+    err_max = err_max < db ? db : err_max;
+    ref_max = ref_max < rb ? rb : ref_max;
   }
-  return any != 0;
+  return RowFigures{off == 0, any != 0, std::bit_cast<double>(err_max),
+                    std::bit_cast<double>(ref_max)};
 }
 
+// The ratios t[] and their largest value (>= 0: no ratio is NaN).
 template <bool kPlus>
-void row_ratios(const double* excess, const double* bd, const double* plus, int32_t n, double* t) {
+double row_ratios(const double* excess, const double* bd, const double* plus, int32_t n,
+                  double* t) {
+  int64_t t_max = 0;
   for (int32_t i = 0; i < n; ++i) {
     double bound = bd[i];
     if constexpr (kPlus) bound += plus[i];
     const double q = excess[i] / bound;  // ratio(excess, bound)
     const double r = bound > 0 ? q : kInf;
-    t[i] = excess[i] <= 0 ? 0.0 : r;
+    const double ti = excess[i] <= 0 ? 0.0 : r;
+    t[i] = ti;
+    const int64_t tb = bits_of(ti);
+    t_max = t_max < tb ? tb : t_max;
   }
+  return std::bit_cast<double>(t_max);
 }
 
-using RowExcessFn = bool (*)(const double*, const double*, int32_t, double*, double*);
+using RowExcessFn = RowFigures (*)(const double*, const double*, int32_t, double*, double*);
 
 RowExcessFn row_excess_for(bool bf16_a, bool bf16_b) {
   static constexpr RowExcessFn kFns[4] = {row_excess<false, false>, row_excess<false, true>,
@@ -1325,7 +1349,7 @@ class BoundChecker {
   double lse_of(const Side& s, size_t rh) const;
   Element figures_at(int32_t dd) const;
   void element(int32_t bb, int32_t hh, int32_t dd);
-  void finite_row(int32_t bb, int32_t hh);
+  void finite_row(int32_t bb, int32_t hh, const RowFigures& f);
   void lse_element(int32_t bb, int32_t hh, size_t rh);
 
   const Side& a_;
@@ -1444,25 +1468,23 @@ void BoundChecker::element(int32_t bb, int32_t hh, int32_t dd) {
   if (e.t > 1) passed_ = false;
 }
 
-// A row finite on both sides, in vectorized loops.
-void BoundChecker::finite_row(int32_t bb, int32_t hh) {
+// A row finite on both sides (its figures f and excess_, err_ from row_excess), in vectorized
+// loops.
+void BoundChecker::finite_row(int32_t bb, int32_t hh, const RowFigures& f) {
   double max_t = 0;
-  if (excesses_(ao_, bo_, d_v_, excess_.data(), err_.data())) {
+  if (f.any_excess) {
     const double* pl = plus_ != nullptr ? plus_->out.data() + row_ : nullptr;
     if (pl != nullptr) {
-      row_ratios<true>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
+      max_t = row_ratios<true>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
     } else {
-      row_ratios<false>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
+      max_t = row_ratios<false>(excess_.data(), bound_.out.data() + row_, pl, d_v_, t_.data());
     }
-    max_t = std::max(0.0, Eigen::Map<const Eigen::ArrayXd>(t_.data(), d_v_).maxCoeff());
   }
-  // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order with
-  // Eigen's vectorized reductions; the sum as the loop's order gives it (the mean's bits).
-  const Eigen::Map<const Eigen::ArrayXd> ee(err_.data(), d_v_);
-  const double row_max = ee.maxCoeff();
+  // The maxima (no NaN: the row is finite, the ratios are >= 0 or +inf) in any order; the sum as
+  // the loop's order gives it (the mean's bits).
+  const double row_max = f.err_max;
   max_abs_ = std::max(max_abs_, row_max);
-  out_max_ref_ =
-      std::max(out_max_ref_, Eigen::Map<const Eigen::ArrayXd>(bo_, d_v_).abs().maxCoeff());
+  out_max_ref_ = std::max(out_max_ref_, f.ref_max);
   sum_abs_ = add_in_order(sum_abs_, err_.data(), d_v_, row_max, a_bf16_ && b_bf16_);
   n_abs_ += d_v_;
   out_tightness_ = std::max(out_tightness_, max_t);
@@ -1495,9 +1517,9 @@ void BoundChecker::check_row(int32_t bb, int32_t hh) {
   row_ = rh * d_v_;
   ao_ = out_row(a_, rh, a_row_);
   bo_ = out_row(b_, rh, b_row_);
-  const auto dv = static_cast<size_t>(d_v_);
-  if (d_v_ > 0 && all_finite(ao_, dv) && all_finite(bo_, dv)) {
-    finite_row(bb, hh);
+  const RowFigures f = excesses_(ao_, bo_, d_v_, excess_.data(), err_.data());
+  if (d_v_ > 0 && f.finite) {
+    finite_row(bb, hh, f);
   } else {
     for (int32_t dd = 0; dd < d_v_; ++dd) element(bb, hh, dd);
   }
