@@ -423,47 +423,49 @@ void weighted_l1(const double* vt, Eigen::Index ld, const double* o, Eigen::Inde
 #if defined(__FMA__) && defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__)
 #define MLAFUZZ_WEIGHTED_L1_V4 1
-// weighted_l1 with AVX-512 (chosen at run time): sixteen elements at a time in two vectors of
-// eight doubles, then eight, then one at a time; per element the same fused multiply-adds in
-// token order as weighted_l1 with FMA, so the same bits.
+// Elements [d, d + 8 V) of weighted_l1_v4: V vectors of eight doubles per weight vector, so that
+// N V sums are in flight at once (the fused multiply-adds of one sum wait for each other).
+template <int N, int V>
+__attribute__((target("arch=x86-64-v4"))) inline void weighted_l1_step_v4(
+    const double* vt, Eigen::Index ld, const double* o, Eigen::Index n, int32_t d,
+    const double* const* c, double* const* out) {
+  const __m512d sign = _mm512_set1_pd(-0.0);
+  __m512d a[N][V], ov[V];
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < V; ++j) a[i][j] = _mm512_setzero_pd();
+  }
+  for (int j = 0; j < V; ++j) ov[j] = _mm512_loadu_pd(o + d + 8 * j);
+  for (Eigen::Index k = 0; k < n; ++k) {
+    const double* v = vt + k * ld + d;
+    __m512d t[V];
+    for (int j = 0; j < V; ++j) {
+      t[j] = _mm512_andnot_pd(sign, _mm512_sub_pd(_mm512_loadu_pd(v + 8 * j), ov[j]));
+    }
+    for (int i = 0; i < N; ++i) {
+      const __m512d ck = _mm512_set1_pd(c[i][k]);
+      for (int j = 0; j < V; ++j) a[i][j] = _mm512_fmadd_pd(ck, t[j], a[i][j]);
+    }
+  }
+  for (int i = 0; i < N; ++i) {
+    for (int j = 0; j < V; ++j) _mm512_storeu_pd(out[i] + d + 8 * j, a[i][j]);
+  }
+}
+
+// weighted_l1 with AVX-512 (chosen at run time): 32 elements at a time in four vectors of eight
+// doubles for one or two weight vectors (16 in two for more), then eight, then one at a time;
+// per element the same fused multiply-adds in token order as weighted_l1 with FMA, so the same
+// bits.
 template <int N>
 __attribute__((target("arch=x86-64-v4"))) void weighted_l1_v4(const double* vt, Eigen::Index ld,
                                                               const double* o, Eigen::Index n,
                                                               int32_t d0, int32_t d1,
                                                               const double* const* c,
                                                               double* const* out) {
-  const __m512d sign = _mm512_set1_pd(-0.0);
+  constexpr int kWide = N <= 2 ? 4 : 2;
   int32_t d = d0;
-  for (; d + 16 <= d1; d += 16) {
-    __m512d a0[N], a1[N];
-    for (int i = 0; i < N; ++i) a0[i] = a1[i] = _mm512_setzero_pd();
-    const __m512d o0 = _mm512_loadu_pd(o + d), o1 = _mm512_loadu_pd(o + d + 8);
-    for (Eigen::Index k = 0; k < n; ++k) {
-      const double* v = vt + k * ld + d;
-      const __m512d t0 = _mm512_andnot_pd(sign, _mm512_sub_pd(_mm512_loadu_pd(v), o0));
-      const __m512d t1 = _mm512_andnot_pd(sign, _mm512_sub_pd(_mm512_loadu_pd(v + 8), o1));
-      for (int i = 0; i < N; ++i) {
-        const __m512d ck = _mm512_set1_pd(c[i][k]);
-        a0[i] = _mm512_fmadd_pd(ck, t0, a0[i]);
-        a1[i] = _mm512_fmadd_pd(ck, t1, a1[i]);
-      }
-    }
-    for (int i = 0; i < N; ++i) {
-      _mm512_storeu_pd(out[i] + d, a0[i]);
-      _mm512_storeu_pd(out[i] + d + 8, a1[i]);
-    }
-  }
-  for (; d + 8 <= d1; d += 8) {
-    __m512d a0[N];
-    for (int i = 0; i < N; ++i) a0[i] = _mm512_setzero_pd();
-    const __m512d o0 = _mm512_loadu_pd(o + d);
-    for (Eigen::Index k = 0; k < n; ++k) {
-      const __m512d t0 =
-          _mm512_andnot_pd(sign, _mm512_sub_pd(_mm512_loadu_pd(vt + k * ld + d), o0));
-      for (int i = 0; i < N; ++i) a0[i] = _mm512_fmadd_pd(_mm512_set1_pd(c[i][k]), t0, a0[i]);
-    }
-    for (int i = 0; i < N; ++i) _mm512_storeu_pd(out[i] + d, a0[i]);
-  }
+  for (; d + 8 * kWide <= d1; d += 8 * kWide)
+    weighted_l1_step_v4<N, kWide>(vt, ld, o, n, d, c, out);
+  for (; d + 8 <= d1; d += 8) weighted_l1_step_v4<N, 1>(vt, ld, o, n, d, c, out);
   for (; d < d1; ++d) {
     double a[N] = {};
     for (Eigen::Index k = 0; k < n; ++k) {
@@ -1057,12 +1059,12 @@ void BoundsSetBuilder::prepare_head(int32_t h) {
   }
 }
 
-// The passes over V of every head of the row, a block of columns (about 128 KiB of V, a
-// multiple of 8) at a time.
+// The passes over V of every head of the row, a block of columns (about 256 KiB of V, a
+// multiple of 32: weighted_l1_v4's widest step) at a time.
 void BoundsSetBuilder::run_passes() {
   const RowTerms rt = row_terms(Plan{plans_[0].p, 0, 0, 0, false});
   const int32_t block =
-      static_cast<int32_t>(std::clamp<Eigen::Index>(16384 / in_.n / 8 * 8, 8, 512));
+      static_cast<int32_t>(std::clamp<Eigen::Index>(32768 / in_.n / 32 * 32, 32, 512));
   for (int32_t d0 = 0; d0 < dv_; d0 += block) {
     const int32_t d1 = std::min(dv_, d0 + block);
     for (int32_t h = 0; h < H_; ++h) {
