@@ -1210,7 +1210,7 @@ namespace {
 
 // The rounding interval of bf16 values (bf16_rounding_interval) for finite v, without branches:
 // the half-spacings away from and toward zero from 2^floor(log2 |v|), the exponent bits of |v|.
-inline void bf16_interval_finite(double v, double* lo, double* hi) {
+[[gnu::always_inline]] inline void bf16_interval_finite(double v, double* lo, double* hi) {
   const double a = std::fabs(v);
   const double p2 = std::bit_cast<double>(std::bit_cast<uint64_t>(a) & 0x7ff0000000000000);
   const bool normal = a >= 0x1p-126;
@@ -1238,10 +1238,11 @@ struct RowFigures {
   double err_max = 0, ref_max = 0;
 };
 
-inline int64_t bits_of(double v) { return std::bit_cast<int64_t>(v); }
+[[gnu::always_inline]] inline int64_t bits_of(double v) { return std::bit_cast<int64_t>(v); }
 
 template <bool kBf16A, bool kBf16B>
-RowFigures row_excess(const double* ao, const double* bo, int32_t n, double* excess, double* err) {
+[[gnu::always_inline]] inline RowFigures row_excess_body(const double* ao, const double* bo,
+                                                         int32_t n, double* excess, double* err) {
   constexpr int64_t kExponent = 0x7ff0000000000000;
   int64_t off = 0, err_max = 0, ref_max = 0;
   int any = 0;
@@ -1267,6 +1268,22 @@ RowFigures row_excess(const double* ao, const double* bo, int32_t n, double* exc
                     std::bit_cast<double>(ref_max)};
 }
 
+template <bool kBf16A, bool kBf16B>
+RowFigures row_excess(const double* ao, const double* bo, int32_t n, double* excess, double* err) {
+  return row_excess_body<kBf16A, kBf16B>(ao, bo, n, excess, err);
+}
+
+#ifdef MLAFUZZ_WEIGHTED_L1_V4
+// row_excess with AVX-512 (chosen at run time): the same operations per element, so the same
+// figures.
+template <bool kBf16A, bool kBf16B>
+__attribute__((target("arch=x86-64-v4"))) RowFigures row_excess_v4(const double* ao,
+                                                                   const double* bo, int32_t n,
+                                                                   double* excess, double* err) {
+  return row_excess_body<kBf16A, kBf16B>(ao, bo, n, excess, err);
+}
+#endif
+
 // The ratios t[] and their largest value (>= 0: no ratio is NaN).
 template <bool kPlus>
 double row_ratios(const double* excess, const double* bd, const double* plus, int32_t n,
@@ -1288,9 +1305,16 @@ double row_ratios(const double* excess, const double* bd, const double* plus, in
 using RowExcessFn = RowFigures (*)(const double*, const double*, int32_t, double*, double*);
 
 RowExcessFn row_excess_for(bool bf16_a, bool bf16_b) {
+  const int i = (bf16_a ? 2 : 0) + (bf16_b ? 1 : 0);
+#ifdef MLAFUZZ_WEIGHTED_L1_V4
+  static constexpr RowExcessFn kFnsV4[4] = {row_excess_v4<false, false>, row_excess_v4<false, true>,
+                                            row_excess_v4<true, false>, row_excess_v4<true, true>};
+  static const bool v4 = has_v4();
+  if (v4) return kFnsV4[i];
+#endif
   static constexpr RowExcessFn kFns[4] = {row_excess<false, false>, row_excess<false, true>,
                                           row_excess<true, false>, row_excess<true, true>};
-  return kFns[(bf16_a ? 2 : 0) + (bf16_b ? 1 : 0)];
+  return kFns[i];
 }
 
 // sum + x[0] + x[1] + ... + x[n - 1] added left to right, each addition rounded, for finite
