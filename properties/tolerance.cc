@@ -880,7 +880,7 @@ class BoundsSetBuilder {
   bool any_joint_ = false, any_merged_ = false;
   RowInputs in_;
   std::vector<HeadShared> shared_;
-  Eigen::MatrixXd W_, U_, absK_, absV_;
+  Eigen::MatrixXd W_, U_, absK_;
   RowMajor WV_, UV_;
   // Per head of a row: each pipeline's tail (tails_[h * P_ + i]), the joint subset and the
   // head's passes over V.
@@ -993,10 +993,11 @@ void BoundsSetBuilder::share_row_weights() {
     U_.row(h) = sh.under.transpose();
     any_under |= sh.any_under;
   }
-  absV_ = absK_.leftCols(dv_);
-  WV_.noalias() = W_ * absV_;
+  // |V|: the first d_v columns of |K| in place (the same product as of a copy of them).
+  const auto absV = absK_.leftCols(dv_);
+  WV_.noalias() = W_ * absV;
   if (any_under) {
-    UV_.noalias() = U_ * absV_;
+    UV_.noalias() = U_ * absV;
   } else {
     UV_.setZero(H_, dv_);
   }
