@@ -22,6 +22,10 @@ export ASAN_OPTIONS=detect_leaks=1:check_initialization_order=1:strict_init_orde
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:exitcode=86
 # The property test on a few dozen generated cases (600 unsanitized): the same code paths.
 export MLAFUZZ_PROPERTY_CASES=${MLAFUZZ_PROPERTY_CASES:-48}
+# The other tests whose time goes into volume (generated cases, campaign lengths, the largest
+# corpus cases) take their smaller volume over the same code paths (docs/testing.md, "Sanitized
+# build", lists them); the unsanitized run of .ci/run keeps the full volume.
+export MLAFUZZ_TEST_QUICK=${MLAFUZZ_TEST_QUICK:-1}
 
 # Longest tests first (see .ci/run): seeded from the sanitized build's measured costs.
 mkdir -p "$build_dir/Testing/Temporary"

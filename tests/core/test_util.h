@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/case.h"
+#include "core/settings.h"
 
 namespace mlafuzz::testing {
 
@@ -23,6 +24,14 @@ inline Case small_case() {
   c.topk = 7;
   c.data_seed = 42;
   return c;
+}
+
+// `quick` where MLAFUZZ_TEST_QUICK=1 (the sanitized run, scripts/sanitize.sh), else `full`: for
+// the tests whose time goes into volume (generated cases, campaign lengths, corpus sizes) over
+// code paths that a smaller volume takes too. docs/testing.md, "Sanitized build", lists them.
+template <typename T>
+T full_or_quick(T full, T quick) {
+  return settings::flag("MLAFUZZ_TEST_QUICK", false) ? quick : full;
 }
 
 // A fresh, empty folder under the system temp folder; removed by the destructor.

@@ -13,11 +13,19 @@ from typing import List
 import pytest
 
 import mlafuzz.testing
+from mlafuzz import _settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUMPY_KERNEL = "python:examples/python/numpy_decode.py"
 FAULTY = "python:tests/python/faulty_kernels.py"
 SMALL_CASE = os.path.join(ROOT, "tests", "plugins", "data", "small_case.json")  # B=2, H=3
+
+
+def full_or_quick(full: int, quick: int) -> int:
+    """`quick` where MLAFUZZ_TEST_QUICK=1 (the sanitized run, scripts/sanitize.sh), else `full`:
+    for the tests whose time goes into volume (generated cases) over code paths that a smaller
+    volume takes too. docs/testing.md, "Sanitized build", lists them."""
+    return quick if _settings.flag("MLAFUZZ_TEST_QUICK", False) else full
 
 
 @pytest.fixture(autouse=True)

@@ -14,13 +14,16 @@ import pytest
 
 import mlafuzz
 import mlafuzz.testing
-from conftest import FAULTY, ROOT, SMALL_CASE
+from conftest import FAULTY, ROOT, SMALL_CASE, full_or_quick
 
 sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
 import numpy_decode  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PRODUCTION_CASE = os.path.join(ROOT, "corpus", "cases", "production_v4flash_s3_extra512.json")
+# The campaigns' length; 20 under MLAFUZZ_TEST_QUICK: seed 3's first 20 cases find the planted
+# bug (the tests below rely on it), seed 2's give both undeclared envelope fields.
+CASES = full_or_quick(60, 20)
 
 
 def _failure(*args, **kw) -> str:
@@ -50,7 +53,7 @@ def test_names_resolve_against_the_calling_test_file(tmp_path, monkeypatch) -> N
 def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir("/")
     corpus = str(tmp_path / "corpus")
-    message = _failure(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2, corpus=corpus)
+    message = _failure(numpy_decode.decode_planted_bug, cases=CASES, seed=3, jobs=2, corpus=corpus)
     assert message.startswith("mlafuzz: 1 bug(s) in python:"), message
     assert ":decode_planted_bug | bound excess |" in message and "[2]" not in message, message
     assert "\n    fails tolerance" in message, message
@@ -68,7 +71,7 @@ def test_one_paragraph_per_bug_then_the_corpus_is_replayed_first(tmp_path, monke
         f"{repro}\nexit {proc.returncode}:\n{proc.stdout}"
 
     # Next run: the findings replay first and still fail; no new case is generated.
-    again = _failure(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2, corpus=corpus)
+    again = _failure(numpy_decode.decode_planted_bug, cases=CASES, seed=3, jobs=2, corpus=corpus)
     assert "its earlier findings still fail" in again and "no new cases" in again, again
     assert ":decode_planted_bug | bound excess |" in again and "[2]" not in again, again
 
@@ -84,7 +87,7 @@ def test_known_bugs_in_the_ledger_do_not_fail_the_test(tmp_path) -> None:
     entry = {"id": "T-1", "note": "the last nope tile takes its neighbour's scale",
              "backend": "*:decode_planted_bug", "property": "*"}
     ledger.write_text(json.dumps({"format": "mlafuzz-known", "version": 1, "known": [entry]}))
-    result = mlafuzz.testing.fuzz(numpy_decode.decode_planted_bug, cases=60, seed=3, jobs=2,
+    result = mlafuzz.testing.fuzz(numpy_decode.decode_planted_bug, cases=CASES, seed=3, jobs=2,
                                   corpus=corpus, known=str(ledger))
     assert result.known and all(f["known"] == "T-1" for f in result.known), result.known
     # Its corpus entries replay first next time, known too; the test still passes.
@@ -113,7 +116,7 @@ def test_default_corpus_lives_under_the_root_per_kernel(tmp_path, monkeypatch) -
 
 
 def test_undeclared_production_decode_is_told_once(tmp_path) -> None:
-    message = _failure(f"{FAULTY}:decode_without_production_decode", cases=60, seed=2, jobs=2)
+    message = _failure(f"{FAULTY}:decode_without_production_decode", cases=CASES, seed=2, jobs=2)
     hints = [line for line in message.splitlines() if re.match(r"\[\d\] ", line)]
     assert hints, message
     for line in hints:  # nothing but the two declarations: each said once
