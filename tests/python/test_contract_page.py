@@ -11,7 +11,7 @@ import sys
 
 import mlafuzz
 import mlafuzz.testing
-from conftest import ROOT
+from conftest import ROOT, full_or_quick
 
 sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
 import contract_kernel  # noqa: E402
@@ -56,7 +56,9 @@ def test_the_page_names_every_field_and_enumeration() -> None:
 
 
 def test_the_contract_kernel_passes_every_property() -> None:
-    result = mlafuzz.testing.fuzz(contract_kernel.decode, cases=120, seed=7, jobs=2)
+    # 40 cases under MLAFUZZ_TEST_QUICK: each property still applies to some of them.
+    result = mlafuzz.testing.fuzz(contract_kernel.decode, cases=full_or_quick(120, 40), seed=7,
+                                  jobs=2)
     rows = {r["property"]: r for r in result.report["results"]}
     for prop in ("run", "tolerance", "poison", "relocate", "batch-alone", "head-alone",
                  "query-alone", "determinism", "permute", "insert-invalid", "move-to-extra"):

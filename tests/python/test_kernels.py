@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 import mlafuzz.testing
-from conftest import NUMPY_KERNEL
+from conftest import NUMPY_KERNEL, full_or_quick
 
 
 def test_numpy_kernel_passes_every_property() -> None:
-    result = mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode", time="120s", cases=80, seed=12, jobs=2)
+    # 30 cases under MLAFUZZ_TEST_QUICK: each property is still evaluated.
+    result = mlafuzz.testing.fuzz(f"{NUMPY_KERNEL}:decode", time="120s",
+                                  cases=full_or_quick(80, 30), seed=12, jobs=2)
     rows = result.report["results"]
     properties = {r["property"] for r in rows}
     assert {"tolerance", "poison", "relocate", "determinism", "head-alone", "batch-alone",
