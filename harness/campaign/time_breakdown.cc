@@ -16,18 +16,16 @@ namespace {
 using fields::Field;
 using fields::Table;
 
-// A field for the seconds at `index` of (t.*steps).seconds, the array of a case's steps or a
-// call's phases; absent from reports written before the step or phase existed.
-template <class T, class Steps>
-Field<T> seconds_field(std::string key, Steps T::*steps, int index) {
-  return {std::move(key), fields::kAllViews,
-          [steps, index](const T& t, const fields::WriteStyle& s) {
-            return fields::number((t.*steps).seconds[index], s);
-          },
-          [steps, index](T& t, const Json& v, const std::string& path) {
-            (t.*steps).seconds[index] = fields::read_double(v, path);
-          },
-          /*optional=*/true};
+// An optional field for a number of seconds that `at(t)` refers to (a generic lambda, so that the
+// writer reads through a const T and the reader writes through a T); absent from reports written
+// before that figure was measured.
+template <class T, class At>
+Field<T> seconds_field(std::string key, At at) {
+  return {
+      std::move(key), fields::kAllViews,
+      [at](const T& t, const fields::WriteStyle& s) { return fields::number(at(t), s); },
+      [at](T& t, const Json& v, const std::string& path) { at(t) = fields::read_double(v, path); },
+      /*optional=*/true};
 }
 
 // One backend's entry: calls, requests (absent in reports from before batched requests), then
@@ -38,7 +36,10 @@ const Table<BackendTime>& backend_time_fields() {
                             fields::field("requests", &BackendTime::requests)};
     t.back().optional = true;
     for (int i = 0; i < kPhaseCount; ++i) {
-      t.push_back(seconds_field(phase_name(static_cast<Phase>(i)), &BackendTime::phases, i));
+      t.push_back(seconds_field<BackendTime>(
+          phase_name(static_cast<Phase>(i)), [i](auto& b) -> auto& {
+            return b.phases.seconds[i];
+          }));
     }
     return t;
   }();
@@ -51,20 +52,15 @@ const Table<CaseBreakdown>& case_breakdown_fields() {
   static const Table<CaseBreakdown> t = [] {
     Table<CaseBreakdown> t = {fields::field("cases", &CaseBreakdown::cases)};
     for (int i = 0; i < kCaseStepCount; ++i) {
-      t.push_back(
-          seconds_field(case_step_name(static_cast<CaseStep>(i)), &CaseBreakdown::steps, i));
+      t.push_back(seconds_field<CaseBreakdown>(
+          case_step_name(static_cast<CaseStep>(i)), [i](auto& c) -> auto& {
+            return c.steps.seconds[i];
+          }));
     }
-    for (auto [key, member] :
-         {std::pair{"wall", &CaseSteps::wall}, std::pair{"thread_cpu", &CaseSteps::thread_cpu}}) {
-      t.push_back({key, fields::kAllViews,
-                   [member](const CaseBreakdown& c, const fields::WriteStyle& s) {
-                     return fields::number(c.steps.*member, s);
-                   },
-                   [member](CaseBreakdown& c, const Json& v, const std::string& path) {
-                     c.steps.*member = fields::read_double(v, path);
-                   },
-                   /*optional=*/true});
-    }
+    t.push_back(seconds_field<CaseBreakdown>(
+        "wall", [](auto& c) -> auto& { return c.steps.wall; }));
+    t.push_back(seconds_field<CaseBreakdown>(
+        "thread_cpu", [](auto& c) -> auto& { return c.steps.thread_cpu; }));
     return t;
   }();
   return t;
