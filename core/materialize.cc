@@ -94,10 +94,12 @@ __attribute__((always_inline)) inline void draw_values_body(const ValueSpec& s, 
                                                             Stream stream, uint64_t first,
                                                             int32_t count, SpecialTag tag,
                                                             float* out) {
-  constexpr int kLanes = 8;
+  // 32 elements a step: the dependent multiplies and adds of four (AVX-512) or eight (AVX2)
+  // vectors of lanes in flight; eight lanes a step left the units waiting on their latency.
+  constexpr int kLanes = 32;
   int32_t i = 0;
   if (s.dist == ValueDist::kNormal) {
-    // Eight elements' normal draws side by side: per lane the same twelve uniforms added in
+    // kLanes elements' normal draws side by side: per lane the same twelve uniforms added in
     // the same order as CounterRng::normal, so the same bits.
     for (; i + kLanes <= count; i += kLanes) {
       uint64_t key[kLanes];
@@ -116,19 +118,25 @@ __attribute__((always_inline)) inline void draw_values_body(const ValueSpec& s, 
     }
   }
   if (s.dist == ValueDist::kUniform || s.dist == ValueDist::kSmallInt) {
-    // Eight elements side by side, each its stream's first value: CounterRng::uniform, or
+    // kLanes elements side by side, each its stream's first value: CounterRng::uniform, or
     // uniform_int(-3, 3) = -3 + (v * 7) >> 64, formed from v's 32-bit halves (v * 7 < 2^67:
     // (hi * 7 + (lo * 7 >> 32)) >> 32 is the same integer).
     const uint64_t mixed = splitmix64(0);
     for (; i + kLanes <= count; i += kLanes) {
-      double value[kLanes];
+      // The draws first, then one distribution's loop (a branch per lane would not vectorize).
+      uint64_t v[kLanes];
       for (int j = 0; j < kLanes; ++j) {
-        const uint64_t v = splitmix64(
-            CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j)) ^ mixed);
-        if (s.dist == ValueDist::kUniform) {
-          value[j] = (2 * uniform53<kConvert>(v) - 1) * s.magnitude;
-        } else {
-          const uint64_t k = ((v >> 32) * 7 + (((v & 0xffffffffull) * 7) >> 32)) >> 32;
+        v[j] = splitmix64(CounterRng::key_of(seed, stream, first + static_cast<uint64_t>(i + j)) ^
+                          mixed);
+      }
+      double value[kLanes];
+      if (s.dist == ValueDist::kUniform) {
+        for (int j = 0; j < kLanes; ++j) {
+          value[j] = (2 * uniform53<kConvert>(v[j]) - 1) * s.magnitude;
+        }
+      } else {
+        for (int j = 0; j < kLanes; ++j) {
+          const uint64_t k = ((v[j] >> 32) * 7 + (((v[j] & 0xffffffffull) * 7) >> 32)) >> 32;
           value[j] = static_cast<double>(static_cast<int64_t>(k) - 3) * s.magnitude;
         }
       }
@@ -140,17 +148,19 @@ __attribute__((always_inline)) inline void draw_values_body(const ValueSpec& s, 
                                            first + static_cast<uint64_t>(i), tag));
   }
   if (s.special_fraction > 0) {
-    // Which elements take a special value (special_value's first draw, eight side by side);
+    // Which elements take a special value (special_value's first draw, kLanes side by side);
     // special_value itself for those.
     const uint64_t mixed = splitmix64(0);
     int32_t j = 0;
     for (; j + kLanes <= count; j += kLanes) {
       bool hit[kLanes];
+      double u[kLanes];  // the draws first, then the comparisons: the draws vectorize
       for (int l = 0; l < kLanes; ++l) {
         const uint64_t e = (first + static_cast<uint64_t>(j + l)) * 4 + tag;
         const uint64_t key = CounterRng::key_of(seed, Stream::kSpecial, e);
-        hit[l] = uniform53<kConvert>(splitmix64(key ^ mixed)) < s.special_fraction;
+        u[l] = uniform53<kConvert>(splitmix64(key ^ mixed));
       }
+      for (int l = 0; l < kLanes; ++l) hit[l] = u[l] < s.special_fraction;
       for (int l = 0; l < kLanes; ++l) {
         double special = 0;
         if (hit[l] && special_value(s, seed, first + static_cast<uint64_t>(j + l), tag, &special)) {
@@ -333,6 +343,19 @@ void fill_cache_padding(Bytes& cache, Fill f, uint64_t seed, uint64_t substream 
   }
 }
 
+// The largest |v[i]| of a tile, as std::max over std::fabs gives it from 0: the largest
+// magnitude's bits, NaN taken as 0 (std::max(m, NaN) keeps m). For floats that are not NaN the
+// order of the magnitudes' bits is the order of the values (no branch: the loop vectorizes).
+float tile_amax(const float* v, int32_t n) {
+  uint32_t m = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const uint32_t a = std::bit_cast<uint32_t>(v[i]) & 0x7fffffffu;
+    const uint32_t ordered = a & (0u - static_cast<uint32_t>(a <= 0x7f800000u));
+    m = std::max(m, ordered);
+  }
+  return std::bit_cast<float>(m);
+}
+
 void put_u16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v);
   p[1] = static_cast<uint8_t>(v >> 8);
@@ -390,8 +413,7 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
                 g.rope_dim, kTagRope, rv.data());
     for (int32_t tile = 0; tile < tiles; ++tile) {
       const float* tv = v.data() + static_cast<size_t>(tile) * g.scale_tile;
-      float amax = 0;
-      for (int32_t i = 0; i < g.scale_tile; ++i) amax = std::max(amax, std::fabs(tv[i]));
+      const float amax = tile_amax(tv, g.scale_tile);
       const int writer_e = writer_exponent(amax);
       // The exponent the codes are normalized by, and the exponent stored in the cache.
       int code_e = writer_e, stored_e = writer_e;
@@ -414,8 +436,7 @@ void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
           const int e = static_cast<int>(r.uniform_int(c.scales.exp_lo, c.scales.exp_hi));
           stored = v32_fp32_scale(e, r);
         }
-        for (int32_t i = 0; i < g.scale_tile; ++i)
-          codes[i] = mla::float_to_e4m3_sat(tv[i] / code_s);
+        encode_e4m3_scaled(tv, g.scale_tile, code_s, codes);
         put_u32(&cache[static_cast<size_t>(a.scale + 4 * tile)], mla::float_to_bits(stored));
         continue;
       }
@@ -462,32 +483,40 @@ void hash_vector(uint64_t& h, const std::vector<T, A>& v) {
   }
 }
 
+// mla::float_to_e4m3_sat(x)'s byte by integer arithmetic on x's bits, both ranges computed and
+// one taken by a mask (no branch: loops of it vectorize).
+inline uint8_t e4m3_sat_code(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal e4m3 (|x| >= 2^-6): the 20 dropped mantissa bits rounded to nearest even by an add,
+  // the carry going into the exponent; (a >> 20) - (120 << 3) rebiases 127 to 7; 0x7e (448) is
+  // the saturation, as for infinities.
+  uint32_t normal = ((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3);
+  normal = normal < 0x7eu ? normal : 0x7eu;
+  // Subnormal (quantum 2^-9): |x| * 512 in [0, 8) rounded to an integer by adding 2^23.
+  const uint32_t sub =
+      std::bit_cast<uint32_t>(std::bit_cast<float>(a) * 512.0f + 8388608.0f) - 0x4b000000u;
+  const uint32_t is_normal = 0u - static_cast<uint32_t>(a >= 0x3c800000u);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(a > 0x7f800000u);
+  const uint32_t code = (normal & is_normal) | (sub & ~is_normal);
+  return static_cast<uint8_t>(sign | (0x7fu & is_nan) | (code & ~is_nan));
+}
+
 }  // namespace
 
 void encode_e4m3(const float* v, int32_t n, uint8_t code_e, uint8_t* out) {
   if (code_e == 0 || code_e >= 254) {  // a scale whose reciprocal is not a normal float, or NaN
-    const float scale = mla::ue8m0_to_float(code_e);
-    for (int32_t i = 0; i < n; ++i) out[i] = mla::float_to_e4m3_sat(v[i] / scale);
+    encode_e4m3_scaled(v, n, mla::ue8m0_to_float(code_e), out);
     return;
   }
   // 2^(127 - e) exactly: v * inv and v / 2^(e - 127) are the same real, rounded once each.
   const float inv = std::bit_cast<float>(static_cast<uint32_t>(254 - code_e) << 23);
-  for (int32_t i = 0; i < n; ++i) {
-    const uint32_t u = std::bit_cast<uint32_t>(v[i] * inv);
-    const uint32_t sign = (u >> 24) & 0x80u;
-    const uint32_t a = u & 0x7fffffffu;
-    // Normal e4m3 (|x| >= 2^-6): the 20 dropped mantissa bits rounded to nearest even by an
-    // add, the carry going into the exponent; (a >> 20) - (120 << 3) rebiases 127 to 7; 0x7e
-    // (448) is the saturation, as for infinities.
-    const uint32_t normal =
-        std::min<uint32_t>(((a + 0x7ffffu + ((a >> 20) & 1u)) >> 20) - (120u << 3), 0x7eu);
-    // Subnormal (quantum 2^-9): |x| * 512 in [0, 8) rounded to an integer by adding 2^23.
-    const uint32_t sub =
-        std::bit_cast<uint32_t>(std::bit_cast<float>(a) * 512.0f + 8388608.0f) - 0x4b000000u;
-    uint32_t code = a >= 0x3c800000u ? normal : sub;
-    code = a > 0x7f800000u ? 0x7fu : code;  // NaN
-    out[i] = static_cast<uint8_t>(sign | code);
-  }
+  for (int32_t i = 0; i < n; ++i) out[i] = e4m3_sat_code(v[i] * inv);
+}
+
+void encode_e4m3_scaled(const float* v, int32_t n, float scale, uint8_t* out) {
+  for (int32_t i = 0; i < n; ++i) out[i] = e4m3_sat_code(v[i] / scale);
 }
 
 int writer_exponent(float amax) {

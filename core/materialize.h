@@ -19,7 +19,7 @@ namespace mlafuzz {
 enum SpecialTag : uint64_t { kTagQ = 0, kTagNope = 1, kTagRope = 2 };
 // Element `element` of a buffer drawn per `s` (its own counter stream: random access), and
 // elements [first, first + count) of it as floats: the same bits as draw_value one by one,
-// computed eight streams side by side (the normal draws vectorize: drawing the values
+// computed 32 streams side by side (the normal draws vectorize: drawing the values
 // is the largest step of a case's materialization). Exposed for the tests.
 double draw_value(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t element,
                   SpecialTag tag);
@@ -31,6 +31,9 @@ void draw_values(const ValueSpec& s, uint64_t seed, Stream stream, uint64_t firs
 // multiplication by the exact reciprocal of the power of two rounds as the division does, and
 // the rounding to 3 mantissa bits is integer arithmetic on the float's bits.
 void encode_e4m3(const float* v, int32_t n, uint8_t code_e, uint8_t* out);
+// out[i] = mla::float_to_e4m3_sat(v[i] / scale) for i < n and any scale (V32's fp32 scales), the
+// same bytes by the same integer arithmetic.
+void encode_e4m3_scaled(const float* v, int32_t n, float scale, uint8_t* out);
 
 // Worker-side names for the bytes of a case's input vectors (harness/campaign/worker.cc): a
 // nonzero tag i names the bytes of input i (0 q, 1 cache, 2 indices, 3 topk_length, 4 sink,

@@ -84,7 +84,8 @@ TEST(Materialize, GoldenHashes) {
 // encode_e4m3 (no branch per element) gives float_to_e4m3_sat(v / scale)'s byte: every float
 // whose low 16 bits are one of a few patterns (all exponents, signs, NaN and infinities), each
 // e4m3 value and each midpoint between neighbours with their float neighbours, under scales of
-// each path (0, 254 and 255 take the division; 1..253 the reciprocal).
+// each path (0, 254 and 255 take the division; 1..253 the reciprocal), and encode_e4m3_scaled's
+// under float scales of every kind.
 TEST(Materialize, BatchedE4m3EncodingEqualsTheScalarOne) {
   std::vector<float> v;
   for (uint32_t hi = 0; hi < 0x10000u; ++hi) {
@@ -121,9 +122,21 @@ TEST(Materialize, BatchedE4m3EncodingEqualsTheScalarOne) {
     }
   }
   EXPECT_GT(checked, 10'000'000);
+  // encode_e4m3_scaled: any float scale (V32's fp32 scales), the same values.
+  for (const float scale :
+       {1.1f, 1.0f + 0x1p-8f + 0x1p-16f, v32_writer_scale(3.7f), v32_writer_scale(0.0f), 0x1p-140f,
+        3e38f, -2.5f, 0.0f, std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::quiet_NaN()}) {
+    encode_e4m3_scaled(v.data(), static_cast<int32_t>(v.size()), scale, got.data());
+    for (size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(got[i], mla::float_to_e4m3_sat(v[i] / scale))
+          << "scale " << scale << ", value " << v[i] << " (bits 0x" << std::hex
+          << std::bit_cast<uint32_t>(v[i]) << ")";
+    }
+  }
 }
 
-// draw_values (eight streams side by side) gives draw_value's bits for every distribution,
+// draw_values (32 streams side by side) gives draw_value's bits for every distribution,
 // special fraction, tag and count, the last partial group of lanes included.
 TEST(Materialize, BatchedDrawsEqualOneByOne) {
   const ValueDist dists[] = {ValueDist::kNormal, ValueDist::kUniform, ValueDist::kSmallInt,
@@ -132,7 +145,7 @@ TEST(Materialize, BatchedDrawsEqualOneByOne) {
     for (const double special : {0.0, 0.03, 0.5, 1.0}) {
       for (const SpecialTag tag : {kTagQ, kTagNope, kTagRope}) {
         const ValueSpec spec{dist, 0.75, special};
-        for (const int32_t count : {1, 7, 8, 9, 64, 77}) {
+        for (const int32_t count : {1, 7, 8, 9, 31, 32, 33, 64, 77}) {
           const uint64_t seed = 0x1234567ull * static_cast<uint64_t>(count) + tag;
           const uint64_t first = 1000003ull * static_cast<uint64_t>(count);
           std::vector<float> got(static_cast<size_t>(count));
