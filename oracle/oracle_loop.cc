@@ -158,12 +158,28 @@ std::vector<LoopCache> loop_caches(const MaterializedCase& m) {
   return caches;
 }
 
+// The dequantized keys of row (b, s)'s valid entries, list by list: keys[list][k * dqk + d] is
+// key(d) of entry k (what `key` returns), left unset for an invalid entry. Every head of the row
+// reads the same keys, so they are decoded once per row rather than once per head.
+void row_keys(const MaterializedCase& m, const std::vector<LoopCache>& caches, int64_t b, int64_t s,
+              int64_t dqk, std::vector<std::vector<double>>& keys) {
+  for (size_t c = 0; c < caches.size(); ++c) {
+    const LoopCache& C = caches[c];
+    for (int64_t k = 0; k < C.topk; ++k) {
+      if (!entry_valid(m, C, b, s, k)) continue;
+      const Where w = C.L.locate(entry(C, b, s, k));
+      double* row = keys[c].data() + k * dqk;
+      for (int64_t d = 0; d < dqk; ++d) row[d] = key(C.L, C.bytes->data(), w, d);
+    }
+  }
+}
+
 // Logits x_k = sm_scale * <q, K_k> over T(b, s): the valid entries of every list (a token in two
-// lists counts twice), stored in x[list][k]. Returns false when no entry is valid; otherwise mx
-// is their max, NaN when any logit is NaN.
+// lists counts twice), stored in x[list][k]; K_k from row_keys. Returns false when no entry is
+// valid; otherwise mx is their max, NaN when any logit is NaN.
 bool row_logits(const MaterializedCase& m, const std::vector<LoopCache>& caches, const uint16_t* q,
-                int64_t b, int64_t s, int64_t dqk, std::vector<std::vector<double>>& x,
-                double& mx) {
+                int64_t b, int64_t s, int64_t dqk, const std::vector<std::vector<double>>& keys,
+                std::vector<std::vector<double>>& x, double& mx) {
   const double scale = m.sm_scale64;
   mx = -kInf;
   bool any = false, nan = false;
@@ -171,11 +187,9 @@ bool row_logits(const MaterializedCase& m, const std::vector<LoopCache>& caches,
     const LoopCache& C = caches[c];
     for (int64_t k = 0; k < C.topk; ++k) {
       if (!entry_valid(m, C, b, s, k)) continue;
-      const Where w = C.L.locate(entry(C, b, s, k));
+      const double* K = keys[c].data() + k * dqk;
       double dot = 0;
-      for (int64_t d = 0; d < dqk; ++d) {
-        dot += mla::bf16_to_float(q[d]) * key(C.L, C.bytes->data(), w, d);
-      }
+      for (int64_t d = 0; d < dqk; ++d) dot += mla::bf16_to_float(q[d]) * K[d];
       double& xk = x[c][static_cast<size_t>(k)];
       xk = scale * dot;
       nan = nan || std::isnan(xk);
@@ -188,9 +202,11 @@ bool row_logits(const MaterializedCase& m, const std::vector<LoopCache>& caches,
 }
 
 // Returns l = sum exp(x_k - mx) and sets acc = sum exp(x_k - mx) V_k over the valid entries of
-// row (b, s), list by list; duplicates are separate entries.
+// row (b, s), list by list (V_k: the first dv of row_keys' K_k); duplicates are separate entries.
 double row_weighted_sum(const MaterializedCase& m, const std::vector<LoopCache>& caches, int64_t b,
-                        int64_t s, int64_t dv, const std::vector<std::vector<double>>& x, double mx,
+                        int64_t s, int64_t dqk, int64_t dv,
+                        const std::vector<std::vector<double>>& keys,
+                        const std::vector<std::vector<double>>& x, double mx,
                         std::vector<double>& acc) {
   double l = 0;
   for (int64_t d = 0; d < dv; ++d) acc[d] = 0;
@@ -198,10 +214,10 @@ double row_weighted_sum(const MaterializedCase& m, const std::vector<LoopCache>&
     const LoopCache& C = caches[c];
     for (int64_t k = 0; k < C.topk; ++k) {
       if (!entry_valid(m, C, b, s, k)) continue;
-      const Where w = C.L.locate(entry(C, b, s, k));
+      const double* V = keys[c].data() + k * dqk;
       const double p = std::exp(x[c][static_cast<size_t>(k)] - mx);
       l += p;
-      for (int64_t d = 0; d < dv; ++d) acc[d] += p * key(C.L, C.bytes->data(), w, d);
+      for (int64_t d = 0; d < dv; ++d) acc[d] += p * V[d];
     }
   }
   return l;
@@ -248,11 +264,15 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
   OracleResult res;
   res.out.assign(B * S * H * dv, 0.0);
   res.lse.assign(B * S * H, 0.0);
-  std::vector<std::vector<double>> x(caches.size());
-  for (size_t c = 0; c < caches.size(); ++c) x[c].resize(static_cast<size_t>(caches[c].topk));
+  std::vector<std::vector<double>> x(caches.size()), keys(caches.size());
+  for (size_t c = 0; c < caches.size(); ++c) {
+    x[c].resize(static_cast<size_t>(caches[c].topk));
+    keys[c].resize(static_cast<size_t>(caches[c].topk * dqk));
+  }
   std::vector<double> acc(dv);
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t s = 0; s < S; ++s) {
+      row_keys(m, caches, b, s, dqk, keys);
       for (int64_t h = 0; h < H; ++h) {
         const uint16_t* q =
             m.q.data() + b * m.q_batch_stride + s * m.q_token_stride + h * m.q_head_stride;
@@ -260,12 +280,12 @@ OracleResult run_oracle_loop(const MaterializedCase& m) {
         double* out = res.out.data() + row * dv;
         double& lse = res.lse[row];
         double mx;
-        if (!row_logits(m, caches, q, b, s, dqk, x, mx)) {
+        if (!row_logits(m, caches, q, b, s, dqk, keys, x, mx)) {
           // No valid entry: out stays 0; lse is the convention's infinity, sink or not.
           lse = m.conv.empty_lse == mla::EmptyRowLse::kPosInf ? kInf : -kInf;
           continue;
         }
-        const double l = row_weighted_sum(m, caches, b, s, dv, x, mx, acc);
+        const double l = row_weighted_sum(m, caches, b, s, dqk, dv, keys, x, mx, acc);
         finish_row(m, h, l, mx, acc, dv, out, lse);
       }
     }
