@@ -33,8 +33,8 @@ mkdir -p "$build_dir/Testing/Temporary"
   cp .ci/ctest_costs_sanitized.txt "$build_dir/Testing/Temporary/CTestCostData.txt"
 t1=$SECONDS
 status=0
-# Not the Slurm test: it checks daemons and the nightly script over a minute of campaigns, which
-# the unsanitized run of .ci/run already does.
+# Not the Slurm test: it checks daemons and the nightly script over half a minute of campaigns,
+# which the unsanitized run of .ci/run already does.
 ctest --test-dir "$build_dir" --output-on-failure -j2 -LE 'gpu|slow|slurm' || status=$?
 echo "sanitize: tests: $((SECONDS - t1)) s"
 # Reports of processes whose exit status a test does not see (e.g. a worker whose failure the

@@ -154,7 +154,7 @@ night1=$NIGHTS/20261201
 echo "night 1: $(report_field "$night1/report.json" 'r["campaign"]["cases"]') cases merged"
 
 # Night 2: task 1 is requeued once its report shows cases and a finding.
-job2=$(submit 20261202 25s)
+job2=$(submit 20261202 15s)
 night2=$NIGHTS/20261202
 shard1=$night2/shard-1/report/report.json
 seen=0
