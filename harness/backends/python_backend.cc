@@ -26,6 +26,14 @@
 #include "harness/backends/python_replies.h"
 
 namespace mlafuzz {
+
+namespace build_paths {
+// This source tree's python/ and kernels/ folders, defined in the source CMake generates into
+// mlafuzz_backends' build folder (mlafuzz_build_paths() in cmake/mlafuzzBuildPaths.cmake).
+extern const char kPythonSourceDir[];
+extern const char kKernelsSourceDir[];
+}  // namespace build_paths
+
 namespace {
 
 std::atomic<int> g_device_workers{0};  // set_python_device_workers
@@ -90,10 +98,8 @@ std::string package_dir() {
     const std::string dir = exe + "/../share/mlafuzz/python";
     if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
   }
-#ifdef MLAFUZZ_PYTHON_SOURCE_DIR
-  const std::string dir = MLAFUZZ_PYTHON_SOURCE_DIR;
+  const std::string dir = build_paths::kPythonSourceDir;
   if (regular_file(dir + "/mlafuzz/_worker.py")) return dir;
-#endif
   return "";
 }
 
@@ -589,9 +595,7 @@ std::string shipped_python_kernel_dir(const std::string& kind, const std::string
   if (const std::string exe = executable_dir(); !exe.empty()) {
     dirs.push_back(exe + "/../share/mlafuzz/" + kind);
   }
-#ifdef MLAFUZZ_KERNELS_SOURCE_DIR
-  dirs.push_back(std::string(MLAFUZZ_KERNELS_SOURCE_DIR) + "/" + kind);
-#endif
+  dirs.push_back(std::string(build_paths::kKernelsSourceDir) + "/" + kind);
   for (const std::string& d : dirs) {
     if (regular_file(d + "/" + file)) return d;
   }

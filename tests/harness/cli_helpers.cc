@@ -13,11 +13,13 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/core/build_paths.h"
+
 namespace mlafuzz::test {
 
 pid_t start_cli(const std::vector<std::string>& args, const std::vector<std::string>& env,
                 const std::string& output_path) {
-  std::vector<std::string> argv_store = {MLAFUZZ_BINARY};
+  std::vector<std::string> argv_store = {mlafuzz::build_paths::kMlafuzz};
   argv_store.insert(argv_store.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_store) argv.push_back(a.data());

@@ -14,6 +14,7 @@
 #include "harness/campaign/report.h"
 #include "properties/corpus.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 #include "tests/harness/cli_helpers.h"
 
 namespace mlafuzz::campaign {
@@ -22,7 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using test::run_cli;
 // The campaign's workers: the test worker, whose MLAFUZZ_TEST_FAULT hooks make them fault.
-const std::string kTestWorkerEnv = std::string("MLAFUZZ_WORKER_EXE=") + MLAFUZZ_TEST_WORKER;
+const std::string kTestWorkerEnv =
+    std::string("MLAFUZZ_WORKER_EXE=") + mlafuzz::build_paths::kTestWorker;
 
 std::vector<std::string> fuzz_args(const std::string& dir, std::vector<std::string> extra) {
   const bool jobs = std::find(extra.begin(), extra.end(), "--jobs") != extra.end();

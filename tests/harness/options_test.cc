@@ -12,6 +12,7 @@
 #include "core/fileio.h"
 #include "harness/campaign/campaign.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -108,12 +109,14 @@ TEST(Shard, KubernetesIndexedJob) {
 // The example manifest's numbers agree: completions = parallelism = the shard count mlafuzz
 // reads = the shards the merge waits for; each pod resumes its shard.
 TEST(Shard, KubernetesManifestVariablesAgree) {
-  const std::string text = read_file(MLAFUZZ_K8S_MANIFEST);
+  const std::string manifest = std::string(mlafuzz::build_paths::kSourceDir) +
+                               "/examples/kubernetes/nightly-indexed-job.yaml";
+  const std::string text = read_file(manifest);
   auto number = [&](const std::string& pattern) {
     std::smatch m;
     const std::regex re(pattern);
     if (!std::regex_search(text, m, re)) {
-      ADD_FAILURE() << "no match for " << pattern << " in " << MLAFUZZ_K8S_MANIFEST;
+      ADD_FAILURE() << "no match for " << pattern << " in " << manifest;
       return -1;
     }
     return std::stoi(m[1].str());

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/core/build_paths.h"
+
 namespace mlafuzz {
 namespace {
 
@@ -196,7 +198,7 @@ TEST(PythonInfo, WhatTheTableWritesReadsBackTheSame) {
 // The fields of the INFO reply listed in docs/WORKER_PROTOCOL.md's frame table, in order (the
 // python test test_protocol.py checks that the package sends exactly these).
 std::vector<std::string> documented_info_keys() {
-  std::ifstream doc(std::string(MLAFUZZ_SOURCE_DIR) + "/docs/WORKER_PROTOCOL.md");
+  std::ifstream doc(std::string(mlafuzz::build_paths::kSourceDir) + "/docs/WORKER_PROTOCOL.md");
   std::string line;
   while (std::getline(doc, line) && line.rfind("| 1 INFO |", 0) != 0) {
   }

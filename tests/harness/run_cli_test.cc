@@ -10,6 +10,7 @@
 
 #include "core/case.h"
 #include "core/fileio.h"
+#include "tests/core/build_paths.h"
 #include "tests/core/test_util.h"
 
 namespace mlafuzz {
@@ -35,10 +36,12 @@ Output sh(const std::string& cmd) {
   return o;
 }
 
-Output mlafuzz(const std::string& args) { return sh(std::string(MLAFUZZ_BINARY) + " " + args); }
+Output mlafuzz(const std::string& args) {
+  return sh(std::string(mlafuzz::build_paths::kMlafuzz) + " " + args);
+}
 
 std::string corpus(const std::string& name) {
-  return std::string(MLAFUZZ_SOURCE_DIR) + "/corpus/cases/" + name;
+  return std::string(mlafuzz::build_paths::kSourceDir) + "/corpus/cases/" + name;
 }
 
 TEST(Cli, HelpEverywhere) {
@@ -72,7 +75,8 @@ TEST(Cli, ListBackends) {
 
 TEST(Cli, RunsEveryCorpusCaseWithTheOracle) {
   int cases = 0;
-  for (const auto& e : fs::directory_iterator(std::string(MLAFUZZ_SOURCE_DIR) + "/corpus/cases")) {
+  for (const auto& e :
+       fs::directory_iterator(std::string(mlafuzz::build_paths::kSourceDir) + "/corpus/cases")) {
     if (e.path().extension() != ".json") continue;
     ++cases;
     const Output o = mlafuzz("run --case " + e.path().string());
@@ -157,7 +161,8 @@ TEST(Cli, DumpAgreesWithAnIndependentNumpyOracle) {
     const std::string dump = dir.file("d");
     const Output run = mlafuzz("run --case " + corpus(name) + " --dump " + dump);
     ASSERT_EQ(run.rc, 0) << run.text;
-    const Output o = sh(py + " " + MLAFUZZ_SOURCE_DIR + "/scripts/check_dump.py " + dump);
+    const Output o =
+        sh(py + " " + mlafuzz::build_paths::kSourceDir + "/scripts/check_dump.py " + dump);
     EXPECT_EQ(o.rc, 0) << name << "\n" << o.text;
     EXPECT_NE(o.text.find("max"), std::string::npos) << o.text;
   }
@@ -169,7 +174,8 @@ TEST(Cli, DumpAgreesWithAnIndependentNumpyOracle) {
                "/out64.npy'; a=np.load(p); a[1,2,3]*=1+1e-7; np.save(p,a)\"")
                 .rc,
             0);
-  const Output o = sh(py + " " + MLAFUZZ_SOURCE_DIR + "/scripts/check_dump.py " + dump);
+  const Output o =
+      sh(py + " " + mlafuzz::build_paths::kSourceDir + "/scripts/check_dump.py " + dump);
   EXPECT_EQ(o.rc, 1) << o.text;
 }
 

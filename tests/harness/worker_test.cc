@@ -24,6 +24,7 @@
 #include "properties/evaluate.h"
 #include "properties/generate.h"
 #include "properties/properties.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz::campaign {
 namespace {
@@ -425,7 +426,7 @@ TEST(WorkerProtocol, PrecomputedMasksGiveTheSameFrame) {
 
 WorkerSpec spec(const std::string& backend) {
   WorkerSpec s;
-  s.exe = MLAFUZZ_BINARY;
+  s.exe = mlafuzz::build_paths::kMlafuzz;
   s.backend = backend;
   return s;
 }
@@ -433,7 +434,7 @@ WorkerSpec spec(const std::string& backend) {
 // The test worker (tests/harness/test_worker.cc): `mlafuzz worker` with the test hooks.
 WorkerSpec test_worker_spec(const std::string& backend) {
   WorkerSpec s = spec(backend);
-  s.exe = MLAFUZZ_TEST_WORKER;
+  s.exe = mlafuzz::build_paths::kTestWorker;
   return s;
 }
 
@@ -740,7 +741,8 @@ TEST(Worker, MutantNamesResolveInWorkers) {
 }
 
 TEST(Worker, DeviceInfoAnswers) {
-  const auto text = ipc::run_capture({MLAFUZZ_BINARY, "worker", "--device-info"}, 60);
+  const auto text =
+      ipc::run_capture({mlafuzz::build_paths::kMlafuzz, "worker", "--device-info"}, 60);
   ASSERT_TRUE(text.has_value());
   // The parent reads the child's answer through the same field table the child wrote it with.
   const DeviceInfo d = device_info_from_json(*text);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/core/build_paths.h"
 #include "tests/oracle/hand_case.h"
 
 namespace mlafuzz {
@@ -532,7 +533,8 @@ TEST(OracleAgreement, EigenMatchesLoopOnMaterializedRecipes) {
 
 // And on the checked-in corpus (the loop oracle is slow: the largest cases are left out).
 TEST(OracleAgreement, EigenMatchesLoopOnTheCorpus) {
-  const std::filesystem::path dir = std::filesystem::path(MLAFUZZ_SOURCE_DIR) / "corpus" / "cases";
+  const std::filesystem::path dir =
+      std::filesystem::path(mlafuzz::build_paths::kSourceDir) / "corpus" / "cases";
   if (!std::filesystem::is_directory(dir)) GTEST_SKIP() << dir << " not found";
   int checked = 0;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {

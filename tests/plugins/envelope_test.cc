@@ -20,14 +20,16 @@
 #include "properties/evaluate.h"
 #include "properties/generate.h"
 #include "properties/shrink.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
 
 std::string variant(const char* kind) {
-  return std::string(MLAFUZZ_TEST_VARIANT_DIR) + "/libvariant_" + kind + ".so";
+  return std::string(mlafuzz::build_paths::kVariantPluginDir) + "/libvariant_" + kind + ".so";
 }
-const std::string kV1Plugin = std::string(MLAFUZZ_TEST_VARIANT_DIR) + "/libabi_v1_plugin.so";
+const std::string kV1Plugin =
+    std::string(mlafuzz::build_paths::kVariantPluginDir) + "/libabi_v1_plugin.so";
 
 std::string repro(uint64_t seed) {
   return "reproduce: build-host/tests/plugins/plugin_tests --gtest_filter='Envelope*' (seed " +
@@ -89,7 +91,7 @@ TEST(AbiV1, EarlierPluginsNeverGetOutOfRangeAndReadBothScaleConventions) {
   EXPECT_TRUE(old.allows(mla::InvalidIndexRule::kAnyNegative));
   EXPECT_TRUE(old.allows(ScaleConvention::kFp32));
   EXPECT_TRUE(old.allows(ScaleConvention::kPowerOfTwo));
-  const Envelope example = load_plugin_backend(MLAFUZZ_TEST_PLUGIN_CPU)->traits().envelope;
+  const Envelope example = load_plugin_backend(mlafuzz::build_paths::kCpuPlugin)->traits().envelope;
   EXPECT_TRUE(example.allows(mla::InvalidIndexRule::kOutOfRange));
   EXPECT_TRUE(example.allows(ScaleConvention::kFp32));
 }
@@ -127,8 +129,12 @@ TEST(EnvelopeJson, ExampleFileIsTheFlashMlaPluginsEnvelope) {
   const PluginDescription d = describe_plugin(variant("flashmla"));
   ASSERT_TRUE(d.has_envelope);
   // The plugin adds the example kernel's own limits (s_q 1, no extra cache) to the file's.
-  const Envelope base = describe_plugin(std::string(MLAFUZZ_TEST_PLUGIN_CPU)).traits.envelope;
-  EXPECT_EQ(intersect(load_envelope(MLAFUZZ_TEST_ENVELOPE_EXAMPLE), base), d.traits.envelope)
+  const Envelope base =
+      describe_plugin(std::string(mlafuzz::build_paths::kCpuPlugin)).traits.envelope;
+  EXPECT_EQ(intersect(load_envelope(std::string(mlafuzz::build_paths::kSourceDir) +
+                                    "/examples/envelopes/flashmla_model1.json"),
+                      base),
+            d.traits.envelope)
       << envelope_to_json(d.traits.envelope).dump();
   // JSON round trip.
   EXPECT_EQ(envelope_from_json(envelope_to_json(d.traits.envelope)), d.traits.envelope);

@@ -12,6 +12,7 @@
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 // machine runs a copy of the tree at another path).
 std::string mma_plugin_path() {
   const char* env = std::getenv("MLAFUZZ_MMA_PLUGIN");
-  return env != nullptr ? env : MLAFUZZ_TEST_PLUGIN_MMA;
+  return env != nullptr ? env : mlafuzz::build_paths::kMmaPlugin;
 }
 
 TEST(MmaPluginGpu, SameBitsAsTheBuiltInKernel) {

@@ -1,5 +1,5 @@
 // Plugins: the example CPU plugin loads and passes every property on generated cases; broken
-// plugins give clear errors. Plugin paths come from CMake (MLAFUZZ_TEST_PLUGIN_*).
+// plugins give clear errors. Plugin paths come from CMake (tests/core/build_paths.h).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,14 +13,15 @@
 #include "harness/backends/registry.h"
 #include "properties/evaluate.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
 
-const std::string kCpuPlugin = MLAFUZZ_TEST_PLUGIN_CPU;
+const std::string kCpuPlugin = mlafuzz::build_paths::kCpuPlugin;
 
 std::string faulty(const char* kind) {
-  return std::string(MLAFUZZ_TEST_PLUGIN_DIR) + "/libfaulty_" + kind + ".so";
+  return std::string(mlafuzz::build_paths::kFaultyPluginDir) + "/libfaulty_" + kind + ".so";
 }
 
 // The message of the PluginError that loading `path` throws ("" if it loads).
@@ -78,9 +79,10 @@ TEST(PluginLoad, DeclaredNamesResolveThroughThePluginPath) {
   // Reports and corpus entries name a plugin by what it declares; a fresh process finds it
   // through MLAFUZZ_PLUGIN_PATH. faulty-8 (the hanging plugin) is never loaded before here.
   EXPECT_EQ(loaded_plugin_path("plugin:faulty-8"), "");
-  ASSERT_EQ(setenv("MLAFUZZ_PLUGIN_PATH",
-                   ("/nonexistent:" + std::string(MLAFUZZ_TEST_PLUGIN_DIR)).c_str(), 1),
-            0);
+  ASSERT_EQ(
+      setenv("MLAFUZZ_PLUGIN_PATH",
+             ("/nonexistent:" + std::string(mlafuzz::build_paths::kFaultyPluginDir)).c_str(), 1),
+      0);
   EXPECT_EQ(make_backend("plugin:faulty-8")->traits().name, "plugin:faulty-8");
   EXPECT_EQ(resolve_plugin("faulty-8"), faulty("hang"));
   try {
@@ -145,7 +147,9 @@ TEST(PluginErrors, NonExistentPath) {
 }
 
 TEST(PluginErrors, NotASharedLibrary) {
-  const std::string e = load_error(MLAFUZZ_TEST_NOT_A_PLUGIN);
+  // A C source file: dlopen must refuse it with a readable message.
+  const std::string e =
+      load_error(std::string(mlafuzz::build_paths::kSourceDir) + "/tests/plugins/faulty_plugin.c");
   EXPECT_NE(e.find("cannot load"), std::string::npos) << e;
 }
 

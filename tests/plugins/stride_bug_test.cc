@@ -11,6 +11,7 @@
 #include "harness/backends/plugin_backend.h"
 #include "properties/evaluate.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
@@ -20,7 +21,8 @@ const char* const kBugs[] = {"none",           "q batch stride",   "q head strid
                              "lse stride"};
 
 std::string plugin_path(int bug) {
-  return std::string(MLAFUZZ_STRIDE_PLUGIN_DIR) + "/libstride_bug_" + std::to_string(bug) + ".so";
+  return std::string(mlafuzz::build_paths::kStridePluginDir) + "/libstride_bug_" +
+         std::to_string(bug) + ".so";
 }
 
 // B = 3 rows (a row stride shows from row 1 on), every stride padded.

@@ -30,6 +30,7 @@
 #include "properties/properties.h"
 #include "properties/shrink.h"
 #include "properties/tolerance.h"
+#include "tests/core/build_paths.h"
 #include "tests/core/test_util.h"
 #include "tests/properties/reference_bounds.h"
 
@@ -588,7 +589,7 @@ TEST(Corpus, NonfiniteMismatchIsAFlagAndOldEntriesLoad) {
   const Finding legacy = finding_from_json(old);
   EXPECT_TRUE(legacy.nonfinite_mismatch);
   EXPECT_EQ(legacy.tightness, 0);
-  const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
+  const CorpusEntry e = load_corpus_entry(std::string(mlafuzz::build_paths::kSourceDir) +
                                           "/corpus/regression/sink-in-lse-overflow.json");
   EXPECT_TRUE(e.f.nonfinite_mismatch) << "an entry saved with tightness 1e300";
 }
@@ -604,7 +605,7 @@ TEST(Corpus, ShrinkNoteIsLeftOutWhenEmpty) {
   const nlohmann::ordered_json j = finding_to_json(f);
   ASSERT_TRUE(j.contains("shrink_note"));
   EXPECT_EQ(finding_from_json(j).shrink_note, f.shrink_note);
-  const CorpusEntry e = load_corpus_entry(std::string(MLAFUZZ_SOURCE_DIR) +
+  const CorpusEntry e = load_corpus_entry(std::string(mlafuzz::build_paths::kSourceDir) +
                                           "/corpus/regression/sink-in-lse-overflow.json");
   EXPECT_EQ(e.f.shrink_note, "") << "an entry written before the note existed";
 }
@@ -957,7 +958,8 @@ TEST(Tolerance, BoundsEqualTheTokenByTokenForm) {
   std::vector<std::pair<std::string, MaterializedCase>> cases;
   const int64_t max_corpus_work = testing::full_or_quick<int64_t>(INT64_MAX, int64_t{1} << 18);
   for (const char* dir : {"/corpus/cases", "/corpus/regression"}) {
-    for (const std::string& path : list_corpus(std::string(MLAFUZZ_SOURCE_DIR) + dir)) {
+    for (const std::string& path :
+         list_corpus(std::string(mlafuzz::build_paths::kSourceDir) + dir)) {
       const Case c = load_corpus_entry(path).c;
       const int64_t topk = c.topk + (c.extra ? c.extra->topk : 0);
       if (int64_t{c.batch} * c.s_q * c.heads * topk > max_corpus_work) {

@@ -16,6 +16,7 @@
 #include "properties/evaluate.h"
 #include "properties/generate.h"
 #include "properties/shrink.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
@@ -72,7 +73,7 @@ TEST(PlantedBug, UnmaskedPadColumnsFoundShrunkSavedAndReproduced) {
   const CorpusEntry back = load_corpus_entry(path);
   EXPECT_EQ(to_json(back.c), to_json(sr.minimal));
 
-  const std::string bin = MLAFUZZ_BINARY;
+  const std::string bin = mlafuzz::build_paths::kMlafuzz;
   const std::string with_mutant = bin + " repro " + path + " --backends " + mutant->traits().name;
   const std::string with_correct = bin + " repro " + path + " --backends cpu-mma";
   EXPECT_EQ(run_command(with_mutant), 1) << with_mutant;

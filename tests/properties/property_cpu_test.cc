@@ -16,6 +16,7 @@
 #include "properties/corpus.h"
 #include "properties/evaluate.h"
 #include "properties/generate.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
@@ -85,8 +86,8 @@ TEST_P(PropertiesCpu, EveryPropertyOnEveryCpuBackend) {
         const std::string path =
             save_corpus_entry("property-test-failures", c, make_finding(o, c, seed, i));
         ADD_FAILURE() << format_outcome(o) << "\n  case " << i << " of seed " << seed
-                      << ", saved as " << path << "\n  reproduce: " << MLAFUZZ_BINARY << " repro "
-                      << path;
+                      << ", saved as " << path
+                      << "\n  reproduce: " << mlafuzz::build_paths::kMlafuzz << " repro " << path;
       }
     }
   }

@@ -21,6 +21,7 @@
 #include "oracle/oracle.h"
 #include "properties/generate.h"
 #include "properties/tolerance.h"
+#include "tests/core/build_paths.h"
 
 namespace mlafuzz {
 namespace {
@@ -51,7 +52,8 @@ float stored_scale(const MaterializedCase& m, int64_t slot, int t) {
 }
 
 TEST(WritersCase, AFileWithoutTheNewFieldsMeansPowerOfTwoScalesAndIsWrittenAsBefore) {
-  const std::string path = std::string(MLAFUZZ_SOURCE_DIR) + "/corpus/cases/edge_v32.json";
+  const std::string path =
+      std::string(mlafuzz::build_paths::kSourceDir) + "/corpus/cases/edge_v32.json";
   const Case c = load_case(path);
   EXPECT_EQ(c.scales.convention, ScaleConvention::kPowerOfTwo);
   EXPECT_EQ(c.scales.mantissa, 1.0);

@@ -30,6 +30,7 @@
 #include "properties/generate.h"
 #include "properties/properties.h"
 #include "properties/tolerance.h"
+#include "tests/core/build_paths.h"
 #include "tests/kernels/host/host_test_support.h"
 
 // Skips the test when no CUDA device is there (every GPU test starts with it).
@@ -102,7 +103,7 @@ inline std::filesystem::path corpus_dir() {
       if (std::filesystem::is_directory(p / "corpus" / "cases")) return p / "corpus" / "cases";
     }
   }
-  return std::filesystem::path(MLAFUZZ_SOURCE_DIR) / "corpus" / "cases";
+  return std::filesystem::path(mlafuzz::build_paths::kSourceDir) / "corpus" / "cases";
 }
 
 }  // namespace mlafuzz::testing
