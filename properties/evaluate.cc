@@ -141,47 +141,60 @@ struct CaseContext {
   OracleResult ref;
   Bounds b64;  // the oracle's own error
   // What a backend's bound depends on besides the case: its pipeline (pipeline_of: precision,
-  // the extra cache's pipeline, the token tile) and the token count the bound's rounding terms
-  // count (the case's own list, or a transformed case's; 0 stands for the case's own). Two
-  // backends share a bound exactly when their keys are equal (cuda-mma and cuda-mma-small do
-  // not: 64- and 32-token tiles).
-  using BoundsKey = std::tuple<Precision, bool, int, int>;
-  static BoundsKey bounds_key(const Backend& be, int tile_topk) {
+  // the extra cache's pipeline, the token tile) and the list lengths the bound's rounding terms
+  // count (the case's own lists, or a transformed case's: tile_topk and extra_topk of
+  // compute_bounds, 0 and -1 standing for the case's own). Two backends share a bound exactly
+  // when their keys are equal (cuda-mma and cuda-mma-small do not: 64- and 32-token tiles).
+  using BoundsKey = std::tuple<Precision, bool, int, int, int>;
+  static BoundsKey bounds_key(const Backend& be, int tile_topk, int extra_topk = -1) {
     const Pipeline pl = pipeline_of(be);
-    return {pl.precision, pl.lse_merged, pl.token_tile, tile_topk};
+    return {pl.precision, pl.lse_merged, pl.token_tile, tile_topk, extra_topk};
+  }
+  BoundsKey own_key(const Backend& be, int tile_topk, int extra_topk) const {
+    const int own_extra = m.has_extra ? m.extra_topk : 0;
+    return bounds_key(be, tile_topk == m.topk ? 0 : tile_topk,
+                      extra_topk == own_extra ? -1 : extra_topk);
   }
   std::map<BoundsKey, Bounds> bounds;
-  const Bounds& pipeline_bounds(const Backend& be, int tile_topk = 0) {
-    const BoundsKey key = bounds_key(be, tile_topk == m.topk ? 0 : tile_topk);
+  const Bounds& pipeline_bounds(const Backend& be, int tile_topk = 0, int extra_topk = -1) {
+    const BoundsKey key = own_key(be, tile_topk, extra_topk);
     auto it = bounds.find(key);
     if (it == bounds.end()) {
       const auto t0 = Clock::now();
-      it = bounds.emplace(key, compute_bounds(m, ref, pipeline_of(be), std::get<3>(key))).first;
+      it = bounds
+               .emplace(key,
+                        compute_bounds(m, ref, pipeline_of(be), std::get<3>(key), std::get<4>(key)))
+               .first;
       bounds_seconds += since(t0);
     }
     return it->second;
   }
   // The oracle's own bound and every pipeline bound the properties will ask for (each backend's
-  // pipeline; with `insert_topk`, also at insert-invalid's longer list), as the requests of one
-  // bounds pass over the case, each pipeline bound's with its key (store_prefetched takes the
-  // pass's result): the same values as computing each when first asked.
+  // pipeline; with `insert_topk`, also at insert-invalid's longer list; with `moved_extra` >= 0,
+  // each joint pipeline's also at move-to-extra's longer extra list, moved_bounds), as the
+  // requests of one bounds pass over the case, each pipeline bound's with its key
+  // (store_prefetched takes the pass's result): the same values as computing each when first
+  // asked.
   struct BoundsPrefetch {
     std::vector<BoundsRequest> requests;  // the oracle's own bound first
     std::vector<BoundsKey> keys;          // keys[i] is the key of requests[i + 1]
   };
-  BoundsPrefetch prefetch_requests(const std::vector<const Backend*>& bes, int insert_topk) {
+  BoundsPrefetch prefetch_requests(const std::vector<const Backend*>& bes, int insert_topk,
+                                   int moved_extra) {
     ran_backends = bes;
     BoundsPrefetch p;
     p.requests.push_back({pipeline_for(Precision::kFloat64), 0});
+    const auto add = [&](const Backend& be, int tile_topk, int extra_topk) {
+      const BoundsKey key = own_key(be, tile_topk, extra_topk);
+      if (std::find(p.keys.begin(), p.keys.end(), key) != p.keys.end()) return;
+      p.keys.push_back(key);
+      p.requests.push_back({pipeline_of(be), std::get<3>(key), std::get<4>(key)});
+    };
     for (const Backend* be : bes) {
       if (be->traits().precision == Precision::kCustom) continue;
-      for (const int t : {0, insert_topk}) {
-        if (t < 0 || (t != 0 && t == m.topk)) continue;
-        const BoundsKey key = bounds_key(*be, t);
-        if (std::find(p.keys.begin(), p.keys.end(), key) != p.keys.end()) continue;
-        p.keys.push_back(key);
-        p.requests.push_back({pipeline_of(*be), t});
-      }
+      add(*be, 0, -1);
+      if (insert_topk >= 0) add(*be, insert_topk, -1);
+      if (moved_extra >= 0 && !pipeline_of(*be).lse_merged) add(*be, 0, moved_extra);
     }
     return p;
   }
@@ -189,9 +202,23 @@ struct CaseContext {
     b64 = std::move(got[0]);
     for (size_t i = 0; i < keys.size(); ++i) bounds.emplace(keys[i], std::move(got[i + 1]));
   }
-  // The bound of a transformed case v for backend be's pipeline (v's own lists and tiles, the
-  // same exact result): computed at the first request for every backend prefetch_requests saw, in
-  // one compute_bounds_set pass over v.
+  // The extra list's length of move-to-extra's variant when it moves entries (not a swap).
+  int moved_extra_topk() const { return (m.has_extra ? m.extra_topk : 0) + move_count(); }
+  // The bound of move-to-extra's variant for backend be's pipeline. The variant has the case's
+  // valid tokens and exact result in other lists; a joint pipeline's bound reads the lists only
+  // through their lengths (the list length T and tile count nt of its rounding terms), so it is
+  // the case's bound at the variant's lengths, formed from the case's rows (prefetch_requests)
+  // with its sums over V derived from the case's own; a swap of the caches has the same T and nt:
+  // the case's bound itself. These equal the bound computed on the variant up to the order of
+  // its sums (Tolerance.MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths). An LSE-merged
+  // pipeline bounds each list alone: its bound is computed on the variant (variant_bounds).
+  const Bounds& moved_bounds(const Backend& be) {
+    if (pipeline_of(be).lse_merged) return variant_bounds(moved_to_extra(), be);
+    return move_swaps() ? pipeline_bounds(be) : pipeline_bounds(be, 0, moved_extra_topk());
+  }
+  // The bound of a transformed case v for backend be's LSE-merged pipeline (v's own lists and
+  // tiles, the same exact result): computed at the first request for every LSE-merged pipeline
+  // of the backends prefetch_requests saw, in one compute_bounds_set pass over v.
   std::map<std::pair<const MaterializedCase*, BoundsKey>, Bounds> variant_bounds_;
   const Bounds& variant_bounds(const MaterializedCase& v, const Backend& be) {
     const auto key_of = [](const Backend& b) { return bounds_key(b, 0); };
@@ -200,7 +227,8 @@ struct CaseContext {
     }
     std::vector<const Backend*> want{&be};
     for (const Backend* b : ran_backends) {
-      if (b->traits().precision != Precision::kCustom && key_of(*b) != key_of(be))
+      if (b->traits().precision != Precision::kCustom && pipeline_of(*b).lse_merged &&
+          key_of(*b) != key_of(be))
         want.push_back(b);
     }
     std::vector<BoundsRequest> req;
@@ -952,10 +980,9 @@ class Evaluator {
   }
 
   // Tolerance-style metamorphic check of a transformed run against the clean run. With
-  // own_bound, the variant's bound is computed from the variant itself (its lists and tiles;
-  // the same exact result as the clean case).
+  // `moved`, v is move-to-extra's variant and its bound CaseContext::moved_bounds.
   void within_bound(BackendState& st, PropertyId prop, const MaterializedCase& v, int tile_topk,
-                    const std::string& what, bool own_bound = false) {
+                    const std::string& what, bool moved = false) {
     Backend& be = *st.be;
     PropertyOutcome o = make(prop, be.traits().name);
     RunResult r;
@@ -967,7 +994,7 @@ class Evaluator {
       const Bounds& clean = ctx_.backend_bounds(be);
       const Bounds* variant = &clean;
       if (be.traits().precision != Precision::kCustom) {
-        variant = own_bound ? &ctx_.variant_bounds(v, be) : &ctx_.pipeline_bounds(be, tile_topk);
+        variant = moved ? &ctx_.moved_bounds(be) : &ctx_.pipeline_bounds(be, tile_topk);
       }
       const BoundCheck bc =
           check_bounds(check_side(r, v, bf16), check_side(st.clean, ctx_.m, bf16), clean, variant,
@@ -1102,9 +1129,12 @@ CaseEvaluation evaluate_case(const Case& c, const std::vector<Backend*>& backend
     if (st.ran && st.be->traits().inexact_invariants != 0) bounded = true;
   }
   if (!bounded) ran.clear();
-  const bool insert = wants(PropertyId::kInsertInvalid);
-  CaseContext::BoundsPrefetch prefetch =
-      ctx.prefetch_requests(ran, insert && !ran.empty() ? ctx.m.topk + ctx.insert_count() : -1);
+  const bool insert = wants(PropertyId::kInsertInvalid) && !ran.empty();
+  // move-to-extra's moved entries (a swap takes the case's own bound: CaseContext::moved_bounds).
+  const bool move = wants(PropertyId::kMoveToExtra) && !ran.empty() &&
+                    !ctx.env.refuses_feature(kFeatureExtraCache) && !ctx.move_swaps();
+  CaseContext::BoundsPrefetch prefetch = ctx.prefetch_requests(
+      ran, insert ? ctx.m.topk + ctx.insert_count() : -1, move ? ctx.moved_extra_topk() : -1);
   BoundsSetVisitor bounds_rows(ctx.m, std::move(prefetch.requests));
   TimedRows timed(bounds_rows);
   const auto to = Clock::now();

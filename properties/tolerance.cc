@@ -16,6 +16,7 @@
 #include <mutex>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 
 #include "core/value_format.h"
 #include "mla/fp_formats.h"
@@ -812,7 +813,14 @@ struct Plan {
 };
 
 Plan plan_of(const MaterializedCase& m, const BoundsRequest& rq) {
-  Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, m.has_extra ? m.extra_topk : 0, 0,
+  if (rq.extra_topk >= 0 && rq.pipeline.lse_merged) {
+    throw std::invalid_argument(
+        "compute_bounds: an LSE-merged pipeline bounds each list alone; it cannot take another "
+        "extra list length (extra_topk " +
+        std::to_string(rq.extra_topk) + ")");
+  }
+  const int extra = rq.extra_topk >= 0 ? rq.extra_topk : (m.has_extra ? m.extra_topk : 0);
+  Plan pl{&rq.pipeline, rq.tile_topk > 0 ? rq.tile_topk : m.topk, extra, 0,
           rq.pipeline.lse_merged && m.has_extra};
   pl.nt = pl.tiles(pl.T_main) +
           (pl.T_extra > 0 && rq.pipeline.token_tile > 0 ? pl.tiles(pl.T_extra) : 0);
@@ -1141,8 +1149,8 @@ void BoundsSetVisitor::visit(const OracleRowView& row) {
 std::vector<Bounds> BoundsSetVisitor::take() { return impl_->builder.take(); }
 
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
-                      int tile_topk) {
-  return std::move(compute_bounds_set(m, ref, {BoundsRequest{p, tile_topk}})[0]);
+                      int tile_topk, int extra_topk) {
+  return std::move(compute_bounds_set(m, ref, {BoundsRequest{p, tile_topk, extra_topk}})[0]);
 }
 
 Pipeline pipeline_of(const Backend& be) {

@@ -141,9 +141,13 @@ struct Bounds {
 
 // Bounds for case m against the oracle's result `ref` (run_oracle_eigen(m)). tile_topk > 0
 // replaces m.topk in the tile and accumulation counts (a metamorphic variant with inserted
-// entries has a longer list but the same valid tokens).
+// entries has a longer list but the same valid tokens). extra_topk >= 0 replaces the extra
+// list's length in those counts (its own, or 0 without an extra cache): a variant that moved
+// entries into a longer extra list (move-to-extra) has the same valid tokens, so a joint
+// pipeline bounds it as m with its list lengths. An LSE-merged pipeline bounds each list alone,
+// so it cannot take extra_topk (std::invalid_argument).
 Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const Pipeline& p,
-                      int tile_topk = 0);
+                      int tile_topk = 0, int extra_topk = -1);
 
 // The bounds of one case for several pipelines (each with its tile_topk, as compute_bounds),
 // in the order asked, with the work no pipeline changes (the rows' decoded keys and logits, as
@@ -155,10 +159,11 @@ Bounds compute_bounds(const MaterializedCase& m, const OracleResult& ref, const 
 // token order, not the token-by-token loops the formulas above read as: the output bounds equal
 // those loops' within a relative 1e-12 (Tolerance.BoundsEqualTheTokenByTokenForm), the LSE
 // bounds bit for bit. A campaign bounds every case for the float64 oracle and each backend's
-// pipeline, twice for insert-invalid's longer lists.
+// pipeline, again for insert-invalid's longer lists and move-to-extra's longer extra lists.
 struct BoundsRequest {
   Pipeline pipeline;
   int tile_topk = 0;
+  int extra_topk = -1;  // as compute_bounds
 };
 std::vector<Bounds> compute_bounds_set(const MaterializedCase& m, const OracleResult& ref,
                                        const std::vector<BoundsRequest>& requests);

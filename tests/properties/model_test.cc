@@ -3,14 +3,17 @@
 // predicate, generator determinism and distribution, corpus round trips, the transformations.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 
@@ -941,6 +944,94 @@ TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
     }
   }
   EXPECT_EQ(compared, 2 * 33 * 10);
+}
+
+// move-to-extra's variant (entries moved into a longer extra list, or the two caches swapped)
+// has the case's valid tokens and exact result in other lists. A joint pipeline reads the lists
+// only through their lengths, so the campaign bounds the variant as the case at the variant's
+// list lengths (compute_bounds with extra_topk, its sums over V derived from the case's own in
+// one set; a swap: the case's own bound). That equals the bound computed on the variant up to
+// the order of its sums: within a relative 1e-12, the same +inf and zero positions, for every
+// joint pipeline (split-KV or not) on generated cases with and without an extra cache and of
+// the production family. The LSE bound's log of a sum of ~1 (lse_weight_error, token by token)
+// moves by a few ulps of 1 with the order of the tokens: within 2^-46 (64 ulps of 1) absolute
+// there. Prints the largest differences seen. An LSE-merged pipeline cannot take another extra
+// list length.
+TEST(Tolerance, MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths) {
+  double out_rel = 0, lse_abs = 0;
+  const auto near = [&](const std::vector<double>& want, const std::vector<double>& got, bool lse,
+                        const std::string& where) {
+    ASSERT_EQ(want.size(), got.size()) << where;
+    for (size_t j = 0; j < want.size(); ++j) {
+      const double a = want[j], b = got[j];
+      if (!std::isfinite(a) || a == 0) {
+        ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b))
+            << "[" << j << "]: " << a << " vs " << b << ", " << where;
+        continue;
+      }
+      const double d = std::fabs(a - b);
+      if (lse) {
+        lse_abs = std::max(lse_abs, d);
+      } else {
+        out_rel = std::max(out_rel, d / std::fabs(a));
+      }
+      ASSERT_LE(d, 1e-12 * std::fabs(a) + (lse ? 0x1p-46 : 0.0))
+          << "[" << j << "]: " << a << " vs " << b << ", " << where;
+    }
+  };
+  std::vector<BoundsRequest> joint;
+  for (const BoundsRequest& r : every_pipeline()) {
+    if (!r.pipeline.lse_merged) joint.push_back(r);
+  }
+  int compared = 0, with_extra = 0;
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 15;
+    if (production) cfg.families = {"production"};
+    const uint64_t seed = production ? 38 : 31;
+    for (uint64_t i = 0; i < (production ? 3u : 40u); ++i) {
+      const MaterializedCase m = materialize(generate_case(seed, i, cfg, nullptr));
+      const OracleResult ref = run_oracle_eigen(m, 1);
+      with_extra += m.has_extra ? 1 : 0;
+      const int count = 1 + static_cast<int>(i % 4);
+      const int moved_extra = (m.has_extra ? m.extra_topk : 0) + count;
+      const MaterializedCase moved = move_to_extra(m, m.recipe.data_seed + 37, count);
+      // The campaign's set: each pipeline at the case's lengths, then at the variant's.
+      std::vector<BoundsRequest> set;
+      for (const BoundsRequest& r : joint) {
+        set.push_back(r);
+        set.push_back({r.pipeline, 0, moved_extra});
+      }
+      const std::vector<Bounds> got = compute_bounds_set(m, ref, set);
+      for (size_t k = 0; k < joint.size(); ++k) {
+        const std::string where = ": seed " + std::to_string(seed) + " case " + std::to_string(i) +
+                                  " request " + std::to_string(k) +
+                                  "; rerun: property_model_tests --gtest_filter="
+                                  "Tolerance.MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths";
+        const Bounds want = compute_bounds(moved, ref, joint[k].pipeline);
+        near(want.out, got[2 * k + 1].out, false, "moved out" + where);
+        near(want.lse, got[2 * k + 1].lse, true, "moved lse" + where);
+        const Bounds alone = compute_bounds(m, ref, joint[k].pipeline, 0, moved_extra);
+        near(alone.out, got[2 * k + 1].out, false, "alone out" + where);
+        ASSERT_EQ(alone.lse, got[2 * k + 1].lse) << "alone lse" << where;
+        if (m.has_extra) {
+          const Bounds swapped = compute_bounds(swap_caches(m), ref, joint[k].pipeline);
+          near(swapped.out, got[2 * k].out, false, "swapped out" + where);
+          near(swapped.lse, got[2 * k].lse, true, "swapped lse" + where);
+        }
+        ++compared;
+      }
+    }
+    Pipeline merged = pipeline_for(Precision::kMmaBf16);
+    merged.lse_merged = true;
+    const MaterializedCase m = materialize(generate_case(seed, 0, cfg, nullptr));
+    EXPECT_THROW(compute_bounds(m, run_oracle_eigen(m, 1), merged, 0, m.topk),
+                 std::invalid_argument);
+  }
+  EXPECT_EQ(compared, 43 * 6);
+  EXPECT_GE(with_extra, 8) << "too few generated cases with an extra cache";
+  std::cout << "[moved-to-extra] " << with_extra << " of 43 cases with an extra cache; largest "
+            << "differences: out " << out_rel << " relative, lse " << lse_abs << " absolute\n";
 }
 
 // The bounds are the formulas of tolerance.h evaluated with their sums over the tokens as matrix
