@@ -217,6 +217,9 @@ struct HeadTail {
   // exp(delta) (the base's) + expm1(delta) sum_k w_k |V_kd - O_d|, without a pass of its own.
   const HeadTail* base = nullptr;
   double delta = 0;
+  // Set before head_prepare when the base's tail is in the same head_finish call: c is not
+  // formed (the derived sum reads the base's and w's).
+  bool derived = false;
 };
 
 // The rounding counts of one pipeline over a list of T entries in nt tiles (tolerance.h, steps
@@ -330,8 +333,10 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
 
   // Output weights w (sink in the denominator), shared by the pipelines.
   if (!sh.ready) share_head(rt, h, hs, sh);
-  tail->c.resize(hs.n);
-  tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
+  if (!tail->derived) {
+    tail->c.resize(hs.n);
+    tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
+  }
   tail->grow = std::exp(e_max);
   tail->sink_term = sh.w_s * std::expm1(e_s);
   tail->g_num = c.g_num;
@@ -546,9 +551,9 @@ struct HeadFinish {
     at.assign(count, -1);
     base_at.assign(count, -1);
     for (size_t i = 0; i < count; ++i) {
-      const auto b = std::find(tails.begin(), tails.end(), tails[i]->base);
-      if (tails[i]->base != nullptr && b != tails.end()) {
-        base_at[i] = static_cast<int>(b - tails.begin());
+      if (tails[i]->derived) {  // its base is an earlier one of tails (prepare_head)
+        base_at[i] =
+            static_cast<int>(std::find(tails.begin(), tails.end(), tails[i]->base) - tails.begin());
         continue;
       }
       at[i] = static_cast<int>(own.size());
@@ -1073,6 +1078,9 @@ void BoundsSetBuilder::prepare_head(int32_t h) {
       hs = HeadSubset{0, n, pl.T_main + pl.T_extra, pl.nt, sink, m_.conv.sink_in_lse, O, lse_ref};
       bool needs_tail = false;
       HeadTail* tail = &tails_[static_cast<size_t>(h) * P_ + i];
+      tail->derived = tail->base != nullptr &&
+                      std::find(tail_ptrs_.begin(), tail_ptrs_.begin() + n_tails, tail->base) !=
+                          tail_ptrs_.begin() + n_tails;
       head_prepare(rt, h, hs, sh, ob, &out_[i].lse[rh], tail, &needs_tail);
       if (needs_tail) tail_ptrs_[n_tails++] = tail;
       joint = true;
