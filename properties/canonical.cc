@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <set>
+#include <string>
+#include <utility>
 
 #include "core/materialize.h"
 #include "mla/tiling.h"
@@ -1056,9 +1059,9 @@ std::vector<ShrinkStep> canonical_steps() {
   return steps;
 }
 
-// The largest |x| over the valid entries of every query row (x = sm_scale q . K, the oracle's
-// logits): +inf when one is not finite, 0 for none or a case that cannot be materialized.
-double max_abs_logit(const Case& c) {
+namespace {
+
+double compute_max_abs_logit(const Case& c) {
   double most = 0;
   try {
     const MaterializedCase m = materialize(c);
@@ -1074,6 +1077,26 @@ double max_abs_logit(const Case& c) {
   } catch (const std::exception&) {
     return 0;
   }
+  return most;
+}
+
+}  // namespace
+
+// The largest |x| over the valid entries of every query row (x = sm_scale q . K, the oracle's
+// logits): +inf when one is not finite, 0 for none or a case that cannot be materialized.
+// Materializing the case is most of the cost, and the canonical walk asks again for the same
+// case (once per value-changing step of a pass, then triage's cause set): the last few answers
+// are kept per thread, keyed by the case's JSON (the whole case, as its file holds it).
+double max_abs_logit(const Case& c) {
+  constexpr size_t kKept = 8;
+  thread_local std::deque<std::pair<std::string, double>> kept;
+  std::string key = to_json(c);
+  for (const auto& [k, v] : kept) {
+    if (k == key) return v;
+  }
+  const double most = compute_max_abs_logit(c);
+  if (kept.size() == kKept) kept.pop_front();
+  kept.emplace_back(std::move(key), most);
   return most;
 }
 
