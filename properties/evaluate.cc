@@ -203,7 +203,7 @@ struct CaseContext {
     for (size_t i = 0; i < keys.size(); ++i) bounds.emplace(keys[i], std::move(got[i + 1]));
   }
   // The extra list's length of move-to-extra's variant when it moves entries (not a swap).
-  int moved_extra_topk() const { return (m.has_extra ? m.extra_topk : 0) + move_count(); }
+  int moved_extra_topk() const { return move_to_extra_topk(m, move_count()); }
   // The bound of move-to-extra's variant for backend be's pipeline. The variant has the case's
   // valid tokens and exact result in other lists; a joint pipeline's bound reads the lists only
   // through their lengths (the list length T and tile count nt of its rounding terms), so it is

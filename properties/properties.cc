@@ -593,6 +593,10 @@ void set_extra_recipe(MaterializedCase& r) {
 
 }  // namespace
 
+int move_to_extra_topk(const MaterializedCase& m, int count) {
+  return (m.has_extra ? m.extra_topk : 0) + count;
+}
+
 MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 10);
@@ -606,7 +610,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
   const int64_t row_pad = m.indices_batch_stride - int64_t{m.s_q} * m.indices_token_stride;
   const int32_t old_topk = r.extra_topk;
   std::vector<int32_t> new_extra;
-  r.extra_topk = old_topk + count;
+  r.extra_topk = move_to_extra_topk(m, count);
   for (int32_t b = 0; b < m.batch; ++b) {
     const int32_t len = row_length(m, b) < 0 ? m.topk : std::min(row_length(m, b), m.topk);
     const int32_t elen = r.extra_topk_length.empty()

@@ -50,6 +50,8 @@ MaterializedCase query_alone(const MaterializedCase& m, int b, int s);
 // count (tokens with fewer valid entries get -1 there). extra_topk grows by count. The
 // mathematical result is unchanged.
 MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int count);
+// The extra list length (extra_topk) of move_to_extra(m, seed, count)'s result.
+int move_to_extra_topk(const MaterializedCase& m, int count);
 
 // The main and the extra cache exchanged (geometry, bytes, lists, lengths); unchanged without
 // an extra cache. The mathematical result is unchanged.
