@@ -220,6 +220,12 @@ struct HeadTail {
   // Set before head_prepare when the base's tail is in the same head_finish call: c is not
   // formed (the derived sum reads the base's and w's).
   bool derived = false;
+  // head_prepare's results that depend on the logit errors alone (set when it reaches the tail):
+  // a derived tail's are the base's plus delta (every logit error, the sink's too, moves by
+  // delta, and so does the LSE weight error, a log of sums of w'_k exp(+-e_k)), the same values
+  // up to their last rounding (the base's bits when delta is 0: the same tile count), without
+  // forming them again.
+  double e_max = 0, e_s = 0, lse_weight_error = 0;
 };
 
 // The rounding counts of one pipeline over a list of T entries in nt tiles (tolerance.h, steps
@@ -304,31 +310,42 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
   const ListCounts c = list_counts(p, rt.dqk, hs.T, hs.nt);
   const auto x_row = rt.X.row(h).segment(hs.k0, hs.n);
   const double sink = hs.sink;
-  const double x_max = x_row.maxCoeff(), x_min = x_row.minCoeff();
-  const double R = x_max - x_min;
-  const Eigen::ArrayXd e = logit_errors(rt, h, hs, c, x_max, R);
+  const double x_max = x_row.maxCoeff();
   const bool sink_pos_inf = sink == kInf;
   const bool sink_finite = std::isfinite(sink);
-  const double e_s =
-      sink_finite ? 2 * u * (std::fabs(sink - x_max) + c.r_mult * R) + c.exp_ulps : 0.0;
   const bool lse_bounded = !(hs.sink_in_lse && sink_pos_inf) && std::isfinite(hs.lse_ref);
-  // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
-  // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
-  // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
-  if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
-    if (lse_bounded) *lb = kInf;
-    if (!sink_pos_inf) std::fill(ob, ob + rt.dv, kInf);
-    return kInf;
+  // The logit errors e, their largest and the LSE weight error; a derived tail's from its
+  // base's (HeadTail::e_max; the base was prepared before it and reached its tail: not hopeless,
+  // no +inf sink), unless delta takes them past the hopeless limit.
+  Eigen::ArrayXd e, ex_e;  // e_k, exp(e_k)
+  double e_s = 0, lw = 0, e_max = 0;
+  const HeadTail* base = tail->derived ? tail->base : nullptr;
+  const double delta = tail->delta;
+  if (base != nullptr && base->e_max + delta <= kHopelessLogitError) {
+    e_s = sink_finite ? base->e_s + delta : 0.0;
+    lw = base->lse_weight_error + delta;
+    e_max = base->e_max + delta;
+  } else {
+    const double R = x_max - x_row.minCoeff();
+    e = logit_errors(rt, h, hs, c, x_max, R);
+    e_s = sink_finite ? 2 * u * (std::fabs(sink - x_max) + c.r_mult * R) + c.exp_ulps : 0.0;
+    // Logit errors so large that exp(e) overflows float64 (|x| ~ 1e7 with large scales): the
+    // model bounds nothing for this row, so every element's bound is +inf. Handled here, not
+    // below, because 0 * exp(e) would otherwise make the bound NaN (found by the mutants run).
+    if (e.maxCoeff() > kHopelessLogitError || e_s > kHopelessLogitError) {
+      if (lse_bounded) *lb = kInf;
+      if (!sink_pos_inf) std::fill(ob, ob + rt.dv, kInf);
+      return kInf;
+    }
+    const bool lse_sink = hs.sink_in_lse && sink_finite;
+    share_lse_weights(rt, h, hs, lse_sink, x_max, sh);
+    lw = lse_weight_error(sh, e, e_s, lse_sink, ex_e);
+    e_max = std::max(e_s, e.maxCoeff());
   }
-  const bool lse_sink = hs.sink_in_lse && sink_finite;
-  share_lse_weights(rt, h, hs, lse_sink, x_max, sh);
-  Eigen::ArrayXd ex_e;  // exp(e_k)
-  const double lw = lse_weight_error(sh, e, e_s, lse_sink, ex_e);
   if (lse_bounded) {
     *lb = lw - std::log1p(-c.g_lse) + p.c_exp * u * (std::fabs(hs.lse_ref) + std::fabs(x_max) + 1) +
           2 * u * std::fabs(hs.lse_ref) + hs.T * p.eta;
   }
-  const double e_max = std::max(e_s, e.maxCoeff());
   if (sink_pos_inf) return e_max;  // out exactly 0: exp(+inf - m) = inf in the denominator
 
   // Output weights w (sink in the denominator), shared by the pipelines.
@@ -337,6 +354,9 @@ double head_prepare(const RowTerms& rt, int h, const HeadSubset& hs, HeadShared&
     tail->c.resize(hs.n);
     tail->c.array() = sh.w.array() * expm1_of(e, ex_e);
   }
+  tail->e_max = e_max;
+  tail->e_s = e_s;
+  tail->lse_weight_error = lw;
   tail->grow = std::exp(e_max);
   tail->sink_term = sh.w_s * std::expm1(e_s);
   tail->g_num = c.g_num;
