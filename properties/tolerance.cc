@@ -561,6 +561,7 @@ struct HeadFinish {
   Eigen::MatrixXd sums;              // [d_v, own]: sum_k c_k |V_kd - O_d| of each pass
   std::vector<const double*> c;
   std::vector<double*> sum_at;
+  std::vector<double> derived_l1;  // a derived tail's sums of the block (run)
 
   // Sets up the passes of tails (each after its head_prepare) for head hs.
   void plan(const HeadSubset& subset, const HeadShared& shared, HeadTail* const* t, size_t count) {
@@ -610,26 +611,36 @@ struct HeadFinish {
     for (Eigen::Index i = 0; i < sums.cols(); ++i) sum_at.push_back(sums.col(i).data());
     weighted_l1_any(rt.VT + hs->k0 * rt.vt_ld, rt.vt_ld, hs->O, n, d0, d1, c.data(), sum_at.data(),
                     own.size());
-    using Seg = Eigen::Map<const Eigen::ArrayXd>;
-    const Eigen::ArrayXd od = Seg(hs->O + d0, nd).abs();
-    const Seg wvd(sh->wvd + d0, nd), uvd(sh->uvd + d0, nd);
-    Eigen::ArrayXd l1, first, abs_terms;
+    const double* o = hs->O + d0;
+    const double* wvd = sh->wvd + d0;
+    const double* uvd = sh->uvd + d0;
+    derived_l1.resize(static_cast<size_t>(nd));
     for (size_t i = 0; i < tails.size(); ++i) {
       const HeadTail& tl = *tails[i];
-      if (at[i] >= 0) {
-        l1 = sums.col(at[i]).segment(d0, nd).array();
-      } else {
-        l1 = scale[i] * sums.col(at[base_at[i]]).segment(d0, nd).array() +
-             shift[i] * sums.col(w_at).segment(d0, nd).array();
+      const double* l1 = sums.col(at[i] >= 0 ? at[i] : 0).data() + d0;
+      if (at[i] < 0) {
+        const double* sb = sums.col(at[base_at[i]]).data() + d0;
+        const double* sw = sums.col(w_at).data() + d0;
+        for (Eigen::Index d = 0; d < nd; ++d) derived_l1[d] = scale[i] * sb[d] + shift[i] * sw[d];
+        l1 = derived_l1.data();
       }
-      first = tl.grow * (l1 + tl.sink_term * od);
-      first = first + tl.grow * (tl.g_num * wvd + tl.g_den * od);
-      if (tl.bf16_p) first = first + tl.grow * kU16 * wvd;
-      // V's dequantization rounding (V32: every V dim is quantized): sum_k w_k |dV_kd|.
-      if (tl.uk > 0) first = first + tl.grow * (tl.uk * wvd + tl.etak);
-      abs_terms = tl.abs_base + uvd;
-      if (tl.sink_overflow) abs_terms = abs_terms + (od + wvd);
-      Eigen::Map<Eigen::ArrayXd>(tl.ob + d0, nd) = first * kSecondOrder + abs_terms;
+      // The element's terms, one expression after the other as they read (the build does not
+      // contract products and sums, so these are the bits of the same sums formed array by
+      // array); one pass over the block instead of one per term.
+      const bool bf16_p = tl.bf16_p, uk = tl.uk > 0, sink_overflow = tl.sink_overflow;
+      const double grow = tl.grow, grow_u16 = tl.grow * kU16;
+      double* ob = tl.ob + d0;
+      for (Eigen::Index d = 0; d < nd; ++d) {
+        const double od = std::fabs(o[d]);
+        double first = grow * (l1[d] + tl.sink_term * od);
+        first = first + grow * (tl.g_num * wvd[d] + tl.g_den * od);
+        if (bf16_p) first = first + grow_u16 * wvd[d];
+        // V's dequantization rounding (V32: every V dim is quantized): sum_k w_k |dV_kd|.
+        if (uk) first = first + grow * (tl.uk * wvd[d] + tl.etak);
+        double abs_terms = tl.abs_base + uvd[d];
+        if (sink_overflow) abs_terms = abs_terms + (od + wvd[d]);
+        ob[d] = first * kSecondOrder + abs_terms;
+      }
     }
   }
 };
