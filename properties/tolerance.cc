@@ -617,12 +617,13 @@ struct HeadFinish {
     derived_l1.resize(static_cast<size_t>(nd));
     for (size_t i = 0; i < tails.size(); ++i) {
       const HeadTail& tl = *tails[i];
-      const double* l1 = sums.col(at[i] >= 0 ? at[i] : 0).data() + d0;
-      if (at[i] < 0) {
+      const double* l1 = derived_l1.data();
+      if (at[i] >= 0) {
+        l1 = sums.col(at[i]).data() + d0;
+      } else {
         const double* sb = sums.col(at[base_at[i]]).data() + d0;
         const double* sw = sums.col(w_at).data() + d0;
         for (Eigen::Index d = 0; d < nd; ++d) derived_l1[d] = scale[i] * sb[d] + shift[i] * sw[d];
-        l1 = derived_l1.data();
       }
       // The element's terms, one expression after the other as they read (the build does not
       // contract products and sums, so these are the bits of the same sums formed array by

@@ -845,6 +845,27 @@ std::vector<BoundsRequest> every_pipeline() {
   return req;
 }
 
+// Two bounds that must be equal up to the rounding of their sums: the same +inf, NaN and zero
+// positions (bit for bit), elsewhere within 1e-12 relative, and 2^-46 (64 ulps of 1) absolute
+// more for an LSE bound, whose log of a sum of ~1 moves by a few ulps of 1 with the order of
+// that sum. Keeps the largest differences in worst: output relative, LSE absolute.
+void expect_near_bounds(const std::vector<double>& want, const std::vector<double>& got, bool lse,
+                        const std::string& where, double (&worst)[2]) {
+  ASSERT_EQ(want.size(), got.size()) << where;
+  for (size_t j = 0; j < want.size(); ++j) {
+    const double a = want[j], b = got[j];
+    if (!std::isfinite(a) || a == 0) {
+      ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b))
+          << "[" << j << "]: " << a << " vs " << b << ", " << where;
+      continue;
+    }
+    const double d = std::fabs(a - b);
+    worst[lse] = std::max(worst[lse], lse ? d : d / std::fabs(a));
+    ASSERT_LE(d, 1e-12 * std::fabs(a) + (lse ? 0x1p-46 : 0.0))
+        << "[" << j << "]: " << a << " vs " << b << ", " << where;
+  }
+}
+
 // compute_bounds_set shares the pipeline-free work of several bounds; each bound must be the one
 // compute_bounds gives alone, bit for bit (up to rounding for a pipeline repeated over a longer
 // list: 1e-12 relative, and 2^-46 absolute for its LSE bound), for every pipeline (joint and
@@ -873,24 +894,13 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
       // errors' largest and LSE weight error are those requests' plus delta: the same values up
       // to rounding.
       if (k + 2 >= r.size()) {
-        for (const bool lse : {false, true}) {
-          const std::vector<double>& want = lse ? one.lse : one.out;
-          const std::vector<double>& got = lse ? set[k].lse : set[k].out;
-          for (size_t j = 0; j < want.size(); ++j) {
-            const double a = want[j], b = got[j];
-            if (!std::isfinite(a) || a == 0) {
-              ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b));
-              continue;
-            }
-            worst[lse] = std::max(worst[lse], std::fabs(a - b) / (lse ? 1.0 : std::fabs(a)));
-            // The LSE bound's log of a sum of ~1 is rounded to a few ulps of 1 (as in
-            // Tolerance.MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths): 2^-46 absolute.
-            ASSERT_LE(std::fabs(a - b), 1e-12 * std::fabs(a) + (lse ? 0x1p-46 : 0.0))
-                << "case " << i << " request " << k << (lse ? " lse[" : " out[") << j << "]: " << a
-                << " vs " << b << "; rerun: property_model_tests "
-                << "--gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
-          }
-        }
+        const std::string where = "case " + std::to_string(i) + " request " + std::to_string(k) +
+                                  "; rerun: property_model_tests "
+                                  "--gtest_filter=Tolerance.BoundsSetEqualsBoundsOneByOne";
+        ASSERT_NO_FATAL_FAILURE(
+            expect_near_bounds(one.out, set[k].out, false, "out, " + where, worst));
+        ASSERT_NO_FATAL_FAILURE(
+            expect_near_bounds(one.lse, set[k].lse, true, "lse, " + where, worst));
         ++compared;
         continue;
       }
@@ -970,26 +980,10 @@ TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
 TEST(Tolerance, MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths) {
   const int without_extra = testing::full_or_quick(40, 6);
   const uint64_t production_cases = testing::full_or_quick(3u, 1u);
-  double out_rel = 0, lse_abs = 0;
+  double worst[2] = {0, 0};  // output relative, LSE absolute
   const auto near = [&](const std::vector<double>& want, const std::vector<double>& got, bool lse,
                         const std::string& where) {
-    ASSERT_EQ(want.size(), got.size()) << where;
-    for (size_t j = 0; j < want.size(); ++j) {
-      const double a = want[j], b = got[j];
-      if (!std::isfinite(a) || a == 0) {
-        ASSERT_EQ(std::bit_cast<uint64_t>(a), std::bit_cast<uint64_t>(b))
-            << "[" << j << "]: " << a << " vs " << b << ", " << where;
-        continue;
-      }
-      const double d = std::fabs(a - b);
-      if (lse) {
-        lse_abs = std::max(lse_abs, d);
-      } else {
-        out_rel = std::max(out_rel, d / std::fabs(a));
-      }
-      ASSERT_LE(d, 1e-12 * std::fabs(a) + (lse ? 0x1p-46 : 0.0))
-          << "[" << j << "]: " << a << " vs " << b << ", " << where;
-    }
+    ASSERT_NO_FATAL_FAILURE(expect_near_bounds(want, got, lse, where, worst));
   };
   std::vector<BoundsRequest> joint;
   for (const BoundsRequest& r : every_pipeline()) {
@@ -1049,8 +1043,8 @@ TEST(Tolerance, MovedToExtraBoundIsTheCaseBoundAtTheVariantLengths) {
   EXPECT_EQ(compared, cases * 6);
   EXPECT_GE(with_extra, 8) << "too few generated cases with an extra cache";
   std::cout << "[moved-to-extra] " << with_extra << " of " << cases
-            << " cases with an extra cache; largest differences: out " << out_rel
-            << " relative, lse " << lse_abs << " absolute\n";
+            << " cases with an extra cache; largest differences: out " << worst[0]
+            << " relative, lse " << worst[1] << " absolute\n";
 }
 
 // The bounds are the formulas of tolerance.h evaluated with their sums over the tokens as matrix
