@@ -4,6 +4,8 @@
 // a default and test something other than what the author meant.
 #include "core/case.h"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -646,31 +648,65 @@ bool is_flat_array(const json& j) {
   return true;
 }
 
+// A scalar as nlohmann's dump() writes it; integers (most of a case file: its index lists)
+// without the serializer's temporary string.
+void print_scalar(const json& j, std::string& out) {
+  if (j.is_number_integer()) {
+    char buf[24];
+    const auto r = j.is_number_unsigned() ? std::to_chars(buf, buf + sizeof buf, j.get<uint64_t>())
+                                          : std::to_chars(buf, buf + sizeof buf, j.get<int64_t>());
+    out.append(buf, r.ptr);
+  } else {
+    out += j.dump();
+  }
+}
+
+// A key as dump() writes it: a plain ASCII key as is between quotes, any other escaped by dump().
+void print_key(const std::string& key, std::string& out) {
+  const bool plain = std::all_of(key.begin(), key.end(), [](char ch) {
+    return ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\';
+  });
+  if (plain) {
+    out += '"';
+    out += key;
+    out += '"';
+  } else {
+    out += json(key).dump();
+  }
+}
+
 void print(const json& j, int indent, std::string& out) {
-  const std::string pad(static_cast<size_t>(indent) + 2, ' ');
+  const size_t pad = static_cast<size_t>(indent) + 2;
   if (j.is_object() && !j.empty()) {
     out += "{\n";
     size_t i = 0;
     for (const auto& [key, value] : j.items()) {
-      out += pad + json(key).dump() + ": ";
+      out.append(pad, ' ');
+      print_key(key, out);
+      out += ": ";
       print(value, indent + 2, out);
       out += ++i < j.size() ? ",\n" : "\n";
     }
-    out += std::string(static_cast<size_t>(indent), ' ') + "}";
+    out.append(static_cast<size_t>(indent), ' ');
+    out += '}';
   } else if (j.is_array() && !j.empty() && !is_flat_array(j)) {
     out += "[\n";
     for (size_t i = 0; i < j.size(); ++i) {
-      out += pad;
+      out.append(pad, ' ');
       print(j[i], indent + 2, out);
       out += i + 1 < j.size() ? ",\n" : "\n";
     }
-    out += std::string(static_cast<size_t>(indent), ' ') + "]";
+    out.append(static_cast<size_t>(indent), ' ');
+    out += ']';
   } else if (j.is_array()) {
-    out += "[";
-    for (size_t i = 0; i < j.size(); ++i) out += (i ? ", " : "") + j[i].dump();
-    out += "]";
+    out += '[';
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i != 0) out += ", ";
+      print_scalar(j[i], out);
+    }
+    out += ']';
   } else {
-    out += j.dump();
+    print_scalar(j, out);
   }
 }
 
@@ -792,21 +828,25 @@ void validate_lists(const Case& c, const std::vector<std::vector<int32_t>>& list
           "has " + std::to_string(row.size()) + " entries, expected " +
               (name == "indices" ? "topk" : name.substr(0, name.size() - 7) + "topk") + " = " +
               std::to_string(topk));
+    // Every entry of every list: the messages are formed only for a bad entry (a shrink
+    // validates each of its candidates).
     for (size_t k = 0; k < row.size(); ++k) {
       const int32_t idx = row[k];
-      const std::string field = at(list, k);
       // Positive out-of-range indices are undefined behaviour unless the convention makes them
       // invalid entries.
-      check(out_of_range || idx < slots, field,
-            std::to_string(idx) +
-                " is out of range: the cache has num_pages * page_size = " + std::to_string(slots) +
-                " slots (only conventions.invalid_index \"out_of_range\" makes it an invalid "
-                "entry)");
+      if (!out_of_range && idx >= slots) {
+        const std::string cache =
+            "the cache has num_pages * page_size = " + std::to_string(slots) + " slots";
+        throw CaseError(at(list, k), std::to_string(idx) + " is out of range: " + cache +
+                                         " (only conventions.invalid_index \"out_of_range\" "
+                                         "makes it an invalid entry)");
+      }
       // FlashMLA treats only -1 as invalid; other negatives are undefined behaviour there.
-      check(!(minus_one_only && idx < -1), field,
-            std::to_string(idx) +
-                " is negative but not -1, undefined behaviour under "
-                "conventions.invalid_index \"minus_one_only\"");
+      if (minus_one_only && idx < -1) {
+        throw CaseError(at(list, k), std::to_string(idx) +
+                                         " is negative but not -1, undefined behaviour under "
+                                         "conventions.invalid_index \"minus_one_only\"");
+      }
     }
   }
 }
