@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sanitized host build (docs/testing.md, "Sanitized build"): the host code, the tests and
 # the plugins built with AddressSanitizer (leak detection on) and UndefinedBehaviorSanitizer,
-# CUDA off, then the fast tests: everything but the GPU tests and the tests labelled slow (the
-# corpus replay).
+# CUDA off, then the fast tests: everything but the GPU tests, the tests labelled slow (the
+# corpus replay) and those labelled static (checks of the sources that run no compiled code).
 # Fails when a test fails and when any sanitizer report shows in the tests' output.
 # Usage: scripts/sanitize.sh [BUILD_DIR]   (default: build-san). Run by .ci/run.
 set -euo pipefail
@@ -35,7 +35,7 @@ t1=$SECONDS
 status=0
 # Not the Slurm test: it checks daemons and the nightly script over half a minute of campaigns,
 # which the unsanitized run of .ci/run already does.
-ctest --test-dir "$build_dir" --output-on-failure -j2 -LE 'gpu|slow|slurm' || status=$?
+ctest --test-dir "$build_dir" --output-on-failure -j2 -LE 'gpu|slow|slurm|static' || status=$?
 echo "sanitize: tests: $((SECONDS - t1)) s"
 # Reports of processes whose exit status a test does not see (e.g. a worker whose failure the
 # campaign records as a finding) still reach the test's output.
