@@ -23,10 +23,11 @@ add_compile_options(${MLAFUZZ_SANITIZE_FLAGS})
 add_link_options(${MLAFUZZ_SANITIZE_FLAGS})
 # Executables linked at a fixed address. A sanitized position-independent executable carries
 # about 1.8 million run-time relocations (a pointer in every UBSan check's static data and in
-# ASan's global descriptors), which the loader applied at every process start, writing to most
-# pages of a 50 MB data section: most of a start's time, and the tests start the tool, its
-# workers and the test executables thousands of times. Fixed-address executables need none of
-# them; the objects (position-independent by the compiler's default) and the sanitizers are the
-# same. Plugins and other shared objects stay position-independent.
+# ASan's global descriptors), which the loader applied at every process start, writing to the
+# pages of a 50 MB data section: 0.40 -> 0.24 s of CPU per start of `mlafuzz --version`, and
+# every sanitized test starts at least one process (most start several: the tool, its workers).
+# Fixed-address executables need none of them; the objects (position-independent by the
+# compiler's default) and the sanitizers are the same. Plugins and other shared objects stay
+# position-independent.
 string(APPEND CMAKE_EXE_LINKER_FLAGS " -no-pie")
 message(STATUS "mlafuzz: sanitizers ${MLAFUZZ_SANITIZE} (host only)")
