@@ -328,28 +328,27 @@ INSTANTIATE_TEST_SUITE_P(
                 "scales.exp_hi"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; });
 
+// validate(c) refuses c naming `field`, with exactly `reason`.
+void expect_refused(const Case& c, const std::string& field, const std::string& reason) {
+  try {
+    validate(c);
+    FAIL() << "accepted";
+  } catch (const CaseError& e) {
+    EXPECT_EQ(e.field(), field);
+    EXPECT_EQ(e.reason(), reason);
+  }
+}
+
 TEST(CaseValidation, AnyNegativeConventionAcceptsOtherNegatives) {
   Case c = small_case();
   c.indices = {{0, -7, 2, 3, 4, 5, 6}, {-1, 13, -100, 0, 0, 1, 2}};
-  try {
-    validate(c);
-    FAIL() << "accepted";
-  } catch (const CaseError& e) {
-    EXPECT_EQ(e.field(), "indices[0][1]");
-    EXPECT_EQ(e.reason(),
-              "-7 is negative but not -1, undefined behaviour under conventions.invalid_index "
-              "\"minus_one_only\"");
-  }
+  expect_refused(c, "indices[0][1]",
+                 "-7 is negative but not -1, undefined behaviour under conventions.invalid_index "
+                 "\"minus_one_only\"");
   c.indices[0][1] = 99;  // past the 3 pages of 5 slots
-  try {
-    validate(c);
-    FAIL() << "accepted";
-  } catch (const CaseError& e) {
-    EXPECT_EQ(e.field(), "indices[0][1]");
-    EXPECT_EQ(e.reason(),
-              "99 is out of range: the cache has num_pages * page_size = 15 slots (only "
-              "conventions.invalid_index \"out_of_range\" makes it an invalid entry)");
-  }
+  expect_refused(c, "indices[0][1]",
+                 "99 is out of range: the cache has num_pages * page_size = 15 slots (only "
+                 "conventions.invalid_index \"out_of_range\" makes it an invalid entry)");
   c.indices[0][1] = -7;
   c.conventions.invalid_index = mla::InvalidIndexRule::kAnyNegative;
   EXPECT_NO_THROW(validate(c));
