@@ -12,6 +12,20 @@
 #include "core/rng.h"
 
 namespace mlafuzz {
+
+const CacheBytes::Vector& CacheBytes::vec() const {
+  static const Vector kEmpty;
+  return p_ ? *p_ : kEmpty;
+}
+
+CacheBytes::Vector& CacheBytes::mut() {
+  if (!p_) {
+    p_ = std::make_shared<Vector>();
+  } else if (p_.use_count() > 1) {
+    p_ = std::make_shared<Vector>(*p_);  // unshared: a SharedVector copy (inherits the identity)
+  }
+  return *p_;
+}
 namespace {
 
 // Whether element `element` takes a special value (its stream CounterRng(seed, kSpecial,
@@ -738,12 +752,13 @@ void fill_q(const Case& c, MaterializedCase& m) {
 
 // Fills m.cache (tokens, padding, guard) and m.indices (physical slots, then each row's pad).
 void fill_main_cache(const Case& c, MaterializedCase& m) {
-  m.cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
-  fill_cache_padding(m.cache, c.pad_fill, c.data_seed);
-  add_cache_guard(m.cache, m.geom, m.conv);
+  CacheBytes::Vector& cache = m.cache.mut();
+  cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
+  fill_cache_padding(cache, c.pad_fill, c.data_seed);
+  add_cache_guard(cache, m.geom, m.conv);
   Case placed = c;
   placed.geom = m.geom;
-  write_tokens(placed, m.geom, m.cache);
+  write_tokens(placed, m.geom, cache);
 
   m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
   const int64_t slots = mla::num_slots(m.geom);
@@ -767,14 +782,15 @@ void fill_extra_cache(const Case& c, MaterializedCase& m) {
   m.extra_geom = c.extra_geom();
   if (m.extra_geom.page_stride == 0) m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
   m.recipe.extra->page_stride = m.extra_geom.page_stride;
-  m.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
+  CacheBytes::Vector& extra_cache = m.extra_cache.mut();
+  extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
   // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
   // repeats the other's garbage.
-  fill_cache_padding(m.extra_cache, c.pad_fill, c.data_seed, 3);
-  add_cache_guard(m.extra_cache, m.extra_geom, m.conv);
+  fill_cache_padding(extra_cache, c.pad_fill, c.data_seed, 3);
+  add_cache_guard(extra_cache, m.extra_geom, m.conv);
   Case view = extra_as_main(c);
   view.geom = m.extra_geom;
-  write_tokens(view, m.extra_geom, m.extra_cache, extra_streams(c));
+  write_tokens(view, m.extra_geom, extra_cache, extra_streams(c));
   m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
   const int64_t extra_slots = mla::num_slots(m.extra_geom);
   for (int32_t b = 0; b < m.batch; ++b) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/case.h"
@@ -60,6 +61,45 @@ struct InputTags {
   }
 };
 
+// A case's paged cache bytes, shared by a case and its copies until one of them writes
+// (copy on write). Most property variants change index lists, heads or rows and keep the
+// cache's bytes: they read the case's buffer instead of copying megabytes each. Reads are const
+// (data(), size(), operator[], vec()); a write goes through mut(), which first gives this
+// holder its own copy when another holder shares the buffer (the copy is a SharedVector copy,
+// so it inherits the buffer's arena identity: core/shared_arena.h). Like any object, a holder is
+// not written (mut, replace, clear, swap) by one thread while another uses it; holders that
+// share a buffer may be used from different threads.
+class CacheBytes {
+ public:
+  using Vector = SharedVector<uint8_t>;
+
+  const uint8_t* data() const { return p_ ? p_->data() : nullptr; }
+  size_t size() const { return p_ ? p_->size() : 0; }
+  bool empty() const { return size() == 0; }
+  const uint8_t& operator[](size_t i) const { return (*p_)[i]; }
+  Vector::const_iterator begin() const { return vec().begin(); }
+  Vector::const_iterator end() const { return vec().end(); }
+  const Vector& vec() const;
+  // The bytes to write: this holder's own buffer (copied first when it is shared).
+  Vector& mut();
+  // A new, empty buffer in place of the held one, for bytes written from scratch (the held
+  // buffer stays with the holders that share it, and is never copied).
+  Vector& replace() {
+    p_ = std::make_shared<Vector>();
+    return *p_;
+  }
+  // Drops this holder's reference (the bytes stay with the holders that share them).
+  void clear() { p_.reset(); }
+  void swap(CacheBytes& o) noexcept { p_.swap(o.p_); }
+  // Equal bytes (shared or not).
+  friend bool operator==(const CacheBytes& a, const CacheBytes& b) { return a.vec() == b.vec(); }
+  // Whether both hold the very same buffer (not only equal bytes).
+  bool shares(const CacheBytes& o) const { return p_ != nullptr && p_ == o.p_; }
+
+ private:
+  std::shared_ptr<Vector> p_;
+};
+
 struct MaterializedCase {
   Case recipe;              // with indices made explicit (logical positions) and stride resolved
   mla::CacheGeometry geom;  // page_stride resolved
@@ -82,7 +122,7 @@ struct MaterializedCase {
   int64_t q_head_stride = 0;         // d_qk + q_head_pad
   int64_t q_token_stride = 0;        // H * q_head_stride
   int64_t q_batch_stride = 0;        // s_q * q_token_stride + q_batch_pad
-  SharedVector<uint8_t> cache;       // [num_pages * page_stride] exact layout bytes
+  CacheBytes cache;                  // [num_pages * page_stride] exact layout bytes
   std::vector<int32_t> indices;      // [B, indices_batch_stride] physical global slots
   int64_t indices_token_stride = 0;  // topk
   int64_t indices_batch_stride = 0;  // s_q * topk + indices_row_pad
@@ -99,7 +139,7 @@ struct MaterializedCase {
   bool has_extra = false;
   mla::CacheGeometry extra_geom;  // page_stride resolved
   int32_t extra_topk = 0;
-  SharedVector<uint8_t> extra_cache;       // [extra num_pages * page_stride]
+  CacheBytes extra_cache;                  // [extra num_pages * page_stride]
   std::vector<int32_t> extra_indices;      // [B, extra_indices_batch_stride] physical slots
   int64_t extra_indices_token_stride = 0;  // extra_topk
   int64_t extra_indices_batch_stride = 0;  // s_q * extra_topk + indices_row_pad

@@ -148,10 +148,11 @@ void check(const MaterializedCase& m, const std::vector<LoopCache>& caches) {
 // The main cache and, when the case has one, the extra cache, as the loops read them.
 std::vector<LoopCache> loop_caches(const MaterializedCase& m) {
   std::vector<LoopCache> caches;
-  caches.push_back({LoopLayout(m.geom), &m.cache, m.geom.num_pages, &m.indices, &m.topk_length,
-                    m.topk, m.indices_token_stride, m.indices_batch_stride, "indices"});
+  caches.push_back({LoopLayout(m.geom), &m.cache.vec(), m.geom.num_pages, &m.indices,
+                    &m.topk_length, m.topk, m.indices_token_stride, m.indices_batch_stride,
+                    "indices"});
   if (m.has_extra) {
-    caches.push_back({LoopLayout(m.extra_geom), &m.extra_cache, m.extra_geom.num_pages,
+    caches.push_back({LoopLayout(m.extra_geom), &m.extra_cache.vec(), m.extra_geom.num_pages,
                       &m.extra_indices, &m.extra_topk_length, m.extra_topk,
                       m.extra_indices_token_stride, m.extra_indices_batch_stride, "extra_indices"});
   }

@@ -119,7 +119,7 @@ namespace {
 // One cache and its lists as the transformations see them (the main or the extra cache).
 struct CacheView {
   mla::CacheGeometry* geom;
-  SharedVector<uint8_t>* cache;
+  CacheBytes* cache;
   std::vector<int32_t>* indices;
   std::vector<int32_t>* lengths;
   int32_t* topk;
@@ -225,7 +225,7 @@ MaterializedCase poison_case(const MaterializedCase& m, int variant) {
     // Both caches (docs/SPEC.md section 8): every byte no valid selected token of that cache uses.
     const CounterRng rng(seed, Stream::kPoison, c == 0 ? 0 : 7);
     const std::vector<uint8_t> used = c == 0 ? used_cache_bytes(m) : used_extra_cache_bytes(m);
-    SharedVector<uint8_t>& bytes = *views[c].cache;
+    SharedVector<uint8_t>& bytes = views[c].cache->mut();
     fill_poison(variant, rng, bytes.data(), 0, bytes.size(), &used);
   }
   // Head pads, the gap after the last head of a token and after the last token of a batch row:
@@ -350,7 +350,8 @@ void relocate(const CacheView& v, const SharedVector<uint8_t>& old, CounterRng& 
   }
   // Page perm[p] holds old page p's min_stride bytes; every other byte is random
   // (fill_poison(1) over the whole cache, taken where no page is copied to).
-  v.cache->assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
+  SharedVector<uint8_t>& bytes = v.cache->replace();
+  bytes.assign(static_cast<size_t>(mla::cache_bytes(ng)), 0);
   const CounterRng fill(seed, Stream::kPoison, fill_stream);
   std::vector<uint8_t> holds(static_cast<size_t>(ng.num_pages), 0);
   for (int32_t p = 0; p < g.num_pages; ++p)
@@ -359,15 +360,14 @@ void relocate(const CacheView& v, const SharedVector<uint8_t>& old, CounterRng& 
     const auto page = static_cast<size_t>(q) * static_cast<size_t>(ng.page_stride);
     const size_t from =
         page + (holds[static_cast<size_t>(q)] ? static_cast<size_t>(min_stride) : 0);
-    fill_poison(1, fill, v.cache->data(), from, page + static_cast<size_t>(ng.page_stride),
-                nullptr);
+    fill_poison(1, fill, bytes.data(), from, page + static_cast<size_t>(ng.page_stride), nullptr);
   }
   for (int32_t p = 0; p < g.num_pages; ++p) {
-    std::memcpy(
-        v.cache->data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
-        old.data() + static_cast<int64_t>(p) * g.page_stride, static_cast<size_t>(min_stride));
+    std::memcpy(bytes.data() + static_cast<int64_t>(perm[static_cast<size_t>(p)]) * ng.page_stride,
+                old.data() + static_cast<int64_t>(p) * g.page_stride,
+                static_cast<size_t>(min_stride));
   }
-  add_guard(*v.cache, ng, conv);
+  add_guard(bytes, ng, conv);
   // Only slots: the row gaps hold no index (they may be out of range). Entries past the cache
   // (invalid under out_of_range) stay past the grown one.
   const int64_t slots = mla::num_slots(g);
@@ -384,9 +384,11 @@ void relocate(const CacheView& v, const SharedVector<uint8_t>& old, CounterRng& 
 MaterializedCase relocate_pages(const MaterializedCase& m, uint64_t seed, int64_t stride_multiple) {
   MaterializedCase r = m;
   CounterRng rng(seed, Stream::kPoison, 3);
-  relocate(main_view(r), m.cache, rng, seed, 4, stride_multiple, m.conv);
+  relocate(main_view(r), m.cache.vec(), rng, seed, 4, stride_multiple, m.conv);
   // The extra cache moves too, with its own permutation and stride.
-  if (r.has_extra) relocate(extra_view(r), m.extra_cache, rng, seed, 9, stride_multiple, m.conv);
+  if (r.has_extra) {
+    relocate(extra_view(r), m.extra_cache.vec(), rng, seed, 9, stride_multiple, m.conv);
+  }
   r.recipe.geom = r.geom;
   r.recipe.page_order.clear();
   if (r.recipe.extra) {
@@ -574,11 +576,12 @@ void add_extra_pages(MaterializedCase& r, uint64_t seed, int64_t tokens) {
       old_extra.num_pages +
       static_cast<int32_t>((tokens + old_extra.page_size - 1) / old_extra.page_size);
   const size_t old_bytes = static_cast<size_t>(mla::cache_bytes(old_extra));
-  r.extra_cache.resize(old_bytes);  // without its guard: the new pages come after the old ones
-  r.extra_cache.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
+  SharedVector<uint8_t>& bytes = r.extra_cache.mut();
+  bytes.resize(old_bytes);  // without its guard: the new pages come after the old ones
+  bytes.resize(static_cast<size_t>(mla::cache_bytes(r.extra_geom)), 0);
   const CounterRng fill(seed, Stream::kPoison, 11);
-  fill_poison(1, fill, r.extra_cache.data(), old_bytes, r.extra_cache.size(), nullptr);
-  add_guard(r.extra_cache, r.extra_geom, r.conv);
+  fill_poison(1, fill, bytes.data(), old_bytes, bytes.size(), nullptr);
+  add_guard(bytes, r.extra_geom, r.conv);
 }
 
 // The recipe's extra cache from r's.
@@ -639,7 +642,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
         int32_t entry = -1;
         if (i < static_cast<int>(valid.size())) {
           const int32_t k = valid[static_cast<size_t>(i)];
-          copy_token(m.geom, m.cache.data(), mrow[k], r.extra_geom, r.extra_cache.data(),
+          copy_token(m.geom, m.cache.data(), mrow[k], r.extra_geom, r.extra_cache.mut().data(),
                      next_slot);
           entry = static_cast<int32_t>(next_slot++);
           mrow[k] = -1;  // invalid under both conventions

@@ -24,12 +24,13 @@ constexpr size_t kBulkAlign = 64;
 
 size_t align_up(size_t n) { return (n + kBulkAlign - 1) / kBulkAlign * kBulkAlign; }
 
-// Whether v may travel as a reference to `base` (flag 2): at least kBulkThreshold bytes, equal.
+// Whether v may travel as a reference to `base` (flag 2): at least kBulkThreshold bytes, equal
+// (the very same buffer, as a case's variants share its cache, or the same bytes).
 template <typename T, typename A>
 bool same_bytes(const std::vector<T, A>& v, const std::vector<T, A>* base) {
   const size_t bytes = v.size() * sizeof(T);
   return base != nullptr && bytes >= kBulkThreshold && base->size() == v.size() &&
-         std::memcmp(base->data(), v.data(), bytes) == 0;
+         (base->data() == v.data() || std::memcmp(base->data(), v.data(), bytes) == 0);
 }
 
 class Writer {
@@ -186,7 +187,7 @@ void write_case(Writer& w, const MaterializedCase& m, uint32_t lent = 0) {
   w.pod(m.conv);
   w.vec_or_same(m.q, bit(0));
   w.pod(m.q_head_stride);
-  w.vec_or_same(m.cache, bit(1));
+  w.vec_or_same(m.cache.vec(), bit(1));
   w.vec_or_same(m.indices, bit(2));
   w.vec_or_same(m.topk_length, bit(3));
   w.vec_or_same(m.sink, bit(4));
@@ -203,7 +204,7 @@ void write_case(Writer& w, const MaterializedCase& m, uint32_t lent = 0) {
   if (m.has_extra) {
     w.pod(m.extra_geom);
     w.pod(m.extra_topk);
-    w.vec_or_same(m.extra_cache, bit(5));
+    w.vec_or_same(m.extra_cache.vec(), bit(5));
     w.vec_or_same(m.extra_indices, bit(6));
     w.pod(m.extra_indices_token_stride);
     w.pod(m.extra_indices_batch_stride);
@@ -237,7 +238,7 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
   };
   vec(0, m.q);
   m.q_head_stride = r.pod<int64_t>();
-  vec(1, m.cache);
+  vec(1, m.cache.replace());
   vec(2, m.indices);
   vec(3, m.topk_length);
   vec(4, m.sink);
@@ -254,7 +255,7 @@ MaterializedCase read_case(Reader& r, uint32_t* same) {
   if (m.has_extra) {
     m.extra_geom = r.pod<mla::CacheGeometry>();
     m.extra_topk = r.pod<int32_t>();
-    vec(5, m.extra_cache);
+    vec(5, m.extra_cache.replace());
     vec(6, m.extra_indices);
     m.extra_indices_token_stride = r.pod<int64_t>();
     m.extra_indices_batch_stride = r.pod<int64_t>();
@@ -310,12 +311,12 @@ std::vector<uint32_t> batch_same_masks(const std::vector<const MaterializedCase*
     const MaterializedCase& b = *cases[0];
     uint32_t x = 0;
     if (same_bytes(m.q, &b.q)) x |= 1u << 0;
-    if (same_bytes(m.cache, &b.cache)) x |= 1u << 1;
+    if (same_bytes(m.cache.vec(), &b.cache.vec())) x |= 1u << 1;
     if (same_bytes(m.indices, &b.indices)) x |= 1u << 2;
     if (same_bytes(m.topk_length, &b.topk_length)) x |= 1u << 3;
     if (same_bytes(m.sink, &b.sink)) x |= 1u << 4;
     if (m.has_extra && b.has_extra) {
-      if (same_bytes(m.extra_cache, &b.extra_cache)) x |= 1u << 5;
+      if (same_bytes(m.extra_cache.vec(), &b.extra_cache.vec())) x |= 1u << 5;
       if (same_bytes(m.extra_indices, &b.extra_indices)) x |= 1u << 6;
       if (same_bytes(m.extra_topk_length, &b.extra_topk_length)) x |= 1u << 7;
     }

@@ -202,12 +202,12 @@ void write_dump_inputs(const std::function<std::string(const std::string&)>& pat
   // their strides): mlafuzz.replay builds its call from these.
   write_npy(path("q_raw.npy"), m.q, {static_cast<int64_t>(m.q.size())});
   write_npy(path("indices_raw.npy"), m.indices, {static_cast<int64_t>(m.indices.size())});
-  write_npy(path("kv_cache.npy"), m.cache, {m.geom.num_pages, m.geom.page_stride});
+  write_npy(path("kv_cache.npy"), m.cache.vec(), {m.geom.num_pages, m.geom.page_stride});
   write_npy(path("indices.npy"), rows.indices, with_tokens(m, {m.topk}));
   if (!m.topk_length.empty()) write_npy(path("topk_length.npy"), m.topk_length, {m.batch});
   if (!m.sink.empty()) write_npy(path("sink.npy"), m.sink, {m.heads});
   if (m.has_extra) {
-    write_npy(path("extra_kv_cache.npy"), m.extra_cache,
+    write_npy(path("extra_kv_cache.npy"), m.extra_cache.vec(),
               {m.extra_geom.num_pages, m.extra_geom.page_stride});
     write_npy(path("extra_indices.npy"), rows.extra_indices, with_tokens(m, {m.extra_topk}));
     write_npy(path("extra_indices_raw.npy"), m.extra_indices,

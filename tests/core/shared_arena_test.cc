@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/materialize.h"
@@ -85,7 +86,7 @@ TEST(SharedArenaSanitized, OverflowAndUseAfterFreeAreReported) {
 }
 #endif
 
-TEST(SharedArena, MaterializedCachesAreInTheArenaAndCopiesToo) {
+TEST(SharedArena, MaterializedCachesAreInTheArenaAndWrittenCopiesToo) {
   SharedArena* a = SharedArena::get();
   if (a == nullptr) GTEST_SKIP() << "no arena: the system refused the memfd";
   Case c;
@@ -97,10 +98,22 @@ TEST(SharedArena, MaterializedCachesAreInTheArenaAndCopiesToo) {
   const MaterializedCase m = materialize(c);
   ASSERT_GE(m.cache.size(), SharedArena::kMinBytes);
   EXPECT_GE(a->offset_of(m.cache.data(), m.cache.size()), 0);
-  const MaterializedCase copy = m;  // property variants start as copies
-  EXPECT_GE(a->offset_of(copy.cache.data(), copy.cache.size()), 0);
+  // Property variants start as copies: they read the case's very buffer (CacheBytes) until one
+  // writes, which then gets a buffer of its own, in the arena too, and leaves the case's bytes.
+  MaterializedCase copy = m;
+  EXPECT_TRUE(copy.cache.shares(m.cache));
+  EXPECT_EQ(copy.cache.data(), m.cache.data());
+  const std::vector<uint8_t> before(m.cache.begin(), m.cache.end());
+  CacheBytes::Vector& written = copy.cache.mut();
+  EXPECT_FALSE(copy.cache.shares(m.cache));
   EXPECT_NE(copy.cache.data(), m.cache.data());
-  EXPECT_EQ(copy.cache, m.cache);
+  EXPECT_GE(a->offset_of(copy.cache.data(), copy.cache.size()), 0);
+  EXPECT_EQ(copy.cache, m.cache);  // the copy's bytes, before its write
+  written[0] ^= 0xff;
+  EXPECT_FALSE(copy.cache == m.cache);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), m.cache.begin(), m.cache.end()));
+  // A holder no other shares is written in place.
+  EXPECT_EQ(&copy.cache.mut(), &written);
 }
 
 // ---- Identities (publish): a device cache keyed by them must never see stale bytes ----

@@ -45,7 +45,7 @@ class HandCase {
     m_.out_head_stride = m_.d_v();
     m_.set_contiguous_strides();
     m_.q.assign(static_cast<size_t>(batch) * heads * m_.q_head_stride, 0);
-    m_.cache.assign(static_cast<size_t>(mla::cache_bytes(g)), 0);
+    m_.cache.mut().assign(static_cast<size_t>(mla::cache_bytes(g)), 0);
     m_.indices.assign(static_cast<size_t>(batch) * topk, -1);
     // Scale bytes default to 2^0 so an untouched token decodes to zeros.
     for (int64_t s = 0; s < mla::num_slots(g); ++s) set_exponents(s, std::vector<int>(tiles(), 0));
@@ -64,10 +64,10 @@ class HandCase {
     const mla::TokenAddress a = mla::token_address(m_.geom, slot);
     for (int32_t t = 0; t < tiles(); ++t) {
       if (m_.geom.layout == mla::Layout::kModel1) {
-        m_.cache[a.scale + t] = static_cast<uint8_t>(exps[t] + 127);
+        m_.cache.mut()[a.scale + t] = static_cast<uint8_t>(exps[t] + 127);
       } else {
         const float s = std::ldexp(1.0f, exps[t]);
-        std::memcpy(&m_.cache[a.scale + 4 * t], &s, 4);
+        std::memcpy(&m_.cache.mut()[a.scale + 4 * t], &s, 4);
       }
     }
   }
@@ -83,12 +83,12 @@ class HandCase {
       if (static_cast<double>(mla::e4m3_to_float(code)) != unscaled) {
         throw std::invalid_argument("K[" + std::to_string(d) + "] not exact in e4m3");
       }
-      m_.cache[a.nope + d] = code;
+      m_.cache.mut()[a.nope + d] = code;
     }
     for (int32_t r = 0; r < m_.geom.rope_dim; ++r) {
       const uint16_t bits = exact_bf16(k[nope + r]);
-      m_.cache[a.rope + 2 * r] = static_cast<uint8_t>(bits & 0xff);
-      m_.cache[a.rope + 2 * r + 1] = static_cast<uint8_t>(bits >> 8);
+      m_.cache.mut()[a.rope + 2 * r] = static_cast<uint8_t>(bits & 0xff);
+      m_.cache.mut()[a.rope + 2 * r + 1] = static_cast<uint8_t>(bits >> 8);
     }
   }
 
@@ -162,12 +162,12 @@ inline MaterializedCase random_case(const RandomSpec& spec, uint64_t seed) {
       do {
         code = static_cast<uint8_t>(rng.uniform_int(0, 255));
       } while ((code & 0x7f) == 0x7f);
-      m.cache[a.nope + d] = code;
+      m.cache.mut()[a.nope + d] = code;
     }
     for (int32_t r = 0; r < g.rope_dim; ++r) {
       const uint16_t bits = mla::float_to_bf16(static_cast<float>(rng.normal()));
-      m.cache[a.rope + 2 * r] = static_cast<uint8_t>(bits & 0xff);
-      m.cache[a.rope + 2 * r + 1] = static_cast<uint8_t>(bits >> 8);
+      m.cache.mut()[a.rope + 2 * r] = static_cast<uint8_t>(bits & 0xff);
+      m.cache.mut()[a.rope + 2 * r + 1] = static_cast<uint8_t>(bits >> 8);
     }
   }
   for (auto& q : m.q) q = mla::float_to_bf16(static_cast<float>(rng.normal()));

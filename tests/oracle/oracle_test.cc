@@ -304,7 +304,7 @@ TEST(OracleHand, HugeLogitsDoNotOverflow) {
 TEST(OracleHand, NanInASelectedKeyPropagates) {
   TwoTokens t;
   t.hc.set_indices(0, {1, -1, 6});
-  t.hc.m().cache[mla::token_address(t.hc.m().geom, 6).nope + 300] = 0x7f;
+  t.hc.m().cache.mut()[mla::token_address(t.hc.m().geom, 6).nope + 300] = 0x7f;
   const OracleResult r = run_both(t.hc.m());
   for (double o : r.out) ASSERT_TRUE(std::isnan(o));
   for (double l : r.lse) ASSERT_TRUE(std::isnan(l));
@@ -334,9 +334,10 @@ TEST(OracleHand, NanOutsideTheSelectedTokensIsNeverRead) {
       for (int i = 0; i < scale_bytes; ++i) used[a.scale + i] = true;
     }
     int64_t poisoned = 0;
-    for (size_t i = 0; i < m.cache.size(); ++i) {
+    CacheBytes::Vector& cache = m.cache.mut();
+    for (size_t i = 0; i < cache.size(); ++i) {
       if (!used[i]) {
-        m.cache[i] = 0xff;  // e4m3 NaN, ue8m0 NaN, bf16/fp32 NaN
+        cache[i] = 0xff;  // e4m3 NaN, ue8m0 NaN, bf16/fp32 NaN
         ++poisoned;
       }
     }
@@ -629,7 +630,7 @@ TEST(OracleBackend, NamesPrecisionAndResults) {
 TEST(OracleBackend, TooSmallBuffersAreErrors) {
   RandomSpec s;
   MaterializedCase m = testing::random_case(s, 3);
-  m.cache.pop_back();  // (resize(size() - 1) draws a false -Wstringop-overflow from gcc 12)
+  m.cache.mut().pop_back();  // (resize(size() - 1) draws a false -Wstringop-overflow from gcc 12)
   for (auto make :
        {+[] { return make_oracle_backend(); }, +[] { return make_oracle_loop_backend(); }}) {
     const RunResult r = make()->run(m);

@@ -187,7 +187,8 @@ MaterializedCase rounded_scales(const MaterializedCase& m) {
       (void)std::frexp(stored_scale(m, s, t), &e);
       const uint32_t bits = mla::float_to_bits(std::ldexp(1.0f, e - 1));
       for (int i = 0; i < 4; ++i) {
-        r.cache[static_cast<size_t>(a.scale + 4 * t + i)] = static_cast<uint8_t>(bits >> (8 * i));
+        r.cache.mut()[static_cast<size_t>(a.scale + 4 * t + i)] =
+            static_cast<uint8_t>(bits >> (8 * i));
       }
     }
   }

@@ -172,12 +172,18 @@ TEST_P(CudaKernel, TwoCallsInFlightGiveTheSequentialBits) {
   CounterRng rng(kSeed + 4, Stream::kGenerator);
   std::vector<MaterializedCase> base;
   for (int i = 0; i < 3; ++i) base.push_back(materialize(random_recipe(rng)));
+  // Every call's inputs are bytes of its own, as in a worker's decoded batch: a copy of a case
+  // shares its cache (CacheBytes) until written, and the lending below overwrites them.
   std::vector<MaterializedCase> seq;
+  const auto add = [&seq](MaterializedCase m) {
+    m.cache.mut();
+    seq.push_back(std::move(m));
+  };
   for (int round = 0; round < 3; ++round) {
     for (const MaterializedCase& m : base) {
-      seq.push_back(m);
-      seq.push_back(m);
-      seq.push_back(poison_case(m, round % kPoisonVariants));
+      add(m);
+      add(m);
+      add(poison_case(m, round % kPoisonVariants));
     }
   }
   std::vector<RunResult> want;
@@ -197,7 +203,8 @@ TEST_P(CudaKernel, TwoCallsInFlightGiveTheSequentialBits) {
       return;
     }
     // The worker's lending: the bytes are there while the backend reads them only.
-    std::fill(m.cache.begin(), m.cache.end(), uint8_t{0xEE});
+    CacheBytes::Vector& cache = m.cache.mut();  // its own bytes (add above): written in place
+    std::fill(cache.begin(), cache.end(), uint8_t{0xEE});
     std::fill(m.q.begin(), m.q.end(), uint16_t{0xEEEE});
     read = k + 1;
   };

@@ -214,8 +214,9 @@ void poison_unread_extra(MaterializedCase& m, int poison, uint64_t seed) {
     }
   }
   CounterRng rng(seed, Stream::kPoison);
-  for (size_t i = 0; i < m.extra_cache.size(); ++i) {
-    if (!read[i]) m.extra_cache[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
+  CacheBytes::Vector& extra = m.extra_cache.mut();
+  for (size_t i = 0; i < extra.size(); ++i) {
+    if (!read[i]) extra[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
   }
   const int64_t slots = mla::num_slots(g);
   for (int32_t b = 0; b < m.batch; ++b) {

@@ -237,7 +237,10 @@ TEST_P(HostModelInvariants, ScratchReuseAcrossShapesChangesNoBit) {
     c.geom.page_stride = 0;                                      // the new minimum
     MaterializedCase m = materialize(c);
     // The widest case decodes NaN everywhere: a narrower one after it must not see any of it.
-    if (i % 3 == 0) std::fill(m.cache.begin(), m.cache.end(), uint8_t{0xff});
+    if (i % 3 == 0) {
+      CacheBytes::Vector& cache = m.cache.mut();
+      std::fill(cache.begin(), cache.end(), uint8_t{0xff});
+    }
     const RunResult a = reused->run(m), b = make_backend(GetParam())->run(m);
     ASSERT_TRUE(a.ok() && b.ok());
     ASSERT_TRUE(testing::same_bits(a, b)) << "case " << i;
@@ -327,7 +330,7 @@ TEST(HostPipeline, DecodedTokensEqualSharedDequantK) {
     c.scales = {ScaleMode::kRandom, 1, 254};  // extreme scales: fp32 subnormals and overflow
     c.kv_values.special_fraction = 0.1;
     MaterializedCase m = materialize(c);
-    for (size_t j = 0; j < m.cache.size(); j += 97) m.cache[j] = static_cast<uint8_t>(j);
+    for (size_t j = 0; j < m.cache.size(); j += 97) m.cache.mut()[j] = static_cast<uint8_t>(j);
     const host::PaddedColumns cols = host::padded_columns(m.geom);
     std::vector<float> tok(static_cast<size_t>(cols.dkp));
     for (int64_t s = 0; s < mla::num_slots(m.geom); s += 7) {
@@ -366,7 +369,7 @@ TEST(HostPipeline, BadBuffersBecomeErrorsNotCrashes) {
     m.conv.invalid_index = mla::InvalidIndexRule::kAnyNegative;
     EXPECT_TRUE(backend->run(m).ok());
     m = good;
-    m.cache.pop_back();  // (resize(size() - 1) draws a false -Wstringop-overflow from gcc 12)
+    m.cache.mut().pop_back();  // (resize(size() - 1) draws a false -Wstringop-overflow from gcc 12)
     EXPECT_EQ(backend->run(m).status, RunStatus::kError);
     m = good;
     m.q.resize(m.q.size() - 1);

@@ -174,8 +174,9 @@ inline void poison_unread(MaterializedCase& m, int poison, uint64_t seed) {
     }
   }
   CounterRng rng(seed, Stream::kPoison);
-  for (size_t i = 0; i < m.cache.size(); ++i) {
-    if (!read[i]) m.cache[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
+  CacheBytes::Vector& cache = m.cache.mut();
+  for (size_t i = 0; i < cache.size(); ++i) {
+    if (!read[i]) cache[i] = static_cast<uint8_t>(poison >= 0 ? poison : rng.next() & 0xff);
   }
   for (size_t i = 0; i < m.q.size(); ++i) {
     const int64_t in_row = static_cast<int64_t>(i) % m.q_batch_stride;
