@@ -26,6 +26,7 @@ CacheBytes::Vector& CacheBytes::mut() {
   }
   return *p_;
 }
+
 namespace {
 
 // Whether element `element` takes a special value (its stream CounterRng(seed, kSpecial,

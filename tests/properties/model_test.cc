@@ -253,6 +253,34 @@ TEST(Transformations, VariantsKeepTheirBytes) {
   }
 }
 
+// The variants that keep a cache's bytes read the case's very buffer (CacheBytes: no copy per
+// variant); those that write a cache get one of their own, and the case's bytes never change.
+TEST(Transformations, VariantsThatKeepACacheShareIt) {
+  const MaterializedCase m = materialize(generate_case(21, 3, GenConfig{}, nullptr));
+  ASSERT_TRUE(m.has_extra) << "case 3 of seed 21 was generated with an extra cache";
+  const uint64_t before = content_hash(m);
+  const auto shares_both = [&](const MaterializedCase& v, const char* name) {
+    EXPECT_TRUE(v.cache.shares(m.cache)) << name;
+    EXPECT_TRUE(v.extra_cache.shares(m.extra_cache)) << name;
+  };
+  shares_both(permute_indices(m, 29), "permute");
+  shares_both(insert_invalid(m, 31, 2), "insert-invalid");
+  shares_both(batch_alone(m, 0), "batch-alone");
+  shares_both(query_alone(m, 0, 0), "query-alone");
+  shares_both(head_alone(m, m.heads - 1), "head-alone");
+  const MaterializedCase moved = move_to_extra(m, 37, 2);
+  EXPECT_TRUE(moved.cache.shares(m.cache));
+  EXPECT_FALSE(moved.extra_cache.shares(m.extra_cache));  // grown by the moved tokens
+  const MaterializedCase swapped = swap_caches(m);
+  EXPECT_TRUE(swapped.cache.shares(m.extra_cache));
+  EXPECT_TRUE(swapped.extra_cache.shares(m.cache));
+  for (const MaterializedCase& v : {poison_case(m, 0), relocate_pages(m, 17, 1)}) {
+    EXPECT_FALSE(v.cache.shares(m.cache));
+    EXPECT_FALSE(v.extra_cache.shares(m.extra_cache));
+  }
+  EXPECT_EQ(content_hash(m), before);
+}
+
 TEST(Transformations, RelocatedCaseMatchesTheOracleBitForBit) {
   const MaterializedCase m = materialize(small_case());
   const MaterializedCase r = relocate_pages(m, 5);
