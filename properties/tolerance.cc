@@ -936,6 +936,66 @@ class BoundsSetBuilder {
   std::vector<char> has_finish_;
 };
 
+// Bound buffers handed back by recycle_bounds, for the next bounds of the process. A case's
+// bounds are megabytes (rows x heads x d_v doubles per request, ~7 requests), and a fresh
+// allocation of megabytes is mapped by the allocator and faulted in page by page: in a
+// 1000-case host-model campaign on a 2-core VM that setup took more time than the oracle (the
+// bounds step with it 7.8 ms per case, 5.9-6.6 ms with the pool; bench/RESULTS.md). Buffers
+// below kMinBytes are left to malloc's own free lists; at most kMaxBytes stay pooled (the oldest
+// are freed first), so an idle process keeps at most that much.
+class BufferPool {
+ public:
+  // A buffer of n doubles whose values are unspecified (its last owner's): the smallest pooled
+  // one that holds n, else a new one.
+  std::vector<double> take(size_t n) {
+    std::vector<double> v;
+    if (n * sizeof(double) >= kMinBytes) {
+      const std::lock_guard<std::mutex> lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->capacity() >= n && (best == free_.end() || it->capacity() < best->capacity())) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        bytes_ -= best->capacity() * sizeof(double);
+        v = std::move(*best);
+        free_.erase(best);
+      }
+    }
+    // A new buffer gets room to the next power of two: generated cases grow over a campaign, and
+    // a buffer of exactly the last case's size would fit no larger one.
+    if (v.capacity() < n && n * sizeof(double) >= kMinBytes) v.reserve(std::bit_ceil(n));
+    v.resize(n);
+    return v;
+  }
+  void give(std::vector<double>&& v) {
+    const size_t bytes = v.capacity() * sizeof(double);
+    if (bytes < kMinBytes || bytes > kMaxBytes) return;
+    std::vector<std::vector<double>> drop;  // freed outside the lock
+    const std::lock_guard<std::mutex> lock(mu_);
+    while (bytes_ + bytes > kMaxBytes) {
+      bytes_ -= free_.front().capacity() * sizeof(double);
+      drop.push_back(std::move(free_.front()));
+      free_.erase(free_.begin());
+    }
+    bytes_ += bytes;
+    free_.push_back(std::move(v));
+  }
+
+ private:
+  static constexpr size_t kMinBytes = size_t{64} << 10;
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
+  std::mutex mu_;
+  std::vector<std::vector<double>> free_;  // oldest first
+  size_t bytes_ = 0;
+};
+
+BufferPool& buffer_pool() {
+  static BufferPool* pool = new BufferPool;  // never destroyed: recycled at any exit
+  return *pool;
+}
+
 BoundsSetBuilder::BoundsSetBuilder(const MaterializedCase& m, std::vector<BoundsRequest> requests)
     : m_(m),
       requests_(std::move(requests)),
@@ -947,8 +1007,8 @@ BoundsSetBuilder::BoundsSetBuilder(const MaterializedCase& m, std::vector<Bounds
   out_.resize(requests_.size());
   for (size_t i = 0; i < requests_.size(); ++i) {
     plans_.push_back(plan_of(m, requests_[i]));
-    out_[i].out.assign(rows * H_ * dv_, 0.0);
-    out_[i].lse.assign(rows * H_, 0.0);
+    out_[i].out = buffer_pool().take(rows * H_ * dv_);  // each row zeroed when visited
+    out_[i].lse = buffer_pool().take(rows * H_);
   }
   P_ = plans_.size();
   for (const Plan& pl : plans_) {
@@ -1139,8 +1199,15 @@ void BoundsSetBuilder::run_passes() {
   }
 }
 
-// An empty row keeps its bounds 0: out exactly 0, lse exactly the convention's infinity.
+// An empty row keeps its bounds 0: out exactly 0, lse exactly the convention's infinity. The
+// oracle visits every row once: the row's bounds start at 0 here, in cache for the writes that
+// follow, rather than in one pass over every row's when the buffers are taken.
 void BoundsSetBuilder::visit(const OracleRowView& v) {
+  const size_t rh = static_cast<size_t>(v.row) * H_;
+  for (Bounds& b : out_) {
+    std::fill_n(b.out.begin() + static_cast<std::ptrdiff_t>(rh * dv_), H_ * dv_, 0.0);
+    std::fill_n(b.lse.begin() + static_cast<std::ptrdiff_t>(rh), H_, 0.0);
+  }
   if (plans_.empty() || v.n == 0) return;
   load_row(v);
   if (any_joint_) share_row_weights();
@@ -1209,6 +1276,11 @@ Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol) {
   for (size_t i = 0; i < ref.out.size(); ++i) bd.out[i] = abs_tol + rel_tol * std::fabs(ref.out[i]);
   for (size_t i = 0; i < ref.lse.size(); ++i) bd.lse[i] = abs_tol + rel_tol * std::fabs(ref.lse[i]);
   return bd;
+}
+
+void recycle_bounds(Bounds&& b) {
+  buffer_pool().give(std::move(b.out));
+  buffer_pool().give(std::move(b.lse));
 }
 
 Bounds add_bounds(const Bounds& a, const Bounds& b) {

@@ -185,6 +185,11 @@ class BoundsSetVisitor final : public OracleRowVisitor {
   std::unique_ptr<Impl> impl_;
 };
 
+// Hands b's buffers back for the next bounds of this process to reuse (a case's bounds are
+// megabytes: rows x heads x d_v doubles per pipeline, which a fresh allocation would map and
+// fault in page by page again). Optional: bounds not handed back are freed as usual.
+void recycle_bounds(Bounds&& b);
+
 // Custom bounds: abs + rel |ref| per element.
 Bounds custom_bounds(const OracleResult& ref, double abs_tol, double rel_tol);
 

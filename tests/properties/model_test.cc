@@ -993,6 +993,48 @@ TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
   EXPECT_EQ(compared, 2 * 33 * 10);
 }
 
+// Bounds built in recycled buffers (recycle_bounds: a campaign hands every case's bounds back)
+// are the bounds built in fresh ones, bit for bit, whatever the buffers held: each buffer is
+// filled with NaN before it goes back, so an element the builder leaves at its initial 0 (an
+// empty row, an exact output) shows if the pool skipped the zeros.
+TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
+  const auto bits_equal = [](const std::vector<double>& a, const std::vector<double>& b) {
+    return a.size() == b.size() &&
+           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  };
+  GenConfig cfg;
+  cfg.max_work = int64_t{1} << 15;
+  int reused = 0, compared = 0;
+  for (uint64_t i = 0; i < 30; ++i) {
+    const MaterializedCase m = materialize(generate_case(31, i, cfg, nullptr));
+    const std::vector<BoundsRequest> r = every_pipeline();
+    const OracleResult ref = run_oracle_eigen(m, 1);
+    const std::vector<Bounds> want = compute_bounds_set(m, ref, r);
+    std::vector<Bounds> old = compute_bounds_set(m, ref, r);
+    std::vector<const double*> given;
+    for (Bounds& b : old) {
+      std::fill(b.out.begin(), b.out.end(), std::numeric_limits<double>::quiet_NaN());
+      std::fill(b.lse.begin(), b.lse.end(), std::numeric_limits<double>::quiet_NaN());
+      given.push_back(b.out.data());
+      recycle_bounds(std::move(b));
+    }
+    const std::vector<Bounds> got = compute_bounds_set(m, ref, r);
+    const std::string where = "seed 31 case " + std::to_string(i) +
+                              "; rerun: property_model_tests "
+                              "--gtest_filter=Tolerance.RecycledBuffersGiveTheSameBounds";
+    ASSERT_EQ(got.size(), want.size()) << where;
+    for (size_t k = 0; k < got.size(); ++k) {
+      ASSERT_TRUE(bits_equal(got[k].out, want[k].out)) << "request " << k << ", " << where;
+      ASSERT_TRUE(bits_equal(got[k].lse, want[k].lse)) << "request " << k << ", " << where;
+      reused += std::find(given.begin(), given.end(), got[k].out.data()) != given.end();
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 30 * static_cast<int>(every_pipeline().size()));
+  // The larger cases' output bounds (64 KiB and more) come from the pool.
+  EXPECT_GT(reused, 0);
+}
+
 // move-to-extra's variant (entries moved into a longer extra list, or the two caches swapped)
 // has the case's valid tokens and exact result in other lists. A joint pipeline reads the lists
 // only through their lengths, so the campaign bounds the variant as the case at the variant's
