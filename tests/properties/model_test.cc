@@ -1004,12 +1004,21 @@ TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
   };
   GenConfig cfg;
   cfg.max_work = int64_t{1} << 15;
-  int reused = 0, compared = 0;
+  const std::vector<BoundsRequest> r = every_pipeline();
+  // Every case's bounds in fresh buffers first, before this test recycles any.
+  std::vector<MaterializedCase> cases;
+  std::vector<OracleResult> refs;
+  std::vector<std::vector<Bounds>> wants;
   for (uint64_t i = 0; i < 30; ++i) {
-    const MaterializedCase m = materialize(generate_case(31, i, cfg, nullptr));
-    const std::vector<BoundsRequest> r = every_pipeline();
-    const OracleResult ref = run_oracle_eigen(m, 1);
-    const std::vector<Bounds> want = compute_bounds_set(m, ref, r);
+    cases.push_back(materialize(generate_case(31, i, cfg, nullptr)));
+    refs.push_back(run_oracle_eigen(cases.back(), 1));
+    wants.push_back(compute_bounds_set(cases.back(), refs.back(), r));
+  }
+  int reused = 0, compared = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const MaterializedCase& m = cases[i];
+    const OracleResult& ref = refs[i];
+    const std::vector<Bounds>& want = wants[i];
     std::vector<Bounds> old = compute_bounds_set(m, ref, r);
     std::vector<const double*> given;
     for (Bounds& b : old) {
@@ -1030,7 +1039,7 @@ TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 30 * static_cast<int>(every_pipeline().size()));
+  EXPECT_EQ(compared, 30 * static_cast<int>(r.size()));
   // The larger cases' output bounds (64 KiB and more) come from the pool.
   EXPECT_GT(reused, 0);
 }
