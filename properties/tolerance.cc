@@ -992,7 +992,8 @@ class BufferPool {
 };
 
 BufferPool& buffer_pool() {
-  static BufferPool* pool = new BufferPool;  // never destroyed: recycled at any exit
+  // Never destroyed: a case that ends during the process's exit still has a pool to recycle to.
+  static BufferPool* pool = new BufferPool;
   return *pool;
 }
 
