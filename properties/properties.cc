@@ -607,6 +607,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
   // New pages after the extra cache's own hold a copy of every moved token.
   const int64_t base_slot = mla::num_slots(r.extra_geom);
   add_extra_pages(r, seed, int64_t{m.query_rows()} * count);
+  uint8_t* const extra_bytes = r.extra_cache.mut().data();  // r's own since add_extra_pages
   const bool past_invalid = m.conv.invalid_index == mla::InvalidIndexRule::kOutOfRange;
   const int64_t main_slots = mla::num_slots(m.geom);
   int64_t next_slot = base_slot;
@@ -642,8 +643,7 @@ MaterializedCase move_to_extra(const MaterializedCase& m, uint64_t seed, int cou
         int32_t entry = -1;
         if (i < static_cast<int>(valid.size())) {
           const int32_t k = valid[static_cast<size_t>(i)];
-          copy_token(m.geom, m.cache.data(), mrow[k], r.extra_geom, r.extra_cache.mut().data(),
-                     next_slot);
+          copy_token(m.geom, m.cache.data(), mrow[k], r.extra_geom, extra_bytes, next_slot);
           entry = static_cast<int32_t>(next_slot++);
           mrow[k] = -1;  // invalid under both conventions
         }

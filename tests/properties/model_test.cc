@@ -828,6 +828,12 @@ TEST(BoundCheckDescribe, FullPrecisionValuesBitsAndUlps) {
 namespace mlafuzz {
 namespace {
 
+// The same doubles bit for bit (NaNs included).
+bool bits_equal(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+}
+
 // bf16_rounding_interval reads the exponent from the bits (check_bounds calls it for
 // every element); the interval must be the ilogb/ldexp one for every bf16 value.
 TEST(Tolerance, Bf16RoundingIntervalMatchesTheLibmFormForEveryBf16) {
@@ -956,10 +962,6 @@ TEST(Tolerance, BoundsSetEqualsBoundsOneByOne) {
 // or several (rows visited from several threads), for every pipeline on generated cases of every
 // family and of the production family; the oracle's result does not change.
 TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
-  const auto bits_equal = [](const std::vector<double>& a, const std::vector<double>& b) {
-    return a.size() == b.size() &&
-           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
-  };
   int compared = 0;
   for (const bool production : {false, true}) {
     GenConfig cfg;
@@ -998,10 +1000,6 @@ TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
 // filled with NaN before it goes back, so an element the builder leaves at its initial 0 (an
 // empty row, an exact output) shows if the pool skipped the zeros.
 TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
-  const auto bits_equal = [](const std::vector<double>& a, const std::vector<double>& b) {
-    return a.size() == b.size() &&
-           (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
-  };
   GenConfig cfg;
   cfg.max_work = int64_t{1} << 15;
   const std::vector<BoundsRequest> r = every_pipeline();
