@@ -998,21 +998,31 @@ TEST(Tolerance, BoundsSetVisitorEqualsBoundsSet) {
 // Bounds built in recycled buffers (recycle_bounds: a campaign hands every case's bounds back)
 // are the bounds built in fresh ones, bit for bit, whatever the buffers held: each buffer is
 // filled with NaN before it goes back, so an element the builder leaves at its initial 0 (an
-// empty row, an exact output) shows if the pool skipped the zeros.
+// empty row, a +inf sink's head, an exact LSE) shows, as a NaN (which no bound is), if the pool
+// skipped the zeros.
 TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
   GenConfig cfg;
   cfg.max_work = int64_t{1} << 15;
   const std::vector<BoundsRequest> r = every_pipeline();
-  // Every case's bounds in fresh buffers first, before this test recycles any.
+  // Every case's bounds in fresh buffers first, before this test recycles any. Every third case
+  // has a +inf sink on head 0 (its output exactly 0: a head whose output bounds stay 0).
   std::vector<MaterializedCase> cases;
   std::vector<OracleResult> refs;
   std::vector<std::vector<Bounds>> wants;
+  int inf_sinks = 0;
   for (uint64_t i = 0; i < 30; ++i) {
     cases.push_back(materialize(generate_case(31, i, cfg, nullptr)));
-    refs.push_back(run_oracle_eigen(cases.back(), 1));
+    MaterializedCase& m = cases.back();
+    if (i % 3 == 0) {
+      if (m.sink.empty()) m.sink.assign(m.heads, -std::numeric_limits<float>::infinity());
+      m.sink[0] = std::numeric_limits<float>::infinity();
+    }
+    for (const float s : m.sink) inf_sinks += s == std::numeric_limits<float>::infinity();
+    refs.push_back(run_oracle_eigen(m, 1));
     wants.push_back(compute_bounds_set(cases.back(), refs.back(), r));
   }
   int reused = 0, compared = 0;
+  const auto is_nan = [](double x) { return std::isnan(x); };
   for (size_t i = 0; i < cases.size(); ++i) {
     const MaterializedCase& m = cases[i];
     const OracleResult& ref = refs[i];
@@ -1033,11 +1043,15 @@ TEST(Tolerance, RecycledBuffersGiveTheSameBounds) {
     for (size_t k = 0; k < got.size(); ++k) {
       ASSERT_TRUE(bits_equal(got[k].out, want[k].out)) << "request " << k << ", " << where;
       ASSERT_TRUE(bits_equal(got[k].lse, want[k].lse)) << "request " << k << ", " << where;
+      ASSERT_TRUE(std::none_of(got[k].out.begin(), got[k].out.end(), is_nan) &&
+                  std::none_of(got[k].lse.begin(), got[k].lse.end(), is_nan))
+          << "request " << k << ", " << where;
       reused += std::find(given.begin(), given.end(), got[k].out.data()) != given.end();
       ++compared;
     }
   }
   EXPECT_EQ(compared, 30 * static_cast<int>(r.size()));
+  EXPECT_GE(inf_sinks, 10);
   // The larger cases' output bounds (64 KiB and more) come from the pool.
   EXPECT_GT(reused, 0);
 }
