@@ -84,6 +84,22 @@ ShrinkResult canonicalize_case(const Case& c, const std::function<bool(const Cas
                                std::set<std::string>* rejected = nullptr,
                                const ShrinkHooks& hooks = {});
 
+// Whether cases write the same file as `c` (to_json(other) == to_json(c)), without writing their
+// explicit index lists, most of a large case's text: lists are written in full whenever they are
+// not empty (shaped by s_q, itself written), so unequal lists write unequal files and equal ones
+// the same text, and the rest of the two files decides. c must outlive the matcher.
+class SameCaseFile {
+ public:
+  explicit SameCaseFile(const Case& c);
+  bool operator()(const Case& other) const;
+  // Whether a and b hold the same explicit index lists (main and extra cache).
+  static bool same_lists(const Case& a, const Case& b);
+
+ private:
+  const Case& c_;
+  std::string rest_;  // to_json(c) without its index lists
+};
+
 // The cause set of a case the walk ended on: the descriptions of the features still present
 // that a move inside `envelope` would remove, in the order of canonical_features(). Empty: the
 // failure shows on the canonical case itself.

@@ -709,17 +709,18 @@ std::vector<PropertyOutcome> failures_on(const Case& c, const PropertyOutcome& f
   return out;
 }
 
-// The moves feature f's cause check uses on e (whose JSON is `json`): its first kCauseMoves
+// The moves feature f's cause check uses on e (same_as_e: its file): its first kCauseMoves
 // valid moves inside the envelope that change the case, and, for a feature that changes values,
 // each also with q scaled back to the case's large or small logits (the feature is no cause when
 // the logit range alone keeps the failure).
-std::vector<Case> cause_moves(const CanonicalFeature& f, const Case& e, const std::string& json,
-                              const Envelope& envelope, double most_logit) {
+std::vector<Case> cause_moves(const CanonicalFeature& f, const Case& e,
+                              const SameCaseFile& same_as_e, const Envelope& envelope,
+                              double most_logit) {
   std::vector<Case> moves;
   for (Case& cand : f.toward(e)) {
     try {
       validate(cand);
-      if (to_json(cand) == json || envelope.rejects(cand)) continue;
+      if (same_as_e(cand) || envelope.rejects(cand)) continue;
     } catch (const CaseError&) {
       continue;
     }
@@ -740,7 +741,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
                                        const std::function<bool(const Case&)>& still_fails,
                                        int max_evaluations, int* evaluations) {
   const Case e = with_explicit_indices(c);
-  const std::string json = to_json(e);
+  const SameCaseFile same_as_e(e);
   int used = 0;
   // still_fails on k drawn with `seed`; nullopt once the evaluations are spent.
   std::map<std::string, bool> memo;
@@ -796,7 +797,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
     const std::vector<std::string> d = f.describe(e);
     if (d.empty()) continue;
     if (f.changes_values && values_decide) continue;
-    const std::vector<Case> moves = cause_moves(f, e, json, envelope, most_logit);
+    const std::vector<Case> moves = cause_moves(f, e, same_as_e, envelope, most_logit);
     if (moves.empty()) continue;
     // Needed when every move fails with less than half the draws the case fails with: a feature
     // the failure only needs by chance (the values it happens to give) leaves the rate as it is.

@@ -375,6 +375,49 @@ TEST(Canonical, TheExtraListMergesIntoTheMainList) {
       << to_json(r.minimal);
 }
 
+// SameCaseFile, the cause set's test of whether a move changes the case, says what comparing
+// the two files says: on generated cases (with and without an extra cache, several query tokens)
+// and every move of every feature, the case itself and the case with its lists reshaped as
+// another s_q would hold them.
+TEST(Canonical, SameCaseFileIsTheFilesComparison) {
+  // Files the same; lists the same but the rest of the file not; lists not the same.
+  int same = 0, rest_differs = 0, lists_differ = 0, several_tokens = 0;
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 14;
+    if (production) cfg.families = {"production"};
+    for (uint64_t i = 0; i < 12; ++i) {
+      const Case e = with_explicit_indices(generate_case(production ? 41 : 40, i, cfg, nullptr));
+      const std::string json = to_json(e);
+      const SameCaseFile same_as_e(e);
+      std::vector<Case> cands{e};
+      if (e.s_q > 1) {
+        ++several_tokens;
+        Case one = e;  // the same lists as rows of one query token each
+        one.batch *= one.s_q;
+        one.s_q = 1;
+        cands.push_back(one);
+      }
+      for (const CanonicalFeature& f : canonical_features()) {
+        for (Case& m : f.toward(e)) cands.push_back(std::move(m));
+      }
+      for (const Case& cand : cands) {
+        const bool want = to_json(cand) == json;
+        ASSERT_EQ(same_as_e(cand), want)
+            << "case " << i << (production ? " (production)" : "") << ": " << to_json(cand)
+            << "\nrerun: " << kRerun
+            << " --gtest_filter=Canonical.SameCaseFileIsTheFilesComparison";
+        const bool lists = SameCaseFile::same_lists(cand, e);
+        (want ? same : lists ? rest_differs : lists_differ) += 1;
+      }
+    }
+  }
+  EXPECT_GE(same, 24);  // each case itself (and any move that leaves it as it was)
+  EXPECT_GT(rest_differs, 100);
+  EXPECT_GT(lists_differ, 100);
+  EXPECT_GT(several_tokens, 0);
+}
+
 TEST(Signature, KindsAndTheGroupSignature) {
   PropertyOutcome o;
   o.property = "tolerance";
