@@ -411,14 +411,16 @@ float kv_value(const Case& c, const KvStreams& st, int64_t logical_token, int32_
 }
 
 // Quantizes and writes every logical token of the cache of `c` (the main cache, or the extra
-// cache seen through extra_as_main) at its physical slot.
+// cache seen through extra_as_main) at its physical slot; with `only`, the logical tokens it
+// lists (each token's bytes depend on that token's draws alone: the same bytes either way).
 template <typename Bytes>  // std::vector<uint8_t> or SharedVector<uint8_t>
 void write_tokens(const Case& c, const mla::CacheGeometry& g, Bytes& cache,
-                  const KvStreams& st = {}) {
-  const int64_t n = mla::num_slots(g);
+                  const KvStreams& st = {}, const std::vector<int64_t>* only = nullptr) {
+  const int64_t n = only != nullptr ? static_cast<int64_t>(only->size()) : mla::num_slots(g);
   const int32_t tiles = mla::num_scale_tiles(g);
   std::vector<float> v(static_cast<size_t>(g.nope_dim)), rv(static_cast<size_t>(g.rope_dim));
-  for (int64_t t = 0; t < n; ++t) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = only != nullptr ? (*only)[static_cast<size_t>(i)] : i;
     const mla::TokenAddress a = mla::token_address(g, physical_slot(c, t));
     // kv_value(c, st, t, d) for every d, in one batch each for the nope and the rope part.
     const auto tu = static_cast<uint64_t>(t);
@@ -751,15 +753,36 @@ void fill_q(const Case& c, MaterializedCase& m) {
   }
 }
 
-// Fills m.cache (tokens, padding, guard) and m.indices (physical slots, then each row's pad).
-void fill_main_cache(const Case& c, MaterializedCase& m) {
+// The logical tokens of a cache of `slots` tokens that the index lists name, in order.
+std::vector<int64_t> named_tokens(const std::vector<std::vector<int32_t>>& lists, int64_t slots) {
+  std::vector<char> named(static_cast<size_t>(slots), 0);
+  for (const auto& list : lists) {
+    for (const int32_t x : list) {
+      if (x >= 0 && x < slots) named[static_cast<size_t>(x)] = 1;
+    }
+  }
+  std::vector<int64_t> out;
+  for (int64_t t = 0; t < slots; ++t) {
+    if (named[static_cast<size_t>(t)] != 0) out.push_back(t);
+  }
+  return out;
+}
+
+// Fills m.cache (tokens, padding, guard) and m.indices (physical slots, then each row's pad);
+// with named_only, only the tokens the lists name (materialize_named_tokens).
+void fill_main_cache(const Case& c, MaterializedCase& m, bool named_only) {
   CacheBytes::Vector& cache = m.cache.mut();
   cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
   fill_cache_padding(cache, c.pad_fill, c.data_seed);
   add_cache_guard(cache, m.geom, m.conv);
   Case placed = c;
   placed.geom = m.geom;
-  write_tokens(placed, m.geom, cache);
+  if (named_only) {
+    const std::vector<int64_t> only = named_tokens(m.recipe.indices, mla::num_slots(m.geom));
+    write_tokens(placed, m.geom, cache, {}, &only);
+  } else {
+    write_tokens(placed, m.geom, cache);
+  }
 
   m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
   const int64_t slots = mla::num_slots(m.geom);
@@ -778,7 +801,7 @@ void fill_main_cache(const Case& c, MaterializedCase& m) {
 }
 
 // Fills the extra cache and its indices the way fill_main_cache fills the main ones.
-void fill_extra_cache(const Case& c, MaterializedCase& m) {
+void fill_extra_cache(const Case& c, MaterializedCase& m, bool named_only) {
   m.has_extra = true;
   m.extra_geom = c.extra_geom();
   if (m.extra_geom.page_stride == 0) m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
@@ -791,7 +814,13 @@ void fill_extra_cache(const Case& c, MaterializedCase& m) {
   add_cache_guard(extra_cache, m.extra_geom, m.conv);
   Case view = extra_as_main(c);
   view.geom = m.extra_geom;
-  write_tokens(view, m.extra_geom, extra_cache, extra_streams(c));
+  if (named_only) {
+    const std::vector<int64_t> only =
+        named_tokens(m.recipe.extra->indices, mla::num_slots(m.extra_geom));
+    write_tokens(view, m.extra_geom, extra_cache, extra_streams(c), &only);
+  } else {
+    write_tokens(view, m.extra_geom, extra_cache, extra_streams(c));
+  }
   m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
   const int64_t extra_slots = mla::num_slots(m.extra_geom);
   for (int32_t b = 0; b < m.batch; ++b) {
@@ -809,22 +838,26 @@ void fill_extra_cache(const Case& c, MaterializedCase& m) {
   if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
 }
 
-}  // namespace
-
-MaterializedCase materialize(const Case& c) {
+MaterializedCase materialize_tokens(const Case& c, bool named_only) {
   validate(c);
   MaterializedCase m;
   m.recipe = with_explicit_indices(c);
   set_shape(c, m);
   fill_q(c, m);
-  fill_main_cache(c, m);
+  fill_main_cache(c, m, named_only);
   if (c.topk_length) m.topk_length = *c.topk_length;
   if (c.sink) {
     for (double s : *c.sink) m.sink.push_back(static_cast<float>(s));  // +-inf stay +-inf
   }
-  if (c.extra) fill_extra_cache(c, m);
+  if (c.extra) fill_extra_cache(c, m, named_only);
   return m;
 }
+
+}  // namespace
+
+MaterializedCase materialize(const Case& c) { return materialize_tokens(c, false); }
+
+MaterializedCase materialize_named_tokens(const Case& c) { return materialize_tokens(c, true); }
 
 void MaterializedCase::set_contiguous_strides() {
   q_token_stride = int64_t{heads} * q_head_stride;

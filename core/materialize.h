@@ -179,6 +179,12 @@ struct MaterializedCase {
 
 // Validates then materializes. Throws CaseError on an invalid recipe.
 MaterializedCase materialize(const Case& c);
+// materialize(c) with only the cache tokens that c's index lists name (valid or not, counted or
+// past a topk_length) quantized and written, the others left as the padding fill: the same q, the
+// same indices and the same bytes at every named token, for work that reads nothing else (the
+// oracle's logits in the canonical walk's largest |logit|, properties/canonical.h). Not for a
+// kernel: a faulty one may read any token.
+MaterializedCase materialize_named_tokens(const Case& c);
 
 // Makes the index lists of a recipe explicit (as logical positions), resolving index_spec.
 // Idempotent; used by shrinking so that every step edits explicit data.

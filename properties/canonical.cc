@@ -1065,7 +1065,7 @@ namespace {
 double compute_max_abs_logit(const Case& c) {
   double most = 0;
   try {
-    const MaterializedCase m = materialize(c);
+    const MaterializedCase m = materialize_named_tokens(c);  // the logits read nothing else
     for (int r = 0; r < c.query_rows(); ++r) {
       const OracleRow row = gather_row(m, r);
       if (row.k.empty()) continue;
@@ -1085,9 +1085,10 @@ double compute_max_abs_logit(const Case& c) {
 
 // The largest |x| over the valid entries of every query row (x = sm_scale q . K, the oracle's
 // logits): +inf when one is not finite, 0 for none or a case that cannot be materialized.
-// Materializing the case is most of the cost, and the canonical walk asks again for the same
-// case (once per value-changing step of a pass, then triage's cause set): the last few answers
-// are kept per thread, keyed by the case's JSON (the whole case, as its file holds it).
+// Materializing the case (q and the tokens its lists name) is most of the cost, and the
+// canonical walk asks again for the same case (once per value-changing step of a pass, then
+// triage's cause set): the last few answers are kept per thread, keyed by the case's JSON (the
+// whole case, as its file holds it).
 double max_abs_logit(const Case& c) {
   constexpr size_t kKept = 8;
   thread_local std::deque<std::pair<std::string, double>> kept;

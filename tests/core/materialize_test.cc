@@ -81,6 +81,66 @@ TEST(Materialize, GoldenHashes) {
       << std::hex << content_hash(materialize(golden_options()));
 }
 
+// The cache bytes of the token at global slot `slot`: its e4m3 codes, scales and bf16 rope.
+std::vector<uint8_t> token_bytes(const std::vector<uint8_t>& cache, const mla::CacheGeometry& g,
+                                 int64_t slot) {
+  const mla::TokenAddress a = mla::token_address(g, slot);
+  const int64_t scale_bytes =
+      int64_t{mla::num_scale_tiles(g)} * (g.layout == mla::Layout::kModel1 ? 1 : 4);
+  std::vector<uint8_t> out;
+  for (const auto& [at, n] :
+       {std::pair{a.nope, int64_t{g.nope_dim}}, std::pair{a.scale, scale_bytes},
+        std::pair{a.rope, int64_t{2} * g.rope_dim}}) {
+    out.insert(out.end(), cache.begin() + at, cache.begin() + at + n);
+  }
+  return out;
+}
+
+// materialize_named_tokens writes the tokens the index lists name as materialize does and no
+// other: the same q and indices, the same bytes at every named token of the main and the extra
+// cache (MODEL1 and V32, random scales, page orders, garbage and NaN fills), and tokens no list
+// names left unwritten.
+TEST(Materialize, NamedTokensHoldTheWholeMaterializationsBytes) {
+  Case with_extra = golden_options();
+  with_extra.extra = ExtraCache{};
+  with_extra.extra->page_size = 16;
+  with_extra.extra->num_pages = 4;
+  with_extra.extra->page_order = {2, 0, 3, 1};
+  with_extra.extra->topk = 8;
+  int named = 0, unnamed_differ = 0;
+  for (const Case& c : {golden_model1(), golden_v32(), golden_options(), with_extra}) {
+    const MaterializedCase whole = materialize(c), part = materialize_named_tokens(c);
+    ASSERT_EQ(part.q, whole.q);
+    ASSERT_EQ(part.indices, whole.indices);
+    ASSERT_EQ(part.extra_indices, whole.extra_indices);
+    ASSERT_EQ(part.cache.vec().size(), whole.cache.vec().size());
+    for (const bool extra : {false, true}) {
+      if (extra && !c.extra) continue;
+      const mla::CacheGeometry& g = extra ? whole.extra_geom : whole.geom;
+      const auto& lists = extra ? whole.recipe.extra->indices : whole.recipe.indices;
+      std::set<int32_t> in_lists;
+      for (const auto& l : lists) in_lists.insert(l.begin(), l.end());
+      const auto bytes = [](const CacheBytes& cb) {
+        return std::vector<uint8_t>(cb.vec().begin(), cb.vec().end());
+      };
+      const std::vector<uint8_t> a = bytes(extra ? whole.extra_cache : whole.cache);
+      const std::vector<uint8_t> b = bytes(extra ? part.extra_cache : part.cache);
+      for (int64_t t = 0; t < mla::num_slots(g); ++t) {
+        const int64_t slot = extra ? extra_physical_slot(c, t) : physical_slot(c, t);
+        if (in_lists.count(static_cast<int32_t>(t)) != 0) {
+          ASSERT_EQ(token_bytes(b, g, slot), token_bytes(a, g, slot))
+              << "token " << t << (extra ? " of the extra cache" : "");
+          ++named;
+        } else {
+          unnamed_differ += token_bytes(b, g, slot) != token_bytes(a, g, slot);
+        }
+      }
+    }
+  }
+  EXPECT_GT(named, 300);
+  EXPECT_GT(unnamed_differ, 10);
+}
+
 // encode_e4m3 (no branch per element) gives float_to_e4m3_sat(v / scale)'s byte: every float
 // whose low 16 bits are one of a few patterns (all exponents, signs, NaN and infinities), each
 // e4m3 value and each midpoint between neighbours with their float neighbours, under scales of

@@ -418,6 +418,34 @@ TEST(Canonical, SameCaseFileIsTheFilesComparison) {
   EXPECT_GT(several_tokens, 0);
 }
 
+// The largest |logit| of the canonical walk (max_abs_logit) materializes only the tokens a case's
+// lists name (materialize_named_tokens): every row's valid entries and logits are those of the
+// whole materialization, bit for bit, on generated cases with and without an extra cache.
+TEST(Canonical, TheLogitsReadOnlyTheNamedTokens) {
+  int rows = 0;
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 14;
+    if (production) cfg.families = {"production"};
+    for (uint64_t i = 0; i < 16; ++i) {
+      const Case c = generate_case(production ? 43 : 42, i, cfg, nullptr);
+      const MaterializedCase whole = materialize(c), part = materialize_named_tokens(c);
+      for (int r = 0; r < c.query_rows(); ++r) {
+        const OracleRow a = gather_row(whole, r), b = gather_row(part, r);
+        ASSERT_EQ(a.k, b.k);
+        if (a.k.empty()) continue;
+        const Eigen::MatrixXd xa = row_logits(whole, r, a), xb = row_logits(part, r, b);
+        ASSERT_TRUE(xa.size() == xb.size() &&
+                    std::memcmp(xa.data(), xb.data(), sizeof(double) * xa.size()) == 0)
+            << "case " << i << (production ? " (production)" : "") << " row " << r
+            << "\nrerun: " << kRerun << " --gtest_filter=Canonical.TheLogitsReadOnlyTheNamedTokens";
+        ++rows;
+      }
+    }
+  }
+  EXPECT_GT(rows, 50);
+}
+
 TEST(Signature, KindsAndTheGroupSignature) {
   PropertyOutcome o;
   o.property = "tolerance";
