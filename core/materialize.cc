@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <unordered_set>
 
 #include "core/rng.h"
@@ -768,20 +769,25 @@ std::vector<int64_t> named_tokens(const std::vector<std::vector<int32_t>>& lists
   return out;
 }
 
-// Fills m.cache (tokens, padding, guard) and m.indices (physical slots, then each row's pad);
-// with named_only, only the tokens the lists name (materialize_named_tokens).
-void fill_main_cache(const Case& c, MaterializedCase& m, bool named_only) {
-  CacheBytes::Vector& cache = m.cache.mut();
-  cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
-  fill_cache_padding(cache, c.pad_fill, c.data_seed);
-  add_cache_guard(cache, m.geom, m.conv);
-  Case placed = c;
-  placed.geom = m.geom;
-  if (named_only) {
-    const std::vector<int64_t> only = named_tokens(m.recipe.indices, mla::num_slots(m.geom));
-    write_tokens(placed, m.geom, cache, {}, &only);
+// Fills m.cache (tokens, padding, guard; or shares `reuse`, the same bytes) and m.indices
+// (physical slots, then each row's pad); with named_only, only the tokens the lists name
+// (materialize_named_tokens).
+void fill_main_cache(const Case& c, MaterializedCase& m, bool named_only, const CacheBytes* reuse) {
+  if (reuse != nullptr) {
+    m.cache = *reuse;
   } else {
-    write_tokens(placed, m.geom, cache);
+    CacheBytes::Vector& cache = m.cache.mut();
+    cache.resize(static_cast<size_t>(mla::cache_bytes(m.geom)));
+    fill_cache_padding(cache, c.pad_fill, c.data_seed);
+    add_cache_guard(cache, m.geom, m.conv);
+    Case placed = c;
+    placed.geom = m.geom;
+    if (named_only) {
+      const std::vector<int64_t> only = named_tokens(m.recipe.indices, mla::num_slots(m.geom));
+      write_tokens(placed, m.geom, cache, {}, &only);
+    } else {
+      write_tokens(placed, m.geom, cache);
+    }
   }
 
   m.indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.indices_batch_stride));
@@ -801,25 +807,30 @@ void fill_main_cache(const Case& c, MaterializedCase& m, bool named_only) {
 }
 
 // Fills the extra cache and its indices the way fill_main_cache fills the main ones.
-void fill_extra_cache(const Case& c, MaterializedCase& m, bool named_only) {
+void fill_extra_cache(const Case& c, MaterializedCase& m, bool named_only,
+                      const CacheBytes* reuse) {
   m.has_extra = true;
   m.extra_geom = c.extra_geom();
   if (m.extra_geom.page_stride == 0) m.extra_geom.page_stride = mla::min_page_stride(m.extra_geom);
   m.recipe.extra->page_stride = m.extra_geom.page_stride;
-  CacheBytes::Vector& extra_cache = m.extra_cache.mut();
-  extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
-  // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
-  // repeats the other's garbage.
-  fill_cache_padding(extra_cache, c.pad_fill, c.data_seed, 3);
-  add_cache_guard(extra_cache, m.extra_geom, m.conv);
-  Case view = extra_as_main(c);
-  view.geom = m.extra_geom;
-  if (named_only) {
-    const std::vector<int64_t> only =
-        named_tokens(m.recipe.extra->indices, mla::num_slots(m.extra_geom));
-    write_tokens(view, m.extra_geom, extra_cache, extra_streams(c), &only);
+  if (reuse != nullptr) {
+    m.extra_cache = *reuse;
   } else {
-    write_tokens(view, m.extra_geom, extra_cache, extra_streams(c));
+    CacheBytes::Vector& extra_cache = m.extra_cache.mut();
+    extra_cache.resize(static_cast<size_t>(mla::cache_bytes(m.extra_geom)));
+    // Its own padding bytes (substream 3 of the padding stream), so that no byte of one cache
+    // repeats the other's garbage.
+    fill_cache_padding(extra_cache, c.pad_fill, c.data_seed, 3);
+    add_cache_guard(extra_cache, m.extra_geom, m.conv);
+    Case view = extra_as_main(c);
+    view.geom = m.extra_geom;
+    if (named_only) {
+      const std::vector<int64_t> only =
+          named_tokens(m.recipe.extra->indices, mla::num_slots(m.extra_geom));
+      write_tokens(view, m.extra_geom, extra_cache, extra_streams(c), &only);
+    } else {
+      write_tokens(view, m.extra_geom, extra_cache, extra_streams(c));
+    }
   }
   m.extra_indices.reserve(static_cast<size_t>(int64_t{m.batch} * m.extra_indices_batch_stride));
   const int64_t extra_slots = mla::num_slots(m.extra_geom);
@@ -838,24 +849,74 @@ void fill_extra_cache(const Case& c, MaterializedCase& m, bool named_only) {
   if (c.extra->topk_length) m.extra_topk_length = *c.extra->topk_length;
 }
 
+// The caches ReuseCaches keeps on this thread: those of the case whose cache_key is `key`.
+struct KeptCaches {
+  int scopes = 0;
+  std::string key;
+  CacheBytes cache, extra_cache;
+};
+thread_local KeptCaches kept_caches;
+
+// What the bytes of a case's caches are made of, as text: the case's file with every field
+// that does not enter them (fill_main_cache, fill_extra_cache: the geometries, page orders,
+// kv and rope value specs, scales, fill, conventions, data seed and the extra cache's own
+// fields are what remain) set to one value.
+std::string cache_key(const Case& c) {
+  Case k = c;
+  k.name.clear();
+  k.description.clear();
+  k.batch = k.heads = k.topk = k.s_q = 1;
+  k.indices.clear();
+  k.index_spec = {};
+  k.topk_length.reset();
+  k.sink.reset();
+  k.sm_scale.reset();
+  k.q_source.reset();
+  k.q_head_pad = k.out_head_pad = k.q_batch_pad = k.out_batch_pad = 0;
+  k.indices_row_pad = k.lse_row_pad = 0;
+  k.q_values = {};
+  if (k.extra) {
+    k.extra->topk = 1;
+    k.extra->indices.clear();
+    k.extra->index_spec = {};
+    k.extra->topk_length.reset();
+  }
+  return to_json(k);
+}
+
 MaterializedCase materialize_tokens(const Case& c, bool named_only) {
   validate(c);
   MaterializedCase m;
   m.recipe = with_explicit_indices(c);
   set_shape(c, m);
   fill_q(c, m);
-  fill_main_cache(c, m, named_only);
+  KeptCaches& kept = kept_caches;
+  const bool keep = kept.scopes > 0 && !named_only;
+  const std::string key = keep ? cache_key(c) : std::string();
+  const bool reuse = keep && key == kept.key;
+  fill_main_cache(c, m, named_only, reuse ? &kept.cache : nullptr);
   if (c.topk_length) m.topk_length = *c.topk_length;
   if (c.sink) {
     for (double s : *c.sink) m.sink.push_back(static_cast<float>(s));  // +-inf stay +-inf
   }
-  if (c.extra) fill_extra_cache(c, m, named_only);
+  if (c.extra) fill_extra_cache(c, m, named_only, reuse ? &kept.extra_cache : nullptr);
+  if (keep && !reuse) {
+    kept.key = key;
+    kept.cache = m.cache;
+    kept.extra_cache = m.extra_cache;
+  }
   return m;
 }
 
 }  // namespace
 
 MaterializedCase materialize(const Case& c) { return materialize_tokens(c, false); }
+
+ReuseCaches::ReuseCaches() { ++kept_caches.scopes; }
+
+ReuseCaches::~ReuseCaches() {
+  if (--kept_caches.scopes == 0) kept_caches = KeptCaches{};
+}
 
 MaterializedCase materialize_named_tokens(const Case& c) { return materialize_tokens(c, true); }
 

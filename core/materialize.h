@@ -179,6 +179,20 @@ struct MaterializedCase {
 
 // Validates then materializes. Throws CaseError on an invalid recipe.
 MaterializedCase materialize(const Case& c);
+// While one is alive on a thread, materialize() on that thread keeps the caches of the case it
+// last materialized and gives them to a case whose caches are made of the same recipe (the
+// geometries, page orders, kv and rope values, scales, fill, conventions and seed of both
+// caches) instead of drawing them again: shared, as property variants share a case's (CacheBytes
+// copies before a write). A shrink's candidates mostly change rows, heads, lists or q, not the
+// caches. Scopes nest; the caches are let go when the outermost one ends.
+class ReuseCaches {
+ public:
+  ReuseCaches();
+  ~ReuseCaches();
+  ReuseCaches(const ReuseCaches&) = delete;
+  ReuseCaches& operator=(const ReuseCaches&) = delete;
+};
+
 // materialize(c) with only the cache tokens that c's index lists name (valid or not, counted or
 // past a topk_length) quantized and written, the others left as the padding fill: the same q, the
 // same indices and the same bytes at every named token, for work that reads nothing else (the

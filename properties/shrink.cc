@@ -294,6 +294,9 @@ ShrinkResult greedy_shrink(const Case& start, const std::vector<ShrinkStep>& ste
                            std::set<std::string>* rejected, const ShrinkHooks& hooks) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
+  // Most candidates keep the case's caches (fewer rows, heads or entries, other q): they share
+  // them instead of drawing them again.
+  const ReuseCaches reuse_caches;
   auto elapsed = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   ShrinkResult res;
   // Checked before each evaluation: the count first, so that a shrink both limits would stop

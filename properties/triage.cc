@@ -742,6 +742,7 @@ std::vector<std::string> robust_causes(const Case& c, const Envelope& envelope,
                                        int max_evaluations, int* evaluations) {
   const Case e = with_explicit_indices(c);
   const SameCaseFile same_as_e(e);
+  const ReuseCaches reuse_caches;  // the moves that keep the caches share them
   int used = 0;
   // still_fails on k drawn with `seed`; nullopt once the evaluations are spent.
   std::map<std::string, bool> memo;

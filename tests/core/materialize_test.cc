@@ -141,6 +141,52 @@ TEST(Materialize, NamedTokensHoldTheWholeMaterializationsBytes) {
   EXPECT_GT(unnamed_differ, 10);
 }
 
+// Inside a ReuseCaches scope, a case whose caches have the same recipe as the last one's shares
+// them (and holds the bytes materialize gives it alone); another recipe draws its own; a write
+// to a shared cache copies it first; after the scope nothing is shared.
+TEST(Materialize, ReusedCachesAreTheCasesOwnBytes) {
+  Case base = golden_options();
+  base.extra = ExtraCache{};
+  base.extra->page_size = 16;
+  base.extra->num_pages = 4;
+  base.extra->topk = 8;
+  Case same = base;  // another case over the same caches
+  same.batch = 1;
+  same.heads = 3;
+  same.topk = 40;
+  same.q_values.magnitude = 0.5;
+  same.sink = std::vector<double>{0.5, -1, 2};
+  same.extra->topk = 3;
+  Case other = same;
+  other.kv_values.magnitude = 2.0;
+  const auto expect_own_bytes = [](const MaterializedCase& m, const Case& c) {
+    const MaterializedCase alone = materialize(c);
+    EXPECT_TRUE(m.cache == alone.cache && m.extra_cache == alone.extra_cache && m.q == alone.q &&
+                m.indices == alone.indices && m.extra_indices == alone.extra_indices);
+  };
+  {
+    const ReuseCaches outer;
+    const MaterializedCase a = materialize(base);
+    MaterializedCase b;
+    {
+      const ReuseCaches inner;  // nested: the outer scope's caches stay
+      b = materialize(same);
+    }
+    EXPECT_TRUE(b.cache.shares(a.cache) && b.extra_cache.shares(a.extra_cache));
+    expect_own_bytes(b, same);
+    const MaterializedCase o = materialize(other);
+    EXPECT_FALSE(o.cache.shares(a.cache));
+    expect_own_bytes(o, other);
+    MaterializedCase again = materialize(other);  // `other` is now the kept recipe
+    EXPECT_TRUE(again.cache.shares(o.cache));
+    again.cache.mut()[0] ^= 1;
+    EXPECT_FALSE(again.cache.shares(o.cache));
+    expect_own_bytes(o, other);
+  }
+  const MaterializedCase x = materialize(base), y = materialize(base);
+  EXPECT_FALSE(x.cache.shares(y.cache));
+}
+
 // encode_e4m3 (no branch per element) gives float_to_e4m3_sat(v / scale)'s byte: every float
 // whose low 16 bits are one of a few patterns (all exponents, signs, NaN and infinities), each
 // e4m3 value and each midpoint between neighbours with their float neighbours, under scales of

@@ -446,6 +446,54 @@ TEST(Canonical, TheLogitsReadOnlyTheNamedTokens) {
   EXPECT_GT(rows, 50);
 }
 
+// The shrink materializes its candidates in a ReuseCaches scope: a move materialized after the
+// case it moves from (the shrink's order) holds the bytes it holds alone, whether it shares the
+// case's caches (rows, heads, lists, q) or draws its own (pages, values, scales, seed), on
+// generated cases with and without an extra cache (4 of each; 2 under MLAFUZZ_TEST_QUICK=1)
+// and every move of every canonical feature.
+TEST(Canonical, MovesSharingTheCasesCachesHoldTheirOwnBytes) {
+  const auto cache_kib = [](const Case& c) {
+    mla::CacheGeometry g = c.geom;
+    if (g.page_stride == 0) g.page_stride = mla::min_page_stride(g);
+    return mla::cache_bytes(g) >> 10;
+  };
+  int shared = 0, drawn = 0;
+  for (const bool production : {false, true}) {
+    GenConfig cfg;
+    cfg.max_work = int64_t{1} << 11;
+    if (production) cfg.families = {"production"};
+    int used = 0;
+    for (uint64_t i = 0; i < 40 && used < testing::full_or_quick(4, 2); ++i) {
+      const Case e = with_explicit_indices(generate_case(production ? 45 : 44, i, cfg, nullptr));
+      // Caches up to 256 KiB (each move is materialized three times).
+      if (cache_kib(e) > 256) continue;
+      ++used;
+      for (const CanonicalFeature& f : canonical_features()) {
+        for (const Case& cand : f.toward(e)) {
+          try {
+            validate(cand);
+          } catch (const CaseError&) {
+            continue;
+          }
+          if (cache_kib(cand) > 256) continue;
+          const MaterializedCase alone = materialize(cand);
+          const ReuseCaches reuse;
+          const MaterializedCase from = materialize(e), m = materialize(cand);
+          ASSERT_TRUE(m.cache == alone.cache && m.extra_cache == alone.extra_cache &&
+                      m.q == alone.q && m.indices == alone.indices &&
+                      m.extra_indices == alone.extra_indices)
+              << "case " << i << (production ? " (production)" : "") << ", " << f.name
+              << " move: " << to_json(cand) << "\nrerun: " << kRerun
+              << " --gtest_filter=Canonical.MovesSharingTheCasesCachesHoldTheirOwnBytes";
+          (m.cache.shares(from.cache) ? shared : drawn) += 1;
+        }
+      }
+    }
+  }
+  EXPECT_GT(shared, 50);
+  EXPECT_GT(drawn, 50);
+}
+
 TEST(Signature, KindsAndTheGroupSignature) {
   PropertyOutcome o;
   o.property = "tolerance";
