@@ -35,7 +35,8 @@ t1=$SECONDS
 status=0
 # Not the Slurm test: it checks daemons and the nightly script over half a minute of campaigns,
 # which the unsanitized run of .ci/run already does.
-ctest --test-dir "$build_dir" --output-on-failure -j2 -LE 'gpu|slow|slurm|static' || status=$?
+# -j3 on two cores: see .ci/run.
+ctest --test-dir "$build_dir" --output-on-failure -j3 -LE 'gpu|slow|slurm|static' || status=$?
 echo "sanitize: tests: $((SECONDS - t1)) s"
 # Reports of processes whose exit status a test does not see (e.g. a worker whose failure the
 # campaign records as a finding) still reach the test's output.
